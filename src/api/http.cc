@@ -1,0 +1,262 @@
+#include "api/http.h"
+
+#include <cctype>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/clock.h"
+#include "common/metrics.h"
+#include "common/secrets.h"
+
+namespace sluice::api {
+
+HttpResponse HttpResponse::Json(unsigned status, const nlohmann::json& j) {
+  HttpResponse r;
+  r.status = status;
+  r.body = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return r;
+}
+
+HttpResponse HttpResponse::NoContent() {
+  HttpResponse r;
+  r.status = 204;
+  r.content_type.clear();
+  return r;
+}
+
+HttpResponse HttpResponse::Text(unsigned status, std::string body, std::string content_type) {
+  HttpResponse r;
+  r.status = status;
+  r.body = std::move(body);
+  r.content_type = std::move(content_type);
+  return r;
+}
+
+HttpResponse ErrorResponse(const Status& st, const std::vector<std::string>& paths) {
+  int http_status = CodeHttpStatus(st.code());
+  std::string name(CodeName(st.code()));
+  nlohmann::json j = {{"type", "https://api.backend.ai/probs/storage/" + name},
+                      {"title", name},
+                      {"status", http_status},
+                      {"msg", st.message()}};
+  if (st.has_sys_errno() || http_status == 400) {
+    j["errno"] = st.sys_errno();
+    j["paths"] = paths;
+  }
+  HttpResponse r = HttpResponse::Json(static_cast<unsigned>(http_status), j);
+  r.content_type = "application/problem+json";
+  return r;
+}
+
+std::string PercentDecode(std::string_view s, bool plus_is_space) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    char c = s[i];
+    if (c == '%' && i + 2 < s.size() &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
+    } else if (c == '+' && plus_is_space) {
+      out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+void ParseTarget(std::string_view target, std::string& path,
+                 std::map<std::string, std::string>& query) {
+  size_t q = target.find('?');
+  path = PercentDecode(target.substr(0, q), false);
+  if (q == std::string_view::npos) return;
+  std::string_view qs = target.substr(q + 1);
+  while (!qs.empty()) {
+    size_t amp = qs.find('&');
+    std::string_view kv = qs.substr(0, amp);
+    size_t eq = kv.find('=');
+    std::string k = PercentDecode(kv.substr(0, eq), true);
+    std::string v = eq == std::string_view::npos ? "" : PercentDecode(kv.substr(eq + 1), true);
+    if (!k.empty()) query[k] = v;
+    if (amp == std::string_view::npos) break;
+    qs = qs.substr(amp + 1);
+  }
+}
+
+Result<Params> Params::From(const HttpRequest& req) {
+  Params p;
+  for (const auto& [k, v] : req.query) p.j_[k] = v;
+  const std::string& body = req.msg.body();
+  bool blank = true;
+  for (char c : body)
+    if (!std::isspace(static_cast<unsigned char>(c))) blank = false;
+  if (!blank) {
+    auto j = nlohmann::json::parse(body, nullptr, false);
+    if (j.is_discarded())
+      return Status(Code::kInvalidArgument, "request body is not valid JSON");
+    if (!j.is_object()) return Status(Code::kInvalidArgument, "request body must be a JSON object");
+    for (auto& [k, v] : j.items()) p.j_[k] = v;
+  }
+  return p;
+}
+
+bool Params::Has(const std::string& key) const {
+  return j_.contains(key) && !j_[key].is_null();
+}
+
+Result<std::string> Params::Str(const std::string& key) const {
+  if (!Has(key)) return Status(Code::kInvalidArgument, fmt::format("parameter '{}' is required", key));
+  const auto& v = j_[key];
+  if (!v.is_string())
+    return Status(Code::kInvalidArgument, fmt::format("parameter '{}' must be a string", key));
+  return v.get<std::string>();
+}
+
+std::optional<std::string> Params::OptStr(const std::string& key) const {
+  if (!Has(key) || !j_[key].is_string()) return std::nullopt;
+  return j_[key].get<std::string>();
+}
+
+Result<bool> Params::Bool(const std::string& key, bool def) const {
+  if (!Has(key)) return def;
+  const auto& v = j_[key];
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_string()) {
+    std::string s = v.get<std::string>();
+    for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (s == "true" || s == "1" || s == "yes") return true;
+    if (s == "false" || s == "0" || s == "no") return false;
+  }
+  return Status(Code::kInvalidArgument, fmt::format("parameter '{}' must be true or false", key));
+}
+
+Result<std::optional<uint64_t>> Params::OptUint(const std::string& key) const {
+  if (!Has(key)) return std::optional<uint64_t>();
+  const auto& v = j_[key];
+  if (v.is_number_unsigned()) return std::optional<uint64_t>(v.get<uint64_t>());
+  if (v.is_number_integer() && v.get<int64_t>() >= 0)
+    return std::optional<uint64_t>(static_cast<uint64_t>(v.get<int64_t>()));
+  if (v.is_string()) {
+    const std::string s = v.get<std::string>();
+    char* end = nullptr;
+    errno = 0;
+    unsigned long long n = std::strtoull(s.c_str(), &end, 10);
+    if (!s.empty() && *end == '\0' && errno == 0 && s[0] != '-')
+      return std::optional<uint64_t>(static_cast<uint64_t>(n));
+  }
+  return Status(Code::kInvalidArgument,
+                fmt::format("parameter '{}' must be a non-negative integer", key));
+}
+
+Result<std::vector<std::string>> Params::StrList(const std::string& key) const {
+  if (!Has(key)) return Status(Code::kInvalidArgument, fmt::format("parameter '{}' is required", key));
+  const auto& v = j_[key];
+  std::vector<std::string> out;
+  if (v.is_string()) {
+    out.push_back(v.get<std::string>());
+    return out;
+  }
+  if (v.is_array()) {
+    for (const auto& e : v) {
+      if (!e.is_string())
+        return Status(Code::kInvalidArgument,
+                      fmt::format("parameter '{}' must be a list of strings", key));
+      out.push_back(e.get<std::string>());
+    }
+    return out;
+  }
+  return Status(Code::kInvalidArgument,
+                fmt::format("parameter '{}' must be a string or a list of strings", key));
+}
+
+void Router::Add(http::verb method, const std::string& path, Route route) {
+  routes_[path][method] = std::move(route);
+}
+
+void Router::RequireToken(std::string header, std::string secret) {
+  auth_header_ = std::move(header);
+  auth_secret_ = std::move(secret);
+}
+
+void Router::AddDefaultHeader(std::string name, std::string value) {
+  default_headers_.emplace_back(std::move(name), std::move(value));
+}
+
+HttpResponse Router::Run(const Route& route, const HttpRequest& req) const {
+  try {
+    return route.handler(req);
+  } catch (const nlohmann::json::exception& e) {
+    return ErrorResponse(Status(Code::kInvalidArgument, fmt::format("bad parameter: {}", e.what())));
+  } catch (const std::exception& e) {
+    spdlog::error("{} {}: unexpected exception: {}", req.msg.method_string(), req.path, e.what());
+    return ErrorResponse(Status(Code::kInternal, fmt::format("internal error: {}", e.what())));
+  }
+}
+
+void Router::Dispatch(std::shared_ptr<HttpRequest> req, Responder done) const {
+  double t0 = MonotonicSeconds();
+  std::string method(req->msg.method_string());
+  auto finish = [this, t0, method, done = std::move(done)](std::string route_name,
+                                                           HttpResponse res) {
+    for (const auto& h : default_headers_) res.headers.push_back(h);
+    Metrics::Global().ObserveRequest(listener_, method, route_name, static_cast<int>(res.status),
+                                     MonotonicSeconds() - t0);
+    done(std::move(res));
+  };
+
+  auto pit = routes_.find(req->path);
+  if (pit == routes_.end()) {
+    finish("unmatched", ErrorResponse(Status(Code::kNotFound,
+                                             fmt::format("no route for '{}'", req->path))));
+    return;
+  }
+  auto mit = pit->second.find(req->msg.method());
+  if (mit == pit->second.end()) {
+    if (req->msg.method() == http::verb::options) {
+      HttpResponse r = HttpResponse::NoContent();
+      std::string allow;
+      for (const auto& [verb, rt] : pit->second) {
+        if (!allow.empty()) allow += ", ";
+        allow += std::string(http::to_string(verb));
+      }
+      r.headers.emplace_back("Allow", allow);
+      finish(req->path, std::move(r));
+      return;
+    }
+    HttpResponse r = ErrorResponse(
+        Status(Code::kInvalidArgument, fmt::format("method {} is not allowed on '{}'", method,
+                                                   req->path)));
+    r.status = 405;
+    finish(req->path, std::move(r));
+    return;
+  }
+  const Route& route = mit->second;
+  if (route.needs_auth && !auth_header_.empty()) {
+    auto it = req->msg.find(auth_header_);
+    std::string_view got = it == req->msg.end() ? std::string_view() : it->value();
+    if (!ConstantTimeEquals(got, auth_secret_)) {
+      HttpResponse r = ErrorResponse(Status(
+          Code::kUnauthenticated,
+          it == req->msg.end() ? fmt::format("missing {} header", auth_header_)
+                               : fmt::format("invalid {} header", auth_header_)));
+      finish(route.name, std::move(r));
+      return;
+    }
+  }
+  if (!route.blocking) {
+    finish(route.name, Run(route, *req));
+    return;
+  }
+  auto shared_finish = std::make_shared<decltype(finish)>(std::move(finish));
+  bool queued = pool_->Submit([this, &route, req, shared_finish] {
+    (*shared_finish)(route.name, Run(route, *req));
+  });
+  if (!queued)
+    (*shared_finish)(route.name,
+                     ErrorResponse(Status(Code::kUnavailable, "server is overloaded; retry later")));
+}
+
+}  // namespace sluice::api

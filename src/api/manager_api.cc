@@ -1,0 +1,443 @@
+#include "api/manager_api.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/clock.h"
+#include "common/path.h"
+
+#ifndef SLUICE_VERSION
+#define SLUICE_VERSION "0.0.0"
+#endif
+
+namespace sluice::api {
+
+std::string SluiceVersion() { return SLUICE_VERSION; }
+
+namespace {
+
+constexpr const char* kAuthHeader = "X-BackendAI-Storage-Auth-Token";
+constexpr size_t kMaxMkdirBatch = 50;
+
+#define API_ASSIGN_OR_RESPOND(lhs, expr)                              \
+  auto SLUICE_CONCAT(_r_, __LINE__) = (expr);                         \
+  if (!SLUICE_CONCAT(_r_, __LINE__).ok())                             \
+    return ErrorResponse(SLUICE_CONCAT(_r_, __LINE__).status());      \
+  lhs = std::move(SLUICE_CONCAT(_r_, __LINE__)).value()
+
+#define API_RETURN_IF_ERROR(expr)                  \
+  do {                                             \
+    ::sluice::Status _s = (expr);                  \
+    if (!_s.ok()) return ErrorResponse(_s);        \
+  } while (0)
+
+Result<VFolderId> GetVfid(const Params& p, const std::string& key) {
+  SLUICE_ASSIGN_OR_RETURN(std::string s, p.Str(key));
+  return VFolderId::Parse(s);
+}
+
+Result<QuotaScopeId> GetQsid(const Params& p) {
+  SLUICE_ASSIGN_OR_RETURN(std::string s, p.Str("qsid"));
+  return QuotaScopeId::Parse(s);
+}
+
+// `options.limit_bytes`, absent or null meaning no limit.
+Result<std::optional<uint64_t>> GetLimit(const Params& p) {
+  if (!p.Has("options")) return std::optional<uint64_t>();
+  const auto& o = p.json()["options"];
+  if (!o.is_object()) return Status(Code::kInvalidArgument, "parameter 'options' must be an object");
+  if (!o.contains("limit_bytes") || o["limit_bytes"].is_null()) return std::optional<uint64_t>();
+  const auto& l = o["limit_bytes"];
+  if (l.is_number_unsigned()) return std::optional<uint64_t>(l.get<uint64_t>());
+  if (l.is_number_integer() && l.get<int64_t>() >= 0)
+    return std::optional<uint64_t>(static_cast<uint64_t>(l.get<int64_t>()));
+  return Status(Code::kInvalidArgument, "options.limit_bytes must be a non-negative integer");
+}
+
+nlohmann::json OptJson(const std::optional<uint64_t>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+
+HttpResponse TaskAccepted(unsigned status, const std::string& id) {
+  return HttpResponse::Json(status, {{"bgtask_id", id}});
+}
+
+class ManagerApi {
+ public:
+  explicit ManagerApi(StorageService* svc) : svc_(svc) {}
+
+  // The routes share ownership of the API object.
+  static void Register(Router& r, const std::shared_ptr<ManagerApi>& api) {
+    using V = http::verb;
+    auto add = [&](V verb, const std::string& path, HttpResponse (ManagerApi::*fn)(const Params&)) {
+      r.Add(verb, path,
+            Route{path, [api, fn](const HttpRequest& req) -> HttpResponse {
+                    API_ASSIGN_OR_RESPOND(Params p, Params::From(req));
+                    return (api.get()->*fn)(p);
+                  }});
+    };
+    add(V::get, "/volumes", &ManagerApi::Volumes);
+    add(V::get, "/volume/hwinfo", &ManagerApi::HwInfoRoute);
+    add(V::get, "/volume/performance-metric", &ManagerApi::PerformanceMetric);
+    add(V::post, "/quota-scope", &ManagerApi::CreateQuotaScope);
+    add(V::get, "/quota-scope", &ManagerApi::GetQuotaScope);
+    add(V::patch, "/quota-scope", &ManagerApi::UpdateQuotaScope);
+    add(V::delete_, "/quota-scope", &ManagerApi::DeleteQuotaScope);
+    add(V::delete_, "/quota-scope/quota", &ManagerApi::UnsetQuota);
+    add(V::post, "/folder/create", &ManagerApi::CreateFolder);
+    add(V::post, "/folder/delete", &ManagerApi::DeleteFolder);
+    add(V::post, "/folder/clone", &ManagerApi::CloneFolder);
+    add(V::get, "/folder/mount", &ManagerApi::Mount);
+    add(V::get, "/folder/usage", &ManagerApi::Usage);
+    add(V::get, "/folder/used-bytes", &ManagerApi::UsedBytes);
+    add(V::get, "/folder/fs-usage", &ManagerApi::FsUsageRoute);
+    add(V::post, "/folder/file/mkdir", &ManagerApi::Mkdir);
+    add(V::post, "/folder/file/list", &ManagerApi::List);
+    add(V::post, "/folder/file/rename", &ManagerApi::Rename);
+    add(V::post, "/folder/file/move", &ManagerApi::Move);
+    add(V::post, "/folder/file/fetch", &ManagerApi::Fetch);
+    add(V::post, "/folder/file/delete", &ManagerApi::Delete);
+    add(V::post, "/folder/file/delete-async", &ManagerApi::DeleteAsync);
+    add(V::get, "/bgtask", &ManagerApi::Task);
+    add(V::get, "/bgtasks", &ManagerApi::Tasks);
+    // Kept for old managers.
+    add(V::get, "/folder/metadata", &ManagerApi::MetadataGet);
+    add(V::post, "/folder/metadata", &ManagerApi::MetadataSet);
+    add(V::get, "/volume/quota", &ManagerApi::Deprecated);
+    add(V::patch, "/volume/quota", &ManagerApi::Deprecated);
+  }
+
+ private:
+  HttpResponse Volumes(const Params&) {
+    nlohmann::json vols = nlohmann::json::array();
+    for (Volume* v : svc_->Volumes()) {
+      vols.push_back({{"name", v->name()},
+                      {"backend", v->backend()},
+                      {"path", v->path()},
+                      {"fsprefix", v->fsprefix()},
+                      {"capabilities", v->capabilities()}});
+    }
+    return HttpResponse::Json(200, {{"volumes", vols}});
+  }
+
+  HttpResponse HwInfoRoute(const Params& p) {
+    API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
+    API_ASSIGN_OR_RESPOND(Volume * v, svc_->GetVolume(vol));
+    HwInfo h = v->GetHwInfo();
+    return HttpResponse::Json(200, {{"status", h.status},
+                                    {"status_info", h.status_info.empty()
+                                                        ? nlohmann::json(nullptr)
+                                                        : nlohmann::json(h.status_info)},
+                                    {"metadata", h.metadata}});
+  }
+
+  HttpResponse PerformanceMetric(const Params& p) {
+    API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
+    API_ASSIGN_OR_RESPOND(Volume * v, svc_->GetVolume(vol));
+    const VolumeIoStats& s = v->io_stats();
+    auto ld = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+    return HttpResponse::Json(
+        200, {{"metric",
+               {{"iops_read", ld(s.read_ops)},
+                {"iops_write", ld(s.write_ops)},
+                {"io_bytes_read", ld(s.read_bytes)},
+                {"io_bytes_write", ld(s.write_bytes)},
+                {"io_usec_read", ld(s.read_usec)},
+                {"io_usec_write", ld(s.write_usec)}}},
+              {"observed_at", FormatIso8601(std::chrono::system_clock::now())}});
+  }
+
+  HttpResponse CreateQuotaScope(const Params& p) {
+    API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
+    API_ASSIGN_OR_RESPOND(QuotaScopeId qsid, GetQsid(p));
+    API_ASSIGN_OR_RESPOND(auto limit, GetLimit(p));
+    API_RETURN_IF_ERROR(svc_->CreateQuotaScope(vol, qsid, limit));
+    return HttpResponse::NoContent();
+  }
+
+  HttpResponse GetQuotaScope(const Params& p) {
+    API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
+    API_ASSIGN_OR_RESPOND(QuotaScopeId qsid, GetQsid(p));
+    API_ASSIGN_OR_RESPOND(QuotaUsage u, svc_->DescribeQuotaScope(vol, qsid));
+    return HttpResponse::Json(200,
+                              {{"used_bytes", u.used_bytes}, {"limit_bytes", OptJson(u.limit_bytes)}});
+  }
+
+  HttpResponse UpdateQuotaScope(const Params& p) {
+    API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
+    API_ASSIGN_OR_RESPOND(QuotaScopeId qsid, GetQsid(p));
+    API_ASSIGN_OR_RESPOND(auto limit, GetLimit(p));
+    if (!limit)
+      return ErrorResponse(Status(Code::kInvalidArgument,
+                                  "options.limit_bytes is required; use DELETE /quota-scope/quota "
+                                  "to lift a limit"));
+    API_RETURN_IF_ERROR(svc_->UpdateQuotaScope(vol, qsid, *limit));
+    return HttpResponse::NoContent();
+  }
+
+  HttpResponse UnsetQuota(const Params& p) {
+    API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
+    API_ASSIGN_OR_RESPOND(QuotaScopeId qsid, GetQsid(p));
+    API_RETURN_IF_ERROR(svc_->UnsetQuota(vol, qsid));
+    return HttpResponse::NoContent();
+  }
+
+  HttpResponse DeleteQuotaScope(const Params& p) {
+    API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
+    API_ASSIGN_OR_RESPOND(QuotaScopeId qsid, GetQsid(p));
+    API_RETURN_IF_ERROR(svc_->DeleteQuotaScope(vol, qsid));
+    return HttpResponse::NoContent();
+  }
+
+  HttpResponse CreateFolder(const Params& p) {
+    API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
+    API_ASSIGN_OR_RESPOND(VFolderId vfid, GetVfid(p, "vfid"));
+    API_ASSIGN_OR_RESPOND(auto mode, p.OptUint("mode"));
+    if (mode && *mode > 07777)
+      return ErrorResponse(Status(Code::kInvalidArgument,
+                                  fmt::format("mode {} is not a permission mode (0 to 0o7777)",
+                                              *mode)));
+    std::optional<uint64_t> initial;
+    if (p.Has("options") && p.json()["options"].is_object()) {
+      const auto& o = p.json()["options"];
+      if (o.contains("initial_max_size_for_quota_scope") &&
+          !o["initial_max_size_for_quota_scope"].is_null()) {
+        if (!o["initial_max_size_for_quota_scope"].is_number_integer() ||
+            o["initial_max_size_for_quota_scope"].get<int64_t>() < 0)
+          return ErrorResponse(Status(Code::kInvalidArgument,
+                                      "options.initial_max_size_for_quota_scope must be a "
+                                      "non-negative integer"));
+        initial = o["initial_max_size_for_quota_scope"].get<uint64_t>();
+      }
+    }
+    API_RETURN_IF_ERROR(
+        svc_->CreateVFolder(vol, vfid, static_cast<mode_t>(mode.value_or(0755)), initial));
+    return HttpResponse::NoContent();
+  }
+
+  HttpResponse DeleteFolder(const Params& p) {
+    API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
+    API_ASSIGN_OR_RESPOND(VFolderId vfid, GetVfid(p, "vfid"));
+    API_ASSIGN_OR_RESPOND(std::string id, svc_->DeleteVFolder(vol, vfid));
+    return TaskAccepted(202, id);
+  }
+
+  HttpResponse CloneFolder(const Params& p) {
+    API_ASSIGN_OR_RESPOND(std::string src_vol, p.Str("src_volume"));
+    API_ASSIGN_OR_RESPOND(VFolderId src, GetVfid(p, "src_vfid"));
+    std::string dst_vol = p.OptStr("dst_volume").value_or(src_vol);
+    API_ASSIGN_OR_RESPOND(VFolderId dst, GetVfid(p, "dst_vfid"));
+    API_ASSIGN_OR_RESPOND(std::string id, svc_->CloneVFolder(src_vol, src, dst_vol, dst));
+    return TaskAccepted(200, id);
+  }
+
+  // The volume and vfolder every file route starts from.
+  struct Target {
+    Volume* volume;
+    VFolderId vfid;
+  };
+  Result<Target> GetTarget(const Params& p) {
+    SLUICE_ASSIGN_OR_RETURN(std::string vol, p.Str("volume"));
+    SLUICE_ASSIGN_OR_RETURN(Volume * v, svc_->GetVolume(vol));
+    SLUICE_ASSIGN_OR_RETURN(VFolderId vfid, GetVfid(p, "vfid"));
+    return Target{v, vfid};
+  }
+
+  HttpResponse Mount(const Params& p) {
+    API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
+    std::string sub = p.OptStr("subpath").value_or(".");
+    API_ASSIGN_OR_RESPOND(std::string path, t.volume->MountPath(t.vfid, sub));
+    return HttpResponse::Json(200, {{"path", path}});
+  }
+
+  HttpResponse Usage(const Params& p) {
+    API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
+    API_ASSIGN_OR_RESPOND(TreeUsage u, t.volume->GetUsage(t.vfid));
+    return HttpResponse::Json(200, {{"file_count", u.file_count}, {"used_bytes", u.used_bytes}});
+  }
+
+  HttpResponse UsedBytes(const Params& p) {
+    API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
+    API_ASSIGN_OR_RESPOND(uint64_t n, t.volume->GetUsedBytes(t.vfid));
+    return HttpResponse::Json(200, {{"used_bytes", n}});
+  }
+
+  HttpResponse FsUsageRoute(const Params& p) {
+    API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
+    API_ASSIGN_OR_RESPOND(Volume * v, svc_->GetVolume(vol));
+    API_ASSIGN_OR_RESPOND(FsUsage u, v->GetFsUsage());
+    return HttpResponse::Json(200,
+                              {{"capacity_bytes", u.capacity_bytes}, {"used_bytes", u.used_bytes}});
+  }
+
+  HttpResponse Mkdir(const Params& p) {
+    API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
+    API_ASSIGN_OR_RESPOND(std::vector<std::string> paths, p.StrList("relpath"));
+    if (paths.empty() || paths.size() > kMaxMkdirBatch)
+      return ErrorResponse(Status(Code::kInvalidArgument,
+                                  fmt::format("relpath must name 1 to {} paths (got {})",
+                                              kMaxMkdirBatch, paths.size())));
+    API_ASSIGN_OR_RESPOND(bool parents, p.Bool("parents", true));
+    API_ASSIGN_OR_RESPOND(bool exist_ok, p.Bool("exist_ok", false));
+    // Hostile paths refuse the whole request before anything is created.
+    for (const auto& rel : paths) {
+      auto parts = SplitRelPath(rel);
+      if (!parts.ok()) return ErrorResponse(parts.status(), {rel});
+    }
+    API_RETURN_IF_ERROR(t.volume->CheckVFolder(t.vfid));
+    nlohmann::json ok = nlohmann::json::array(), failed = nlohmann::json::array();
+    for (const auto& rel : paths) {
+      Status s = t.volume->Mkdir(t.vfid, rel, parents, exist_ok);
+      if (s.ok())
+        ok.push_back({{"item", rel}, {"msg", nullptr}});
+      else
+        failed.push_back({{"item", rel}, {"msg", s.message()}, {"errno", s.sys_errno()}});
+    }
+    unsigned status = failed.empty() ? 200 : ok.empty() ? 422 : 207;
+    return HttpResponse::Json(status, {{"results", {{"success", ok}, {"failed", failed}}}});
+  }
+
+  HttpResponse List(const Params& p) {
+    API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
+    std::string rel = p.OptStr("relpath").value_or(".");
+    API_ASSIGN_OR_RESPOND(auto entries,
+                          t.volume->ListDir(t.vfid, rel, svc_->config().scandir_limit));
+    nlohmann::json items = nlohmann::json::array();
+    for (const auto& e : entries) {
+      items.push_back({{"name", e.name},
+                       {"type", EntryTypeName(e.type)},
+                       {"stat",
+                        {{"mode", e.mode},
+                         {"size", e.size},
+                         {"created", FormatIso8601(e.created)},
+                         {"modified", FormatIso8601(e.modified)}}},
+                       {"symlink_target", e.symlink_target.value_or("")}});
+    }
+    return HttpResponse::Json(200, {{"items", items}});
+  }
+
+  HttpResponse Rename(const Params& p) {
+    API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
+    API_ASSIGN_OR_RESPOND(std::string rel, p.Str("relpath"));
+    API_ASSIGN_OR_RESPOND(std::string new_name, p.Str("new_name"));
+    Status s = t.volume->Rename(t.vfid, rel, new_name);
+    if (!s.ok()) return ErrorResponse(s, {rel, new_name});
+    return HttpResponse::NoContent();
+  }
+
+  HttpResponse Move(const Params& p) {
+    API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
+    API_ASSIGN_OR_RESPOND(std::string src, p.Str("src_relpath"));
+    API_ASSIGN_OR_RESPOND(std::string dst, p.Str("dst_relpath"));
+    Status s = t.volume->Move(t.vfid, src, dst);
+    if (!s.ok()) return ErrorResponse(s, {src, dst});
+    return HttpResponse::NoContent();
+  }
+
+  HttpResponse Fetch(const Params& p) {
+    API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
+    API_ASSIGN_OR_RESPOND(std::string rel, p.Str("relpath"));
+    auto f = t.volume->OpenForRead(t.vfid, rel);
+    if (!f.ok()) return ErrorResponse(f.status(), {rel});
+    HttpResponse r;
+    r.status = 200;
+    r.content_type = "application/octet-stream";
+    r.file_length = f->size;
+    r.file = std::make_shared<UniqueFd>(std::move(f->fd));
+    t.volume->io_stats().AddRead(r.file_length, 0);
+    return r;
+  }
+
+  HttpResponse Delete(const Params& p) {
+    API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
+    API_ASSIGN_OR_RESPOND(std::vector<std::string> paths, p.StrList("relpaths"));
+    API_ASSIGN_OR_RESPOND(bool recursive, p.Bool("recursive", false));
+    Status s = t.volume->DeleteFiles(t.vfid, paths, recursive);
+    if (!s.ok()) return ErrorResponse(s, paths);
+    return HttpResponse::Json(200, {{"status", "ok"}});
+  }
+
+  HttpResponse DeleteAsync(const Params& p) {
+    API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
+    API_ASSIGN_OR_RESPOND(std::vector<std::string> paths, p.StrList("relpaths"));
+    API_ASSIGN_OR_RESPOND(bool recursive, p.Bool("recursive", false));
+    for (const auto& rel : paths) {
+      auto parts = SplitRelPath(rel);
+      if (!parts.ok()) return ErrorResponse(parts.status(), {rel});
+    }
+    API_ASSIGN_OR_RESPOND(std::string id, svc_->DeleteFilesAsync(t.volume->name(), t.vfid,
+                                                                 std::move(paths), recursive));
+    return TaskAccepted(202, id);
+  }
+
+  HttpResponse Task(const Params& p) {
+    API_ASSIGN_OR_RESPOND(std::string id, p.Str("task_id"));
+    auto info = svc_->tasks().Get(id);
+    if (!info)
+      return ErrorResponse(Status(Code::kNotFound, fmt::format("no background task '{}'", id)));
+    return HttpResponse::Json(200, info->ToJson());
+  }
+
+  HttpResponse Tasks(const Params&) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& t : svc_->tasks().List()) arr.push_back(t.ToJson());
+    return HttpResponse::Json(200, {{"tasks", arr}});
+  }
+
+  HttpResponse MetadataGet(const Params&) { return HttpResponse::Json(200, nlohmann::json::object()); }
+  HttpResponse MetadataSet(const Params&) { return HttpResponse::NoContent(); }
+  HttpResponse Deprecated(const Params&) {
+    return ErrorResponse(Status(Code::kDeprecated,
+                                "this route is deprecated; use /quota-scope instead"));
+  }
+
+  StorageService* svc_;
+};
+
+}  // namespace
+
+void AddHealthRoutes(Router& router, const HealthSource& src, const std::string& api_type) {
+  auto status = [api_type](const HttpRequest&) {
+    return HttpResponse::Json(200, {{"status", "ok"},
+                                    {"type", api_type},
+                                    {"storage-proxy", SluiceVersion()},
+                                    {"implementation", "sluice"}});
+  };
+  router.Add(http::verb::get, "/", Route{"/", status, false, false});
+  router.Add(http::verb::get, "/status", Route{"/status", status, false, false});
+  router.Add(http::verb::get, "/livez",
+             Route{"/livez",
+                   [](const HttpRequest&) { return HttpResponse::Json(200, {{"status", "ok"}}); },
+                   false, false});
+  auto health = [src](const HttpRequest&) {
+    nlohmann::json vols = nlohmann::json::object();
+    std::string overall = "healthy";
+    for (Volume* v : src.service->Volumes()) {
+      HwInfo h = v->GetHwInfo();
+      vols[v->name()] = {{"status", h.status}, {"status_info", h.status_info}};
+      if (h.status == "unavailable") overall = "unhealthy";
+      else if (h.status == "degraded" && overall == "healthy") overall = "degraded";
+    }
+    bool draining = src.draining && src.draining();
+    if (draining) overall = "draining";
+    unsigned code = (overall == "healthy" || overall == "degraded") ? 200 : 503;
+    return HttpResponse::Json(code, {{"status", overall},
+                                     {"version", SluiceVersion()},
+                                     {"node_id", src.service->config().node_id},
+                                     {"volumes", vols}});
+  };
+  router.Add(http::verb::get, "/health", Route{"/health", health, true, false});
+  router.Add(http::verb::get, "/readyz", Route{"/readyz", health, true, false});
+}
+
+std::shared_ptr<Router> MakeManagerRouter(StorageService* service, ThreadPool* io_pool,
+                                          const std::string& manager_secret,
+                                          const HealthSource& health) {
+  auto router = std::make_shared<Router>("manager", io_pool);
+  router->RequireToken(kAuthHeader, manager_secret);
+  AddHealthRoutes(*router, health, "manager-facing");
+  ManagerApi::Register(*router, std::make_shared<ManagerApi>(service));
+  return router;
+}
+
+}  // namespace sluice::api

@@ -1,0 +1,29 @@
+// The manager-facing API (Backend.AI storage-proxy compatible) and the health routes that the
+// manager and internal listeners share.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "api/http.h"
+#include "service/storage_service.h"
+
+namespace sluice::api {
+
+// Health of the node: "healthy" when every volume is, else "degraded"/"unavailable".
+struct HealthSource {
+  StorageService* service = nullptr;
+  std::function<bool()> draining;  // true once shutdown began
+};
+
+// Adds GET /, /status, /health, /livez, /readyz (no auth) to `router`.
+void AddHealthRoutes(Router& router, const HealthSource& src, const std::string& api_type);
+
+// Builds the manager API router; every route except the health routes needs the manager token.
+std::shared_ptr<Router> MakeManagerRouter(StorageService* service, ThreadPool* io_pool,
+                                          const std::string& manager_secret,
+                                          const HealthSource& health);
+
+std::string SluiceVersion();
+
+}  // namespace sluice::api

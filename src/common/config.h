@@ -1,0 +1,95 @@
+// Typed configuration. Sluice reads Backend.AI's storage-proxy.toml (kebab-case or snake_case
+// keys) plus its own [sluice] section. Sections Sluice has no use for are accepted with a
+// warning; unknown keys and bad values inside the sections it uses fail with a message that
+// names the key.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace sluice {
+
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+  std::string ToString() const;  // "host:port", "[v6]:port"
+};
+
+struct ListenerConfig {
+  HostPort addr;
+  bool ssl_enabled = false;
+  std::string ssl_cert;
+  std::string ssl_privkey;
+};
+
+struct VolumeConfig {
+  std::string name;
+  std::string backend;
+  std::string path;
+  std::string fsprefix;
+  nlohmann::json options = nlohmann::json::object();
+};
+
+struct Config {
+  // [storage-proxy]
+  std::string node_id = "sluice-local";
+  int num_proc = 0;  // 0: one event loop per core
+  std::string pid_file;
+  uint64_t scandir_limit = 1000;
+  uint64_t max_upload_size = 100ULL << 30;
+  std::string secret;  // token (JWT) secret; generated under state_dir when empty
+  std::chrono::seconds session_expire{86400};
+  std::string user;   // name or numeric id; drop privileges to it after binding
+  std::string group;  // name or numeric id
+  bool allow_auto_quota_scope_creation = true;
+
+  // [api.client] / [api.manager]
+  ListenerConfig client{{"127.0.0.1", 6021}, false, "", ""};
+  ListenerConfig manager{{"127.0.0.1", 6022}, false, "", ""};
+  HostPort internal{"127.0.0.1", 6023};  // [api.manager] internal-addr: health, metrics
+  std::string announce_addr;
+  std::string manager_secret;  // generated under state_dir when empty
+
+  // [sluice]
+  std::string state_dir = "./var";
+  size_t io_threads = 8;     // blocking filesystem work on behalf of requests
+  size_t task_threads = 4;   // background tasks (delete, clone)
+  size_t scan_threads = 8;   // parallel tree walks
+  std::string log_level = "info";
+  uint64_t max_request_body = 1 << 20;
+  std::chrono::seconds request_timeout{60};
+  std::chrono::seconds keepalive_timeout{75};
+  std::chrono::seconds drain_timeout{30};
+
+  std::vector<VolumeConfig> volumes;
+
+  // Filled while parsing: notes for the operator (ignored sections, unused keys).
+  std::vector<std::string> warnings;
+  bool embedded_default = false;
+};
+
+// Parses TOML text. `origin` names the source in messages.
+Result<Config> ParseConfig(std::string_view toml_text, std::string_view origin = "config");
+Result<Config> LoadConfigFile(const std::string& path);
+
+// The configuration used when sluiced runs without --config: state under `state_dir`, one
+// vfs volume named "local" at <state_dir>/volumes/local, loopback listeners.
+Config EmbeddedDefaultConfig(const std::string& state_dir = "./var");
+
+// A commented sample configuration (what `sluiced --dump-default-config` prints).
+std::string DefaultConfigToml();
+
+// "100g", "1.5 GiB", "4096" -> bytes.
+Result<uint64_t> ParseBinarySize(std::string_view s);
+// "1d", "12h", "30m", "45s", "1w", "90" -> seconds.
+Result<std::chrono::seconds> ParseDuration(std::string_view s);
+
+}  // namespace sluice

@@ -1,0 +1,102 @@
+#include "common/metrics.h"
+
+#include <fmt/format.h>
+
+namespace sluice {
+
+namespace {
+std::string Escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+}  // namespace
+
+Metrics& Metrics::Global() {
+  static Metrics* m = new Metrics();  // never destroyed: used from threads until exit
+  return *m;
+}
+
+void Metrics::ObserveRequest(std::string_view listener, std::string_view method,
+                             std::string_view route, int status, double seconds) {
+  std::lock_guard lk(mu_);
+  requests_[{std::string(listener), std::string(method), std::string(route), status}]++;
+  auto& h = latency_[{std::string(listener), std::string(route)}];
+  for (size_t i = 0; i < kBuckets.size(); ++i)
+    if (seconds <= kBuckets[i]) h.counts[i]++;
+  h.count++;
+  h.sum += seconds;
+}
+
+VolumeIoStats& Metrics::Volume(const std::string& name) {
+  std::lock_guard lk(mu_);
+  auto& p = volumes_[name];
+  if (!p) p = std::make_unique<VolumeIoStats>();
+  return *p;
+}
+
+void Metrics::SetGauge(const std::string& name, const std::string& help, double value) {
+  std::lock_guard lk(mu_);
+  gauges_[name] = {help, value};
+}
+
+std::string Metrics::RenderPrometheus() const {
+  std::lock_guard lk(mu_);
+  std::string out;
+  out += "# HELP sluice_http_requests_total HTTP requests by listener, method, route and status.\n";
+  out += "# TYPE sluice_http_requests_total counter\n";
+  for (const auto& [k, n] : requests_) {
+    const auto& [listener, method, route, status] = k;
+    out += fmt::format(
+        "sluice_http_requests_total{{listener=\"{}\",method=\"{}\",route=\"{}\",status=\"{}\"}} "
+        "{}\n",
+        Escape(listener), Escape(method), Escape(route), status, n);
+  }
+  out += "# HELP sluice_http_request_duration_seconds HTTP request latency.\n";
+  out += "# TYPE sluice_http_request_duration_seconds histogram\n";
+  for (const auto& [k, h] : latency_) {
+    std::string labels = fmt::format("listener=\"{}\",route=\"{}\"", Escape(k.first),
+                                     Escape(k.second));
+    for (size_t i = 0; i < kBuckets.size(); ++i)
+      out += fmt::format("sluice_http_request_duration_seconds_bucket{{{},le=\"{}\"}} {}\n",
+                         labels, kBuckets[i], h.counts[i]);
+    out += fmt::format("sluice_http_request_duration_seconds_bucket{{{},le=\"+Inf\"}} {}\n",
+                       labels, h.count);
+    out += fmt::format("sluice_http_request_duration_seconds_sum{{{}}} {}\n", labels, h.sum);
+    out += fmt::format("sluice_http_request_duration_seconds_count{{{}}} {}\n", labels, h.count);
+  }
+  struct VolMetric {
+    const char* name;
+    const char* help;
+    std::atomic<uint64_t> VolumeIoStats::*field;
+  };
+  static const VolMetric kVol[] = {
+      {"sluice_volume_read_bytes_total", "Bytes read from a volume through Sluice.",
+       &VolumeIoStats::read_bytes},
+      {"sluice_volume_written_bytes_total", "Bytes written to a volume through Sluice.",
+       &VolumeIoStats::write_bytes},
+      {"sluice_volume_read_ops_total", "Read operations on a volume through Sluice.",
+       &VolumeIoStats::read_ops},
+      {"sluice_volume_write_ops_total", "Write operations on a volume through Sluice.",
+       &VolumeIoStats::write_ops},
+  };
+  for (const auto& m : kVol) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} counter\n", m.name, m.help, m.name);
+    for (const auto& [name, st] : volumes_)
+      out += fmt::format("{}{{volume=\"{}\"}} {}\n", m.name, Escape(name),
+                         ((*st).*(m.field)).load(std::memory_order_relaxed));
+  }
+  for (const auto& [name, hv] : gauges_)
+    out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{} {}\n", name, hv.first, name, name,
+                       hv.second);
+  return out;
+}
+
+}  // namespace sluice

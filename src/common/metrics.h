@@ -1,0 +1,63 @@
+// Process-wide metrics rendered in Prometheus text format on the internal listener.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <tuple>
+
+namespace sluice {
+
+// Per-volume I/O counters; also the source of /volume/performance-metric.
+struct VolumeIoStats {
+  std::atomic<uint64_t> read_ops{0}, write_ops{0};
+  std::atomic<uint64_t> read_bytes{0}, write_bytes{0};
+  std::atomic<uint64_t> read_usec{0}, write_usec{0};
+
+  void AddRead(uint64_t bytes, uint64_t usec) {
+    read_ops.fetch_add(1, std::memory_order_relaxed);
+    read_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    read_usec.fetch_add(usec, std::memory_order_relaxed);
+  }
+  void AddWrite(uint64_t bytes, uint64_t usec) {
+    write_ops.fetch_add(1, std::memory_order_relaxed);
+    write_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    write_usec.fetch_add(usec, std::memory_order_relaxed);
+  }
+};
+
+class Metrics {
+ public:
+  static Metrics& Global();
+
+  // One finished HTTP request. `route` is the route pattern, never the raw target, so that
+  // label cardinality stays bounded.
+  void ObserveRequest(std::string_view listener, std::string_view method, std::string_view route,
+                      int status, double seconds);
+  VolumeIoStats& Volume(const std::string& name);
+  void SetGauge(const std::string& name, const std::string& help, double value);
+
+  std::string RenderPrometheus() const;
+
+ private:
+  static constexpr std::array<double, 12> kBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                      0.05,   0.1,   0.25,   0.5,   1.0,  5.0};
+  struct Histogram {
+    std::array<uint64_t, kBuckets.size()> counts{};
+    uint64_t count = 0;
+    double sum = 0;
+  };
+
+  mutable std::mutex mu_;
+  std::map<std::tuple<std::string, std::string, std::string, int>, uint64_t> requests_;
+  std::map<std::pair<std::string, std::string>, Histogram> latency_;
+  std::map<std::string, std::unique_ptr<VolumeIoStats>> volumes_;
+  std::map<std::string, std::pair<std::string, double>> gauges_;
+};
+
+}  // namespace sluice

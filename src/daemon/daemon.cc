@@ -1,0 +1,239 @@
+#include "daemon/daemon.h"
+
+#include <grp.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "api/internal_api.h"
+#include "api/manager_api.h"
+#include "api/server.h"
+#include "common/log.h"
+#include "common/secrets.h"
+#include "service/storage_service.h"
+#include "volume/registry.h"
+
+namespace sluice {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool IsUnder(const fs::path& p, const fs::path& dir) {
+  auto rel = p.lexically_normal().lexically_relative(dir.lexically_normal());
+  return !rel.empty() && *rel.begin() != "..";
+}
+
+Result<uid_t> ResolveUser(const std::string& u, gid_t* primary_gid) {
+  if (!u.empty() && std::all_of(u.begin(), u.end(), ::isdigit)) {
+    uid_t uid = static_cast<uid_t>(std::stoul(u));
+    if (struct passwd* pw = ::getpwuid(uid)) *primary_gid = pw->pw_gid;
+    return uid;
+  }
+  struct passwd* pw = ::getpwnam(u.c_str());
+  if (!pw) return Status(Code::kInvalidArgument, fmt::format("storage-proxy.user: no user '{}'", u));
+  *primary_gid = pw->pw_gid;
+  return pw->pw_uid;
+}
+
+Result<gid_t> ResolveGroup(const std::string& g) {
+  if (!g.empty() && std::all_of(g.begin(), g.end(), ::isdigit))
+    return static_cast<gid_t>(std::stoul(g));
+  struct group* gr = ::getgrnam(g.c_str());
+  if (!gr)
+    return Status(Code::kInvalidArgument, fmt::format("storage-proxy.group: no group '{}'", g));
+  return gr->gr_gid;
+}
+
+// After binding privileged ports, run as the configured user and group.
+Status DropPrivileges(const Config& cfg) {
+  if (cfg.user.empty() && cfg.group.empty()) return Status::Ok();
+  if (::geteuid() != 0) {
+    spdlog::warn("storage-proxy.user/group are set but sluiced does not run as root; ignored");
+    return Status::Ok();
+  }
+  gid_t gid = ::getegid();
+  uid_t uid = ::geteuid();
+  if (!cfg.user.empty()) {
+    SLUICE_ASSIGN_OR_RETURN(uid, ResolveUser(cfg.user, &gid));
+  }
+  if (!cfg.group.empty()) {
+    SLUICE_ASSIGN_OR_RETURN(gid, ResolveGroup(cfg.group));
+  }
+  if (::setgroups(0, nullptr) != 0) return Status::FromErrno(errno, "setgroups");
+  if (::setgid(gid) != 0) return Status::FromErrno(errno, fmt::format("setgid({})", gid));
+  if (::setuid(uid) != 0) return Status::FromErrno(errno, fmt::format("setuid({})", uid));
+  spdlog::info("dropped privileges to uid {} gid {}", uid, gid);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status PrepareConfig(Config& cfg) {
+  std::error_code ec;
+  fs::path state = fs::absolute(cfg.state_dir, ec);
+  cfg.state_dir = state.lexically_normal().string();
+  while (cfg.state_dir.size() > 1 && cfg.state_dir.back() == '/') cfg.state_dir.pop_back();
+  fs::create_directories(cfg.state_dir, ec);
+  if (ec)
+    return Status(Code::kInvalidArgument,
+                  fmt::format("sluice.state-dir '{}': {}", cfg.state_dir, ec.message()));
+  bool created = false;
+  if (cfg.manager_secret.empty()) {
+    std::string p = cfg.state_dir + "/secrets/manager.secret";
+    SLUICE_ASSIGN_OR_RETURN(cfg.manager_secret, LoadOrCreateSecret(p, &created));
+    spdlog::info("manager API secret {} {}", created ? "generated in" : "read from", p);
+  }
+  if (cfg.secret.empty()) {
+    std::string p = cfg.state_dir + "/secrets/token.secret";
+    SLUICE_ASSIGN_OR_RETURN(cfg.secret, LoadOrCreateSecret(p, &created));
+    spdlog::info("token secret {} {}", created ? "generated in" : "read from", p);
+  }
+  for (auto& v : cfg.volumes) {
+    fs::path p = fs::absolute(v.path, ec).lexically_normal();
+    v.path = p.string();
+    while (v.path.size() > 1 && v.path.back() == '/') v.path.pop_back();
+    if (!fs::exists(p, ec)) {
+      // Sluice creates volume directories only inside its own state directory.
+      if (!IsUnder(p, cfg.state_dir))
+        return Status(Code::kInvalidArgument,
+                      fmt::format("volume.{}.path '{}' does not exist", v.name, v.path));
+      fs::create_directories(p, ec);
+      if (ec)
+        return Status(Code::kInvalidArgument,
+                      fmt::format("volume.{}.path '{}': {}", v.name, v.path, ec.message()));
+    }
+  }
+  return Status::Ok();
+}
+
+int RunDaemon(Config cfg) {
+  // Signals are taken synchronously by the main thread: block them before any thread starts.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  InitLogging(cfg.log_level);
+  for (const auto& w : cfg.warnings) spdlog::warn("config: {}", w);
+
+  Status st = PrepareConfig(cfg);
+  if (!st.ok()) {
+    spdlog::critical("{}", st.message());
+    return 2;
+  }
+
+  ThreadPool io_pool("io", cfg.io_threads, 100000);
+  ThreadPool task_pool("task", cfg.task_threads);
+  ThreadPool scan_pool("scan", cfg.scan_threads);
+
+  std::vector<std::unique_ptr<Volume>> volumes;
+  for (const auto& vc : cfg.volumes) {
+    auto v = VolumeRegistry::Builtin().Create(vc, VolumeDeps{&scan_pool});
+    if (!v.ok()) {
+      spdlog::critical("{}", v.status().message());
+      return 2;
+    }
+    Status init = (*v)->Init();
+    if (!init.ok()) {
+      spdlog::critical("volume {}: {}", vc.name, init.message());
+      return 2;
+    }
+    spdlog::info("volume {}: backend {} at {} (layout v{})", vc.name, vc.backend, vc.path,
+                 (*v)->layout_version());
+    volumes.push_back(std::move(v).value());
+  }
+  StorageService service(cfg, std::move(volumes), &task_pool);
+
+  size_t nloops = cfg.num_proc > 0 ? static_cast<size_t>(cfg.num_proc)
+                                   : std::max(1u, std::thread::hardware_concurrency());
+  api::IoLoops loops(nloops);
+  std::vector<std::shared_ptr<api::HttpServer>> servers;
+  std::atomic<bool> draining{false};
+  api::HealthSource health{&service, [&draining] { return draining.load(); }};
+
+  auto make_server = [&](const std::string& name, const ListenerConfig& lc,
+                         std::shared_ptr<api::Router> router) -> Status {
+    api::ServerOptions o;
+    o.name = name;
+    o.addr = lc.addr;
+    o.body_limit = cfg.max_request_body;
+    o.request_timeout = cfg.request_timeout;
+    o.keepalive_timeout = cfg.keepalive_timeout;
+    if (lc.ssl_enabled) {
+      SLUICE_ASSIGN_OR_RETURN(o.tls, api::MakeTlsContext(lc.ssl_cert, lc.ssl_privkey));
+    }
+    auto srv = std::make_shared<api::HttpServer>(loops, std::move(o), std::move(router));
+    SLUICE_RETURN_IF_ERROR(srv->Listen());
+    servers.push_back(std::move(srv));
+    return Status::Ok();
+  };
+  st = make_server("manager", cfg.manager,
+                   api::MakeManagerRouter(&service, &io_pool, cfg.manager_secret, health));
+  if (st.ok())
+    st = make_server("client", cfg.client, api::MakeClientRouter(&io_pool, health));
+  if (st.ok())
+    st = make_server("internal", ListenerConfig{cfg.internal, false, "", ""},
+                     api::MakeInternalRouter(&io_pool, health));
+  if (!st.ok()) {
+    spdlog::critical("{}", st.message());
+    return st.code() == Code::kInvalidArgument ? 2 : 1;
+  }
+
+  st = DropPrivileges(cfg);
+  if (!st.ok()) {
+    spdlog::critical("{}", st.message());
+    return 1;
+  }
+  if (!cfg.pid_file.empty()) {
+    std::ofstream pf(cfg.pid_file);
+    pf << ::getpid() << "\n";
+    if (!pf) spdlog::warn("cannot write pid file '{}'", cfg.pid_file);
+  }
+
+  loops.Start();
+  for (auto& s : servers) s->Start();
+  spdlog::info("sluiced {} ({} event loops) node {}", api::SluiceVersion(), loops.size(),
+               cfg.node_id);
+  for (auto& s : servers) spdlog::info("{} API listening on {}", s->options().name, s->url());
+  if (cfg.embedded_default)
+    spdlog::info("embedded default: state in {}; manager token in {}/secrets/manager.secret",
+                 cfg.state_dir, cfg.state_dir);
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  spdlog::info("received {}; draining (up to {}s)", strsignal(sig), cfg.drain_timeout.count());
+  draining = true;
+  for (auto& s : servers) s->Stop();
+  auto deadline = std::chrono::steady_clock::now() + cfg.drain_timeout;
+  auto busy = [&] {
+    for (auto& s : servers)
+      if (s->inflight() > 0) return true;
+    return false;
+  };
+  while (busy() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (busy()) spdlog::warn("drain timeout: closing connections with requests in flight");
+  auto left = deadline - std::chrono::steady_clock::now();
+  if (!service.tasks().WaitIdle(left > left.zero() ? left : left.zero()))
+    spdlog::warn("background tasks still running at exit; they resume or clean up at next start");
+  loops.Stop();
+  io_pool.Shutdown();
+  if (!cfg.pid_file.empty()) ::unlink(cfg.pid_file.c_str());
+  spdlog::info("sluiced stopped");
+  spdlog::shutdown();
+  // Background tasks that outlived the drain must not run during static destruction.
+  std::_Exit(0);
+}
+
+}  // namespace sluice

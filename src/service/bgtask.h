@@ -1,0 +1,62 @@
+// Background tasks (vfolder delete and clone, async file delete): each gets an id and a status
+// that clients poll. Tasks run on a bounded pool; finished tasks are kept for a while.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "common/thread_pool.h"
+
+namespace sluice {
+
+enum class TaskState { kPending, kRunning, kCompleted, kFailed };
+std::string_view TaskStateName(TaskState s);
+
+struct BgTaskInfo {
+  std::string id;
+  std::string kind;
+  nlohmann::json params;
+  TaskState state = TaskState::kPending;
+  Status error;  // set when failed
+  std::chrono::system_clock::time_point created, started, finished;
+
+  nlohmann::json ToJson() const;
+};
+
+class BgTaskManager {
+ public:
+  using Fn = std::function<Status()>;
+
+  explicit BgTaskManager(ThreadPool* pool, size_t keep_finished = 10000)
+      : pool_(pool), keep_finished_(keep_finished) {}
+
+  // Queues `fn`; kUnavailable when the pool refuses it (shutting down or overloaded).
+  Result<std::string> Start(std::string kind, nlohmann::json params, Fn fn);
+  std::optional<BgTaskInfo> Get(const std::string& id) const;
+  std::vector<BgTaskInfo> List() const;
+  // Blocks until no task is pending or running, or the deadline passes; true if idle.
+  bool WaitIdle(std::chrono::steady_clock::duration timeout);
+
+ private:
+  void Prune();
+
+  ThreadPool* pool_;
+  size_t keep_finished_;
+  mutable std::mutex mu_;
+  std::condition_variable idle_cv_;
+  size_t active_ = 0;
+  std::map<std::string, BgTaskInfo> tasks_;
+  std::vector<std::string> finished_order_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,147 @@
+#include "service/storage_service.h"
+
+#include <sys/stat.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+namespace sluice {
+
+StorageService::StorageService(const Config& cfg, std::vector<std::unique_ptr<Volume>> volumes,
+                               ThreadPool* task_pool)
+    : cfg_(cfg), tasks_(task_pool) {
+  for (auto& v : volumes) {
+    std::string n = v->name();
+    volumes_.emplace(std::move(n), std::move(v));
+  }
+}
+
+Result<Volume*> StorageService::GetVolume(const std::string& name) const {
+  auto it = volumes_.find(name);
+  if (it == volumes_.end())
+    return Status(Code::kNotFound, fmt::format("volume '{}' is not configured", name));
+  return it->second.get();
+}
+
+std::vector<Volume*> StorageService::Volumes() const {
+  std::vector<Volume*> out;
+  for (const auto& [k, v] : volumes_) out.push_back(v.get());
+  return out;
+}
+
+Status StorageService::CreateQuotaScope(const std::string& volume, const QuotaScopeId& qsid,
+                                        std::optional<uint64_t> limit) {
+  SLUICE_ASSIGN_OR_RETURN(Volume * v, GetVolume(volume));
+  return v->quota().CreateScope(qsid, limit);
+}
+
+Result<QuotaUsage> StorageService::DescribeQuotaScope(const std::string& volume,
+                                                      const QuotaScopeId& qsid) {
+  SLUICE_ASSIGN_OR_RETURN(Volume * v, GetVolume(volume));
+  return v->quota().DescribeScope(qsid);
+}
+
+Status StorageService::UpdateQuotaScope(const std::string& volume, const QuotaScopeId& qsid,
+                                        uint64_t limit) {
+  SLUICE_ASSIGN_OR_RETURN(Volume * v, GetVolume(volume));
+  return v->quota().UpdateScope(qsid, limit);
+}
+
+Status StorageService::UnsetQuota(const std::string& volume, const QuotaScopeId& qsid) {
+  SLUICE_ASSIGN_OR_RETURN(Volume * v, GetVolume(volume));
+  return v->quota().UnsetQuota(qsid);
+}
+
+Status StorageService::DeleteQuotaScope(const std::string& volume, const QuotaScopeId& qsid) {
+  SLUICE_ASSIGN_OR_RETURN(Volume * v, GetVolume(volume));
+  return v->quota().DeleteScope(qsid);
+}
+
+Status StorageService::CreateVFolder(const std::string& volume, const VFolderId& vfid,
+                                     mode_t mode, std::optional<uint64_t> initial_scope_limit) {
+  SLUICE_ASSIGN_OR_RETURN(Volume * v, GetVolume(volume));
+  return v->CreateVFolder(vfid, mode, cfg_.allow_auto_quota_scope_creation, initial_scope_limit);
+}
+
+Result<std::string> StorageService::DeleteVFolder(const std::string& volume,
+                                                  const VFolderId& vfid) {
+  SLUICE_ASSIGN_OR_RETURN(Volume * v, GetVolume(volume));
+  SLUICE_ASSIGN_OR_RETURN(std::string detached, v->DetachVFolder(vfid));
+  spdlog::info("vfolder {} on {} detached to {}", vfid.ToString(), volume, detached);
+  return tasks_.Start("vfolder-delete", {{"volume", volume}, {"vfid", vfid.ToString()}},
+                      [v, detached] { return v->fsop().DeleteTree(detached); });
+}
+
+Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
+                                                 const VFolderId& src,
+                                                 const std::string& dst_volume,
+                                                 const VFolderId& dst) {
+  SLUICE_ASSIGN_OR_RETURN(Volume * sv, GetVolume(src_volume));
+  SLUICE_ASSIGN_OR_RETURN(Volume * dv, GetVolume(dst_volume));
+  SLUICE_RETURN_IF_ERROR(sv->CheckVFolder(src));
+  if (src_volume == dst_volume && src == dst)
+    return Status(Code::kInvalidArgument, "source and destination of a clone are the same vfolder");
+  struct stat sb;
+  mode_t mode = 0755;
+  if (::stat(sv->VFolderPath(src).c_str(), &sb) == 0) mode = sb.st_mode & 07777;
+  // Destination scope is created on demand, as Backend.AI does for clones.
+  SLUICE_RETURN_IF_ERROR(dv->CreateVFolder(dst, mode, true, std::nullopt));
+  nlohmann::json params = {{"src_volume", src_volume},
+                           {"src_vfid", src.ToString()},
+                           {"dst_volume", dst_volume},
+                           {"dst_vfid", dst.ToString()}};
+  auto task = [sv, dv, src, dst]() -> Status {
+    auto copy = [&]() -> Status {
+      SLUICE_ASSIGN_OR_RETURN(TreeUsage need, sv->GetUsage(src));
+      SLUICE_ASSIGN_OR_RETURN(FsUsage fs, dv->GetFsUsage());
+      if (need.used_bytes > fs.available_bytes)
+        return Status(Code::kNoSpace,
+                      fmt::format("clone needs {} bytes; volume {} has {} available",
+                                  need.used_bytes, dv->name(), fs.available_bytes));
+      if (dst.scope) {
+        SLUICE_ASSIGN_OR_RETURN(QuotaUsage q, dv->quota().DescribeScope(*dst.scope));
+        if (q.limit_bytes && q.used_bytes + need.used_bytes > *q.limit_bytes)
+          return Status(Code::kQuotaExceeded,
+                        fmt::format("clone needs {} bytes; quota scope {} has {} of {} left",
+                                    need.used_bytes, dst.scope->ToString(),
+                                    *q.limit_bytes > q.used_bytes ? *q.limit_bytes - q.used_bytes
+                                                                  : 0,
+                                    *q.limit_bytes));
+      }
+      return sv->fsop().CopyTree(sv->VFolderPath(src), dv->VFolderPath(dst));
+    };
+    Status st = copy();
+    if (!st.ok()) {
+      // Nothing half-copied stays visible.
+      auto detached = dv->DetachVFolder(dst);
+      if (detached.ok()) {
+        Status del = dv->fsop().DeleteTree(*detached);
+        if (!del.ok()) spdlog::error("clone cleanup of {} failed: {}", *detached, del.ToString());
+      }
+      return st.WithContext(fmt::format("clone {} -> {}", src.ToString(), dst.ToString()));
+    }
+    return Status::Ok();
+  };
+  auto id = tasks_.Start("vfolder-clone", std::move(params), std::move(task));
+  if (!id.ok()) {
+    auto detached = dv->DetachVFolder(dst);
+    if (detached.ok()) (void)dv->fsop().DeleteTree(*detached);
+  }
+  return id;
+}
+
+Result<std::string> StorageService::DeleteFilesAsync(const std::string& volume,
+                                                     const VFolderId& vfid,
+                                                     std::vector<std::string> relpaths,
+                                                     bool recursive) {
+  SLUICE_ASSIGN_OR_RETURN(Volume * v, GetVolume(volume));
+  SLUICE_RETURN_IF_ERROR(v->CheckVFolder(vfid));
+  nlohmann::json params = {
+      {"volume", volume}, {"vfid", vfid.ToString()}, {"relpaths", relpaths}, {"recursive", recursive}};
+  return tasks_.Start("file-delete", std::move(params),
+                      [v, vfid, relpaths = std::move(relpaths), recursive] {
+                        return v->DeleteFiles(vfid, relpaths, recursive);
+                      });
+}
+
+}  // namespace sluice

@@ -1,0 +1,56 @@
+// Backend-agnostic use cases of the control plane: volumes, quota scopes, vfolders and file
+// operations. Every method may block on the filesystem: callers run them on a worker pool.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "service/bgtask.h"
+#include "volume/volume.h"
+
+namespace sluice {
+
+class StorageService {
+ public:
+  StorageService(const Config& cfg, std::vector<std::unique_ptr<Volume>> volumes,
+                 ThreadPool* task_pool);
+
+  const Config& config() const { return cfg_; }
+  BgTaskManager& tasks() { return tasks_; }
+
+  // kNotFound naming the volume when it is not configured.
+  Result<Volume*> GetVolume(const std::string& name) const;
+  std::vector<Volume*> Volumes() const;
+
+  // --- quota scopes ---
+  Status CreateQuotaScope(const std::string& volume, const QuotaScopeId& qsid,
+                          std::optional<uint64_t> limit);
+  Result<QuotaUsage> DescribeQuotaScope(const std::string& volume, const QuotaScopeId& qsid);
+  Status UpdateQuotaScope(const std::string& volume, const QuotaScopeId& qsid, uint64_t limit);
+  Status UnsetQuota(const std::string& volume, const QuotaScopeId& qsid);
+  Status DeleteQuotaScope(const std::string& volume, const QuotaScopeId& qsid);
+
+  // --- vfolders ---
+  Status CreateVFolder(const std::string& volume, const VFolderId& vfid, mode_t mode,
+                       std::optional<uint64_t> initial_scope_limit);
+  // Detaches the vfolder now and removes its contents in a background task; returns the task id.
+  Result<std::string> DeleteVFolder(const std::string& volume, const VFolderId& vfid);
+  // Creates the destination now and copies in a background task; a failed copy removes the
+  // destination again. Returns the task id.
+  Result<std::string> CloneVFolder(const std::string& src_volume, const VFolderId& src,
+                                   const std::string& dst_volume, const VFolderId& dst);
+  // Deletes files in a background task; returns the task id.
+  Result<std::string> DeleteFilesAsync(const std::string& volume, const VFolderId& vfid,
+                                       std::vector<std::string> relpaths, bool recursive);
+
+ private:
+  Config cfg_;
+  std::map<std::string, std::unique_ptr<Volume>> volumes_;
+  BgTaskManager tasks_;
+};
+
+}  // namespace sluice

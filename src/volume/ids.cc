@@ -1,0 +1,81 @@
+#include "volume/ids.h"
+
+#include <cctype>
+
+#include <fmt/format.h>
+
+namespace sluice {
+
+Result<std::string> NormalizeUuidHex(std::string_view s) {
+  std::string hex;
+  hex.reserve(32);
+  bool dashed = s.size() == 36;
+  for (size_t i = 0; i < s.size(); ++i) {
+    char c = s[i];
+    if (dashed && (i == 8 || i == 13 || i == 18 || i == 23)) {
+      if (c != '-') break;
+      continue;
+    }
+    if (!std::isxdigit(static_cast<unsigned char>(c))) break;
+    hex += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  if (hex.size() != 32 || (s.size() != 32 && s.size() != 36))
+    return Status(Code::kInvalidArgument,
+                  fmt::format("'{}' is not a UUID (32 hex digits, dashes optional)", s));
+  return hex;
+}
+
+std::string DashedUuid(std::string_view h) {
+  return fmt::format("{}-{}-{}-{}-{}", h.substr(0, 8), h.substr(8, 4), h.substr(12, 4),
+                     h.substr(16, 4), h.substr(20));
+}
+
+Result<QuotaScopeId> QuotaScopeId::Parse(std::string_view s) {
+  size_t colon = s.find(':');
+  if (colon == std::string_view::npos)
+    return Status(Code::kInvalidArgument,
+                  fmt::format("quota scope id '{}' must look like 'user:<uuid>' or "
+                              "'project:<uuid>'",
+                              s));
+  std::string_view type = s.substr(0, colon);
+  QuotaScopeId id;
+  if (type == "user") {
+    id.type = QuotaScopeType::kUser;
+  } else if (type == "project") {
+    id.type = QuotaScopeType::kProject;
+  } else {
+    return Status(Code::kInvalidArgument,
+                  fmt::format("quota scope type '{}' must be 'user' or 'project'", type));
+  }
+  auto hex = NormalizeUuidHex(s.substr(colon + 1));
+  if (!hex.ok()) return hex.status().WithContext(fmt::format("quota scope id '{}'", s));
+  id.hex = std::move(hex).value();
+  return id;
+}
+
+std::string QuotaScopeId::ToString() const {
+  return fmt::format("{}:{}", type == QuotaScopeType::kUser ? "user" : "project", DashedUuid(hex));
+}
+
+Result<VFolderId> VFolderId::Parse(std::string_view s) {
+  VFolderId id;
+  std::string_view folder = s;
+  size_t slash = s.rfind('/');
+  if (slash != std::string_view::npos) {
+    auto qs = QuotaScopeId::Parse(s.substr(0, slash));
+    if (!qs.ok()) return qs.status().WithContext(fmt::format("vfolder id '{}'", s));
+    id.scope = std::move(qs).value();
+    folder = s.substr(slash + 1);
+  }
+  auto hex = NormalizeUuidHex(folder);
+  if (!hex.ok()) return hex.status().WithContext(fmt::format("vfolder id '{}'", s));
+  id.hex = std::move(hex).value();
+  return id;
+}
+
+std::string VFolderId::ToString() const {
+  if (scope) return fmt::format("{}/{}", scope->ToString(), hex);
+  return hex;
+}
+
+}  // namespace sluice

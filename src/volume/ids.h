@@ -1,0 +1,39 @@
+// Identifiers of quota scopes and vfolders, as Backend.AI spells them:
+//   quota scope id  "user:<uuid>" | "project:<uuid>"
+//   vfolder id      "<quota scope id>/<uuid>" (layout v3) | "<uuid>" (legacy, layout v2)
+// A uuid may be given dashed or as 32 hex digits; paths always use 32 lower-case hex digits.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace sluice {
+
+enum class QuotaScopeType { kUser, kProject };
+
+struct QuotaScopeId {
+  QuotaScopeType type = QuotaScopeType::kUser;
+  std::string hex;  // 32 lower-case hex digits
+
+  static Result<QuotaScopeId> Parse(std::string_view s);
+  std::string ToString() const;  // "user:<dashed uuid>"
+  bool operator==(const QuotaScopeId&) const = default;
+};
+
+struct VFolderId {
+  std::optional<QuotaScopeId> scope;  // absent for legacy ids
+  std::string hex;                    // 32 lower-case hex digits
+
+  static Result<VFolderId> Parse(std::string_view s);
+  std::string ToString() const;
+  bool operator==(const VFolderId&) const = default;
+};
+
+// "0123...ef" or "01234567-89ab-..." -> 32 lower-case hex digits.
+Result<std::string> NormalizeUuidHex(std::string_view s);
+std::string DashedUuid(std::string_view hex32);
+
+}  // namespace sluice

@@ -1,0 +1,392 @@
+#include "volume/posix_volume.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <random>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/path.h"
+
+namespace sluice {
+
+namespace {
+
+std::chrono::system_clock::time_point ToTimePoint(const struct statx_timestamp& ts) {
+  return std::chrono::system_clock::time_point(std::chrono::seconds(ts.tv_sec) +
+                                               std::chrono::nanoseconds(ts.tv_nsec));
+}
+
+std::string RandomHex(size_t n) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  static const char* kHex = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) s += kHex[rng() & 15];
+  return s;
+}
+
+Status NotFoundVFolder(const VFolderId& vfid, const std::string& volume) {
+  return Status(Code::kNotFound,
+                fmt::format("vfolder {} does not exist on volume {}", vfid.ToString(), volume));
+}
+
+// mkdir that treats an existing directory as success.
+Status EnsureDir(const std::string& p, mode_t mode) {
+  if (::mkdir(p.c_str(), mode) == 0 || errno == EEXIST) return Status::Ok();
+  return Status::FromErrno(errno, fmt::format("mkdir '{}'", p));
+}
+
+}  // namespace
+
+std::string_view EntryTypeName(EntryType t) {
+  switch (t) {
+    case EntryType::kFile: return "FILE";
+    case EntryType::kDirectory: return "DIRECTORY";
+    case EntryType::kSymlink: return "SYMLINK";
+    default: return "FILE";
+  }
+}
+
+PosixVolume::PosixVolume(VolumeConfig cfg, ThreadPool* scan_pool)
+    : cfg_(std::move(cfg)), fsop_(scan_pool), io_stats_(&Metrics::Global().Volume(cfg_.name)) {
+  while (cfg_.path.size() > 1 && cfg_.path.back() == '/') cfg_.path.pop_back();
+}
+
+std::string PosixVolume::TrashDir() const { return cfg_.path + "/.sluice-trash"; }
+
+Status PosixVolume::Init() {
+  struct stat sb;
+  if (::stat(cfg_.path.c_str(), &sb) != 0)
+    return Status::FromErrno(errno, fmt::format("volume {}: path '{}'", cfg_.name, cfg_.path));
+  if (!S_ISDIR(sb.st_mode))
+    return Status(Code::kInvalidArgument,
+                  fmt::format("volume {}: path '{}' is not a directory", cfg_.name, cfg_.path));
+  std::string version_file = cfg_.path + "/version.txt";
+  std::ifstream in(version_file);
+  if (in) {
+    int v = 0;
+    in >> v;
+    if (v != 2 && v != 3)
+      return Status(Code::kInvalidArgument,
+                    fmt::format("volume {}: {} holds layout version '{}'; Sluice knows 2 and 3",
+                                cfg_.name, version_file, v));
+    layout_version_ = v;
+  } else {
+    // Backend.AI reads a missing version.txt as layout 2. A new, empty volume starts at 3.
+    bool empty = true;
+    if (DIR* d = ::opendir(cfg_.path.c_str())) {
+      while (struct dirent* e = ::readdir(d)) {
+        std::string_view n = e->d_name;
+        if (n != "." && n != ".." && n != ".sluice-trash") {
+          empty = false;
+          break;
+        }
+      }
+      ::closedir(d);
+    }
+    layout_version_ = empty ? 3 : 2;
+    if (empty) {
+      std::string tmp = version_file + ".tmp";
+      {
+        std::ofstream out(tmp);
+        out << "3\n";
+        if (!out) return Status::FromErrno(errno, fmt::format("write '{}'", tmp));
+      }
+      if (::rename(tmp.c_str(), version_file.c_str()) != 0)
+        return Status::FromErrno(errno, fmt::format("rename '{}'", tmp));
+    }
+  }
+  // Leftovers of deletes interrupted by a crash.
+  struct stat tb;
+  if (::stat(TrashDir().c_str(), &tb) == 0) {
+    SLUICE_RETURN_IF_ERROR(fsop_.DeleteTree(TrashDir()).WithContext("clean trash"));
+  }
+  return Status::Ok();
+}
+
+std::string PosixVolume::VFolderPath(const VFolderId& vfid) const {
+  const std::string& h = vfid.hex;
+  std::string tail = fmt::format("{}/{}/{}", h.substr(0, 2), h.substr(2, 2), h.substr(4));
+  if (vfid.scope) return fmt::format("{}/{}/{}", cfg_.path, vfid.scope->hex, tail);
+  return fmt::format("{}/{}", cfg_.path, tail);
+}
+
+Result<UniqueFd> PosixVolume::OpenVFolderRoot(const VFolderId& vfid) const {
+  int fd = ::open(VFolderPath(vfid).c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return NotFoundVFolder(vfid, cfg_.name);
+    return Status::FromErrno(errno, fmt::format("open vfolder {}", vfid.ToString()));
+  }
+  return UniqueFd(fd);
+}
+
+Status PosixVolume::CheckVFolder(const VFolderId& vfid) { return OpenVFolderRoot(vfid).status(); }
+
+Status PosixVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_scope,
+                                  std::optional<uint64_t> initial_limit) {
+  if (mode & ~07777u)
+    return Status(Code::kInvalidArgument, fmt::format("mode {:o} is not a permission mode", mode));
+  std::string base = cfg_.path;
+  if (vfid.scope) {
+    std::string scope_path = quota().ScopePath(*vfid.scope);
+    struct stat sb;
+    if (::stat(scope_path.c_str(), &sb) != 0) {
+      if (errno != ENOENT) return Status::FromErrno(errno, fmt::format("stat '{}'", scope_path));
+      if (!auto_scope)
+        return Status(Code::kNotFound,
+                      fmt::format("quota scope {} does not exist on volume {}",
+                                  vfid.scope->ToString(), cfg_.name));
+      Status s = quota().CreateScope(*vfid.scope, initial_limit);
+      if (!s.ok() && s.code() != Code::kAlreadyExists) return s;
+    }
+    base = scope_path;
+  }
+  const std::string& h = vfid.hex;
+  std::string l1 = base + "/" + h.substr(0, 2);
+  std::string l2 = l1 + "/" + h.substr(2, 2);
+  SLUICE_RETURN_IF_ERROR(EnsureDir(l1, 0755));
+  SLUICE_RETURN_IF_ERROR(EnsureDir(l2, 0755));
+  std::string final_path = l2 + "/" + h.substr(4);
+  if (::mkdir(final_path.c_str(), 0700) != 0) {
+    if (errno == EEXIST)
+      return Status(Code::kAlreadyExists,
+                    fmt::format("vfolder {} already exists on volume {}", vfid.ToString(),
+                                cfg_.name));
+    return Status::FromErrno(errno, fmt::format("create vfolder {}", vfid.ToString()));
+  }
+  // The exact mode, whatever the umask.
+  if (::chmod(final_path.c_str(), mode) != 0)
+    return Status::FromErrno(errno, fmt::format("chmod vfolder {}", vfid.ToString()));
+  return Status::Ok();
+}
+
+Result<std::string> PosixVolume::DetachVFolder(const VFolderId& vfid) {
+  std::string p = VFolderPath(vfid);
+  SLUICE_RETURN_IF_ERROR(EnsureDir(TrashDir(), 0700));
+  std::string dst = fmt::format("{}/{}-{}", TrashDir(), vfid.hex, RandomHex(8));
+  if (::renameat2(AT_FDCWD, p.c_str(), AT_FDCWD, dst.c_str(), RENAME_NOREPLACE) != 0) {
+    if (errno == ENOENT) return NotFoundVFolder(vfid, cfg_.name);
+    return Status::FromErrno(errno, fmt::format("detach vfolder {}", vfid.ToString()));
+  }
+  // Tidy the now possibly empty hash directories; failures (not empty) are expected.
+  std::string l2 = p.substr(0, p.rfind('/'));
+  if (::rmdir(l2.c_str()) == 0) ::rmdir(l2.substr(0, l2.rfind('/')).c_str());
+  return dst;
+}
+
+Result<TreeUsage> PosixVolume::GetUsage(const VFolderId& vfid) {
+  SLUICE_RETURN_IF_ERROR(CheckVFolder(vfid));
+  SLUICE_ASSIGN_OR_RETURN(TreeUsage u, fsop_.ScanTree(VFolderPath(vfid)));
+  return u;
+}
+
+Result<uint64_t> PosixVolume::GetUsedBytes(const VFolderId& vfid) {
+  SLUICE_ASSIGN_OR_RETURN(TreeUsage u, GetUsage(vfid));
+  return u.used_bytes;
+}
+
+Result<FsUsage> PosixVolume::GetFsUsage() {
+  struct statvfs sv;
+  if (::statvfs(cfg_.path.c_str(), &sv) != 0)
+    return Status::FromErrno(errno, fmt::format("statvfs '{}'", cfg_.path));
+  FsUsage u;
+  u.capacity_bytes = static_cast<uint64_t>(sv.f_blocks) * sv.f_frsize;
+  u.used_bytes = static_cast<uint64_t>(sv.f_blocks - sv.f_bfree) * sv.f_frsize;
+  u.available_bytes = static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
+  return u;
+}
+
+HwInfo PosixVolume::GetHwInfo() {
+  HwInfo info;
+  struct stat sb;
+  if (::stat(cfg_.path.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+    info.status = "unavailable";
+    info.status_info = fmt::format("volume path '{}' is not reachable", cfg_.path);
+  } else if (::access(cfg_.path.c_str(), W_OK) != 0) {
+    info.status = "degraded";
+    info.status_info = fmt::format("volume path '{}' is not writable", cfg_.path);
+  }
+  info.metadata = {{"backend", cfg_.backend}, {"layout_version", layout_version_}};
+  return info;
+}
+
+Result<std::string> PosixVolume::MountPath(const VFolderId& vfid, std::string_view subpath) {
+  SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(subpath));
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
+  if (!parts.empty()) {
+    // An existing subpath must resolve beneath the vfolder (no symlink out of it).
+    auto probe = OpenBeneath(root.get(), subpath, O_PATH);
+    if (!probe.ok() && probe.status().code() != Code::kNotFound) return probe.status();
+  }
+  std::string p = VFolderPath(vfid);
+  if (!parts.empty()) p += "/" + JoinComponents(parts, parts.size());
+  return p;
+}
+
+Status PosixVolume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool parents,
+                          bool exist_ok) {
+  SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
+  if (parts.empty())
+    return Status(Code::kAlreadyExists, "the vfolder root already exists");
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
+  size_t first = parents ? 0 : parts.size() - 1;
+  for (size_t i = first; i < parts.size(); ++i) {
+    std::string parent_rel = JoinComponents(parts, i);
+    SLUICE_ASSIGN_OR_RETURN(UniqueFd parent,
+                            OpenBeneath(root.get(), parent_rel, O_PATH | O_DIRECTORY));
+    bool last = i + 1 == parts.size();
+    if (::mkdirat(parent.get(), parts[i].c_str(), 0755) == 0) continue;
+    int err = errno;
+    std::string here = JoinComponents(parts, i + 1);
+    if (err != EEXIST) return Status::FromErrno(err, fmt::format("mkdir '{}'", here));
+    // It exists: it must be a directory that stays beneath the root (a symlink out is refused).
+    auto existing = OpenBeneath(root.get(), here, O_PATH | O_DIRECTORY);
+    if (!existing.ok()) {
+      if (existing.status().code() == Code::kInvalidPath) return existing.status();
+      return Status(Code::kAlreadyExists,
+                    fmt::format("'{}' exists and is not a directory", here), EEXIST);
+    }
+    if (last && !exist_ok)
+      return Status(Code::kAlreadyExists, fmt::format("'{}' already exists", here), EEXIST);
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<DirEntry>> PosixVolume::ListDir(const VFolderId& vfid,
+                                                   std::string_view relpath, uint64_t limit) {
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, OpenBeneath(root.get(), relpath, O_RDONLY | O_DIRECTORY));
+  int dfd = ::dup(dir.get());
+  DIR* d = dfd >= 0 ? ::fdopendir(dfd) : nullptr;
+  if (!d) {
+    int err = errno;
+    if (dfd >= 0) ::close(dfd);
+    return Status::FromErrno(err, fmt::format("list '{}'", relpath));
+  }
+  std::vector<DirEntry> out;
+  while (struct dirent* e = ::readdir(d)) {
+    std::string_view n = e->d_name;
+    if (n == "." || n == "..") continue;
+    if (limit && out.size() >= limit) break;
+    struct statx sx;
+    if (::statx(dir.get(), e->d_name, AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS | STATX_BTIME,
+                &sx) != 0)
+      continue;  // vanished meanwhile
+    DirEntry de;
+    de.name = e->d_name;
+    de.mode = sx.stx_mode;
+    de.size = sx.stx_size;
+    de.modified = ToTimePoint(sx.stx_mtime);
+    de.created = (sx.stx_mask & STATX_BTIME) ? ToTimePoint(sx.stx_btime) : ToTimePoint(sx.stx_ctime);
+    if (S_ISDIR(sx.stx_mode)) {
+      de.type = EntryType::kDirectory;
+    } else if (S_ISLNK(sx.stx_mode)) {
+      de.type = EntryType::kSymlink;
+      std::string target(PATH_MAX, '\0');
+      ssize_t len = ::readlinkat(dir.get(), e->d_name, target.data(), target.size());
+      if (len >= 0) {
+        target.resize(static_cast<size_t>(len));
+        de.symlink_target = std::move(target);
+      }
+    } else if (S_ISREG(sx.stx_mode)) {
+      de.type = EntryType::kFile;
+    }
+    out.push_back(std::move(de));
+  }
+  ::closedir(d);
+  return out;
+}
+
+Status PosixVolume::Rename(const VFolderId& vfid, std::string_view relpath,
+                           std::string_view new_name) {
+  SLUICE_RETURN_IF_ERROR(ValidateName(new_name));
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
+  SLUICE_ASSIGN_OR_RETURN(ParentRef src, OpenParentBeneath(root.get(), relpath));
+  std::string nn(new_name);
+  if (::renameat2(src.dir.get(), src.name.c_str(), src.dir.get(), nn.c_str(), RENAME_NOREPLACE) !=
+      0)
+    return Status::FromErrno(errno, fmt::format("rename '{}' to '{}'", relpath, new_name));
+  return Status::Ok();
+}
+
+Status PosixVolume::Move(const VFolderId& vfid, std::string_view src, std::string_view dst) {
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
+  SLUICE_ASSIGN_OR_RETURN(ParentRef from, OpenParentBeneath(root.get(), src));
+  SLUICE_ASSIGN_OR_RETURN(auto dst_parts, SplitRelPath(dst));
+  ParentRef to;
+  // Moving onto an existing directory moves into it, as mv does.
+  auto dst_dir = dst_parts.empty() ? OpenBeneath(root.get(), ".", O_PATH | O_DIRECTORY)
+                                   : OpenBeneath(root.get(), dst, O_PATH | O_DIRECTORY);
+  if (dst_dir.ok()) {
+    to.dir = std::move(dst_dir).value();
+    to.name = from.name;
+  } else if (dst_dir.status().code() == Code::kNotFound ||
+             dst_dir.status().sys_errno() == ENOTDIR) {
+    SLUICE_ASSIGN_OR_RETURN(to, OpenParentBeneath(root.get(), dst));
+  } else {
+    return dst_dir.status();
+  }
+  if (::renameat2(from.dir.get(), from.name.c_str(), to.dir.get(), to.name.c_str(),
+                  RENAME_NOREPLACE) != 0)
+    return Status::FromErrno(errno, fmt::format("move '{}' to '{}'", src, dst));
+  return Status::Ok();
+}
+
+Result<Volume::OpenFile> PosixVolume::OpenForRead(const VFolderId& vfid, std::string_view relpath) {
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd fd, OpenBeneath(root.get(), relpath, O_RDONLY));
+  struct stat sb;
+  if (::fstat(fd.get(), &sb) != 0) return Status::FromErrno(errno, "fstat");
+  if (!S_ISREG(sb.st_mode))
+    return Status(Code::kInvalidArgument, fmt::format("'{}' is not a regular file", relpath),
+                  S_ISDIR(sb.st_mode) ? EISDIR : EINVAL);
+  OpenFile f;
+  f.fd = std::move(fd);
+  f.size = static_cast<uint64_t>(sb.st_size);
+  f.modified = std::chrono::system_clock::time_point(std::chrono::seconds(sb.st_mtim.tv_sec) +
+                                                     std::chrono::nanoseconds(sb.st_mtim.tv_nsec));
+  return f;
+}
+
+Status PosixVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::string>& relpaths,
+                                bool recursive) {
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
+  std::vector<ParentRef> targets;
+  for (const auto& rel : relpaths) {
+    SLUICE_ASSIGN_OR_RETURN(ParentRef ref, OpenParentBeneath(root.get(), rel));
+    struct stat sb;
+    if (::fstatat(ref.dir.get(), ref.name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) != 0)
+      return Status::FromErrno(errno, fmt::format("delete '{}'", rel));
+    if (S_ISDIR(sb.st_mode) && !recursive) {
+      // Only an empty directory may go without recursive=true.
+      int fd = ::openat(ref.dir.get(), ref.name.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (fd < 0) return Status::FromErrno(errno, fmt::format("delete '{}'", rel));
+      DIR* d = ::fdopendir(fd);
+      bool empty = true;
+      while (struct dirent* e = d ? ::readdir(d) : nullptr) {
+        std::string_view n = e->d_name;
+        if (n != "." && n != "..") {
+          empty = false;
+          break;
+        }
+      }
+      if (d) ::closedir(d);
+      if (!empty)
+        return Status(Code::kNotEmpty,
+                      fmt::format("directory '{}' is not empty; pass recursive=true to delete it",
+                                  rel),
+                      ENOTEMPTY);
+    }
+    targets.push_back(std::move(ref));
+  }
+  for (auto& t : targets) SLUICE_RETURN_IF_ERROR(RemoveTreeAt(t.dir.get(), t.name));
+  return Status::Ok();
+}
+
+}  // namespace sluice

@@ -1,0 +1,37 @@
+// Backends register a factory under the name used in config (`backend = "vfs"`).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/thread_pool.h"
+#include "volume/volume.h"
+
+namespace sluice {
+
+struct VolumeDeps {
+  ThreadPool* scan_pool = nullptr;
+};
+
+using VolumeFactory =
+    std::function<Result<std::unique_ptr<Volume>>(const VolumeConfig&, const VolumeDeps&)>;
+
+class VolumeRegistry {
+ public:
+  // The registry with every backend built into this binary.
+  static VolumeRegistry& Builtin();
+
+  void Register(const std::string& backend, VolumeFactory factory);
+  std::vector<std::string> Names() const;
+  // Creates (does not Init) a volume; kInvalidArgument naming the known backends otherwise.
+  Result<std::unique_ptr<Volume>> Create(const VolumeConfig& cfg, const VolumeDeps& deps) const;
+
+ private:
+  std::map<std::string, VolumeFactory> factories_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,152 @@
+// The three interfaces every storage backend implements. New storage is added by implementing
+// them and registering a factory under the backend name used in config (see registry.h).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/fd.h"
+#include "common/metrics.h"
+#include "common/status.h"
+#include "volume/ids.h"
+
+namespace sluice {
+
+// Capability names as Backend.AI reports them in GET /volumes.
+inline constexpr const char* kCapVFolder = "vfolder";
+inline constexpr const char* kCapQuota = "quota";
+inline constexpr const char* kCapMetric = "metric";
+inline constexpr const char* kCapFastScan = "fast-scan";
+inline constexpr const char* kCapFastSize = "fast-size";
+inline constexpr const char* kCapFastFsSize = "fast-fs-size";
+inline constexpr const char* kCapFastClone = "fast-clone";
+
+struct QuotaUsage {
+  uint64_t used_bytes = 0;
+  std::optional<uint64_t> limit_bytes;
+};
+
+struct TreeUsage {
+  uint64_t file_count = 0;  // every entry below the root: files, directories, symlinks
+  uint64_t used_bytes = 0;  // apparent size of the non-directory entries
+};
+
+struct FsUsage {
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t available_bytes = 0;
+};
+
+enum class EntryType { kFile, kDirectory, kSymlink, kOther };
+std::string_view EntryTypeName(EntryType t);
+
+struct DirEntry {
+  std::string name;
+  EntryType type = EntryType::kOther;
+  uint32_t mode = 0;
+  uint64_t size = 0;
+  std::chrono::system_clock::time_point created;
+  std::chrono::system_clock::time_point modified;
+  std::optional<std::string> symlink_target;
+};
+
+struct HwInfo {
+  std::string status = "healthy";  // healthy | degraded | unavailable
+  std::string status_info;         // why, when not healthy
+  nlohmann::json metadata = nlohmann::json::object();
+};
+
+// Quota scopes: a directory per scope holding its vfolders, with an optional byte limit.
+class QuotaModel {
+ public:
+  virtual ~QuotaModel() = default;
+  virtual std::string ScopePath(const QuotaScopeId& qsid) const = 0;
+  // kAlreadyExists when present.
+  virtual Status CreateScope(const QuotaScopeId& qsid, std::optional<uint64_t> limit_bytes) = 0;
+  // kNotFound when missing.
+  virtual Result<QuotaUsage> DescribeScope(const QuotaScopeId& qsid) = 0;
+  // Sets the limit; creates the scope when missing.
+  virtual Status UpdateScope(const QuotaScopeId& qsid, uint64_t limit_bytes) = 0;
+  // Lifts the limit and keeps the scope; kNotFound when missing.
+  virtual Status UnsetQuota(const QuotaScopeId& qsid) = 0;
+  // kNotEmpty while vfolders remain; kNotFound when missing.
+  virtual Status DeleteScope(const QuotaScopeId& qsid) = 0;
+};
+
+// Tree operations. They block, so callers run them on worker pools, never on event loops.
+class FSOpModel {
+ public:
+  virtual ~FSOpModel() = default;
+  // Copies the tree at `src` into a new or empty directory `dst`; reflinks where possible.
+  virtual Status CopyTree(const std::string& src, const std::string& dst) = 0;
+  virtual Status MoveTree(const std::string& src, const std::string& dst) = 0;
+  virtual Status DeleteTree(const std::string& path) = 0;
+  virtual Result<TreeUsage> ScanTree(const std::string& path) = 0;
+};
+
+class Volume {
+ public:
+  virtual ~Volume() = default;
+
+  virtual const std::string& name() const = 0;
+  virtual const std::string& backend() const = 0;
+  virtual const std::string& path() const = 0;
+  virtual const std::string& fsprefix() const = 0;
+  virtual std::set<std::string> capabilities() const = 0;
+
+  // Prepares the volume (layout version, leftovers of interrupted deletes). Called once at start.
+  virtual Status Init() = 0;
+
+  virtual QuotaModel& quota() = 0;
+  virtual FSOpModel& fsop() = 0;
+  virtual VolumeIoStats& io_stats() = 0;
+
+  // Layout version in use (2 or 3).
+  virtual int layout_version() const = 0;
+
+  // --- vfolders ---
+  // The vfolder's directory on this host (whether or not it exists).
+  virtual std::string VFolderPath(const VFolderId& vfid) const = 0;
+  // Creates the vfolder; its quota scope is created first when `auto_scope` is set
+  // (with `initial_limit`), otherwise a missing scope is kNotFound.
+  virtual Status CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_scope,
+                               std::optional<uint64_t> initial_limit) = 0;
+  // Makes the vfolder disappear at once (moves it aside) and returns where its contents now
+  // are, for DeleteTree to remove in the background.
+  virtual Result<std::string> DetachVFolder(const VFolderId& vfid) = 0;
+  virtual Status CheckVFolder(const VFolderId& vfid) = 0;  // kNotFound if missing
+  virtual Result<TreeUsage> GetUsage(const VFolderId& vfid) = 0;
+  virtual Result<uint64_t> GetUsedBytes(const VFolderId& vfid) = 0;
+  virtual Result<FsUsage> GetFsUsage() = 0;
+  virtual HwInfo GetHwInfo() = 0;
+  // Absolute path of `subpath` inside the vfolder, checked to stay inside it.
+  virtual Result<std::string> MountPath(const VFolderId& vfid, std::string_view subpath) = 0;
+
+  // --- file operations inside a vfolder; every path is resolved beneath the vfolder root ---
+  virtual Status Mkdir(const VFolderId& vfid, std::string_view relpath, bool parents,
+                       bool exist_ok) = 0;
+  virtual Result<std::vector<DirEntry>> ListDir(const VFolderId& vfid, std::string_view relpath,
+                                                uint64_t limit) = 0;
+  virtual Status Rename(const VFolderId& vfid, std::string_view relpath,
+                        std::string_view new_name) = 0;
+  virtual Status Move(const VFolderId& vfid, std::string_view src, std::string_view dst) = 0;
+  struct OpenFile {
+    UniqueFd fd;
+    uint64_t size = 0;
+    std::chrono::system_clock::time_point modified;
+  };
+  virtual Result<OpenFile> OpenForRead(const VFolderId& vfid, std::string_view relpath) = 0;
+  // Validates every path first, so one bad path deletes nothing.
+  virtual Status DeleteFiles(const VFolderId& vfid, const std::vector<std::string>& relpaths,
+                             bool recursive) = 0;
+};
+
+}  // namespace sluice

@@ -1,0 +1,136 @@
+#include "common/config.h"
+
+#include <gtest/gtest.h>
+
+namespace sluice {
+namespace {
+
+// The shape of Backend.AI's halfstack storage-proxy.toml.
+constexpr const char* kBackendAiConfig = R"(
+[etcd]
+namespace = "local"
+addr = { host = "127.0.0.1", port = 2379 }
+
+[storage-proxy]
+node-id = "i-storage-proxy-local"
+num-proc = 4
+event-loop = "uvloop"
+scandir-limit = 1000
+max-upload-size = "100g"
+secret = "some-secret-private-for-storage-proxy"
+session-expire = "1d"
+use-watcher = false
+
+[api.client]
+service-addr = { host = "0.0.0.0", port = 6021 }
+ssl-enabled = false
+
+[api.manager]
+service-addr = { host = "0.0.0.0", port = 6022 }
+ssl-enabled = false
+secret = "some-secret-shared-with-manager"
+
+[pyroscope]
+enabled = true
+
+[debug]
+enabled = false
+
+[logging]
+level = "INFO"
+drivers = ["console"]
+
+[volume]
+
+[volume.volume1]
+backend = "vfs"
+path = "vfolder/local/volume1"
+)";
+
+TEST(Config, ParsesBackendAiConfig) {
+  auto c = ParseConfig(kBackendAiConfig, "halfstack.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->node_id, "i-storage-proxy-local");
+  EXPECT_EQ(c->num_proc, 4);
+  EXPECT_EQ(c->max_upload_size, 100ULL << 30);
+  EXPECT_EQ(c->session_expire.count(), 86400);
+  EXPECT_EQ(c->manager.addr.port, 6022);
+  EXPECT_EQ(c->client.addr.host, "0.0.0.0");
+  EXPECT_EQ(c->manager_secret, "some-secret-shared-with-manager");
+  ASSERT_EQ(c->volumes.size(), 1u);
+  EXPECT_EQ(c->volumes[0].name, "volume1");
+  // One warning per unused section and per ignored key.
+  int sections = 0;
+  for (const auto& w : c->warnings)
+    if (w.find("section [") != std::string::npos) ++sections;
+  EXPECT_EQ(sections, 4);  // etcd, pyroscope, debug, logging
+}
+
+TEST(Config, AcceptsSnakeCase) {
+  auto c = ParseConfig(R"(
+[storage_proxy]
+node_id = "n1"
+max_upload_size = "2g"
+[api.manager]
+service_addr = "127.0.0.1:7000"
+)");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->node_id, "n1");
+  EXPECT_EQ(c->max_upload_size, 2ULL << 30);
+  EXPECT_EQ(c->manager.addr.port, 7000);
+}
+
+TEST(Config, UnknownKeyNamesTheKey) {
+  auto c = ParseConfig("[storage-proxy]\nnode-idd = \"x\"\n");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("storage-proxy.node-idd"), std::string::npos);
+}
+
+TEST(Config, BadValueNamesTheKey) {
+  auto c = ParseConfig("[storage-proxy]\nnum-proc = \"four\"\n");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("storage-proxy.num-proc"), std::string::npos);
+  auto d = ParseConfig("[storage-proxy]\nmax-upload-size = \"12 parsecs\"\n");
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("max-upload-size"), std::string::npos);
+  auto e = ParseConfig("[volume.v]\nbackend = \"vfs\"\n");
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("volume.v.path"), std::string::npos);
+}
+
+TEST(Config, SslNeedsCertAndKey) {
+  auto c = ParseConfig("[api.client]\nssl-enabled = true\n");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("ssl-cert"), std::string::npos);
+}
+
+TEST(Config, SyntaxErrorIsReported) {
+  auto c = ParseConfig("[storage-proxy\n", "broken.toml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("broken.toml"), std::string::npos);
+}
+
+TEST(Config, DumpedDefaultParses) {
+  auto c = ParseConfig(DefaultConfigToml(), "default");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->warnings.empty());
+  ASSERT_EQ(c->volumes.size(), 1u);
+  EXPECT_EQ(c->volumes[0].backend, "vfs");
+  EXPECT_EQ(c->manager.addr.ToString(), "127.0.0.1:6022");
+}
+
+TEST(Sizes, Parse) {
+  EXPECT_EQ(*ParseBinarySize("100g"), 100ULL << 30);
+  EXPECT_EQ(*ParseBinarySize("1.5k"), 1536u);
+  EXPECT_EQ(*ParseBinarySize("4096"), 4096u);
+  EXPECT_EQ(*ParseBinarySize("2GiB"), 2ULL << 30);
+  EXPECT_FALSE(ParseBinarySize("g").ok());
+  EXPECT_FALSE(ParseBinarySize("10q").ok());
+  EXPECT_EQ(ParseDuration("1d")->count(), 86400);
+  EXPECT_EQ(ParseDuration("30m")->count(), 1800);
+  EXPECT_EQ(ParseDuration("45")->count(), 45);
+  EXPECT_FALSE(ParseDuration("3 fortnights").ok());
+}
+
+}  // namespace
+}  // namespace sluice

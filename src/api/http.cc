@@ -54,8 +54,7 @@ std::string PercentDecode(std::string_view s, bool plus_is_space) {
   out.reserve(s.size());
   for (size_t i = 0; i < s.size(); ++i) {
     char c = s[i];
-    if (c == '%' && i + 2 < s.size() &&
-        std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+    if (c == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
         std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
       out += static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
       i += 2;
@@ -95,8 +94,7 @@ Result<Params> Params::From(const HttpRequest& req) {
     if (!std::isspace(static_cast<unsigned char>(c))) blank = false;
   if (!blank) {
     auto j = nlohmann::json::parse(body, nullptr, false);
-    if (j.is_discarded())
-      return Status(Code::kInvalidArgument, "request body is not valid JSON");
+    if (j.is_discarded()) return Status(Code::kInvalidArgument, "request body is not valid JSON");
     if (!j.is_object()) return Status(Code::kInvalidArgument, "request body must be a JSON object");
     for (auto& [k, v] : j.items()) p.j_[k] = v;
   }
@@ -108,7 +106,8 @@ bool Params::Has(const std::string& key) const {
 }
 
 Result<std::string> Params::Str(const std::string& key) const {
-  if (!Has(key)) return Status(Code::kInvalidArgument, fmt::format("parameter '{}' is required", key));
+  if (!Has(key))
+    return Status(Code::kInvalidArgument, fmt::format("parameter '{}' is required", key));
   const auto& v = j_[key];
   if (!v.is_string())
     return Status(Code::kInvalidArgument, fmt::format("parameter '{}' must be a string", key));
@@ -152,7 +151,8 @@ Result<std::optional<uint64_t>> Params::OptUint(const std::string& key) const {
 }
 
 Result<std::vector<std::string>> Params::StrList(const std::string& key) const {
-  if (!Has(key)) return Status(Code::kInvalidArgument, fmt::format("parameter '{}' is required", key));
+  if (!Has(key))
+    return Status(Code::kInvalidArgument, fmt::format("parameter '{}' is required", key));
   const auto& v = j_[key];
   std::vector<std::string> out;
   if (v.is_string()) {
@@ -189,7 +189,8 @@ HttpResponse Router::Run(const Route& route, const HttpRequest& req) const {
   try {
     return route.handler(req);
   } catch (const nlohmann::json::exception& e) {
-    return ErrorResponse(Status(Code::kInvalidArgument, fmt::format("bad parameter: {}", e.what())));
+    return ErrorResponse(
+        Status(Code::kInvalidArgument, fmt::format("bad parameter: {}", e.what())));
   } catch (const std::exception& e) {
     spdlog::error("{} {}: unexpected exception: {}", req.msg.method_string(), req.path, e.what());
     return ErrorResponse(Status(Code::kInternal, fmt::format("internal error: {}", e.what())));
@@ -209,8 +210,8 @@ void Router::Dispatch(std::shared_ptr<HttpRequest> req, Responder done) const {
 
   auto pit = routes_.find(req->path);
   if (pit == routes_.end()) {
-    finish("unmatched", ErrorResponse(Status(Code::kNotFound,
-                                             fmt::format("no route for '{}'", req->path))));
+    finish("unmatched",
+           ErrorResponse(Status(Code::kNotFound, fmt::format("no route for '{}'", req->path))));
     return;
   }
   auto mit = pit->second.find(req->msg.method());
@@ -226,9 +227,9 @@ void Router::Dispatch(std::shared_ptr<HttpRequest> req, Responder done) const {
       finish(req->path, std::move(r));
       return;
     }
-    HttpResponse r = ErrorResponse(
-        Status(Code::kInvalidArgument, fmt::format("method {} is not allowed on '{}'", method,
-                                                   req->path)));
+    HttpResponse r =
+        ErrorResponse(Status(Code::kInvalidArgument,
+                             fmt::format("method {} is not allowed on '{}'", method, req->path)));
     r.status = 405;
     finish(req->path, std::move(r));
     return;
@@ -238,10 +239,10 @@ void Router::Dispatch(std::shared_ptr<HttpRequest> req, Responder done) const {
     auto it = req->msg.find(auth_header_);
     std::string_view got = it == req->msg.end() ? std::string_view() : it->value();
     if (!ConstantTimeEquals(got, auth_secret_)) {
-      HttpResponse r = ErrorResponse(Status(
-          Code::kUnauthenticated,
-          it == req->msg.end() ? fmt::format("missing {} header", auth_header_)
-                               : fmt::format("invalid {} header", auth_header_)));
+      HttpResponse r = ErrorResponse(
+          Status(Code::kUnauthenticated, it == req->msg.end()
+                                             ? fmt::format("missing {} header", auth_header_)
+                                             : fmt::format("invalid {} header", auth_header_)));
       finish(route.name, std::move(r));
       return;
     }
@@ -251,12 +252,11 @@ void Router::Dispatch(std::shared_ptr<HttpRequest> req, Responder done) const {
     return;
   }
   auto shared_finish = std::make_shared<decltype(finish)>(std::move(finish));
-  bool queued = pool_->Submit([this, &route, req, shared_finish] {
-    (*shared_finish)(route.name, Run(route, *req));
-  });
+  bool queued = pool_->Submit(
+      [this, &route, req, shared_finish] { (*shared_finish)(route.name, Run(route, *req)); });
   if (!queued)
-    (*shared_finish)(route.name,
-                     ErrorResponse(Status(Code::kUnavailable, "server is overloaded; retry later")));
+    (*shared_finish)(
+        route.name, ErrorResponse(Status(Code::kUnavailable, "server is overloaded; retry later")));
 }
 
 }  // namespace sluice::api

@@ -80,8 +80,8 @@ using Responder = std::function<void(HttpResponse)>;
 struct Route {
   std::string name;  // route pattern, the metrics label
   Handler handler;
-  bool blocking = true;      // run on the worker pool, never on an event loop
-  bool needs_auth = true;    // manager token required
+  bool blocking = true;    // run on the worker pool, never on an event loop
+  bool needs_auth = true;  // manager token required
 };
 
 class Router {

@@ -1,9 +1,12 @@
 #include "api/manager_api.h"
 
+#include <sys/stat.h>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "common/clock.h"
+#include "common/jwt.h"
 #include "common/path.h"
 
 #ifndef SLUICE_VERSION
@@ -12,23 +15,25 @@
 
 namespace sluice::api {
 
-std::string SluiceVersion() { return SLUICE_VERSION; }
+std::string SluiceVersion() {
+  return SLUICE_VERSION;
+}
 
 namespace {
 
 constexpr const char* kAuthHeader = "X-BackendAI-Storage-Auth-Token";
 constexpr size_t kMaxMkdirBatch = 50;
 
-#define API_ASSIGN_OR_RESPOND(lhs, expr)                              \
-  auto SLUICE_CONCAT(_r_, __LINE__) = (expr);                         \
-  if (!SLUICE_CONCAT(_r_, __LINE__).ok())                             \
-    return ErrorResponse(SLUICE_CONCAT(_r_, __LINE__).status());      \
+#define API_ASSIGN_OR_RESPOND(lhs, expr)                         \
+  auto SLUICE_CONCAT(_r_, __LINE__) = (expr);                    \
+  if (!SLUICE_CONCAT(_r_, __LINE__).ok())                        \
+    return ErrorResponse(SLUICE_CONCAT(_r_, __LINE__).status()); \
   lhs = std::move(SLUICE_CONCAT(_r_, __LINE__)).value()
 
-#define API_RETURN_IF_ERROR(expr)                  \
-  do {                                             \
-    ::sluice::Status _s = (expr);                  \
-    if (!_s.ok()) return ErrorResponse(_s);        \
+#define API_RETURN_IF_ERROR(expr)           \
+  do {                                      \
+    ::sluice::Status _s = (expr);           \
+    if (!_s.ok()) return ErrorResponse(_s); \
   } while (0)
 
 Result<VFolderId> GetVfid(const Params& p, const std::string& key) {
@@ -45,7 +50,8 @@ Result<QuotaScopeId> GetQsid(const Params& p) {
 Result<std::optional<uint64_t>> GetLimit(const Params& p) {
   if (!p.Has("options")) return std::optional<uint64_t>();
   const auto& o = p.json()["options"];
-  if (!o.is_object()) return Status(Code::kInvalidArgument, "parameter 'options' must be an object");
+  if (!o.is_object())
+    return Status(Code::kInvalidArgument, "parameter 'options' must be an object");
   if (!o.contains("limit_bytes") || o["limit_bytes"].is_null()) return std::optional<uint64_t>();
   const auto& l = o["limit_bytes"];
   if (l.is_number_unsigned()) return std::optional<uint64_t>(l.get<uint64_t>());
@@ -70,11 +76,10 @@ class ManagerApi {
   static void Register(Router& r, const std::shared_ptr<ManagerApi>& api) {
     using V = http::verb;
     auto add = [&](V verb, const std::string& path, HttpResponse (ManagerApi::*fn)(const Params&)) {
-      r.Add(verb, path,
-            Route{path, [api, fn](const HttpRequest& req) -> HttpResponse {
-                    API_ASSIGN_OR_RESPOND(Params p, Params::From(req));
-                    return (api.get()->*fn)(p);
-                  }});
+      r.Add(verb, path, Route{path, [api, fn](const HttpRequest& req) -> HttpResponse {
+                                API_ASSIGN_OR_RESPOND(Params p, Params::From(req));
+                                return (api.get()->*fn)(p);
+                              }});
     };
     add(V::get, "/volumes", &ManagerApi::Volumes);
     add(V::get, "/volume/hwinfo", &ManagerApi::HwInfoRoute);
@@ -96,6 +101,9 @@ class ManagerApi {
     add(V::post, "/folder/file/rename", &ManagerApi::Rename);
     add(V::post, "/folder/file/move", &ManagerApi::Move);
     add(V::post, "/folder/file/fetch", &ManagerApi::Fetch);
+    add(V::post, "/folder/file/download", &ManagerApi::DownloadToken);
+    add(V::post, "/folder/file/archive-download-token", &ManagerApi::ArchiveToken);
+    add(V::post, "/folder/file/upload", &ManagerApi::UploadToken);
     add(V::post, "/folder/file/delete", &ManagerApi::Delete);
     add(V::post, "/folder/file/delete-async", &ManagerApi::DeleteAsync);
     add(V::get, "/bgtask", &ManagerApi::Task);
@@ -124,11 +132,11 @@ class ManagerApi {
     API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
     API_ASSIGN_OR_RESPOND(Volume * v, svc_->GetVolume(vol));
     HwInfo h = v->GetHwInfo();
-    return HttpResponse::Json(200, {{"status", h.status},
-                                    {"status_info", h.status_info.empty()
-                                                        ? nlohmann::json(nullptr)
-                                                        : nlohmann::json(h.status_info)},
-                                    {"metadata", h.metadata}});
+    return HttpResponse::Json(
+        200, {{"status", h.status},
+              {"status_info",
+               h.status_info.empty() ? nlohmann::json(nullptr) : nlohmann::json(h.status_info)},
+              {"metadata", h.metadata}});
   }
 
   HttpResponse PerformanceMetric(const Params& p) {
@@ -136,15 +144,15 @@ class ManagerApi {
     API_ASSIGN_OR_RESPOND(Volume * v, svc_->GetVolume(vol));
     const VolumeIoStats& s = v->io_stats();
     auto ld = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
-    return HttpResponse::Json(
-        200, {{"metric",
-               {{"iops_read", ld(s.read_ops)},
-                {"iops_write", ld(s.write_ops)},
-                {"io_bytes_read", ld(s.read_bytes)},
-                {"io_bytes_write", ld(s.write_bytes)},
-                {"io_usec_read", ld(s.read_usec)},
-                {"io_usec_write", ld(s.write_usec)}}},
-              {"observed_at", FormatIso8601(std::chrono::system_clock::now())}});
+    return HttpResponse::Json(200,
+                              {{"metric",
+                                {{"iops_read", ld(s.read_ops)},
+                                 {"iops_write", ld(s.write_ops)},
+                                 {"io_bytes_read", ld(s.read_bytes)},
+                                 {"io_bytes_write", ld(s.write_bytes)},
+                                 {"io_usec_read", ld(s.read_usec)},
+                                 {"io_usec_write", ld(s.write_usec)}}},
+                               {"observed_at", FormatIso8601(std::chrono::system_clock::now())}});
   }
 
   HttpResponse CreateQuotaScope(const Params& p) {
@@ -159,8 +167,8 @@ class ManagerApi {
     API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
     API_ASSIGN_OR_RESPOND(QuotaScopeId qsid, GetQsid(p));
     API_ASSIGN_OR_RESPOND(QuotaUsage u, svc_->DescribeQuotaScope(vol, qsid));
-    return HttpResponse::Json(200,
-                              {{"used_bytes", u.used_bytes}, {"limit_bytes", OptJson(u.limit_bytes)}});
+    return HttpResponse::Json(
+        200, {{"used_bytes", u.used_bytes}, {"limit_bytes", OptJson(u.limit_bytes)}});
   }
 
   HttpResponse UpdateQuotaScope(const Params& p) {
@@ -194,9 +202,9 @@ class ManagerApi {
     API_ASSIGN_OR_RESPOND(VFolderId vfid, GetVfid(p, "vfid"));
     API_ASSIGN_OR_RESPOND(auto mode, p.OptUint("mode"));
     if (mode && *mode > 07777)
-      return ErrorResponse(Status(Code::kInvalidArgument,
-                                  fmt::format("mode {} is not a permission mode (0 to 0o7777)",
-                                              *mode)));
+      return ErrorResponse(
+          Status(Code::kInvalidArgument,
+                 fmt::format("mode {} is not a permission mode (0 to 0o7777)", *mode)));
     std::optional<uint64_t> initial;
     if (p.Has("options") && p.json()["options"].is_object()) {
       const auto& o = p.json()["options"];
@@ -218,8 +226,15 @@ class ManagerApi {
   HttpResponse DeleteFolder(const Params& p) {
     API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
     API_ASSIGN_OR_RESPOND(VFolderId vfid, GetVfid(p, "vfid"));
-    API_ASSIGN_OR_RESPOND(std::string id, svc_->DeleteVFolder(vol, vfid));
-    return TaskAccepted(202, id);
+    auto id = svc_->DeleteVFolder(vol, vfid);
+    if (!id.ok() && id.status().code() == Code::kNotFound && svc_->GetVolume(vol).ok()) {
+      // Backend.AI answers 410 Gone here; managers read it as "already deleted".
+      HttpResponse r = ErrorResponse(id.status());
+      r.status = 410;
+      return r;
+    }
+    if (!id.ok()) return ErrorResponse(id.status());
+    return TaskAccepted(202, *id);
   }
 
   HttpResponse CloneFolder(const Params& p) {
@@ -274,9 +289,9 @@ class ManagerApi {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     API_ASSIGN_OR_RESPOND(std::vector<std::string> paths, p.StrList("relpath"));
     if (paths.empty() || paths.size() > kMaxMkdirBatch)
-      return ErrorResponse(Status(Code::kInvalidArgument,
-                                  fmt::format("relpath must name 1 to {} paths (got {})",
-                                              kMaxMkdirBatch, paths.size())));
+      return ErrorResponse(Status(
+          Code::kInvalidArgument,
+          fmt::format("relpath must name 1 to {} paths (got {})", kMaxMkdirBatch, paths.size())));
     API_ASSIGN_OR_RESPOND(bool parents, p.Bool("parents", true));
     API_ASSIGN_OR_RESPOND(bool exist_ok, p.Bool("exist_ok", false));
     // Hostile paths refuse the whole request before anything is created.
@@ -348,6 +363,84 @@ class ManagerApi {
     return r;
   }
 
+  // Token lifetime: [storage-proxy] session-expire.
+  int64_t Expiry() const {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+               .count() +
+           svc_->config().session_expire.count();
+  }
+  HttpResponse Token(const nlohmann::json& claims) {
+    return HttpResponse::Json(200, {{"token", JwtEncode(claims, svc_->config().secret)}});
+  }
+
+  HttpResponse DownloadToken(const Params& p) {
+    API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
+    API_ASSIGN_OR_RESPOND(std::string rel, p.Str("relpath"));
+    API_ASSIGN_OR_RESPOND(bool archive, p.Bool("archive", false));
+    if (p.Has("unmanaged_path"))
+      return ErrorResponse(
+          Status(Code::kInvalidArgument,
+                 "unmanaged_path is not supported: downloads stay inside vfolders"));
+    // The path must exist now; the client API checks it again when the token is used.
+    API_ASSIGN_OR_RESPOND(std::string abs, t.volume->MountPath(t.vfid, rel));
+    struct stat sb;
+    if (::lstat(abs.c_str(), &sb) != 0)
+      return ErrorResponse(Status(Code::kNotFound, fmt::format("'{}' does not exist", rel)), {rel});
+    nlohmann::json claims = {{"op", "download"},          {"volume", t.volume->name()},
+                             {"vfid", t.vfid.ToString()}, {"relpath", rel},
+                             {"archive", archive},        {"exp", Expiry()}};
+    return Token(claims);
+  }
+
+  HttpResponse ArchiveToken(const Params& p) {
+    API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
+    API_ASSIGN_OR_RESPOND(Volume * v, svc_->GetVolume(vol));
+    API_ASSIGN_OR_RESPOND(VFolderId vfid, GetVfid(p, "virtual_folder_id"));
+    API_ASSIGN_OR_RESPOND(std::vector<std::string> files, p.StrList("files"));
+    if (files.empty())
+      return ErrorResponse(Status(Code::kInvalidArgument, "parameter 'files' must not be empty"));
+    for (const auto& f : files) {
+      auto parts = SplitRelPath(f);
+      if (!parts.ok()) return ErrorResponse(parts.status(), {f});
+      if (parts->empty())
+        return ErrorResponse(
+            Status(Code::kInvalidPath, "'files' must name paths inside the vfolder"), {f});
+    }
+    API_RETURN_IF_ERROR(v->CheckVFolder(vfid));
+    nlohmann::json claims = {{"operation", "download"},
+                             {"volume", vol},
+                             {"virtual_folder_id", vfid.ToString()},
+                             {"files", files},
+                             {"exp", Expiry()}};
+    if (auto name = p.OptStr("filename")) claims["filename"] = *name;
+    return Token(claims);
+  }
+
+  HttpResponse UploadToken(const Params& p) {
+    API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
+    API_ASSIGN_OR_RESPOND(std::string rel, p.Str("relpath"));
+    API_ASSIGN_OR_RESPOND(auto size, p.OptUint("size"));
+    if (!size) return ErrorResponse(Status(Code::kInvalidArgument, "parameter 'size' is required"));
+    auto parts = SplitRelPath(rel);
+    if (!parts.ok()) return ErrorResponse(parts.status(), {rel});
+    if (parts->empty())
+      return ErrorResponse(Status(Code::kInvalidPath, "relpath must name a file"), {rel});
+    if (*size > svc_->config().max_upload_size)
+      return ErrorResponse(Status(
+          Code::kTooLarge, fmt::format("upload of {} bytes exceeds max-upload-size ({} bytes)",
+                                       *size, svc_->config().max_upload_size)));
+    API_ASSIGN_OR_RESPOND(std::string session, t.volume->PrepareUpload(t.vfid));
+    nlohmann::json claims = {{"op", "upload"},
+                             {"volume", t.volume->name()},
+                             {"vfid", t.vfid.ToString()},
+                             {"relpath", rel},
+                             {"size", *size},
+                             {"session", session},
+                             {"exp", Expiry()}};
+    return Token(claims);
+  }
+
   HttpResponse Delete(const Params& p) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     API_ASSIGN_OR_RESPOND(std::vector<std::string> paths, p.StrList("relpaths"));
@@ -384,11 +477,12 @@ class ManagerApi {
     return HttpResponse::Json(200, {{"tasks", arr}});
   }
 
-  HttpResponse MetadataGet(const Params&) { return HttpResponse::Json(200, nlohmann::json::object()); }
-  HttpResponse MetadataSet(const Params&) { return HttpResponse::NoContent(); }
+  // Old managers call these; Backend.AI answers {"status": "ok"} and stores nothing.
+  HttpResponse MetadataGet(const Params&) { return HttpResponse::Json(200, {{"status", "ok"}}); }
+  HttpResponse MetadataSet(const Params&) { return HttpResponse::Json(200, {{"status", "ok"}}); }
   HttpResponse Deprecated(const Params&) {
-    return ErrorResponse(Status(Code::kDeprecated,
-                                "this route is deprecated; use /quota-scope instead"));
+    return ErrorResponse(
+        Status(Code::kDeprecated, "this route is deprecated; use /quota-scope instead"));
   }
 
   StorageService* svc_;
@@ -407,7 +501,9 @@ void AddHealthRoutes(Router& router, const HealthSource& src, const std::string&
   router.Add(http::verb::get, "/status", Route{"/status", status, false, false});
   router.Add(http::verb::get, "/livez",
              Route{"/livez",
-                   [](const HttpRequest&) { return HttpResponse::Json(200, {{"status", "ok"}}); },
+                   [](const HttpRequest&) {
+                     return HttpResponse::Json(200, {{"status", "ok"}});
+                   },
                    false, false});
   auto health = [src](const HttpRequest&) {
     nlohmann::json vols = nlohmann::json::object();
@@ -415,8 +511,10 @@ void AddHealthRoutes(Router& router, const HealthSource& src, const std::string&
     for (Volume* v : src.service->Volumes()) {
       HwInfo h = v->GetHwInfo();
       vols[v->name()] = {{"status", h.status}, {"status_info", h.status_info}};
-      if (h.status == "unavailable") overall = "unhealthy";
-      else if (h.status == "degraded" && overall == "healthy") overall = "degraded";
+      if (h.status == "unavailable")
+        overall = "unhealthy";
+      else if (h.status == "degraded" && overall == "healthy")
+        overall = "degraded";
     }
     bool draining = src.draining && src.draining();
     if (draining) overall = "draining";

@@ -3,13 +3,13 @@
 #include <sys/sendfile.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/ssl.hpp>
-#include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 namespace sluice::api {
 
@@ -25,9 +25,13 @@ IoLoops::IoLoops(size_t n) {
   }
 }
 
-IoLoops::~IoLoops() { Stop(); }
+IoLoops::~IoLoops() {
+  Stop();
+}
 
-asio::io_context& IoLoops::Next() { return *ctxs_[next_.fetch_add(1) % ctxs_.size()]; }
+asio::io_context& IoLoops::Next() {
+  return *ctxs_[next_.fetch_add(1) % ctxs_.size()];
+}
 
 void IoLoops::Start() {
   for (size_t i = 0; i < ctxs_.size(); ++i) {
@@ -57,7 +61,8 @@ Result<std::shared_ptr<asio::ssl::context>> MakeTlsContext(const std::string& ce
                   fmt::format("TLS certificate '{}': {}", cert, ec.message()));
   ctx->use_private_key_file(key, asio::ssl::context::pem, ec);
   if (ec)
-    return Status(Code::kInvalidArgument, fmt::format("TLS private key '{}': {}", key, ec.message()));
+    return Status(Code::kInvalidArgument,
+                  fmt::format("TLS private key '{}': {}", key, ec.message()));
   return ctx;
 }
 
@@ -67,8 +72,7 @@ namespace {
 template <bool kTls>
 class Session : public std::enable_shared_from_this<Session<kTls>> {
  public:
-  using Stream =
-      std::conditional_t<kTls, beast::ssl_stream<beast::tcp_stream>, beast::tcp_stream>;
+  using Stream = std::conditional_t<kTls, beast::ssl_stream<beast::tcp_stream>, beast::tcp_stream>;
 
   Session(tcp::socket&& sock, std::shared_ptr<HttpServer> srv)
       : stream_(MakeStream(std::move(sock), srv)), srv_(std::move(srv)) {}
@@ -77,11 +81,10 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
     asio::dispatch(Tcp().get_executor(), [self = this->shared_from_this()] {
       if constexpr (kTls) {
         self->Tcp().expires_after(self->srv_->options().request_timeout);
-        self->stream_.async_handshake(asio::ssl::stream_base::server,
-                                      [self](beast::error_code ec) {
-                                        if (ec) return;  // failed handshakes just close
-                                        self->Read();
-                                      });
+        self->stream_.async_handshake(asio::ssl::stream_base::server, [self](beast::error_code ec) {
+          if (ec) return;  // failed handshakes just close
+          self->Read();
+        });
       } else {
         self->Read();
       }
@@ -109,10 +112,9 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
     Tcp().expires_after(first_ ? srv_->options().request_timeout
                                : srv_->options().keepalive_timeout);
     first_ = false;
-    http::async_read(stream_, buf_, *parser_,
-                     [self = this->shared_from_this()](beast::error_code ec, size_t) {
-                       self->OnRead(ec);
-                     });
+    http::async_read(
+        stream_, buf_, *parser_,
+        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
   }
 
   void OnRead(beast::error_code ec) {
@@ -124,9 +126,8 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
       // Malformed or oversized request: answer once, then close.
       keep_alive_ = false;
       Status st = ec == http::error::body_limit
-                      ? Status(Code::kTooLarge,
-                               fmt::format("request body exceeds {} bytes",
-                                           srv_->options().body_limit))
+                      ? Status(Code::kTooLarge, fmt::format("request body exceeds {} bytes",
+                                                            srv_->options().body_limit))
                       : Status(Code::kInvalidArgument,
                                fmt::format("malformed HTTP request: {}", ec.message()));
       is_head_ = false;
@@ -197,12 +198,12 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
     file_ = r.file;
     file_off_ = r.file_offset;
     file_left_ = r.file_length;
-    http::async_write_header(stream_, *sr,
-                             [self = this->shared_from_this(), head, sr, close](
-                                 beast::error_code ec, size_t) {
-                               if (ec) return self->AfterWrite(ec, true);
-                               self->SendFileBody(close);
-                             });
+    http::async_write_header(
+        stream_, *sr,
+        [self = this->shared_from_this(), head, sr, close](beast::error_code ec, size_t) {
+          if (ec) return self->AfterWrite(ec, true);
+          self->SendFileBody(close);
+        });
   }
 
   void SendFileBody(bool close) {
@@ -287,8 +288,7 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
 }  // namespace
 
 HttpServer::HttpServer(IoLoops& loops, ServerOptions opts, std::shared_ptr<const Router> router)
-    : loops_(loops), opts_(std::move(opts)), router_(std::move(router)),
-      acceptor_(loops.First()) {}
+    : loops_(loops), opts_(std::move(opts)), router_(std::move(router)), acceptor_(loops.First()) {}
 
 std::string HttpServer::url() const {
   HostPort hp = opts_.addr;
@@ -300,8 +300,8 @@ Status HttpServer::Listen() {
   beast::error_code ec;
   auto addr = asio::ip::make_address(opts_.addr.host, ec);
   if (ec)
-    return Status(Code::kInvalidArgument,
-                  fmt::format("{} listener: '{}' is not an IP address", opts_.name, opts_.addr.host));
+    return Status(Code::kInvalidArgument, fmt::format("{} listener: '{}' is not an IP address",
+                                                      opts_.name, opts_.addr.host));
   tcp::endpoint ep(addr, opts_.addr.port);
   acceptor_.open(ep.protocol(), ec);
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
@@ -314,23 +314,25 @@ Status HttpServer::Listen() {
   return Status::Ok();
 }
 
-void HttpServer::Start() { Accept(); }
+void HttpServer::Start() {
+  Accept();
+}
 
 void HttpServer::Accept() {
-  acceptor_.async_accept(loops_.Next(), [self = shared_from_this()](beast::error_code ec,
-                                                                    tcp::socket sock) {
-    if (ec) {
-      if (ec == asio::error::operation_aborted || !self->acceptor_.is_open()) return;
-      spdlog::warn("{} listener: accept failed: {}", self->opts_.name, ec.message());
-    } else {
-      sock.set_option(tcp::no_delay(true), ec);
-      if (self->opts_.tls)
-        std::make_shared<Session<true>>(std::move(sock), self)->Run();
-      else
-        std::make_shared<Session<false>>(std::move(sock), self)->Run();
-    }
-    self->Accept();
-  });
+  acceptor_.async_accept(
+      loops_.Next(), [self = shared_from_this()](beast::error_code ec, tcp::socket sock) {
+        if (ec) {
+          if (ec == asio::error::operation_aborted || !self->acceptor_.is_open()) return;
+          spdlog::warn("{} listener: accept failed: {}", self->opts_.name, ec.message());
+        } else {
+          sock.set_option(tcp::no_delay(true), ec);
+          if (self->opts_.tls)
+            std::make_shared<Session<true>>(std::move(sock), self)->Run();
+          else
+            std::make_shared<Session<false>>(std::move(sock), self)->Run();
+        }
+        self->Accept();
+      });
 }
 
 void HttpServer::Stop() {

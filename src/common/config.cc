@@ -40,7 +40,8 @@ class Section {
     for (const auto& [k, val] : v.as_table()) {
       std::string nk = Normalize(k);
       if (items_.count(nk))
-        throw ConfigError(fmt::format("{}.{} is given twice (kebab-case and snake_case)", name_, nk));
+        throw ConfigError(
+            fmt::format("{}.{} is given twice (kebab-case and snake_case)", name_, nk));
       items_.emplace(nk, &val);
     }
   }
@@ -151,8 +152,7 @@ class Section {
   // Keys Backend.AI defines that Sluice does not act on: accepted, with a warning.
   void Ignore(std::initializer_list<const char*> keys, std::vector<std::string>& warnings) {
     for (const char* k : keys)
-      if (Take(k))
-        warnings.push_back(fmt::format("{} has no effect in Sluice; ignored", Key(k)));
+      if (Take(k)) warnings.push_back(fmt::format("{} has no effect in Sluice; ignored", Key(k)));
   }
 
   void RejectUnknown() const {
@@ -229,12 +229,13 @@ void ParseSluice(Section& s, Config& c) {
   if (auto v = s.Int("task-threads", 1, 1024)) c.task_threads = static_cast<size_t>(*v);
   if (auto v = s.Int("scan-threads", 1, 1024)) c.scan_threads = static_cast<size_t>(*v);
   if (auto v = s.String("log-level")) {
-    static const std::set<std::string> kLevels = {"trace", "debug", "info",
+    static const std::set<std::string> kLevels = {"trace",   "debug", "info",
                                                   "warning", "error", "critical"};
     if (!kLevels.count(*v))
-      throw ConfigError(fmt::format("{} = \"{}\" must be one of trace, debug, info, warning, "
-                                    "error, critical",
-                                    s.Key("log-level"), *v));
+      throw ConfigError(
+          fmt::format("{} = \"{}\" must be one of trace, debug, info, warning, "
+                      "error, critical",
+                      s.Key("log-level"), *v));
     c.log_level = *v;
   }
   if (auto v = s.Size("max-request-body")) c.max_request_body = *v;
@@ -246,10 +247,14 @@ void ParseSluice(Section& s, Config& c) {
 
 nlohmann::json TomlToJson(const toml::value& v) {
   switch (v.type()) {
-    case toml::value_t::boolean: return v.as_boolean();
-    case toml::value_t::integer: return v.as_integer();
-    case toml::value_t::floating: return v.as_floating();
-    case toml::value_t::string: return v.as_string().str;
+    case toml::value_t::boolean:
+      return v.as_boolean();
+    case toml::value_t::integer:
+      return v.as_integer();
+    case toml::value_t::floating:
+      return v.as_floating();
+    case toml::value_t::string:
+      return v.as_string().str;
     case toml::value_t::array: {
       nlohmann::json a = nlohmann::json::array();
       for (const auto& e : v.as_array()) a.push_back(TomlToJson(e));
@@ -364,10 +369,9 @@ Result<uint64_t> ParseBinarySize(std::string_view s) {
   for (size_t j = i; j < str.size(); ++j)
     if (str[j] != ' ') unit += static_cast<char>(std::tolower(static_cast<unsigned char>(str[j])));
   static const std::map<std::string, int> kShift = {
-      {"", 0},    {"b", 0},    {"k", 10},   {"kb", 10},  {"kib", 10}, {"m", 20},
-      {"mb", 20}, {"mib", 20}, {"g", 30},   {"gb", 30},  {"gib", 30}, {"t", 40},
-      {"tb", 40}, {"tib", 40}, {"p", 50},   {"pb", 50},  {"pib", 50}, {"e", 60},
-      {"eb", 60}, {"eib", 60}};
+      {"", 0},     {"b", 0},   {"k", 10},   {"kb", 10},  {"kib", 10}, {"m", 20},  {"mb", 20},
+      {"mib", 20}, {"g", 30},  {"gb", 30},  {"gib", 30}, {"t", 40},   {"tb", 40}, {"tib", 40},
+      {"p", 50},   {"pb", 50}, {"pib", 50}, {"e", 60},   {"eb", 60},  {"eib", 60}};
   auto it = kShift.find(unit);
   if (it == kShift.end())
     return Status(Code::kInvalidArgument,
@@ -385,8 +389,8 @@ Result<std::chrono::seconds> ParseDuration(std::string_view s) {
   if (i == 0) return Status(Code::kInvalidArgument, fmt::format("'{}' is not a duration", s));
   double num = std::stod(str.substr(0, i));
   std::string unit = str.substr(i);
-  static const std::map<std::string, double> kMul = {
-      {"", 1}, {"s", 1}, {"m", 60}, {"h", 3600}, {"d", 86400}, {"w", 7 * 86400}};
+  static const std::map<std::string, double> kMul = {{"", 1},     {"s", 1},     {"m", 60},
+                                                     {"h", 3600}, {"d", 86400}, {"w", 7 * 86400}};
   auto it = kMul.find(unit);
   if (it == kMul.end())
     return Status(Code::kInvalidArgument,

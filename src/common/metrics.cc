@@ -62,13 +62,13 @@ std::string Metrics::RenderPrometheus() const {
   out += "# HELP sluice_http_request_duration_seconds HTTP request latency.\n";
   out += "# TYPE sluice_http_request_duration_seconds histogram\n";
   for (const auto& [k, h] : latency_) {
-    std::string labels = fmt::format("listener=\"{}\",route=\"{}\"", Escape(k.first),
-                                     Escape(k.second));
+    std::string labels =
+        fmt::format("listener=\"{}\",route=\"{}\"", Escape(k.first), Escape(k.second));
     for (size_t i = 0; i < kBuckets.size(); ++i)
-      out += fmt::format("sluice_http_request_duration_seconds_bucket{{{},le=\"{}\"}} {}\n",
-                         labels, kBuckets[i], h.counts[i]);
-    out += fmt::format("sluice_http_request_duration_seconds_bucket{{{},le=\"+Inf\"}} {}\n",
-                       labels, h.count);
+      out += fmt::format("sluice_http_request_duration_seconds_bucket{{{},le=\"{}\"}} {}\n", labels,
+                         kBuckets[i], h.counts[i]);
+    out += fmt::format("sluice_http_request_duration_seconds_bucket{{{},le=\"+Inf\"}} {}\n", labels,
+                       h.count);
     out += fmt::format("sluice_http_request_duration_seconds_sum{{{}}} {}\n", labels, h.sum);
     out += fmt::format("sluice_http_request_duration_seconds_count{{{}}} {}\n", labels, h.count);
   }

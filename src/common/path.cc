@@ -24,8 +24,8 @@ Status ValidateName(std::string_view name) {
   if (name == "." || name == "..")
     return Status(Code::kInvalidPath, fmt::format("file name '{}' is not allowed", name));
   if (name.size() > NAME_MAX)
-    return Status(Code::kInvalidPath,
-                  fmt::format("file name is {} bytes long; the limit is {}", name.size(), NAME_MAX));
+    return Status(Code::kInvalidPath, fmt::format("file name is {} bytes long; the limit is {}",
+                                                  name.size(), NAME_MAX));
   return Status::Ok();
 }
 
@@ -79,8 +79,8 @@ Result<UniqueFd> OpenBeneath(int dirfd, std::string_view rel, int flags, mode_t 
     int err = errno;
     if (err == EINTR || err == EAGAIN) continue;
     if (err == EXDEV || err == ELOOP)
-      return Status(Code::kInvalidPath,
-                    fmt::format("path '{}' resolves outside the folder", rel), err);
+      return Status(Code::kInvalidPath, fmt::format("path '{}' resolves outside the folder", rel),
+                    err);
     return Status::FromErrno(err, fmt::format("open '{}'", rel));
   }
 }

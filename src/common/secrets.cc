@@ -31,7 +31,8 @@ Result<std::string> LoadOrCreateSecret(const std::string& path, bool* created) {
     ss << in.rdbuf();
     std::string s = ss.str();
     while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
-    if (s.empty()) return Status(Code::kInvalidArgument, fmt::format("secret file '{}' is empty", path));
+    if (s.empty())
+      return Status(Code::kInvalidArgument, fmt::format("secret file '{}' is empty", path));
     return s;
   }
   std::string dir = path.substr(0, path.rfind('/'));

@@ -16,36 +16,60 @@ constexpr CodeInfo kCodes[] = {
     SLUICE_STATUS_CODES(SLUICE_X)
 #undef SLUICE_X
 };
-const CodeInfo& Info(Code c) { return kCodes[static_cast<int>(c)]; }
+const CodeInfo& Info(Code c) {
+  return kCodes[static_cast<int>(c)];
+}
 }  // namespace
 
-std::string_view CodeName(Code c) { return Info(c).name.substr(1); }
-int CodeHttpStatus(Code c) { return Info(c).http; }
-std::string_view CodeS3Error(Code c) { return Info(c).s3; }
-int CodeErrno(Code c) { return Info(c).err; }
+std::string_view CodeName(Code c) {
+  return Info(c).name.substr(1);
+}
+int CodeHttpStatus(Code c) {
+  return Info(c).http;
+}
+std::string_view CodeS3Error(Code c) {
+  return Info(c).s3;
+}
+int CodeErrno(Code c) {
+  return Info(c).err;
+}
 
 Code CodeFromErrno(int err) {
   switch (err) {
-    case 0: return Code::kOk;
-    case ENOENT: return Code::kNotFound;
-    case EEXIST: return Code::kAlreadyExists;
-    case ENOTEMPTY: return Code::kNotEmpty;
+    case 0:
+      return Code::kOk;
+    case ENOENT:
+      return Code::kNotFound;
+    case EEXIST:
+      return Code::kAlreadyExists;
+    case ENOTEMPTY:
+      return Code::kNotEmpty;
     case EACCES:
     case EPERM:
-    case EROFS: return Code::kPermissionDenied;
-    case EDQUOT: return Code::kQuotaExceeded;
-    case ENOSPC: return Code::kNoSpace;
-    case EFBIG: return Code::kTooLarge;
+    case EROFS:
+      return Code::kPermissionDenied;
+    case EDQUOT:
+      return Code::kQuotaExceeded;
+    case ENOSPC:
+      return Code::kNoSpace;
+    case EFBIG:
+      return Code::kTooLarge;
     case EINVAL:
     case ENOTDIR:
     case EISDIR:
     case ENAMETOOLONG:
-    case ELOOP: return Code::kInvalidArgument;
-    case EXDEV: return Code::kInvalidPath;
-    case EBUSY: return Code::kConflict;
-    case ENOTSUP: return Code::kUnsupported;
-    case EAGAIN: return Code::kUnavailable;
-    default: return Code::kIoError;
+    case ELOOP:
+      return Code::kInvalidArgument;
+    case EXDEV:
+      return Code::kInvalidPath;
+    case EBUSY:
+      return Code::kConflict;
+    case ENOTSUP:
+      return Code::kUnsupported;
+    case EAGAIN:
+      return Code::kUnavailable;
+    default:
+      return Code::kIoError;
   }
 }
 

@@ -11,24 +11,24 @@
 namespace sluice {
 
 // X(name, http_status, s3_code, default_errno)
-#define SLUICE_STATUS_CODES(X)                                  \
-  X(kOk, 200, "", 0)                                            \
-  X(kInvalidArgument, 400, "InvalidArgument", EINVAL)           \
-  X(kInvalidPath, 400, "InvalidArgument", EINVAL)               \
-  X(kNotFound, 404, "NoSuchKey", ENOENT)                        \
-  X(kAlreadyExists, 409, "BucketAlreadyExists", EEXIST)         \
-  X(kConflict, 409, "OperationAborted", EBUSY)                  \
-  X(kNotEmpty, 409, "BucketNotEmpty", ENOTEMPTY)                \
-  X(kPermissionDenied, 403, "AccessDenied", EACCES)             \
-  X(kUnauthenticated, 403, "AccessDenied", EACCES)              \
-  X(kQuotaExceeded, 413, "QuotaExceeded", EDQUOT)               \
-  X(kNoSpace, 507, "InsufficientStorage", ENOSPC)               \
-  X(kTooLarge, 413, "EntityTooLarge", EFBIG)                    \
-  X(kUnprocessable, 422, "InvalidRequest", EINVAL)              \
-  X(kUnsupported, 501, "NotImplemented", ENOTSUP)               \
-  X(kDeprecated, 400, "InvalidRequest", ENOTSUP)                \
-  X(kUnavailable, 503, "ServiceUnavailable", EAGAIN)            \
-  X(kIoError, 500, "InternalError", EIO)                        \
+#define SLUICE_STATUS_CODES(X)                          \
+  X(kOk, 200, "", 0)                                    \
+  X(kInvalidArgument, 400, "InvalidArgument", EINVAL)   \
+  X(kInvalidPath, 400, "InvalidArgument", EINVAL)       \
+  X(kNotFound, 404, "NoSuchKey", ENOENT)                \
+  X(kAlreadyExists, 409, "BucketAlreadyExists", EEXIST) \
+  X(kConflict, 409, "OperationAborted", EBUSY)          \
+  X(kNotEmpty, 409, "BucketNotEmpty", ENOTEMPTY)        \
+  X(kPermissionDenied, 403, "AccessDenied", EACCES)     \
+  X(kUnauthenticated, 403, "AccessDenied", EACCES)      \
+  X(kQuotaExceeded, 413, "QuotaExceeded", EDQUOT)       \
+  X(kNoSpace, 507, "InsufficientStorage", ENOSPC)       \
+  X(kTooLarge, 413, "EntityTooLarge", EFBIG)            \
+  X(kUnprocessable, 422, "InvalidRequest", EINVAL)      \
+  X(kUnsupported, 501, "NotImplemented", ENOTSUP)       \
+  X(kDeprecated, 400, "InvalidRequest", ENOTSUP)        \
+  X(kUnavailable, 503, "ServiceUnavailable", EAGAIN)    \
+  X(kIoError, 500, "InternalError", EIO)                \
   X(kInternal, 500, "InternalError", EIO)
 
 enum class Code {
@@ -99,17 +99,16 @@ class [[nodiscard]] Result {
 #define SLUICE_CONCAT(a, b) SLUICE_CONCAT_INNER(a, b)
 
 // Returns the status from the enclosing function if it is not OK.
-#define SLUICE_RETURN_IF_ERROR(expr)  \
-  do {                                \
-    ::sluice::Status _st = (expr);    \
-    if (!_st.ok()) return _st;        \
+#define SLUICE_RETURN_IF_ERROR(expr) \
+  do {                               \
+    ::sluice::Status _st = (expr);   \
+    if (!_st.ok()) return _st;       \
   } while (0)
 
 // Declares `lhs` from a Result, or returns its status from the enclosing function.
-#define SLUICE_ASSIGN_OR_RETURN(lhs, expr)                              \
-  auto SLUICE_CONCAT(_res_, __LINE__) = (expr);                         \
-  if (!SLUICE_CONCAT(_res_, __LINE__).ok())                             \
-    return SLUICE_CONCAT(_res_, __LINE__).status();                     \
+#define SLUICE_ASSIGN_OR_RETURN(lhs, expr)                                                  \
+  auto SLUICE_CONCAT(_res_, __LINE__) = (expr);                                             \
+  if (!SLUICE_CONCAT(_res_, __LINE__).ok()) return SLUICE_CONCAT(_res_, __LINE__).status(); \
   lhs = std::move(SLUICE_CONCAT(_res_, __LINE__)).value()
 
 }  // namespace sluice

@@ -15,7 +15,9 @@ ThreadPool::ThreadPool(std::string name, size_t threads, size_t max_queue)
   }
 }
 
-ThreadPool::~ThreadPool() { Shutdown(); }
+ThreadPool::~ThreadPool() {
+  Shutdown();
+}
 
 bool ThreadPool::Submit(std::function<void()> fn) {
   {

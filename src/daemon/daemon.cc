@@ -39,7 +39,8 @@ Result<uid_t> ResolveUser(const std::string& u, gid_t* primary_gid) {
     return uid;
   }
   struct passwd* pw = ::getpwnam(u.c_str());
-  if (!pw) return Status(Code::kInvalidArgument, fmt::format("storage-proxy.user: no user '{}'", u));
+  if (!pw)
+    return Status(Code::kInvalidArgument, fmt::format("storage-proxy.user: no user '{}'", u));
   *primary_gid = pw->pw_gid;
   return pw->pw_uid;
 }
@@ -180,8 +181,7 @@ int RunDaemon(Config cfg) {
   };
   st = make_server("manager", cfg.manager,
                    api::MakeManagerRouter(&service, &io_pool, cfg.manager_secret, health));
-  if (st.ok())
-    st = make_server("client", cfg.client, api::MakeClientRouter(&io_pool, health));
+  if (st.ok()) st = make_server("client", cfg.client, api::MakeClientRouter(&io_pool, health));
   if (st.ok())
     st = make_server("internal", ListenerConfig{cfg.internal, false, "", ""},
                      api::MakeInternalRouter(&io_pool, health));

@@ -9,10 +9,14 @@ namespace sluice {
 
 std::string_view TaskStateName(TaskState s) {
   switch (s) {
-    case TaskState::kPending: return "pending";
-    case TaskState::kRunning: return "running";
-    case TaskState::kCompleted: return "completed";
-    case TaskState::kFailed: return "failed";
+    case TaskState::kPending:
+      return "pending";
+    case TaskState::kRunning:
+      return "running";
+    case TaskState::kCompleted:
+      return "completed";
+    case TaskState::kFailed:
+      return "failed";
   }
   return "unknown";
 }
@@ -30,8 +34,8 @@ nlohmann::json BgTaskInfo::ToJson() const {
   if (state == TaskState::kCompleted || state == TaskState::kFailed)
     j["finished_at"] = FormatIso8601(finished);
   if (state == TaskState::kFailed)
-    j["error"] = {{"msg", error.message()}, {"errno", error.sys_errno()},
-                  {"code", CodeName(error.code())}};
+    j["error"] = {
+        {"msg", error.message()}, {"errno", error.sys_errno()}, {"code", CodeName(error.code())}};
   return j;
 }
 
@@ -62,8 +66,10 @@ Result<std::string> BgTaskManager::Start(std::string kind, nlohmann::json params
     } catch (const std::exception& e) {
       st = Status(Code::kInternal, std::string("unexpected exception: ") + e.what());
     }
-    if (!st.ok()) spdlog::warn("bgtask {} ({}) failed: {}", id, kind, st.ToString());
-    else spdlog::info("bgtask {} ({}) completed", id, kind);
+    if (!st.ok())
+      spdlog::warn("bgtask {} ({}) failed: {}", id, kind, st.ToString());
+    else
+      spdlog::info("bgtask {} ({}) completed", id, kind);
     std::lock_guard lk(mu_);
     auto& t = tasks_[id];
     t.state = st.ok() ? TaskState::kCompleted : TaskState::kFailed;

@@ -57,8 +57,8 @@ Status StorageService::DeleteQuotaScope(const std::string& volume, const QuotaSc
   return v->quota().DeleteScope(qsid);
 }
 
-Status StorageService::CreateVFolder(const std::string& volume, const VFolderId& vfid,
-                                     mode_t mode, std::optional<uint64_t> initial_scope_limit) {
+Status StorageService::CreateVFolder(const std::string& volume, const VFolderId& vfid, mode_t mode,
+                                     std::optional<uint64_t> initial_scope_limit) {
   SLUICE_ASSIGN_OR_RETURN(Volume * v, GetVolume(volume));
   return v->CreateVFolder(vfid, mode, cfg_.allow_auto_quota_scope_creation, initial_scope_limit);
 }
@@ -101,12 +101,12 @@ Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
       if (dst.scope) {
         SLUICE_ASSIGN_OR_RETURN(QuotaUsage q, dv->quota().DescribeScope(*dst.scope));
         if (q.limit_bytes && q.used_bytes + need.used_bytes > *q.limit_bytes)
-          return Status(Code::kQuotaExceeded,
-                        fmt::format("clone needs {} bytes; quota scope {} has {} of {} left",
-                                    need.used_bytes, dst.scope->ToString(),
-                                    *q.limit_bytes > q.used_bytes ? *q.limit_bytes - q.used_bytes
-                                                                  : 0,
-                                    *q.limit_bytes));
+          return Status(
+              Code::kQuotaExceeded,
+              fmt::format("clone needs {} bytes; quota scope {} has {} of {} left", need.used_bytes,
+                          dst.scope->ToString(),
+                          *q.limit_bytes > q.used_bytes ? *q.limit_bytes - q.used_bytes : 0,
+                          *q.limit_bytes));
       }
       return sv->fsop().CopyTree(sv->VFolderPath(src), dv->VFolderPath(dst));
     };
@@ -136,8 +136,10 @@ Result<std::string> StorageService::DeleteFilesAsync(const std::string& volume,
                                                      bool recursive) {
   SLUICE_ASSIGN_OR_RETURN(Volume * v, GetVolume(volume));
   SLUICE_RETURN_IF_ERROR(v->CheckVFolder(vfid));
-  nlohmann::json params = {
-      {"volume", volume}, {"vfid", vfid.ToString()}, {"relpaths", relpaths}, {"recursive", recursive}};
+  nlohmann::json params = {{"volume", volume},
+                           {"vfid", vfid.ToString()},
+                           {"relpaths", relpaths},
+                           {"recursive", recursive}};
   return tasks_.Start("file-delete", std::move(params),
                       [v, vfid, relpaths = std::move(relpaths), recursive] {
                         return v->DeleteFiles(vfid, relpaths, recursive);

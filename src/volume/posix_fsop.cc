@@ -126,7 +126,8 @@ Status CopyOneFile(int sdir, int ddir, const std::string& name, const struct sta
   int sfd = ::openat(sdir, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (sfd < 0) return Status::FromErrno(errno, fmt::format("open '{}'", where));
   UniqueFd src(sfd);
-  int dfd = ::openat(ddir, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, sb.st_mode & 07777);
+  int dfd =
+      ::openat(ddir, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, sb.st_mode & 07777);
   if (dfd < 0) return Status::FromErrno(errno, fmt::format("create copy of '{}'", where));
   UniqueFd dst(dfd);
   SLUICE_RETURN_IF_ERROR(CopyFileContents(src.get(), dst.get(), static_cast<uint64_t>(sb.st_size))
@@ -242,7 +243,8 @@ Status RemoveTreeAt(int dirfd, const std::string& name) {
 
 Result<TreeUsage> PosixFSOpModel::ScanTree(const std::string& path) {
   struct stat sb;
-  if (::lstat(path.c_str(), &sb) != 0) return Status::FromErrno(errno, fmt::format("stat '{}'", path));
+  if (::lstat(path.c_str(), &sb) != 0)
+    return Status::FromErrno(errno, fmt::format("stat '{}'", path));
   if (!S_ISDIR(sb.st_mode)) return TreeUsage{1, static_cast<uint64_t>(sb.st_size)};
   auto st = std::make_unique<ScanState>();
   st->pool = pool_;

@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/path.h"
+#include "common/secrets.h"
 
 namespace sluice {
 
@@ -46,10 +47,14 @@ Status EnsureDir(const std::string& p, mode_t mode) {
 
 std::string_view EntryTypeName(EntryType t) {
   switch (t) {
-    case EntryType::kFile: return "FILE";
-    case EntryType::kDirectory: return "DIRECTORY";
-    case EntryType::kSymlink: return "SYMLINK";
-    default: return "FILE";
+    case EntryType::kFile:
+      return "FILE";
+    case EntryType::kDirectory:
+      return "DIRECTORY";
+    case EntryType::kSymlink:
+      return "SYMLINK";
+    default:
+      return "FILE";
   }
 }
 
@@ -58,7 +63,9 @@ PosixVolume::PosixVolume(VolumeConfig cfg, ThreadPool* scan_pool)
   while (cfg_.path.size() > 1 && cfg_.path.back() == '/') cfg_.path.pop_back();
 }
 
-std::string PosixVolume::TrashDir() const { return cfg_.path + "/.sluice-trash"; }
+std::string PosixVolume::TrashDir() const {
+  return cfg_.path + "/.sluice-trash";
+}
 
 Status PosixVolume::Init() {
   struct stat sb;
@@ -126,7 +133,9 @@ Result<UniqueFd> PosixVolume::OpenVFolderRoot(const VFolderId& vfid) const {
   return UniqueFd(fd);
 }
 
-Status PosixVolume::CheckVFolder(const VFolderId& vfid) { return OpenVFolderRoot(vfid).status(); }
+Status PosixVolume::CheckVFolder(const VFolderId& vfid) {
+  return OpenVFolderRoot(vfid).status();
+}
 
 Status PosixVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_scope,
                                   std::optional<uint64_t> initial_limit) {
@@ -139,9 +148,8 @@ Status PosixVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_
     if (::stat(scope_path.c_str(), &sb) != 0) {
       if (errno != ENOENT) return Status::FromErrno(errno, fmt::format("stat '{}'", scope_path));
       if (!auto_scope)
-        return Status(Code::kNotFound,
-                      fmt::format("quota scope {} does not exist on volume {}",
-                                  vfid.scope->ToString(), cfg_.name));
+        return Status(Code::kNotFound, fmt::format("quota scope {} does not exist on volume {}",
+                                                   vfid.scope->ToString(), cfg_.name));
       Status s = quota().CreateScope(*vfid.scope, initial_limit);
       if (!s.ok() && s.code() != Code::kAlreadyExists) return s;
     }
@@ -155,9 +163,8 @@ Status PosixVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_
   std::string final_path = l2 + "/" + h.substr(4);
   if (::mkdir(final_path.c_str(), 0700) != 0) {
     if (errno == EEXIST)
-      return Status(Code::kAlreadyExists,
-                    fmt::format("vfolder {} already exists on volume {}", vfid.ToString(),
-                                cfg_.name));
+      return Status(Code::kAlreadyExists, fmt::format("vfolder {} already exists on volume {}",
+                                                      vfid.ToString(), cfg_.name));
     return Status::FromErrno(errno, fmt::format("create vfolder {}", vfid.ToString()));
   }
   // The exact mode, whatever the umask.
@@ -232,8 +239,7 @@ Result<std::string> PosixVolume::MountPath(const VFolderId& vfid, std::string_vi
 Status PosixVolume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool parents,
                           bool exist_ok) {
   SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
-  if (parts.empty())
-    return Status(Code::kAlreadyExists, "the vfolder root already exists");
+  if (parts.empty()) return Status(Code::kAlreadyExists, "the vfolder root already exists");
   SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
   size_t first = parents ? 0 : parts.size() - 1;
   for (size_t i = first; i < parts.size(); ++i) {
@@ -249,8 +255,8 @@ Status PosixVolume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool 
     auto existing = OpenBeneath(root.get(), here, O_PATH | O_DIRECTORY);
     if (!existing.ok()) {
       if (existing.status().code() == Code::kInvalidPath) return existing.status();
-      return Status(Code::kAlreadyExists,
-                    fmt::format("'{}' exists and is not a directory", here), EEXIST);
+      return Status(Code::kAlreadyExists, fmt::format("'{}' exists and is not a directory", here),
+                    EEXIST);
     }
     if (last && !exist_ok)
       return Status(Code::kAlreadyExists, fmt::format("'{}' already exists", here), EEXIST);
@@ -258,8 +264,8 @@ Status PosixVolume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool 
   return Status::Ok();
 }
 
-Result<std::vector<DirEntry>> PosixVolume::ListDir(const VFolderId& vfid,
-                                                   std::string_view relpath, uint64_t limit) {
+Result<std::vector<DirEntry>> PosixVolume::ListDir(const VFolderId& vfid, std::string_view relpath,
+                                                   uint64_t limit) {
   SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
   SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, OpenBeneath(root.get(), relpath, O_RDONLY | O_DIRECTORY));
   int dfd = ::dup(dir.get());
@@ -275,15 +281,16 @@ Result<std::vector<DirEntry>> PosixVolume::ListDir(const VFolderId& vfid,
     if (n == "." || n == "..") continue;
     if (limit && out.size() >= limit) break;
     struct statx sx;
-    if (::statx(dir.get(), e->d_name, AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS | STATX_BTIME,
-                &sx) != 0)
+    if (::statx(dir.get(), e->d_name, AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS | STATX_BTIME, &sx) !=
+        0)
       continue;  // vanished meanwhile
     DirEntry de;
     de.name = e->d_name;
     de.mode = sx.stx_mode;
     de.size = sx.stx_size;
     de.modified = ToTimePoint(sx.stx_mtime);
-    de.created = (sx.stx_mask & STATX_BTIME) ? ToTimePoint(sx.stx_btime) : ToTimePoint(sx.stx_ctime);
+    de.created =
+        (sx.stx_mask & STATX_BTIME) ? ToTimePoint(sx.stx_btime) : ToTimePoint(sx.stx_ctime);
     if (S_ISDIR(sx.stx_mode)) {
       de.type = EntryType::kDirectory;
     } else if (S_ISLNK(sx.stx_mode)) {
@@ -378,15 +385,32 @@ Status PosixVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::st
       }
       if (d) ::closedir(d);
       if (!empty)
-        return Status(Code::kNotEmpty,
-                      fmt::format("directory '{}' is not empty; pass recursive=true to delete it",
-                                  rel),
-                      ENOTEMPTY);
+        return Status(
+            Code::kNotEmpty,
+            fmt::format("directory '{}' is not empty; pass recursive=true to delete it", rel),
+            ENOTEMPTY);
     }
     targets.push_back(std::move(ref));
   }
   for (auto& t : targets) SLUICE_RETURN_IF_ERROR(RemoveTreeAt(t.dir.get(), t.name));
   return Status::Ok();
+}
+
+Result<std::string> PosixVolume::PrepareUpload(const VFolderId& vfid) {
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
+  if (::mkdirat(root.get(), kUploadDir, 0700) != 0 && errno != EEXIST)
+    return Status::FromErrno(errno, "create upload staging directory");
+  int dfd = ::openat(root.get(), kUploadDir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0)
+    return Status(Code::kInvalidPath,
+                  fmt::format("'{}' in vfolder {} is not a directory", kUploadDir, vfid.ToString()),
+                  errno);
+  UniqueFd dir(dfd);
+  std::string session = RandomHexString(16);
+  int fd = ::openat(dir.get(), session.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::FromErrno(errno, "create upload staging file");
+  ::close(fd);
+  return session;
 }
 
 }  // namespace sluice

@@ -47,6 +47,10 @@ class PosixVolume : public Volume {
   Result<OpenFile> OpenForRead(const VFolderId& vfid, std::string_view relpath) override;
   Status DeleteFiles(const VFolderId& vfid, const std::vector<std::string>& relpaths,
                      bool recursive) override;
+  Result<std::string> PrepareUpload(const VFolderId& vfid) override;
+
+  // The staging directory of uploads, inside each vfolder.
+  static constexpr const char* kUploadDir = ".upload";
 
   // Where detached vfolders wait for deletion: <mount>/.sluice-trash.
   std::string TrashDir() const;

@@ -10,14 +10,16 @@ namespace sluice {
 VolumeRegistry& VolumeRegistry::Builtin() {
   static VolumeRegistry* r = [] {
     auto* reg = new VolumeRegistry();
-    reg->Register("vfs", [](const VolumeConfig& cfg,
-                            const VolumeDeps& deps) -> Result<std::unique_ptr<Volume>> {
-      if (!cfg.options.empty())
-        return Status(Code::kInvalidArgument,
-                      fmt::format("volume.{}.options: the vfs backend takes no options (got {})",
-                                  cfg.name, cfg.options.dump()));
-      return std::unique_ptr<Volume>(new VfsVolume(cfg, deps.scan_pool));
-    });
+    reg->Register(
+        "vfs",
+        [](const VolumeConfig& cfg, const VolumeDeps& deps) -> Result<std::unique_ptr<Volume>> {
+          if (!cfg.options.empty())
+            return Status(
+                Code::kInvalidArgument,
+                fmt::format("volume.{}.options: the vfs backend takes no options (got {})",
+                            cfg.name, cfg.options.dump()));
+          return std::unique_ptr<Volume>(new VfsVolume(cfg, deps.scan_pool));
+        });
     return reg;
   }();
   return *r;

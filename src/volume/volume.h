@@ -144,6 +144,9 @@ class Volume {
     std::chrono::system_clock::time_point modified;
   };
   virtual Result<OpenFile> OpenForRead(const VFolderId& vfid, std::string_view relpath) = 0;
+  // Creates an upload session: an empty staging file in the vfolder's ".upload" directory,
+  // named by the returned session id.
+  virtual Result<std::string> PrepareUpload(const VFolderId& vfid) = 0;
   // Validates every path first, so one bad path deletes nothing.
   virtual Status DeleteFiles(const VFolderId& vfid, const std::vector<std::string>& relpaths,
                              bool recursive) = 0;

@@ -30,9 +30,8 @@ Status VfsQuotaModel::CheckScope(const QuotaScopeId& qsid) const {
     return Status::FromErrno(errno, fmt::format("stat quota scope {}", qsid.ToString()));
   }
   if (!S_ISDIR(sb.st_mode))
-    return Status(Code::kIoError,
-                  fmt::format("quota scope {}: '{}' is not a directory", qsid.ToString(),
-                              ScopePath(qsid)));
+    return Status(Code::kIoError, fmt::format("quota scope {}: '{}' is not a directory",
+                                              qsid.ToString(), ScopePath(qsid)));
   return Status::Ok();
 }
 
@@ -129,9 +128,9 @@ Status VfsQuotaModel::DeleteScope(const QuotaScopeId& qsid) {
     return Status::FromErrno(errno, fmt::format("open quota scope {}", qsid.ToString()));
   }
   if (others)
-    return Status(Code::kNotEmpty,
-                  fmt::format("quota scope {} still holds vfolders; delete them first",
-                              qsid.ToString()));
+    return Status(
+        Code::kNotEmpty,
+        fmt::format("quota scope {} still holds vfolders; delete them first", qsid.ToString()));
   SLUICE_RETURN_IF_ERROR(WriteLimit(qsid, std::nullopt));
   if (::rmdir(p.c_str()) != 0) {
     if (errno == ENOTEMPTY || errno == EEXIST)

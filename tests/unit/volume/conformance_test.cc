@@ -54,8 +54,9 @@ class Conformance : public ::testing::TestWithParam<Backend> {
     vol_ = std::move(v).value();
     ASSERT_TRUE(vol_->Init().ok());
     qs_ = QuotaScopeId::Parse("user:11111111111111111111111111111111").value();
-    vf_ = VFolderId::Parse("user:11111111111111111111111111111111/"
-                           "abcdef0123456789abcdef0123456789")
+    vf_ = VFolderId::Parse(
+              "user:11111111111111111111111111111111/"
+              "abcdef0123456789abcdef0123456789")
               .value();
   }
   void TearDown() override {
@@ -63,9 +64,7 @@ class Conformance : public ::testing::TestWithParam<Backend> {
     pool_.reset();
     fs::remove_all(base_);
   }
-  void MakeVFolder() {
-    ASSERT_TRUE(vol_->CreateVFolder(vf_, 0755, true, std::nullopt).ok());
-  }
+  void MakeVFolder() { ASSERT_TRUE(vol_->CreateVFolder(vf_, 0755, true, std::nullopt).ok()); }
   std::string VfPath() { return vol_->VFolderPath(vf_); }
 
   std::string base_, mount_;
@@ -130,7 +129,8 @@ TEST_P(Conformance, ScopeWithVFoldersCannotBeDeleted) {
 
 TEST_P(Conformance, VFolderLayoutAndMode) {
   ASSERT_TRUE(vol_->CreateVFolder(vf_, 0750, true, 12345).ok());
-  std::string expect = mount_ + "/11111111111111111111111111111111/ab/cd/ef0123456789abcdef0123456789";
+  std::string expect =
+      mount_ + "/11111111111111111111111111111111/ab/cd/ef0123456789abcdef0123456789";
   EXPECT_EQ(VfPath(), expect);
   struct stat sb;
   ASSERT_EQ(::stat(expect.c_str(), &sb), 0);
@@ -156,8 +156,9 @@ TEST_P(Conformance, UsageCountsFilesAndBytes) {
   EXPECT_EQ(u->file_count, 5u);  // 3 files + 2 directories
   EXPECT_EQ(*vol_->GetUsedBytes(vf_), 6000u);
   EXPECT_EQ(vol_->quota().DescribeScope(qs_)->used_bytes, 6000u);
-  auto missing = VFolderId::Parse("user:11111111111111111111111111111111/"
-                                  "00000000000000000000000000000000")
+  auto missing = VFolderId::Parse(
+                     "user:11111111111111111111111111111111/"
+                     "00000000000000000000000000000000")
                      .value();
   EXPECT_EQ(vol_->GetUsage(missing).status().code(), Code::kNotFound);
 }
@@ -199,8 +200,7 @@ TEST_P(Conformance, HostilePathsChangeNothing) {
   EXPECT_EQ(vol_->OpenForRead(vf_, "out/outside.txt").status().code(), Code::kInvalidPath);
   EXPECT_EQ(vol_->OpenForRead(vf_, "/etc/passwd").status().code(), Code::kInvalidPath);
   EXPECT_EQ(vol_->ListDir(vf_, "out", 0).status().code(), Code::kInvalidPath);
-  EXPECT_EQ(vol_->DeleteFiles(vf_, {"in.txt", "out/outside.txt"}, true).code(),
-            Code::kInvalidPath);
+  EXPECT_EQ(vol_->DeleteFiles(vf_, {"in.txt", "out/outside.txt"}, true).code(), Code::kInvalidPath);
   EXPECT_EQ(vol_->Move(vf_, "in.txt", "out/moved.txt").code(), Code::kInvalidPath);
   EXPECT_EQ(vol_->Rename(vf_, "in.txt", std::string("a\0b", 3)).code(), Code::kInvalidPath);
   EXPECT_EQ(vol_->MountPath(vf_, "out/x").status().code(), Code::kInvalidPath);
@@ -245,17 +245,18 @@ TEST_P(Conformance, DetachHidesAtOnce) {
   EXPECT_EQ(vol_->DetachVFolder(vf_).status().code(), Code::kNotFound);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Backends, Conformance,
-    ::testing::Values(Backend{"vfs",
-                              [](const std::string& dir) {
-                                VolumeConfig c;
-                                c.name = "test";
-                                c.backend = "vfs";
-                                c.path = dir;
-                                return c;
-                              }}),
-    [](const ::testing::TestParamInfo<Backend>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance,
+                         ::testing::Values(Backend{"vfs",
+                                                   [](const std::string& dir) {
+                                                     VolumeConfig c;
+                                                     c.name = "test";
+                                                     c.backend = "vfs";
+                                                     c.path = dir;
+                                                     return c;
+                                                   }}),
+                         [](const ::testing::TestParamInfo<Backend>& info) {
+                           return info.param.name;
+                         });
 
 }  // namespace
 }  // namespace sluice

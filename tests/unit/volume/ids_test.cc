@@ -25,7 +25,8 @@ TEST(Ids, QuotaScopeRejects) {
 }
 
 TEST(Ids, VFolder) {
-  auto v = VFolderId::Parse("user:0123456789abcdef0123456789abcdef/fedcba9876543210fedcba9876543210");
+  auto v =
+      VFolderId::Parse("user:0123456789abcdef0123456789abcdef/fedcba9876543210fedcba9876543210");
   ASSERT_TRUE(v.ok());
   ASSERT_TRUE(v->scope.has_value());
   EXPECT_EQ(v->hex, "fedcba9876543210fedcba9876543210");

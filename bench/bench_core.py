@@ -1,0 +1,251 @@
+#!/usr/bin/python3
+"""Core control-plane benchmarks: Sluice against its peers on the same data, in the same run.
+
+  usage   GET /folder/usage on a vfolder of N small files  vs  du -s --apparent-size
+  clone   POST /folder/clone of S bytes in F files          vs  cp -a
+  api     wrk on GET /folder/mount and GET /folder/usage     (requests/s, latency)
+  memory  resident size of sluiced when idle and with K idle keep-alive connections
+
+Prints one line per measurement and the ratio against the peer (> 1 means Sluice is faster).
+Everything runs on loopback against a sluiced started here on free ports.
+
+  /usr/bin/python3 bench/bench_core.py [--files 200000] [--clone-bytes 1g] [--clone-files 10000]
+                                       [--conns 1000] [--only usage,clone,api,memory]
+"""
+import argparse
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+import requests
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.environ.get("SLUICE_BIN_DIR", os.path.join(REPO, "build", "release", "bin"))
+TOKEN = "bench-manager-secret"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_size(s):
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgt]?)", s.lower())
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad size {s!r}")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
+
+
+class Daemon:
+    def __init__(self, root):
+        self.root = root
+        self.vol = os.path.join(root, "vol")
+        os.makedirs(self.vol)
+        self.port = free_port()
+        self.internal = free_port()
+        cfg = os.path.join(root, "sluice.toml")
+        with open(cfg, "w") as f:
+            f.write(f"""
+[storage-proxy]
+secret = "bench-token-secret"
+[api.client]
+service-addr = {{ host = "127.0.0.1", port = {free_port()} }}
+[api.manager]
+service-addr = {{ host = "127.0.0.1", port = {self.port} }}
+internal-addr = {{ host = "127.0.0.1", port = {self.internal} }}
+secret = "{TOKEN}"
+[sluice]
+state-dir = "{root}/state"
+log-level = "warning"
+[volume.local]
+backend = "vfs"
+path = "{self.vol}"
+""")
+        self.log = open(os.path.join(root, "sluiced.log"), "w")
+        self.proc = subprocess.Popen([os.path.join(BIN, "sluiced"), "--config", cfg],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.s = requests.Session()
+        self.s.headers["X-BackendAI-Storage-Auth-Token"] = TOKEN
+        for _ in range(200):
+            try:
+                if self.s.get(self.base + "/health", timeout=1).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("sluiced did not start; see " + self.log.name)
+
+    def call(self, method, path, **body):
+        r = self.s.request(method, self.base + path, json=body, timeout=3600)
+        if r.status_code >= 400:
+            raise RuntimeError(f"{method} {path}: {r.status_code} {r.text}")
+        return r.json() if r.content else None
+
+    def new_vfolder(self):
+        vfid = f"user:{uuid.uuid4().hex}/{uuid.uuid4().hex}"
+        self.call("POST", "/folder/create", volume="local", vfid=vfid)
+        return vfid, self.call("GET", "/folder/mount", volume="local", vfid=vfid)["path"]
+
+    def wait_task(self, task_id):
+        while True:
+            t = self.call("GET", "/bgtask", task_id=task_id)
+            if t["status"] in ("completed", "failed"):
+                if t["status"] == "failed":
+                    raise RuntimeError(f"task failed: {t['error']}")
+                return
+            time.sleep(0.005)
+
+    def rss_kib(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(30)
+
+
+def best_of(n, fn):
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), statistics.median(times)
+
+
+def report(name, sluice_s, peer_name, peer_s):
+    print(f"{name}: sluice {sluice_s * 1000:.1f} ms, {peer_name} {peer_s * 1000:.1f} ms, "
+          f"ratio {peer_s / sluice_s:.2f}x ({'faster' if peer_s > sluice_s else 'slower'})")
+
+
+def make_tree(path, files, size, per_dir=1000):
+    data = os.urandom(size)
+    for i in range(files):
+        d = os.path.join(path, f"d{i // per_dir:05d}")
+        if i % per_dir == 0:
+            os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, f"f{i:07d}"), "wb") as f:
+            f.write(data)
+
+
+def bench_usage(d, files):
+    vfid, path = d.new_vfolder()
+    t0 = time.perf_counter()
+    make_tree(path, files, 100)
+    print(f"usage: made {files} files in {time.perf_counter() - t0:.1f} s")
+    subprocess.run(["du", "-s", "--apparent-size", path], check=True, capture_output=True)
+    usage = d.call("GET", "/folder/usage", volume="local", vfid=vfid)
+    assert usage["file_count"] >= files, usage
+    s_best, _ = best_of(3, lambda: d.call("GET", "/folder/usage", volume="local", vfid=vfid))
+    p_best, _ = best_of(3, lambda: subprocess.run(["du", "-s", "--apparent-size", path],
+                                                   check=True, capture_output=True))
+    report(f"usage of {files} files (warm cache, best of 3)", s_best, "du -s --apparent-size",
+           p_best)
+    return vfid
+
+
+def bench_clone(d, total, files, scratch):
+    vfid, path = d.new_vfolder()
+    make_tree(path, files, max(1, total // files), per_dir=500)
+    subprocess.run(["sync"], check=True)
+    subprocess.run(["du", "-s", path], check=True, capture_output=True)
+
+    def sluice_clone():
+        dst = f"user:{uuid.uuid4().hex}/{uuid.uuid4().hex}"
+        t = d.call("POST", "/folder/clone", src_volume="local", src_vfid=vfid,
+                   dst_volume="local", dst_vfid=dst)
+        d.wait_task(t["bgtask_id"])
+
+    def cp_clone():
+        dst = os.path.join(scratch, uuid.uuid4().hex)
+        subprocess.run(["cp", "-a", path, dst], check=True)
+
+    s_best, _ = best_of(2, sluice_clone)
+    p_best, _ = best_of(2, cp_clone)
+    report(f"clone of {total >> 20} MiB in {files} files (best of 2)", s_best, "cp -a", p_best)
+
+
+def bench_api(d, vfid):
+    q = f"volume=local&vfid={vfid}"
+    for route in ("/folder/mount", "/folder/usage"):
+        out = subprocess.run(
+            ["wrk", "-t2", "-c32", "-d5s", "--latency", "-H",
+             f"X-BackendAI-Storage-Auth-Token: {TOKEN}", f"{d.base}{route}?{q}"],
+            check=True, capture_output=True, text=True).stdout
+        rps = re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)
+        p50 = re.search(r"50%\s+(\S+)", out).group(1)
+        p99 = re.search(r"99%\s+(\S+)", out).group(1)
+        non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+        print(f"api {route}: {rps} req/s, p50 {p50}, p99 {p99} (wrk -t2 -c32 -d5s)"
+              + (f", {non2xx.group(1)} errors" if non2xx else ""))
+
+
+def bench_memory(d, conns):
+    time.sleep(0.5)
+    idle = d.rss_kib()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, conns + 256)), hard))
+    socks = []
+    req = (f"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n").encode()
+    for _ in range(conns):
+        s = socket.create_connection(("127.0.0.1", d.port))
+        s.sendall(req)
+        s.recv(4096)
+        socks.append(s)
+    time.sleep(0.5)
+    held = d.rss_kib()
+    for s in socks:
+        s.close()
+    print(f"memory: idle {idle / 1024:.1f} MiB (goal < 64), with {conns} idle keep-alive "
+          f"connections {held / 1024:.1f} MiB (goal < 256)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--files", type=int, default=200000)
+    ap.add_argument("--clone-bytes", type=parse_size, default=parse_size("1g"))
+    ap.add_argument("--clone-files", type=int, default=10000)
+    ap.add_argument("--conns", type=int, default=1000)
+    ap.add_argument("--only", default="usage,clone,api,memory")
+    ap.add_argument("--workdir", default=None, help="where to put data (default: a temp dir)")
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    root = tempfile.mkdtemp(prefix="sluice-bench-", dir=args.workdir)
+    d = Daemon(root)
+    try:
+        if "memory" in only:
+            bench_memory(d, args.conns)
+        vfid = None
+        if "usage" in only:
+            vfid = bench_usage(d, args.files)
+        if "api" in only:
+            if vfid is None:
+                vfid, path = d.new_vfolder()
+                make_tree(path, 1000, 100)
+            bench_api(d, vfid)
+        if "clone" in only:
+            scratch = os.path.join(root, "cp")
+            os.makedirs(scratch)
+            bench_clone(d, args.clone_bytes, args.clone_files, scratch)
+    finally:
+        d.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -294,12 +294,12 @@ class ManagerApi {
           fmt::format("relpath must name 1 to {} paths (got {})", kMaxMkdirBatch, paths.size())));
     API_ASSIGN_OR_RESPOND(bool parents, p.Bool("parents", true));
     API_ASSIGN_OR_RESPOND(bool exist_ok, p.Bool("exist_ok", false));
-    // Hostile paths refuse the whole request before anything is created.
+    // Hostile paths (as text or through a symlink out) refuse the whole request before anything
+    // is created.
     for (const auto& rel : paths) {
-      auto parts = SplitRelPath(rel);
-      if (!parts.ok()) return ErrorResponse(parts.status(), {rel});
+      Status s = t.volume->ValidatePath(t.vfid, rel);
+      if (!s.ok()) return ErrorResponse(s, {rel});
     }
-    API_RETURN_IF_ERROR(t.volume->CheckVFolder(t.vfid));
     nlohmann::json ok = nlohmann::json::array(), failed = nlohmann::json::array();
     for (const auto& rel : paths) {
       Status s = t.volume->Mkdir(t.vfid, rel, parents, exist_ok);
@@ -455,8 +455,8 @@ class ManagerApi {
     API_ASSIGN_OR_RESPOND(std::vector<std::string> paths, p.StrList("relpaths"));
     API_ASSIGN_OR_RESPOND(bool recursive, p.Bool("recursive", false));
     for (const auto& rel : paths) {
-      auto parts = SplitRelPath(rel);
-      if (!parts.ok()) return ErrorResponse(parts.status(), {rel});
+      Status s = t.volume->ValidatePath(t.vfid, rel);
+      if (!s.ok()) return ErrorResponse(s, {rel});
     }
     API_ASSIGN_OR_RESPOND(std::string id, svc_->DeleteFilesAsync(t.volume->name(), t.vfid,
                                                                  std::move(paths), recursive));

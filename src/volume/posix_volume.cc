@@ -236,6 +236,19 @@ Result<std::string> PosixVolume::MountPath(const VFolderId& vfid, std::string_vi
   return p;
 }
 
+Status PosixVolume::ValidatePath(const VFolderId& vfid, std::string_view relpath) {
+  SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
+  // Walk down while the components exist; the first escape is the answer.
+  for (size_t i = 1; i <= parts.size(); ++i) {
+    auto fd = OpenBeneath(root.get(), JoinComponents(parts, i), O_PATH);
+    if (fd.ok()) continue;
+    if (fd.status().code() == Code::kInvalidPath) return fd.status();
+    break;  // missing (or not a directory): nothing below it can escape yet
+  }
+  return Status::Ok();
+}
+
 Status PosixVolume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool parents,
                           bool exist_ok) {
   SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));

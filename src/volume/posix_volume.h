@@ -37,6 +37,7 @@ class PosixVolume : public Volume {
   HwInfo GetHwInfo() override;
   Result<std::string> MountPath(const VFolderId& vfid, std::string_view subpath) override;
 
+  Status ValidatePath(const VFolderId& vfid, std::string_view relpath) override;
   Status Mkdir(const VFolderId& vfid, std::string_view relpath, bool parents,
                bool exist_ok) override;
   Result<std::vector<DirEntry>> ListDir(const VFolderId& vfid, std::string_view relpath,

@@ -131,6 +131,9 @@ class Volume {
   virtual Result<std::string> MountPath(const VFolderId& vfid, std::string_view subpath) = 0;
 
   // --- file operations inside a vfolder; every path is resolved beneath the vfolder root ---
+  // kInvalidPath when `relpath` is hostile as text or when the part of it that exists resolves
+  // outside the vfolder (a symlink out); lets a batch be refused before anything changes.
+  virtual Status ValidatePath(const VFolderId& vfid, std::string_view relpath) = 0;
   virtual Status Mkdir(const VFolderId& vfid, std::string_view relpath, bool parents,
                        bool exist_ok) = 0;
   virtual Result<std::vector<DirEntry>> ListDir(const VFolderId& vfid, std::string_view relpath,

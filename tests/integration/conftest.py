@@ -1,0 +1,466 @@
+"""Integration-test harness: real `sluiced` processes on free ports in temporary directories.
+
+Tests talk to the daemon through `Daemon.mgr(...)` (manager API, token added) and inspect the
+volume directly on disk. Helpers shared by the test modules live here so the tests stay short.
+"""
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+import urllib3
+
+urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+
+REPO = Path(__file__).resolve().parents[2]
+BIN_DIR = Path(os.environ.get("SLUICE_BIN_DIR") or REPO / "build" / "release" / "bin")
+SLUICED = BIN_DIR / "sluiced"
+
+AUTH_HEADER = "X-BackendAI-Storage-Auth-Token"
+MANAGER_SECRET = "manager-secret-for-tests"
+TOKEN_SECRET = "token-secret-for-tests"
+LOG_NAME = "sluiced.log"
+
+START_TIMEOUT = 15.0
+STOP_TIMEOUT = 10.0
+TASK_TIMEOUT = 30.0
+REQUEST_TIMEOUT = 30.0
+
+
+# --------------------------------------------------------------------------- identifiers
+
+
+def new_qsid(kind="user"):
+    return f"{kind}:{uuid.uuid4().hex}"
+
+
+def new_vfid(qsid=None):
+    return f"{qsid or new_qsid()}/{uuid.uuid4().hex}"
+
+
+def split_vfid(vfid):
+    """(scope hex, vfolder hex) of "<type>:<uuid>/<hex>"."""
+    qsid, vf = vfid.rsplit("/", 1)
+    return uuid.UUID(qsid.split(":", 1)[1]).hex, uuid.UUID(vf).hex
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def free_ports(n):
+    """n distinct free TCP ports on 127.0.0.1 (all bound at once, then released)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def ports_free(ports):
+    for p in ports:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", p))
+        except OSError:
+            return False
+        finally:
+            s.close()
+    return True
+
+
+def tail(path, n=60):
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError as e:
+        return f"<no log: {e}>"
+    return "\n".join(lines[-n:])
+
+
+def wait_http_ok(url, proc, log_path, timeout=START_TIMEOUT):
+    """Polls url until it answers 200; fails with the log tail if the process exits or hangs."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(
+                f"sluiced exited with {proc.returncode} before becoming healthy\n"
+                f"--- log tail ---\n{tail(log_path)}"
+            )
+        try:
+            r = requests.get(url, timeout=2, verify=False)
+            if r.status_code == 200:
+                return r
+            last = f"HTTP {r.status_code}: {r.text[:200]}"
+        except requests.RequestException as e:
+            last = repr(e)
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    pytest.fail(
+        f"sluiced did not answer {url} within {timeout}s (last: {last})\n"
+        f"--- log tail ---\n{tail(log_path)}"
+    )
+
+
+def terminate(proc, log_path=None, timeout=STOP_TIMEOUT):
+    """SIGTERM, wait; kill -9 and fail if it hangs. Returns the exit code."""
+    if proc.poll() is not None:
+        return proc.returncode
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(
+            f"sluiced did not exit within {timeout}s of SIGTERM\n"
+            f"--- log tail ---\n{tail(log_path) if log_path else ''}"
+        )
+
+
+def run_sluiced(*args, cwd=None, timeout=15):
+    """Runs sluiced to completion (for --help, --check-config, failing starts)."""
+    return subprocess.run(
+        [str(SLUICED), *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+# --------------------------------------------------------------------------- TOML
+
+
+def toml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # JSON string escapes are valid TOML basic-string escapes
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    raise TypeError(f"no TOML form for {v!r}")
+
+
+def toml_section(name, items):
+    return f"[{name}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in items.items())
+
+
+# --------------------------------------------------------------------------- on-disk trees
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def tree_state(root, exclude=()):
+    """{relpath: entry} for everything below root, symlinks not followed.
+
+    Entries: ("dir", mode) / ("file", mode, sha256) / ("link", target) / ("other", mode).
+    """
+    root = Path(root)
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            rel = p.relative_to(root).as_posix()
+            if rel in exclude:
+                continue
+            st = os.lstat(p)
+            mode = stat.S_IMODE(st.st_mode)
+            if stat.S_ISLNK(st.st_mode):
+                out[rel] = ("link", os.readlink(p))
+            elif stat.S_ISDIR(st.st_mode):
+                out[rel] = ("dir", mode)
+            elif stat.S_ISREG(st.st_mode):
+                out[rel] = ("file", mode, sha256_file(p))
+            else:
+                out[rel] = ("other", mode)
+    return out
+
+
+def content_manifest(root):
+    """Like tree_state, but content only (types, file hashes, link targets; no modes)."""
+    m = {}
+    for rel, e in tree_state(root).items():
+        if e[0] == "file":
+            m[rel] = ("file", e[2])
+        elif e[0] == "dir":
+            m[rel] = ("dir",)
+        else:
+            m[rel] = e
+    return m
+
+
+def write_tree(root, spec):
+    """Creates files/dirs/symlinks below root.
+
+    spec: {relpath: bytes | str (file content) | None (empty dir) | ("link", target)}.
+    """
+    root = Path(root)
+    for rel, v in spec.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if v is None:
+            p.mkdir(parents=True, exist_ok=True)
+        elif isinstance(v, tuple) and v[0] == "link":
+            os.symlink(v[1], p)
+        else:
+            p.write_bytes(v.encode() if isinstance(v, str) else v)
+
+
+# --------------------------------------------------------------------------- the daemon
+
+
+class Daemon:
+    """One sluiced process with its own config, state dir and vfs volume(s) under `root`."""
+
+    def __init__(
+        self,
+        root,
+        *,
+        storage_proxy=None,
+        manager=None,
+        sluice=None,
+        extra_volumes=(),
+        extra_toml="",
+        config_text=None,  # the whole file, or a function of the Daemon returning it
+        secret=MANAGER_SECRET,
+    ):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.client_port, self.manager_port, self.internal_port = free_ports(3)
+        self.state = self.root / "state"
+        self.volumes = {"local": self.root / "vol"}
+        for name in extra_volumes:
+            self.volumes[name] = self.root / f"vol-{name}"
+        for p in self.volumes.values():
+            p.mkdir(parents=True, exist_ok=True)
+        self.vol = self.volumes["local"]
+        self.secret = secret
+        self.manager_opts = dict(manager or {})
+        self.scheme = "https" if self.manager_opts.get("ssl-enabled") else "http"
+        self.config_path = self.root / "storage-proxy.toml"
+        self.log_path = self.root / LOG_NAME
+        self.proc = None
+        if config_text is None:
+            config_text = self._config(storage_proxy or {}, sluice or {}, extra_toml)
+        elif callable(config_text):  # built from this daemon's ports
+            config_text = config_text(self)
+        self.config_path.write_text(config_text)
+
+    def _config(self, storage_proxy, sluice, extra_toml):
+        sp = {
+            "node-id": "it-node",
+            "num-proc": 2,
+            "secret": TOKEN_SECRET,
+            "scandir-limit": 1000,
+            "allow-auto-quota-scope-creation": True,
+        }
+        sp.update(storage_proxy)
+        mgr = {
+            "service-addr": {"host": "127.0.0.1", "port": self.manager_port},
+            "internal-addr": {"host": "127.0.0.1", "port": self.internal_port},
+            "secret": self.secret,
+        }
+        mgr.update(self.manager_opts)
+        parts = [
+            toml_section("storage-proxy", sp),
+            toml_section(
+                "api.client", {"service-addr": {"host": "127.0.0.1", "port": self.client_port}}
+            ),
+            toml_section("api.manager", mgr),
+            toml_section("sluice", {"state-dir": str(self.state), **sluice}),
+        ]
+        for name, path in self.volumes.items():
+            parts.append(toml_section(f"volume.{name}", {"backend": "vfs", "path": str(path)}))
+        parts.append(extra_toml)
+        return "\n".join(parts)
+
+    # ---- lifecycle
+
+    def start(self, args=(), cwd=None):
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(SLUICED), "--config", str(self.config_path), *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=cwd or self.root,
+            )
+        wait_http_ok(self.url("/health"), self.proc, self.log_path)
+        return self
+
+    def stop(self):
+        """SIGTERM; asserts a clean exit (code 0) within STOP_TIMEOUT."""
+        if self.proc is None:
+            return
+        rc = terminate(self.proc, self.log_path)
+        self.proc = None
+        assert rc == 0, f"sluiced exited with {rc}\n--- log tail ---\n{tail(self.log_path)}"
+
+    def kill(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def log(self):
+        return self.log_path.read_text(errors="replace")
+
+    # ---- HTTP
+
+    def url(self, path):
+        return f"{self.scheme}://127.0.0.1:{self.manager_port}{path}"
+
+    def internal_url(self, path):
+        return f"http://127.0.0.1:{self.internal_port}{path}"
+
+    def mgr(self, method, path, json=None, params=None, token=True, **kw):
+        """A manager-API request. token: True (right secret), False (no header) or a string."""
+        headers = dict(kw.pop("headers", {}) or {})
+        if token is True:
+            headers[AUTH_HEADER] = self.secret
+        elif token:
+            headers[AUTH_HEADER] = token
+        kw.setdefault("timeout", REQUEST_TIMEOUT)
+        kw.setdefault("verify", False)
+        return requests.request(
+            method, self.url(path), json=json, params=params, headers=headers, **kw
+        )
+
+    def task(self, task_id):
+        return self.mgr("GET", "/bgtask", json={"task_id": task_id})
+
+    def wait_task(self, task_id, timeout=TASK_TIMEOUT):
+        """Polls GET /bgtask until the task is completed or failed; returns its JSON."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            r = self.task(task_id)
+            assert r.status_code == 200, f"GET /bgtask {task_id}: {r.status_code} {r.text}"
+            last = r.json()
+            if last.get("status") in ("completed", "failed"):
+                return last
+            time.sleep(0.05)
+        pytest.fail(f"task {task_id} did not finish within {timeout}s: {last}")
+
+    # ---- vfolders
+
+    def vfolder_path(self, vfid, volume="local"):
+        scope, vf = split_vfid(vfid)
+        return self.volumes[volume] / scope / vf[0:2] / vf[2:4] / vf[4:]
+
+    def scope_path(self, qsid, volume="local"):
+        return self.volumes[volume] / uuid.UUID(qsid.split(":", 1)[1]).hex
+
+    def create_vfolder(self, vfid=None, volume="local", **body):
+        vfid = vfid or new_vfid()
+        r = self.mgr("POST", "/folder/create", json={"volume": volume, "vfid": vfid, **body})
+        assert r.status_code == 204, f"create {vfid}: {r.status_code} {r.text}"
+        return vfid
+
+    def delete_vfolder(self, vfid, volume="local"):
+        r = self.mgr("POST", "/folder/delete", json={"volume": volume, "vfid": vfid})
+        assert r.status_code == 202, f"delete {vfid}: {r.status_code} {r.text}"
+        return self.wait_task(r.json()["bgtask_id"])
+
+    def snapshot(self):
+        """The whole temporary tree (config, state, volumes), minus the daemon's log."""
+        return tree_state(self.root, exclude=(LOG_NAME,))
+
+
+def start_daemon(root, **kw):
+    d = Daemon(root, **kw)
+    try:
+        d.start()
+    except BaseException:
+        d.kill()
+        raise
+    return d
+
+
+def problem(r):
+    """Asserts an RFC 7807 error body and returns it."""
+    assert r.headers.get("Content-Type", "").startswith("application/problem+json"), (
+        f"{r.status_code} with Content-Type {r.headers.get('Content-Type')!r}: {r.text[:300]}"
+    )
+    return r.json()
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+def pytest_configure(config):
+    # Tests talk HTTPS to a self-signed certificate on purpose.
+    config.addinivalue_line("filterwarnings", "ignore::urllib3.exceptions.InsecureRequestWarning")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sluiced_binary():
+    if not os.access(SLUICED, os.X_OK):
+        pytest.fail(f"no sluiced executable at {SLUICED}: build it, or set SLUICE_BIN_DIR")
+    return SLUICED
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    """One default daemon per test module; tests use fresh vfids."""
+    d = start_daemon(tmp_path_factory.mktemp("sluiced"))
+    try:
+        yield d
+    finally:
+        try:
+            d.stop()
+        finally:
+            d.kill()
+
+
+@pytest.fixture
+def make_daemon(tmp_path):
+    """Factory for daemons with custom config; each is stopped (exit code checked) afterwards."""
+    started = []
+
+    def make(**kw):
+        d = start_daemon(tmp_path / f"d{len(started)}", **kw)
+        started.append(d)
+        return d
+
+    yield make
+    errors = []
+    for d in started:
+        try:
+            d.stop()
+        except BaseException as e:  # stop all, report the first failure
+            errors.append(e)
+        finally:
+            d.kill()
+    if errors:
+        raise errors[0]
+
+
+@pytest.fixture
+def vfid(daemon):
+    """A fresh, created vfolder on the module daemon's `local` volume."""
+    return daemon.create_vfolder()

@@ -190,15 +190,16 @@ int RunDaemon(Config cfg) {
     return st.code() == Code::kInvalidArgument ? 2 : 1;
   }
 
-  st = DropPrivileges(cfg);
-  if (!st.ok()) {
-    spdlog::critical("{}", st.message());
-    return 1;
-  }
+  // The pid file is written while still privileged: its directory (/run) usually belongs to root.
   if (!cfg.pid_file.empty()) {
     std::ofstream pf(cfg.pid_file);
     pf << ::getpid() << "\n";
     if (!pf) spdlog::warn("cannot write pid file '{}'", cfg.pid_file);
+  }
+  st = DropPrivileges(cfg);
+  if (!st.ok()) {
+    spdlog::critical("{}", st.message());
+    return 1;
   }
 
   loops.Start();

@@ -10,7 +10,7 @@ PKGS=(
   libboost1.74-dev libssl-dev nlohmann-json3-dev libtoml11-dev libspdlog-dev libfmt-dev
   libcli11-dev libsqlite3-dev
   # tests
-  libgtest-dev libgmock-dev libbenchmark-dev python3 python3-pytest python3-requests curl
+  libgtest-dev libgmock-dev libbenchmark-dev python3 python3-pytest python3-requests curl openssl
   # benchmarks
   wrk
 )

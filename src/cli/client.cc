@@ -1,6 +1,7 @@
 #include "cli/client.h"
 
 #include <openssl/ssl.h>
+#include <openssl/x509.h>
 
 #include <algorithm>
 #include <cctype>
@@ -163,8 +164,17 @@ class Client::Conn {
         tls_->async_handshake(ssl::stream_base::client, std::move(handler));
       });
       if (ec) {
+        long verify = SSL_get_verify_result(tls_->native_handle());
+        Status st = TransportError("TLS handshake failed with", ec);
+        // The host name check is our verify callback: a refusal there has no code of its own.
+        std::string why = verify == X509_V_ERR_UNSPECIFIED
+                              ? fmt::format("the certificate is not for '{}'", ep.host)
+                              : std::string(X509_verify_cert_error_string(verify));
+        if (verify != X509_V_OK)
+          st = Status(Code::kUnavailable,
+                      fmt::format("{} ({}; --insecure skips the check)", st.message(), why));
         Close();
-        return TransportError("TLS handshake failed with", ec);
+        return st;
       }
     }
     return Status::Ok();

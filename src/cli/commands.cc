@@ -1,5 +1,6 @@
 #include "cli/commands.h"
 
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -36,7 +37,7 @@ namespace http = boost::beast::http;
 using json = nlohmann::json;
 
 int ExitCodeForHttpStatus(unsigned status) {
-  if (status == 404) return kExitNotFound;
+  if (status == 404 || status == 410) return kExitNotFound;  // 410: vfolder already deleted
   if (status == 409) return kExitConflict;
   if (status == 401 || status == 403) return kExitAuth;
   if (status >= 500) return kExitUnavailable;
@@ -58,7 +59,7 @@ Exit status:
   0  success
   1  the daemon refused the request (4xx other than those below), or a task failed
   2  usage error (bad or missing arguments)
-  3  not found (HTTP 404)
+  3  not found (HTTP 404; 410 when deleting a vfolder that is already gone)
   4  conflict, e.g. it already exists (HTTP 409)
   5  authentication failure (HTTP 401/403)
   6  cannot connect, timed out, or the daemon failed (HTTP 5xx)
@@ -113,7 +114,7 @@ const CLI::Validator& SizeValidator() {
         auto r = ParseBinarySize(s);
         return r.ok() ? std::string() : r.status().message();
       },
-      "SIZE");
+      "");
   return v;
 }
 
@@ -133,7 +134,7 @@ const CLI::Validator& ModeValidator() {
         auto r = ParseMode(s);
         return r.ok() ? std::string() : r.status().message();
       },
-      "OCTAL");
+      "");
   return v;
 }
 
@@ -143,8 +144,10 @@ std::string Str(const json& j, const char* key, std::string def = "") {
 }
 
 std::optional<uint64_t> Uint(const json& j, const char* key) {
-  if (j.is_object() && j.contains(key) && j[key].is_number_integer() && j[key].get<int64_t>() >= 0)
-    return j[key].get<uint64_t>();
+  if (!j.is_object() || !j.contains(key)) return std::nullopt;
+  const json& v = j[key];
+  if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0))
+    return v.get<uint64_t>();
   return std::nullopt;
 }
 
@@ -200,7 +203,9 @@ class Cli {
     ClientOptions o;
     o.endpoint = *ep;
     o.token = token;
-    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(g.timeout * 1000.0));
+    // A year stands for "no limit" and keeps the conversion in range.
+    o.timeout = std::chrono::milliseconds(
+        static_cast<int64_t>(std::min(g.timeout, 365.0 * 86400.0) * 1000.0));
     if (o.timeout.count() < 1) o.timeout = std::chrono::milliseconds(1);
     o.insecure = g.insecure;
     client_ = std::make_unique<Client>(std::move(o));
@@ -277,20 +282,25 @@ class Cli {
     milliseconds interval(100);
     size_t frame = 0;
     for (;;) {
-      auto now = steady_clock::now();
-      if (now >= next_poll) {
+      if (tty) {
+        double el = duration<double>(steady_clock::now() - t0).count();
+        std::string line = fmt::format("{} {} ({:.0f}s)", kFrames[frame++ % 4], label, el);
+        // One terminal line at most, or the next '\r' would not return to its start.
+        struct winsize ws {};
+        size_t cols =
+            ::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0 ? ws.ws_col : 80;
+        if (line.size() >= cols) line = line.substr(0, cols - 1);
+        std::fprintf(stderr, "\r%s\033[K", line.c_str());
+        std::fflush(stderr);
+        spinner_ = true;
+      }
+      if (steady_clock::now() >= next_poll) {
         int rc = Call(http::verb::get, "/bgtask", {{"task_id", id}}, task);
         if (rc != kExitOk) return rc;
         std::string st = Str(*task, "status");
         if (st == "completed" || st == "failed") break;
         interval = std::min(milliseconds(1000), interval * 3 / 2);
         next_poll = steady_clock::now() + interval;
-      }
-      if (tty) {
-        double el = duration<double>(steady_clock::now() - t0).count();
-        std::fprintf(stderr, "\r%c %s (%.0fs)\033[K", kFrames[frame++ % 4], label.c_str(), el);
-        std::fflush(stderr);
-        spinner_ = true;
       }
       auto wait =
           std::min<steady_clock::duration>(milliseconds(100), next_poll - steady_clock::now());
@@ -360,6 +370,23 @@ class Cli {
   bool spinner_ = false;
 };
 
+// Command lists show the first line of each description; a command's own help shows all of it,
+// followed by a blank line.
+class HelpFormatter : public CLI::Formatter {
+ public:
+  std::string make_subcommand(const CLI::App* sub) const override {
+    std::string d = sub->get_description();
+    std::stringstream out;
+    CLI::detail::format_help(out, sub->get_display_name(true), d.substr(0, d.find('\n')),
+                             column_width_);
+    return out.str();
+  }
+  std::string make_description(const CLI::App* app) const override {
+    std::string d = CLI::Formatter::make_description(app);
+    return d.empty() ? d : d + "\n";
+  }
+};
+
 using Action = std::function<int(Cli&)>;
 
 // Makes `fn` the action to run when `sub` is the command given.
@@ -370,7 +397,12 @@ void OnRun(CLI::App* sub, Action* slot, Action fn) {
 CLI::App* Command(CLI::App* parent, const std::string& name, const std::string& description,
                   const std::string& example) {
   CLI::App* sub = parent->add_subcommand(name, description);
-  if (!example.empty()) sub->footer("Example:\n  " + example);
+  std::string footer;
+  if (!example.empty()) footer = "Example:\n  " + example + "\n\n";
+  footer +=
+      "Global options (--endpoint, --token, --token-file, --json, --timeout, --insecure) go\n"
+      "before or after the command; exit statuses are listed in `sluice --help`.";
+  sub->footer(footer);
   return sub;
 }
 
@@ -393,8 +425,8 @@ constexpr const char* kVfidEx =
 
 void AddVolumeCommands(CLI::App& app, Args& a, Action* run) {
   auto* vols = Command(&app, "volumes",
-                       "List the volumes the daemon serves: name, backend, mount path and "
-                       "capabilities.",
+                       "List the volumes the daemon serves.\n"
+                       "One line per volume: name, backend, mount path and capabilities.",
                        "sluice volumes");
   OnRun(vols, run, [](Cli& c) {
     json j;
@@ -421,8 +453,8 @@ void AddVolumeCommands(CLI::App& app, Args& a, Action* run) {
   auto* vol = Command(&app, "volume", "Inspect one volume.", "sluice volume info local");
   vol->require_subcommand(1);
   auto* info = Command(vol, "info",
-                       "Show a volume's health (hwinfo), filesystem capacity and usage "
-                       "(fs-usage) and I/O counters (performance-metric).",
+                       "Show a volume's health, capacity and I/O counters.\n"
+                       "Combines the daemon's hwinfo, fs-usage and performance-metric answers.",
                        "sluice volume info local");
   AddVolume(info, a);
   OnRun(info, run, [&a](Cli& c) {
@@ -480,8 +512,9 @@ void AddVolumeCommands(CLI::App& app, Args& a, Action* run) {
 
 void AddScopeCommands(CLI::App& app, Args& a, Action* run) {
   auto* scope = Command(&app, "scope",
-                        "Manage quota scopes (user:<uuid> / project:<uuid>): the directories "
-                        "that hold vfolders and carry a size limit.",
+                        "Manage quota scopes and their size limits.\n"
+                        "A quota scope (user:<uuid> or project:<uuid>) is the directory that "
+                        "holds\nvfolders and carries a size limit.",
                         std::string("sluice scope show local ") + kQsidEx);
   scope->require_subcommand(1);
 
@@ -490,7 +523,8 @@ void AddScopeCommands(CLI::App& app, Args& a, Action* run) {
   AddVolume(create, a);
   AddQsid(create, a);
   create->add_option("--limit", a.limit, "size limit: 10g, 512m, 1.5GiB or bytes")
-      ->check(SizeValidator());
+      ->check(SizeValidator())
+      ->type_name("SIZE");
   OnRun(create, run, [&a](Cli& c) {
     json body = {{"volume", a.volume}, {"qsid", a.qsid}};
     json limit = a.limit.empty() ? json(nullptr) : json(SizeArg(a.limit));
@@ -507,7 +541,8 @@ void AddScopeCommands(CLI::App& app, Args& a, Action* run) {
   });
 
   auto* show = Command(scope, "show",
-                       "Show a quota scope's usage and limit (the limit is 'none' when unset).",
+                       "Show a quota scope's usage and limit.\n"
+                       "The limit reads 'none' when the scope has no limit.",
                        std::string("sluice scope show local ") + kQsidEx);
   AddVolume(show, a);
   AddQsid(show, a);
@@ -533,14 +568,15 @@ void AddScopeCommands(CLI::App& app, Args& a, Action* run) {
   });
 
   auto* set = Command(scope, "set-limit",
-                      "Set (or change) a quota scope's size limit; creates the scope when it "
-                      "does not exist.",
+                      "Set or change a quota scope's size limit.\n"
+                      "Creates the scope when it does not exist.",
                       std::string("sluice scope set-limit local ") + kQsidEx + " 1.5GiB");
   AddVolume(set, a);
   AddQsid(set, a);
   set->add_option("SIZE", a.size, "the new limit: 10g, 512m, 1.5GiB or bytes")
       ->required()
-      ->check(SizeValidator());
+      ->check(SizeValidator())
+      ->type_name("SIZE");
   OnRun(set, run, [&a](Cli& c) {
     uint64_t n = SizeArg(a.size);
     int rc = c.Call(http::verb::patch, "/quota-scope",
@@ -554,7 +590,8 @@ void AddScopeCommands(CLI::App& app, Args& a, Action* run) {
     return kExitOk;
   });
 
-  auto* unset = Command(scope, "unset-limit", "Lift a quota scope's size limit; the scope stays.",
+  auto* unset = Command(scope, "unset-limit",
+                        "Lift a quota scope's size limit.\nThe scope and its vfolders stay.",
                         std::string("sluice scope unset-limit local ") + kQsidEx);
   AddVolume(unset, a);
   AddQsid(unset, a);
@@ -569,7 +606,8 @@ void AddScopeCommands(CLI::App& app, Args& a, Action* run) {
     return kExitOk;
   });
 
-  auto* del = Command(scope, "delete", "Delete a quota scope.",
+  auto* del = Command(scope, "delete",
+                      "Delete a quota scope.\nRefused (exit status 4) while vfolders remain in it.",
                       std::string("sluice scope delete local ") + kQsidEx);
   AddVolume(del, a);
   AddQsid(del, a);
@@ -730,20 +768,24 @@ void AddVFolderCommands(CLI::App& app, Args& a, Action* run) {
 
   auto* create = Command(
       vf, "create",
-      "Create a vfolder. Its quota scope is created on the way when the "
-      "daemon allows it (allow-auto-quota-scope-creation).",
+      "Create a vfolder.\n"
+      "Its quota scope is created on the way when the daemon allows it\n"
+      "(allow-auto-quota-scope-creation); --scope-limit then sets that scope's limit.",
       std::string("sluice vfolder create local ") + kVfidEx + " --mode 750 --scope-limit 100g");
   AddVolume(create, a);
   AddVfid(create, a);
   create->add_option("--mode", a.mode, "permission bits of the vfolder directory, in octal")
       ->check(ModeValidator())
+      ->type_name("OCTAL")
       ->capture_default_str();
   create
       ->add_option("--scope-limit", a.scope_limit,
                    "size limit for the quota scope if this creates it: 10g, 512m, 1.5GiB")
-      ->check(SizeValidator());
+      ->check(SizeValidator())
+      ->type_name("SIZE");
   OnRun(create, run, [&a](Cli& c) {
-    unsigned mode = ParseMode(a.mode).ok() ? *ParseMode(a.mode) : 0755;
+    auto parsed = ParseMode(a.mode);  // checked while parsing the arguments
+    unsigned mode = parsed.ok() ? *parsed : 0755;
     json body = {{"volume", a.volume}, {"vfid", a.vfid}, {"mode", mode}};
     if (!a.scope_limit.empty())
       body["options"] = {{"initial_max_size_for_quota_scope", SizeArg(a.scope_limit)}};
@@ -757,9 +799,10 @@ void AddVFolderCommands(CLI::App& app, Args& a, Action* run) {
   });
 
   auto* del = Command(vf, "delete",
-                      "Delete a vfolder. The daemon detaches it at once and removes the files in "
-                      "a background task; this waits for that task unless --no-wait (which "
-                      "prints the task id; see `sluice task`).",
+                      "Delete a vfolder and everything in it.\n"
+                      "The daemon detaches it at once and removes the files in a background "
+                      "task;\nthis waits for that task unless --no-wait, which prints the task "
+                      "id\n(follow it with `sluice task wait`).",
                       std::string("sluice vfolder delete local ") + kVfidEx);
   AddVolume(del, a);
   AddVfid(del, a);
@@ -771,8 +814,10 @@ void AddVFolderCommands(CLI::App& app, Args& a, Action* run) {
   });
 
   auto* clone = Command(vf, "clone",
-                        "Copy a vfolder to a new one, on the same volume or another, in a "
-                        "background task; waits for it unless --no-wait.",
+                        "Copy a vfolder to a new one.\n"
+                        "The copy runs on the daemon in a background task, on the same volume "
+                        "or\nanother; this waits for it unless --no-wait, which prints the task "
+                        "id.",
                         std::string("sluice vfolder clone local ") + kVfidEx + " local " +
                             "user:2ab3c4d5-6e7f-4a8b-9c0d-1e2f3a4b5c6d/"
                             "fedcba9876543210fedcba9876543210");
@@ -792,7 +837,7 @@ void AddVFolderCommands(CLI::App& app, Args& a, Action* run) {
         fmt::format("cloned {}/{} to {}/{}", a.src_volume, a.src_vfid, a.dst_volume, a.dst_vfid));
   });
 
-  auto* usage = Command(vf, "usage", "Show how many files a vfolder holds and their total size.",
+  auto* usage = Command(vf, "usage", "Show a vfolder's file count and total size.",
                         std::string("sluice vfolder usage local ") + kVfidEx);
   AddVolume(usage, a);
   AddVfid(usage, a);
@@ -812,8 +857,8 @@ void AddVFolderCommands(CLI::App& app, Args& a, Action* run) {
   });
 
   auto* mount = Command(vf, "mount",
-                        "Print the path of a vfolder (or of SUBPATH inside it) on the storage "
-                        "host.",
+                        "Print a vfolder's path on the storage host.\n"
+                        "With SUBPATH, the path of that file or directory inside it.",
                         std::string("sluice vfolder mount local ") + kVfidEx + " data");
   AddVolume(mount, a);
   AddVfid(mount, a);
@@ -831,8 +876,9 @@ void AddVFolderCommands(CLI::App& app, Args& a, Action* run) {
   });
 
   auto* ls = Command(vf, "ls",
-                     "List a directory inside a vfolder: name, type (file, dir, link), size and "
-                     "modification time (UTC).",
+                     "List a directory inside a vfolder.\n"
+                     "Columns: name (symlinks show their target), type (file, dir, link), "
+                     "size\nand modification time in UTC.",
                      std::string("sluice vfolder ls local ") + kVfidEx + " data/train");
   AddVolume(ls, a);
   AddVfid(ls, a);
@@ -842,8 +888,9 @@ void AddVFolderCommands(CLI::App& app, Args& a, Action* run) {
 
   auto* mkdir = Command(
       vf, "mkdir",
-      "Create directories inside a vfolder (parents too, unless "
-      "--no-parents). Exit status 1 when any of them could not be created.",
+      "Create directories inside a vfolder.\n"
+      "Parents are created too unless --no-parents. Exit status 1 when any of them\n"
+      "could not be created (each failure is reported on stderr).",
       std::string("sluice vfolder mkdir local ") + kVfidEx + " data/train data/eval --exist-ok");
   AddVolume(mkdir, a);
   AddVfid(mkdir, a);
@@ -867,8 +914,9 @@ void AddVFolderCommands(CLI::App& app, Args& a, Action* run) {
     return kExitOk;
   });
 
-  auto* rm = Command(vf, "rm", "Delete files inside a vfolder; directories need -r.",
-                     std::string("sluice vfolder rm local ") + kVfidEx + " -r old tmp.txt");
+  auto* rm =
+      Command(vf, "rm", "Delete files or directories inside a vfolder.\nDirectories need -r.",
+              std::string("sluice vfolder rm local ") + kVfidEx + " -r old tmp.txt");
   AddVolume(rm, a);
   AddVfid(rm, a);
   rm->add_option("PATH", a.paths, "paths to delete, relative to the vfolder")->required();
@@ -886,13 +934,15 @@ void AddVFolderCommands(CLI::App& app, Args& a, Action* run) {
 
   auto* get =
       Command(vf, "get",
-              "Download a file from a vfolder, streamed to FILE (written whole or not at "
-              "all) or to stdout.",
+              "Download a file from a vfolder.\n"
+              "Streamed to stdout, or to FILE with -o: FILE appears whole or not at all.\n"
+              "With --json and -o, prints {status, path, bytes}.",
               std::string("sluice vfolder get local ") + kVfidEx + " data/model.bin -o model.bin");
   AddVolume(get, a);
   AddVfid(get, a);
   get->add_option("PATH", a.path, "the file, relative to the vfolder")->required();
-  get->add_option("-o,--output", a.output, "write to FILE instead of stdout ('-': stdout)");
+  get->add_option("-o,--output", a.output, "write to FILE instead of stdout ('-': stdout)")
+      ->type_name("FILE");
   OnRun(get, run, [&a](Cli& c) { return Get(c, a); });
 }
 
@@ -916,13 +966,16 @@ void PrintTask(Cli& c, const json& t) {
 
 void AddTaskCommands(CLI::App& app, Args& a, Action* run) {
   auto* task = Command(&app, "task",
-                       "Follow background tasks (vfolder delete and clone, async file delete).",
+                       "Follow background tasks.\n"
+                       "Vfolder delete and clone (and async file delete) run as background "
+                       "tasks.",
                        "sluice task wait 5f0c2a9e-1b2c-4d3e-8f90-a1b2c3d4e5f6");
   task->require_subcommand(1);
 
   auto* show = Command(task, "show",
-                       "Show a background task's state: pending, running, completed or failed "
-                       "(with the error). Exit status 1 when the task failed.",
+                       "Show a background task's state.\n"
+                       "pending, running, completed or failed (with the error). Exit status 1 "
+                       "when\nthe task failed.",
                        "sluice task show 5f0c2a9e-1b2c-4d3e-8f90-a1b2c3d4e5f6");
   show->add_option("TASK_ID", a.task_id, "the id a --no-wait command printed")->required();
   OnRun(show, run, [&a](Cli& c) {
@@ -937,8 +990,9 @@ void AddTaskCommands(CLI::App& app, Args& a, Action* run) {
   });
 
   auto* wait = Command(task, "wait",
-                       "Wait until a background task completes or fails (a spinner on stderr "
-                       "when it is a terminal). Exit status 1 when the task failed.",
+                       "Wait until a background task completes or fails.\n"
+                       "Shows a spinner on stderr when it is a terminal. Exit status 1 when "
+                       "the\ntask failed.",
                        "sluice task wait 5f0c2a9e-1b2c-4d3e-8f90-a1b2c3d4e5f6");
   wait->add_option("TASK_ID", a.task_id, "the id a --no-wait command printed")->required();
   OnRun(wait, run, [&a](Cli& c) {
@@ -978,6 +1032,8 @@ int RunCli(int argc, char** argv) {
       "API): volumes, quota scopes, vfolders, files and background tasks. Tables for people by\n"
       "default, the daemon's JSON with --json.",
       "sluice"};
+  app.formatter(std::make_shared<HelpFormatter>());
+  app.get_formatter()->column_width(26);
   app.fallthrough();
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "print help for every command and exit");
@@ -987,18 +1043,24 @@ int RunCli(int argc, char** argv) {
   if (const char* env = std::getenv("SLUICE_ENDPOINT"); env != nullptr && *env != '\0')
     g.endpoint = env;
   app.add_option("--endpoint", g.endpoint,
-                 "daemon URL: http(s)://host:port (default: $SLUICE_ENDPOINT, else " +
-                     std::string(kDefaultEndpoint) + ")");
-  auto* token_opt =
-      app.add_option("--token", g.token, "manager token (default: $SLUICE_TOKEN or --token-file)");
+                 "daemon URL, http(s)://host:port (default: $SLUICE_ENDPOINT, else " +
+                     std::string(kDefaultEndpoint) + ")")
+      ->type_name("URL");
+  auto* token_opt = app.add_option("--token", g.token,
+                                   "manager token ([api.manager] secret; see Connection below)")
+                        ->type_name("TOKEN");
   auto* token_file_opt =
       app.add_option("--token-file", g.token_file,
                      "file holding the manager token (default: " + std::string(kDefaultTokenFile) +
-                         " if it exists)");
-  app.add_flag("--json", g.json, "machine-readable output: the daemon's JSON answers");
-  app.add_option("--timeout", g.timeout,
-                 "seconds to wait for each network step (connect, send, every read)")
-      ->check(CLI::PositiveNumber)
+                         " if it exists)")
+          ->type_name("FILE");
+  app.add_flag("--json", g.json,
+               "machine-readable output: the daemon's JSON answer ({\"status\": \"ok\", ...} "
+               "when it sends none)");
+  app.add_option(
+         "--timeout", g.timeout,
+         "seconds to wait for each network step (connect, send, every read) before giving up")
+      ->type_name("SECONDS")
       ->capture_default_str();
   app.add_flag("--insecure", g.insecure, "https: do not verify the daemon's certificate");
   app.add_flag_callback(
@@ -1016,6 +1078,14 @@ int RunCli(int argc, char** argv) {
   AddVFolderCommands(app, args, &action);
   AddTaskCommands(app, args, &action);
   app.footer(kRootFooter);
+  // Positionals are named in capitals already; "TEXT" after each name adds nothing.
+  std::function<void(CLI::App*)> untype = [&](CLI::App* sub) {
+    for (CLI::Option* o : sub->get_options())
+      if (o->get_positional() && o->get_lnames().empty() && o->get_snames().empty())
+        o->type_name("");
+    for (CLI::App* child : sub->get_subcommands({})) untype(child);
+  };
+  untype(&app);
 
   try {
     app.parse(argc, argv);

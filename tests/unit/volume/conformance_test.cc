@@ -26,6 +26,9 @@ struct Backend {
   std::function<VolumeConfig(const std::string& dir)> make_config;
 };
 
+// Names the backend in test output instead of dumping the struct's bytes.
+void PrintTo(const Backend& b, std::ostream* os) { *os << b.name; }
+
 std::string ReadFile(const std::string& p) {
   std::ifstream in(p);
   std::stringstream ss;

@@ -8,11 +8,14 @@ PKGS=(
   g++ cmake ninja-build ccache pkg-config git clang-format
   # libraries
   libboost1.74-dev libssl-dev nlohmann-json3-dev libtoml11-dev libspdlog-dev libfmt-dev
-  libcli11-dev libsqlite3-dev
+  libcli11-dev libsqlite3-dev libbtrfsutil-dev libarchive-dev
   # tests
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-pytest python3-requests curl openssl
+  unzip  # `unzip -t` checks the ZIP streams of archive downloads
+  btrfs-progs  # mkfs.btrfs and `btrfs quota enable` for the loop-mounted test filesystem
   # benchmarks
   wrk
+  nginx  # the peer of bench/bench_download.py (started by the script, never as a service)
 )
 
 SUDO=""
@@ -27,9 +30,23 @@ done
 
 if [ "${#missing[@]}" -eq 0 ]; then
   echo "install-deps: all ${#PKGS[@]} packages already installed"
-  exit 0
+else
+  echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-echo "install-deps: installing ${missing[*]}"
-$SUDO apt-get update -q
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+# Node packages of the tests (tus-js-client, tests/tus-client), pinned by its package-lock.json.
+# Node.js and npm come with the machine; Debian's are the fallback.
+if ! command -v npm >/dev/null 2>&1; then
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends nodejs npm
+fi
+TUS_CLIENT="$(cd "$(dirname "$0")/.." && pwd)/tests/tus-client"
+if [ ! -f "$TUS_CLIENT/node_modules/.package-lock.json" ] ||
+  [ "$TUS_CLIENT/package-lock.json" -nt "$TUS_CLIENT/node_modules/.package-lock.json" ]; then
+  echo "install-deps: npm ci in tests/tus-client"
+  npm ci --prefix "$TUS_CLIENT" --no-audit --no-fund
+else
+  echo "install-deps: tests/tus-client node modules up to date"
+fi

@@ -197,14 +197,66 @@ HttpResponse Router::Run(const Route& route, const HttpRequest& req) const {
   }
 }
 
+std::optional<HttpResponse> Router::RunInline(const Route& route, const HttpRequest& req) const {
+  try {
+    return route.try_inline(req);
+  } catch (const std::exception& e) {
+    return std::nullopt;  // the pool runs the request again and reports the error
+  }
+}
+
+void Router::Observe(std::string_view method, std::string_view route, unsigned status,
+                     double started) const {
+  Metrics::Global().ObserveRequest(listener_, method, route, static_cast<int>(status),
+                                   MonotonicSeconds() - started);
+}
+
+void Router::Decorate(HttpResponse& res) const {
+  for (const auto& h : default_headers_) res.headers.push_back(h);
+}
+
+const Route* Router::Find(http::verb method, const std::string& path) const {
+  auto pit = routes_.find(path);
+  if (pit == routes_.end()) return nullptr;
+  auto mit = pit->second.find(method);
+  return mit == pit->second.end() ? nullptr : &mit->second;
+}
+
+bool Router::IsStreaming(http::verb method, const std::string& path) const {
+  const Route* r = Find(method, path);
+  return r && r->stream;
+}
+
+void Router::OpenStream(std::shared_ptr<HttpRequest> req,
+                        std::function<void(StreamStart)> done) const {
+  const Route* route = Find(req->msg.method(), req->path);
+  auto shared_done = std::make_shared<std::function<void(StreamStart)>>(std::move(done));
+  auto run = [this, route, req, shared_done] {
+    StreamStart start;
+    try {
+      start = route->stream(*req);
+    } catch (const std::exception& e) {
+      spdlog::error("{} {}: unexpected exception: {}", req->msg.method_string(), req->path,
+                    e.what());
+      start = ErrorResponse(Status(Code::kInternal, fmt::format("internal error: {}", e.what())));
+    }
+    if (auto* res = std::get_if<HttpResponse>(&start)) Decorate(*res);
+    (*shared_done)(std::move(start));
+  };
+  if (!pool_->Submit(run)) {
+    HttpResponse r = ErrorResponse(Status(Code::kUnavailable, "server is overloaded; retry later"));
+    Decorate(r);
+    (*shared_done)(std::move(r));
+  }
+}
+
 void Router::Dispatch(std::shared_ptr<HttpRequest> req, Responder done) const {
   double t0 = MonotonicSeconds();
   std::string method(req->msg.method_string());
   auto finish = [this, t0, method, done = std::move(done)](std::string route_name,
                                                            HttpResponse res) {
-    for (const auto& h : default_headers_) res.headers.push_back(h);
-    Metrics::Global().ObserveRequest(listener_, method, route_name, static_cast<int>(res.status),
-                                     MonotonicSeconds() - t0);
+    Decorate(res);
+    Observe(method, route_name, res.status, t0);
     done(std::move(res));
   };
 
@@ -250,6 +302,12 @@ void Router::Dispatch(std::shared_ptr<HttpRequest> req, Responder done) const {
   if (!route.blocking) {
     finish(route.name, Run(route, *req));
     return;
+  }
+  if (route.try_inline) {
+    if (auto res = RunInline(route, *req)) {
+      finish(route.name, std::move(*res));
+      return;
+    }
   }
   auto shared_finish = std::make_shared<decltype(finish)>(std::move(finish));
   bool queued = pool_->Submit(

@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <boost/beast/http.hpp>
@@ -41,6 +42,11 @@ struct HttpResponse {
   std::shared_ptr<UniqueFd> file;
   uint64_t file_offset = 0;
   uint64_t file_length = 0;
+  // When set (and `file` is not), the body is produced by calls to `generator` on the worker
+  // pool and sent with chunked transfer encoding: each call fills up to `cap` bytes of `buf` and
+  // returns how many it wrote, 0 at the end. An error aborts the connection, so the client sees
+  // a truncated body, never a wrong one.
+  std::function<Result<size_t>(char* buf, size_t cap)> generator;
 
   static HttpResponse Json(unsigned status, const nlohmann::json& j);
   static HttpResponse NoContent();
@@ -77,11 +83,36 @@ class Params {
 using Handler = std::function<HttpResponse(const HttpRequest&)>;
 using Responder = std::function<void(HttpResponse)>;
 
+// Receives a request body piece by piece, for routes whose bodies are too large to buffer
+// (uploads). Every call runs on the worker pool, one at a time, in order.
+class BodySink {
+ public:
+  virtual ~BodySink() = default;
+  // Consumes the next piece of the body; an error ends the request with that error.
+  virtual Status Write(const char* data, size_t n) = 0;
+  // The whole body has arrived.
+  virtual HttpResponse Finish() = 0;
+  // The connection failed before the body was complete (client gone, timeout).
+  virtual void Abort(const Status& why) = 0;
+};
+
+// What a streaming route answers once the headers are in: a response now (an error, say), or a
+// sink for the body.
+using StreamStart = std::variant<HttpResponse, std::unique_ptr<BodySink>>;
+using StreamHandler = std::function<StreamStart(const HttpRequest&)>;
+
 struct Route {
   std::string name;  // route pattern, the metrics label
   Handler handler;
   bool blocking = true;    // run on the worker pool, never on an event loop
   bool needs_auth = true;  // manager token required
+  // When set, the route streams its request body: `stream` runs (on the pool) once the headers
+  // are read, with an empty body in the request; `handler` is not used.
+  StreamHandler stream;
+  // When set on a blocking route, runs first on the event loop, where it must not block (no
+  // I/O: Lookup::kCachedOnly lookups, no reads). It answers, or returns nullopt to hand the
+  // request to `handler` on the pool. Saves two thread hops on hot read paths.
+  std::function<std::optional<HttpResponse>(const HttpRequest&)> try_inline;
 };
 
 class Router {
@@ -98,8 +129,23 @@ class Router {
   // Calls `done` exactly once, on any thread.
   void Dispatch(std::shared_ptr<HttpRequest> req, Responder done) const;
 
+  // True when `method path` is a streaming route (its body must not be buffered).
+  bool IsStreaming(http::verb method, const std::string& path) const;
+  // For a streaming route: runs its StreamHandler on the pool and calls `done` once with the
+  // outcome. `req` holds the headers only.
+  void OpenStream(std::shared_ptr<HttpRequest> req, std::function<void(StreamStart)> done) const;
+  // Records a finished request whose response did not come from Dispatch.
+  void Observe(std::string_view method, std::string_view route, unsigned status,
+               double started) const;
+  // Adds the default headers to a response produced outside Dispatch.
+  void Decorate(HttpResponse& res) const;
+
+  ThreadPool* pool() const { return pool_; }
+
  private:
   HttpResponse Run(const Route& route, const HttpRequest& req) const;
+  std::optional<HttpResponse> RunInline(const Route& route, const HttpRequest& req) const;
+  const Route* Find(http::verb method, const std::string& path) const;
 
   std::string listener_;
   ThreadPool* pool_;

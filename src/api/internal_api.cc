@@ -17,14 +17,4 @@ std::shared_ptr<Router> MakeInternalRouter(ThreadPool* io_pool, const HealthSour
   return router;
 }
 
-std::shared_ptr<Router> MakeClientRouter(ThreadPool* io_pool, const HealthSource& health) {
-  auto router = std::make_shared<Router>("client", io_pool);
-  AddHealthRoutes(*router, health, "client-facing");
-  router->AddDefaultHeader("Access-Control-Allow-Origin", "*");
-  router->AddDefaultHeader("Access-Control-Expose-Headers",
-                           "Content-Disposition, Content-Length, Content-Range, Upload-Offset, "
-                           "Upload-Length, Tus-Resumable, Tus-Version, Tus-Max-Size, Location");
-  return router;
-}
-
 }  // namespace sluice::api

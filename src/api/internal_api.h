@@ -1,6 +1,4 @@
-// Routers of the internal listener (health, Prometheus /metrics) and of the client-facing
-// listener (downloads and uploads come with the client data API; today it answers status and
-// health, with CORS).
+// The router of the internal listener: health and Prometheus /metrics.
 #pragma once
 
 #include <memory>
@@ -10,6 +8,5 @@
 namespace sluice::api {
 
 std::shared_ptr<Router> MakeInternalRouter(ThreadPool* io_pool, const HealthSource& health);
-std::shared_ptr<Router> MakeClientRouter(ThreadPool* io_pool, const HealthSource& health);
 
 }  // namespace sluice::api

@@ -8,6 +8,7 @@
 #include "common/clock.h"
 #include "common/jwt.h"
 #include "common/path.h"
+#include "service/upload.h"
 
 #ifndef SLUICE_VERSION
 #define SLUICE_VERSION "0.0.0"
@@ -430,13 +431,16 @@ class ManagerApi {
       return ErrorResponse(Status(
           Code::kTooLarge, fmt::format("upload of {} bytes exceeds max-upload-size ({} bytes)",
                                        *size, svc_->config().max_upload_size)));
-    API_ASSIGN_OR_RESPOND(std::string session, t.volume->PrepareUpload(t.vfid));
+    // Sweeps abandoned sessions of the vfolder, checks the quota scope's room, creates the
+    // staging file.
+    auto session = UploadService(svc_).CreateSession(*t.volume, t.vfid, rel, *size);
+    if (!session.ok()) return ErrorResponse(session.status(), {rel});
     nlohmann::json claims = {{"op", "upload"},
                              {"volume", t.volume->name()},
                              {"vfid", t.vfid.ToString()},
                              {"relpath", rel},
                              {"size", *size},
-                             {"session", session},
+                             {"session", *session},
                              {"exp", Expiry()}};
     return Token(claims);
   }

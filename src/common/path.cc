@@ -66,17 +66,21 @@ std::string JoinComponents(const std::vector<std::string>& parts, size_t n) {
   return out;
 }
 
-Result<UniqueFd> OpenBeneath(int dirfd, std::string_view rel, int flags, mode_t mode) {
+Result<UniqueFd> OpenBeneath(int dirfd, std::string_view rel, int flags, mode_t mode,
+                             Lookup lookup) {
   SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(rel));
   std::string path = JoinComponents(parts, parts.size());
   struct open_how how {};
   how.flags = static_cast<unsigned long long>(flags | O_CLOEXEC);
   how.mode = (flags & (O_CREAT | O_TMPFILE)) ? mode : 0;
   how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  if (lookup == Lookup::kCachedOnly) how.resolve |= RESOLVE_CACHED;
   for (;;) {
     long fd = SysOpenat2(dirfd, path.c_str(), &how);
     if (fd >= 0) return UniqueFd(static_cast<int>(fd));
     int err = errno;
+    if (err == EAGAIN && lookup == Lookup::kCachedOnly)
+      return Status(Code::kUnavailable, fmt::format("'{}' is not in the lookup cache", rel), err);
     if (err == EINTR || err == EAGAIN) continue;
     if (err == EXDEV || err == ELOOP)
       return Status(Code::kInvalidPath, fmt::format("path '{}' resolves outside the folder", rel),

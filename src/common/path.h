@@ -25,9 +25,15 @@ Status ValidateName(std::string_view name);
 // Joins validated components with '/' ("." when empty).
 std::string JoinComponents(const std::vector<std::string>& parts, size_t n);
 
+// How a lookup may proceed. kCachedOnly (openat2 RESOLVE_CACHED) does no I/O and no
+// revalidation: when the path is not entirely in the kernel's dentry cache it fails with
+// kUnavailable (EAGAIN) at once, so an event loop can try it and leave the slow case to a pool.
+enum class Lookup { kMayBlock, kCachedOnly };
+
 // Opens `rel` beneath `dirfd`. Symlinks are followed only while they stay beneath `dirfd`;
 // an escape yields kInvalidPath.
-Result<UniqueFd> OpenBeneath(int dirfd, std::string_view rel, int flags, mode_t mode = 0);
+Result<UniqueFd> OpenBeneath(int dirfd, std::string_view rel, int flags, mode_t mode = 0,
+                             Lookup lookup = Lookup::kMayBlock);
 
 // The directory that holds the last component of `rel`, opened beneath `rootfd`, and that
 // component's name. `rel` must have at least one component.

@@ -13,12 +13,14 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "api/client_api.h"
 #include "api/internal_api.h"
 #include "api/manager_api.h"
 #include "api/server.h"
 #include "common/log.h"
 #include "common/secrets.h"
 #include "service/storage_service.h"
+#include "service/upload.h"
 #include "volume/registry.h"
 
 namespace sluice {
@@ -155,6 +157,9 @@ int RunDaemon(Config cfg) {
     volumes.push_back(std::move(v).value());
   }
   StorageService service(cfg, std::move(volumes), &task_pool);
+  // Removes upload sessions abandoned for longer than session-expire: now, then periodically.
+  UploadJanitor upload_janitor(&service);
+  upload_janitor.Start();
 
   size_t nloops = cfg.num_proc > 0 ? static_cast<size_t>(cfg.num_proc)
                                    : std::max(1u, std::thread::hardware_concurrency());
@@ -181,7 +186,8 @@ int RunDaemon(Config cfg) {
   };
   st = make_server("manager", cfg.manager,
                    api::MakeManagerRouter(&service, &io_pool, cfg.manager_secret, health));
-  if (st.ok()) st = make_server("client", cfg.client, api::MakeClientRouter(&io_pool, health));
+  if (st.ok())
+    st = make_server("client", cfg.client, api::MakeClientRouter(&service, &io_pool, health));
   if (st.ok())
     st = make_server("internal", ListenerConfig{cfg.internal, false, "", ""},
                      api::MakeInternalRouter(&io_pool, health));

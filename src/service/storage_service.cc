@@ -108,6 +108,8 @@ Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
                           *q.limit_bytes > q.used_bytes ? *q.limit_bytes - q.used_bytes : 0,
                           *q.limit_bytes));
       }
+      // Within one volume the backend may clone faster (snapshot, reflink).
+      if (sv == dv) return dv->CloneVFolderInto(src, dst);
       return sv->fsop().CopyTree(sv->VFolderPath(src), dv->VFolderPath(dst));
     };
     Status st = copy();

@@ -2,8 +2,10 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -124,8 +126,21 @@ std::string PosixVolume::VFolderPath(const VFolderId& vfid) const {
   return fmt::format("{}/{}", cfg_.path, tail);
 }
 
-Result<UniqueFd> PosixVolume::OpenVFolderRoot(const VFolderId& vfid) const {
-  int fd = ::open(VFolderPath(vfid).c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+Result<UniqueFd> PosixVolume::OpenVFolderRoot(const VFolderId& vfid, Lookup lookup) const {
+  const int flags = O_PATH | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW;
+  int fd;
+  if (lookup == Lookup::kCachedOnly) {
+    struct open_how how {};
+    how.flags = flags;
+    how.resolve = RESOLVE_CACHED;
+    fd = static_cast<int>(
+        ::syscall(SYS_openat2, AT_FDCWD, VFolderPath(vfid).c_str(), &how, sizeof(how)));
+    if (fd < 0 && errno == EAGAIN)
+      return Status(Code::kUnavailable,
+                    fmt::format("vfolder {} is not in the lookup cache", vfid.ToString()), EAGAIN);
+  } else {
+    fd = ::open(VFolderPath(vfid).c_str(), flags);
+  }
   if (fd < 0) {
     if (errno == ENOENT || errno == ENOTDIR) return NotFoundVFolder(vfid, cfg_.name);
     return Status::FromErrno(errno, fmt::format("open vfolder {}", vfid.ToString()));
@@ -360,7 +375,9 @@ Status PosixVolume::Move(const VFolderId& vfid, std::string_view src, std::strin
 
 Result<Volume::OpenFile> PosixVolume::OpenForRead(const VFolderId& vfid, std::string_view relpath) {
   SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
-  SLUICE_ASSIGN_OR_RETURN(UniqueFd fd, OpenBeneath(root.get(), relpath, O_RDONLY));
+  // O_NONBLOCK: opening a FIFO must not park a worker thread until a writer shows up (the fd
+  // is refused below as not a regular file; for regular files the flag changes nothing).
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd fd, OpenBeneath(root.get(), relpath, O_RDONLY | O_NONBLOCK));
   struct stat sb;
   if (::fstat(fd.get(), &sb) != 0) return Status::FromErrno(errno, "fstat");
   if (!S_ISREG(sb.st_mode))

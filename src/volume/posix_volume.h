@@ -46,6 +46,8 @@ class PosixVolume : public Volume {
                 std::string_view new_name) override;
   Status Move(const VFolderId& vfid, std::string_view src, std::string_view dst) override;
   Result<OpenFile> OpenForRead(const VFolderId& vfid, std::string_view relpath) override;
+  Result<UniqueFd> OpenVFolderRoot(const VFolderId& vfid,
+                                   Lookup lookup = Lookup::kMayBlock) const override;
   Status DeleteFiles(const VFolderId& vfid, const std::vector<std::string>& relpaths,
                      bool recursive) override;
   Result<std::string> PrepareUpload(const VFolderId& vfid) override;
@@ -57,9 +59,6 @@ class PosixVolume : public Volume {
   std::string TrashDir() const;
 
  protected:
-  // The vfolder root, opened O_PATH; kNotFound naming the vfolder when missing.
-  Result<UniqueFd> OpenVFolderRoot(const VFolderId& vfid) const;
-
   VolumeConfig cfg_;
   PosixFSOpModel fsop_;
   VolumeIoStats* io_stats_;

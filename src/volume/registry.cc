@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "volume/btrfs/btrfs_volume.h"
 #include "volume/vfs/vfs_volume.h"
 
 namespace sluice {
@@ -19,6 +20,16 @@ VolumeRegistry& VolumeRegistry::Builtin() {
                 fmt::format("volume.{}.options: the vfs backend takes no options (got {})",
                             cfg.name, cfg.options.dump()));
           return std::unique_ptr<Volume>(new VfsVolume(cfg, deps.scan_pool));
+        });
+    reg->Register(
+        "btrfs",
+        [](const VolumeConfig& cfg, const VolumeDeps& deps) -> Result<std::unique_ptr<Volume>> {
+          if (!cfg.options.empty())
+            return Status(
+                Code::kInvalidArgument,
+                fmt::format("volume.{}.options: the btrfs backend takes no options (got {})",
+                            cfg.name, cfg.options.dump()));
+          return std::unique_ptr<Volume>(new BtrfsVolume(cfg, deps.scan_pool));
         });
     return reg;
   }();

@@ -15,6 +15,7 @@
 
 #include "common/fd.h"
 #include "common/metrics.h"
+#include "common/path.h"
 #include "common/status.h"
 #include "volume/ids.h"
 
@@ -129,6 +130,11 @@ class Volume {
   virtual HwInfo GetHwInfo() = 0;
   // Absolute path of `subpath` inside the vfolder, checked to stay inside it.
   virtual Result<std::string> MountPath(const VFolderId& vfid, std::string_view subpath) = 0;
+  // Fills the existing, empty vfolder `dst` with a copy of `src`, both on this volume. Backends
+  // with a faster way (snapshot, reflink) override it; the default copies the tree.
+  virtual Status CloneVFolderInto(const VFolderId& src, const VFolderId& dst) {
+    return fsop().CopyTree(VFolderPath(src), VFolderPath(dst));
+  }
 
   // --- file operations inside a vfolder; every path is resolved beneath the vfolder root ---
   // kInvalidPath when `relpath` is hostile as text or when the part of it that exists resolves
@@ -147,6 +153,11 @@ class Volume {
     std::chrono::system_clock::time_point modified;
   };
   virtual Result<OpenFile> OpenForRead(const VFolderId& vfid, std::string_view relpath) = 0;
+  // The vfolder's root directory, opened O_PATH: the directory fd that paths inside the vfolder
+  // are resolved beneath (OpenBeneath). kNotFound naming the vfolder when it is missing. With
+  // Lookup::kCachedOnly it does no I/O: kUnavailable when the lookup would need some.
+  virtual Result<UniqueFd> OpenVFolderRoot(const VFolderId& vfid,
+                                           Lookup lookup = Lookup::kMayBlock) const = 0;
   // Creates an upload session: an empty staging file in the vfolder's ".upload" directory,
   // named by the returned session id.
   virtual Result<std::string> PrepareUpload(const VFolderId& vfid) = 0;

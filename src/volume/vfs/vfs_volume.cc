@@ -148,4 +148,28 @@ std::set<std::string> VfsVolume::capabilities() const {
   return {kCapVFolder, kCapQuota, kCapMetric};
 }
 
+Result<TreeUsage> VfsVolume::GetUsage(const VFolderId& vfid) {
+  SLUICE_RETURN_IF_ERROR(CheckVFolder(vfid));
+  std::string path = VFolderPath(vfid);
+  std::promise<Result<TreeUsage>> promise;
+  std::shared_future<Result<TreeUsage>> running;
+  {
+    std::lock_guard lk(scans_mu_);
+    auto it = scans_.find(path);
+    if (it != scans_.end()) {
+      running = it->second;
+    } else {
+      scans_.emplace(path, promise.get_future().share());
+    }
+  }
+  if (running.valid()) return running.get();
+  Result<TreeUsage> r = fsop_.ScanTree(path);
+  {
+    std::lock_guard lk(scans_mu_);
+    scans_.erase(path);
+  }
+  promise.set_value(r);
+  return r;
+}
+
 }  // namespace sluice

@@ -2,7 +2,10 @@
 // beside its vfolders and enforced by Sluice on writes that go through it.
 #pragma once
 
+#include <future>
+#include <map>
 #include <memory>
+#include <mutex>
 
 #include "volume/posix_volume.h"
 
@@ -37,8 +40,14 @@ class VfsVolume : public PosixVolume {
   std::set<std::string> capabilities() const override;
   QuotaModel& quota() override { return quota_; }
 
+  // A tree walk per request, but requests for a vfolder whose walk is already running share
+  // that walk's result instead of starting another (a burst of N requests costs one walk).
+  Result<TreeUsage> GetUsage(const VFolderId& vfid) override;
+
  private:
   VfsQuotaModel quota_;
+  std::mutex scans_mu_;
+  std::map<std::string, std::shared_future<Result<TreeUsage>>> scans_;
 };
 
 }  // namespace sluice

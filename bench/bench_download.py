@@ -1,0 +1,335 @@
+#!/usr/bin/python3
+"""Download benchmarks: sluiced's GET /download against nginx serving the same tree, same run.
+
+  small   N files of S bytes fetched at random over C keep-alive connections (wrk + Lua)
+          -> requests/s for both, and the ratio
+  large   one big file fetched over and over on one connection -> GB/s for both, and the ratio
+
+nginx runs with `sendfile on; access_log off; worker_processes 2` on a generated config (free
+port, pid file and logs in a temp dir) and is stopped by its pid. sluiced serves the same files
+through per-file download tokens minted ahead of time. Ratios > 1 mean Sluice is faster.
+
+Both servers, wrk and everything else share this machine's cores: on a small machine the
+numbers are noisy and each server competes with wrk for CPU. Each measurement is run --rounds
+times, alternating the servers, and the best round of each is reported.
+
+  /usr/bin/python3 bench/bench_download.py [--files 10000] [--file-size 4k] [--big 1g]
+                                           [--conns 64] [--duration 10] [--rounds 2]
+                                           [--only small,large]
+"""
+import argparse
+import concurrent.futures
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import requests
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.environ.get("SLUICE_BIN_DIR", os.path.join(REPO, "build", "release", "bin"))
+MANAGER_TOKEN = "bench-manager-secret"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_size(s):
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgt]?)", s.lower())
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad size {s!r}")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
+
+
+def wait_port(port, proc, what, log):
+    for _ in range(400):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}; see {log}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.025)
+    raise RuntimeError(f"{what} did not listen on {port}; see {log}")
+
+
+class Sluiced:
+    def __init__(self, root):
+        self.vol = os.path.join(root, "vol")
+        os.makedirs(self.vol)
+        self.client_port, self.manager_port = free_port(), free_port()
+        cfg = os.path.join(root, "sluice.toml")
+        with open(cfg, "w") as f:
+            f.write(f"""
+[storage-proxy]
+secret = "bench-token-secret"
+session-expire = "1d"
+[api.client]
+service-addr = {{ host = "127.0.0.1", port = {self.client_port} }}
+[api.manager]
+service-addr = {{ host = "127.0.0.1", port = {self.manager_port} }}
+internal-addr = {{ host = "127.0.0.1", port = {free_port()} }}
+secret = "{MANAGER_TOKEN}"
+[sluice]
+state-dir = "{root}/state"
+log-level = "warning"
+[volume.local]
+backend = "vfs"
+path = "{self.vol}"
+""")
+        self.log = os.path.join(root, "sluiced.log")
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen([os.path.join(BIN, "sluiced"), "--config", cfg],
+                                         stdout=log, stderr=subprocess.STDOUT)
+        wait_port(self.manager_port, self.proc, "sluiced", self.log)
+        wait_port(self.client_port, self.proc, "sluiced", self.log)
+        self.mgr = f"http://127.0.0.1:{self.manager_port}"
+        self.base = f"http://127.0.0.1:{self.client_port}"
+
+    def call(self, session, path, **body):
+        r = session.post(self.mgr + path, json=body, timeout=60,
+                         headers={"X-BackendAI-Storage-Auth-Token": MANAGER_TOKEN})
+        if r.status_code >= 300:
+            raise RuntimeError(f"{path}: {r.status_code} {r.text}")
+        return r.json() if r.content else None
+
+    def new_vfolder(self):
+        vfid = f"user:{uuid.uuid4().hex}/{uuid.uuid4().hex}"
+        self.call(requests, "/folder/create", volume="local", vfid=vfid)
+        r = requests.get(self.mgr + "/folder/mount", json={"volume": "local", "vfid": vfid},
+                         headers={"X-BackendAI-Storage-Auth-Token": MANAGER_TOKEN}, timeout=60)
+        return vfid, r.json()["path"]
+
+    def tokens(self, vfid, relpaths):
+        """Download URLs (path and query) for relpaths, minted in parallel."""
+        def mint(chunk):
+            with requests.Session() as s:
+                return [self.call(s, "/folder/file/download", volume="local", vfid=vfid,
+                                  relpath=rel)["token"] for rel in chunk]
+        chunks = [relpaths[i::8] for i in range(8)]
+        with concurrent.futures.ThreadPoolExecutor(8) as ex:
+            results = list(ex.map(mint, chunks))
+        by_rel = {}
+        for chunk, toks in zip(chunks, results):
+            by_rel.update(zip(chunk, toks))
+        return [f"/download?token={by_rel[rel]}" for rel in relpaths]
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(30)
+
+
+class Nginx:
+    def __init__(self, root, docroot):
+        self.dir = tempfile.mkdtemp(prefix="nginx-", dir=root)
+        os.makedirs(os.path.join(self.dir, "tmp"))
+        self.port = free_port()
+        self.pid_file = os.path.join(self.dir, "nginx.pid")
+        conf = os.path.join(self.dir, "nginx.conf")
+        # vfolders are mode 0700: running as root, the workers must stay root to read them.
+        user = "user root;" if os.geteuid() == 0 else ""
+        with open(conf, "w") as f:
+            f.write(f"""
+{user}
+worker_processes 2;
+pid {self.pid_file};
+error_log {self.dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  sendfile on;
+  access_log off;
+  keepalive_requests 1000000;
+  client_body_temp_path {self.dir}/tmp/body;
+  proxy_temp_path {self.dir}/tmp/proxy;
+  fastcgi_temp_path {self.dir}/tmp/fastcgi;
+  uwsgi_temp_path {self.dir}/tmp/uwsgi;
+  scgi_temp_path {self.dir}/tmp/scgi;
+  default_type application/octet-stream;
+  server {{
+    listen 127.0.0.1:{self.port};
+    root {docroot};
+    location / {{ }}
+  }}
+}}
+""")
+        self.log = os.path.join(self.dir, "error.log")
+        subprocess.run(["nginx", "-p", self.dir, "-e", self.log, "-c", conf], check=True)
+        for _ in range(200):
+            if os.path.exists(self.pid_file):
+                break
+            time.sleep(0.025)
+        with open(self.pid_file) as f:
+            self.pid = int(f.read().strip())
+        self.base = f"http://127.0.0.1:{self.port}"
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.025)
+        raise RuntimeError(f"nginx did not listen; see {self.log}")
+
+    def stop(self):
+        os.kill(self.pid, signal.SIGQUIT)  # graceful shutdown of master and workers
+        for _ in range(400):
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.025)
+        os.kill(self.pid, signal.SIGKILL)
+
+
+LUA = """
+local paths = {}
+for line in io.lines(os.getenv("BENCH_PATHS")) do paths[#paths + 1] = line end
+local n = #paths
+math.randomseed(os.time() + tonumber(tostring({}):sub(8), 16))
+request = function()
+  return wrk.format("GET", paths[math.random(n)])
+end
+"""
+
+UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
+
+
+def wrk(base, paths_file, lua, conns, threads, duration, path="/"):
+    env = dict(os.environ, BENCH_PATHS=paths_file or "")
+    cmd = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{duration}s", "--timeout", "60s"]
+    if lua:
+        cmd += ["-s", lua]
+    out = subprocess.run(cmd + [base + path], check=True, capture_output=True, text=True,
+                         env=env).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    m = re.search(r"Transfer/sec:\s+([\d.]+)([KMGT]?B)", out)
+    bps = float(m.group(1)) * UNITS[m.group(2)]
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    socket_errors = re.search(r"Socket errors: (.*)", out)
+    if errors or socket_errors:
+        raise RuntimeError(f"wrk saw errors against {base}:\n{out}")
+    return rps, bps
+
+
+def make_small_tree(path, files, size):
+    rels = []
+    data = os.urandom(size)
+    for i in range(files):
+        d = f"d{i // 1000:03d}"
+        if i % 1000 == 0:
+            os.makedirs(os.path.join(path, d), exist_ok=True)
+        rel = f"{d}/f{i:05d}"
+        with open(os.path.join(path, rel), "wb") as f:
+            f.write(data)
+        rels.append(rel)
+    return rels
+
+
+def best_alternating(rounds, runs):
+    """runs: {name: fn}; calls them alternately `rounds` times; the best result of each."""
+    best = {}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            r = fn()
+            if name not in best or r[0] > best[name][0]:
+                best[name] = r
+    return best
+
+
+def bench_small(s, root, args):
+    vfid, path = s.new_vfolder()
+    t0 = time.perf_counter()
+    rels = make_small_tree(path, args.files, args.file_size)
+    urls = s.tokens(vfid, rels)
+    print(f"small: {args.files} files of {args.file_size} B made and tokens minted in "
+          f"{time.perf_counter() - t0:.1f} s")
+    # Both servers must give the same bytes for the same file.
+    probe = requests.get(s.base + urls[0], timeout=30).content
+    ngx = Nginx(root, path)
+    try:
+        assert requests.get(ngx.base + "/" + rels[0], timeout=30).content == probe
+        lua = os.path.join(root, "random.lua")
+        with open(lua, "w") as f:
+            f.write(LUA)
+        sl_paths = os.path.join(root, "sluice-paths.txt")
+        ng_paths = os.path.join(root, "nginx-paths.txt")
+        with open(sl_paths, "w") as f:
+            f.write("\n".join(urls) + "\n")
+        with open(ng_paths, "w") as f:
+            f.write("\n".join("/" + r for r in rels) + "\n")
+        threads = min(2, args.conns)
+        best = best_alternating(args.rounds, {
+            "nginx": lambda: wrk(ngx.base, ng_paths, lua, args.conns, threads, args.duration),
+            "sluice": lambda: wrk(s.base, sl_paths, lua, args.conns, threads, args.duration),
+        })
+    finally:
+        ngx.stop()
+    sl, ng = best["sluice"][0], best["nginx"][0]
+    print(f"small: {args.files} files of {args.file_size} B at random, {args.conns} connections "
+          f"(wrk -t{threads}, {args.duration} s, best of {args.rounds}): sluice {sl:,.0f} req/s, "
+          f"nginx {ng:,.0f} req/s, ratio {sl / ng:.2f}x")
+
+
+def bench_large(s, root, args):
+    vfid, path = s.new_vfolder()
+    big = os.path.join(path, "big.bin")
+    chunk = os.urandom(1 << 20)
+    with open(big, "wb") as f:
+        for _ in range(args.big // len(chunk)):
+            f.write(chunk)
+    subprocess.run(["cat", big], stdout=subprocess.DEVNULL, check=True)  # into the page cache
+    url = s.tokens(vfid, ["big.bin"])[0]
+    ngx = Nginx(root, path)
+    try:
+        best = best_alternating(args.rounds, {
+            "nginx": lambda: wrk(ngx.base, None, None, 1, 1, args.duration, "/big.bin"),
+            "sluice": lambda: wrk(s.base, None, None, 1, 1, args.duration, url),
+        })
+    finally:
+        ngx.stop()
+    sl, ng = best["sluice"][1], best["nginx"][1]
+    print(f"large: one {args.big >> 20} MiB file over one connection (wrk -t1 -c1, "
+          f"{args.duration} s, best of {args.rounds}): sluice {sl / 1e9:.2f} GB/s, "
+          f"nginx {ng / 1e9:.2f} GB/s, ratio {sl / ng:.2f}x")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--files", type=int, default=10000)
+    ap.add_argument("--file-size", type=parse_size, default=parse_size("4k"))
+    ap.add_argument("--big", type=parse_size, default=parse_size("1g"))
+    ap.add_argument("--conns", type=int, default=64)
+    ap.add_argument("--duration", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--only", default="small,large")
+    ap.add_argument("--workdir", default=None, help="where to put data (default: a temp dir)")
+    args = ap.parse_args()
+    for tool in ("wrk", "nginx"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} is not installed (scripts/install-deps.sh installs it)")
+    only = set(args.only.split(","))
+    root = tempfile.mkdtemp(prefix="sluice-bench-dl-", dir=args.workdir)
+    os.chmod(root, 0o755)
+    s = Sluiced(root)
+    try:
+        print(f"machine: {os.cpu_count()} cores shared by sluiced/nginx and wrk")
+        if "small" in only:
+            bench_small(s, root, args)
+        if "large" in only:
+            bench_large(s, root, args)
+    finally:
+        s.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,257 @@
+// Client-facing uploads: the tus 1.0.0 core protocol on /upload (Backend.AI storage-proxy
+// compatible). Sessions are created by the manager (POST /folder/file/upload), which hands out
+// a token with claims {op: "upload", volume, vfid, relpath, size, session, exp}.
+//
+//   OPTIONS /upload          Tus-Version, Tus-Max-Size (= max-upload-size), CORS preflight
+//   HEAD    /upload?token=…  Upload-Offset (durable bytes), Upload-Length, Cache-Control: no-store
+//   PATCH   /upload?token=…  appends the body at Upload-Offset; 204 with the new Upload-Offset
+//
+// The body of a PATCH streams to the staging file through a BodySink (never buffered whole);
+// the session logic (durable offsets, the one-writer lock, completion) is service/upload.h.
+#include <charconv>
+#include <limits>
+
+#include <boost/beast/core/string.hpp>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "api/client_api.h"
+#include "service/storage_service.h"
+#include "service/upload.h"
+
+namespace sluice::api {
+
+namespace {
+
+constexpr const char* kTusVersion = "1.0.0";
+constexpr const char* kOffsetType = "application/offset+octet-stream";
+constexpr const char* kTusRequestHeaders =
+    "Tus-Resumable, Upload-Length, Upload-Metadata, Upload-Offset, Content-Type";
+
+void AddTus(HttpResponse& r) {
+  r.headers.emplace_back("Tus-Resumable", kTusVersion);
+}
+
+HttpResponse TusError(const Status& st, std::optional<uint64_t> offset = std::nullopt) {
+  HttpResponse r = ErrorResponse(st);
+  AddTus(r);
+  if (offset) r.headers.emplace_back("Upload-Offset", std::to_string(*offset));
+  return r;
+}
+
+// A problem+json answer with a status that no Status code maps to (412, 415).
+HttpResponse Problem(unsigned status, std::string_view title, std::string msg) {
+  HttpResponse r = HttpResponse::Json(
+      status, {{"type", fmt::format("https://api.backend.ai/probs/storage/{}", title)},
+               {"title", title},
+               {"status", status},
+               {"msg", std::move(msg)}});
+  r.content_type = "application/problem+json";
+  AddTus(r);
+  return r;
+}
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// The value of a header that may appear at most once; nullopt when absent.
+Result<std::optional<std::string_view>> SingleHeader(const HttpRequest& req,
+                                                     std::string_view name) {
+  if (req.msg.count(name) > 1)
+    return Status(Code::kInvalidArgument, fmt::format("header {} appears more than once", name));
+  auto it = req.msg.find(name);
+  if (it == req.msg.end()) return std::optional<std::string_view>();
+  return std::optional<std::string_view>(Trim(it->value()));
+}
+
+// A non-negative decimal integer, digits only (no sign, no spaces inside, no overflow).
+Result<uint64_t> ParseCount(std::string_view v, std::string_view what) {
+  uint64_t out = 0;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (v.empty() || ec != std::errc() || end != v.data() + v.size() || v.front() == '+' ||
+      v.front() == '-')
+    return Status(Code::kInvalidArgument,
+                  fmt::format("{} must be a non-negative decimal integer, not '{}'", what, v));
+  return out;
+}
+
+std::optional<std::string> DstDir(const HttpRequest& req) {
+  auto it = req.query.find("dst_dir");
+  if (it == req.query.end()) return std::nullopt;
+  return it->second;
+}
+
+// The session a request's token names, or the response that refuses it.
+struct Resolved {
+  UploadTarget target;
+  std::optional<HttpResponse> refusal;
+};
+
+Resolved Resolve(const HttpRequest& req, const UploadService& uploads, const std::string& secret,
+                 uint64_t max_upload_size) {
+  Resolved out;
+  auto claims = VerifySessionToken(req, secret, "op", "upload");
+  if (!claims.ok()) {
+    out.refusal = TusError(claims.status());
+    return out;
+  }
+  auto t = uploads.ResolveClaims(*claims, DstDir(req));
+  if (!t.ok()) {
+    out.refusal = TusError(t.status());
+    return out;
+  }
+  if (t->size > max_upload_size) {
+    out.refusal = TusError(
+        Status(Code::kTooLarge, fmt::format("upload of {} bytes exceeds max-upload-size ({} bytes)",
+                                            t->size, max_upload_size)));
+    return out;
+  }
+  out.target = std::move(t).value();
+  return out;
+}
+
+// Streams one PATCH body into the session.
+class TusSink : public BodySink {
+ public:
+  explicit TusSink(std::unique_ptr<UploadWriter> w) : w_(std::move(w)) {}
+
+  Status Write(const char* data, size_t n) override { return w_->Write(data, n); }
+
+  HttpResponse Finish() override {
+    finished_ = true;
+    auto off = w_->Finish();
+    if (!off.ok()) return TusError(off.status(), w_->durable_offset());
+    HttpResponse r = HttpResponse::NoContent();
+    AddTus(r);
+    r.headers.emplace_back("Upload-Offset", std::to_string(*off));
+    return r;
+  }
+
+  void Abort(const Status& why) override {
+    if (finished_) return;  // Finish failed; it has settled the session already
+    w_->Abort();
+    spdlog::info("upload PATCH ended early ({}); {} bytes durable", why.message(),
+                 w_->durable_offset());
+  }
+
+ private:
+  std::unique_ptr<UploadWriter> w_;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+void AddUploadRoutes(Router& router, StorageService* service) {
+  auto uploads = std::make_shared<UploadService>(service);
+  const std::string secret = service->config().secret;
+  const uint64_t max_size = service->config().max_upload_size;
+
+  router.Add(http::verb::options, "/upload",
+             Route{.name = "/upload",
+                   .handler =
+                       [max_size](const HttpRequest&) {
+                         HttpResponse r = HttpResponse::NoContent();
+                         AddTus(r);
+                         r.headers.emplace_back("Tus-Version", kTusVersion);
+                         r.headers.emplace_back("Tus-Max-Size", std::to_string(max_size));
+                         r.headers.emplace_back("Access-Control-Allow-Methods",
+                                                "OPTIONS, HEAD, PATCH");
+                         r.headers.emplace_back("Access-Control-Allow-Headers", kTusRequestHeaders);
+                         r.headers.emplace_back("Access-Control-Max-Age", "86400");
+                         return r;
+                       },
+                   .blocking = false,
+                   .needs_auth = false});
+
+  router.Add(http::verb::head, "/upload",
+             Route{.name = "/upload",
+                   .handler =
+                       [uploads, secret, max_size](const HttpRequest& req) {
+                         Resolved r = Resolve(req, *uploads, secret, max_size);
+                         if (r.refusal) return std::move(*r.refusal);
+                         auto p = uploads->Query(r.target);
+                         if (!p.ok()) return TusError(p.status());
+                         HttpResponse res = HttpResponse::NoContent();
+                         res.status = 200;
+                         AddTus(res);
+                         res.headers.emplace_back("Upload-Offset", std::to_string(p->offset));
+                         res.headers.emplace_back("Upload-Length", std::to_string(p->size));
+                         res.headers.emplace_back("Cache-Control", "no-store");
+                         return res;
+                       },
+                   .needs_auth = false});
+
+  router.Add(
+      http::verb::patch, "/upload",
+      Route{.name = "/upload",
+            .needs_auth = false,
+            .stream = [uploads, secret, max_size](const HttpRequest& req) -> StreamStart {
+              // Protocol checks first: they need no disk access.
+              auto resumable = SingleHeader(req, "Tus-Resumable");
+              if (!resumable.ok()) return TusError(resumable.status());
+              if (!*resumable || **resumable != kTusVersion) {
+                HttpResponse r = Problem(
+                    412, "PreconditionFailed",
+                    *resumable ? fmt::format("Tus-Resumable {} is not supported", **resumable)
+                               : std::string("the Tus-Resumable header is required"));
+                r.headers.emplace_back("Tus-Version", kTusVersion);
+                return r;
+              }
+              auto ctype = SingleHeader(req, "Content-Type");
+              if (!ctype.ok()) return TusError(ctype.status());
+              std::string_view media =
+                  *ctype ? Trim((*ctype)->substr(0, (*ctype)->find(';'))) : std::string_view();
+              if (!boost::beast::iequals(media, kOffsetType))
+                return Problem(415, "UnsupportedMediaType",
+                               fmt::format("Content-Type must be {}", kOffsetType));
+              auto off_h = SingleHeader(req, "Upload-Offset");
+              if (!off_h.ok()) return TusError(off_h.status());
+              if (!*off_h)
+                return TusError(
+                    Status(Code::kInvalidArgument, "the Upload-Offset header is required"));
+              auto offset = ParseCount(**off_h, "Upload-Offset");
+              if (!offset.ok()) return TusError(offset.status());
+              std::optional<uint64_t> body_len;
+              if (req.msg.find(http::field::content_length) != req.msg.end()) {
+                auto cl = SingleHeader(req, "Content-Length");
+                if (!cl.ok()) return TusError(cl.status());
+                auto n = ParseCount(**cl, "Content-Length");
+                if (!n.ok()) return TusError(n.status());
+                body_len = *n;
+              }
+
+              Resolved r = Resolve(req, *uploads, secret, max_size);
+              if (r.refusal) return std::move(*r.refusal);
+              const UploadTarget& t = r.target;
+              auto len_h = SingleHeader(req, "Upload-Length");
+              if (!len_h.ok()) return TusError(len_h.status());
+              if (*len_h) {
+                auto len = ParseCount(**len_h, "Upload-Length");
+                if (!len.ok()) return TusError(len.status());
+                if (*len != t.size)
+                  return TusError(
+                      Status(Code::kInvalidArgument,
+                             fmt::format("Upload-Length {} differs from the session's length {}",
+                                         *len, t.size)));
+              }
+              if (*offset > t.size || (body_len && *body_len > t.size - *offset))
+                return TusError(
+                    Status(Code::kTooLarge,
+                           fmt::format("{} bytes at offset {} run past the upload's length {}",
+                                       body_len.value_or(0), *offset, t.size)));
+
+              constexpr uint64_t kUnknown = std::numeric_limits<uint64_t>::max();
+              uint64_t current = kUnknown;
+              auto w = uploads->BeginWrite(t, *offset, &current);
+              if (!w.ok())
+                return TusError(w.status(), current != kUnknown ? std::optional<uint64_t>(current)
+                                                                : std::nullopt);
+              return std::unique_ptr<BodySink>(new TusSink(std::move(w).value()));
+            }});
+}
+
+}  // namespace sluice::api

@@ -1,0 +1,102 @@
+// A ZIP archive of files and directory trees inside a vfolder, produced piece by piece as the
+// client reads it (libarchive writing into a small buffer), never built in memory or on disk.
+//
+// Memory does not grow with the data: one read chunk of file data, its compressed form, one
+// directory stream per level of the walk (at most kMaxZipDepth levels), and the central
+// directory that ZIP needs at the end (about 100 bytes per entry, at most kMaxZipEntries).
+// Inside walked directories, symbolic links and special files are skipped (with a log line).
+#pragma once
+
+#include <sys/stat.h>
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/fd.h"
+#include "common/status.h"
+
+struct archive;
+struct archive_entry;
+
+namespace sluice::api {
+
+// Deepest directory nesting a walk descends into; deeper trees fail the stream.
+inline constexpr size_t kMaxZipDepth = 256;
+// Most entries one archive may hold. ZIP keeps a central directory at the end, so the writer
+// remembers every entry's name, CRC and offset until then (about 100 bytes per entry): this
+// bounds that memory (to about 100 MiB).
+inline constexpr uint64_t kMaxZipEntries = 1000000;
+
+// A regular file or directory opened beneath the vfolder root for archiving.
+struct ArchiveMember {
+  UniqueFd fd;  // O_RDONLY (a directory: O_DIRECTORY)
+  struct stat st {};
+};
+
+// Opens `rel` beneath `rootfd` for an archive: intermediate components may be symlinks that stay
+// inside the vfolder, but the last component must be a regular file or a directory itself.
+// kInvalidPath for escapes, symlinks and special files; kNotFound when missing.
+Result<ArchiveMember> OpenArchiveMember(int rootfd, std::string_view rel);
+
+struct ZipSource {
+  // Name in the archive: "" puts a directory's contents at the top of the archive.
+  std::string arcname;
+  // Either an open member (fd valid) or a path beneath the root to open when its turn comes.
+  ArchiveMember member;
+  std::string rel;
+  // Skip the upload staging directory (".upload") directly inside this directory: set when the
+  // source is the vfolder root.
+  bool skip_upload_dir = false;
+};
+
+class ZipStream {
+ public:
+  // `root`: the vfolder root (an O_PATH directory fd is enough); `label` names the download in
+  // log lines.
+  ZipStream(std::shared_ptr<UniqueFd> root, std::vector<ZipSource> sources, std::string label);
+  ~ZipStream();
+  ZipStream(const ZipStream&) = delete;
+  ZipStream& operator=(const ZipStream&) = delete;
+
+  // Fills up to `cap` bytes of `buf` with the next part of the archive; 0 at the end. After an
+  // error the stream is unusable (the response must be cut short).
+  Result<size_t> Read(char* buf, size_t cap);
+
+  bool finished() const { return finished_; }
+  uint64_t files_written() const { return files_; }
+  uint64_t entries_skipped() const { return skipped_; }
+  uint64_t bytes_read() const { return bytes_read_; }
+
+ private:
+  struct Frame;
+  Status Start();
+  Status Step();
+  Status NextFromSource();
+  Status NextFromDir();
+  Status BeginFile(std::string arcname, ArchiveMember m);
+  Status BeginDir(std::string arcname, ArchiveMember m, bool skip_upload_dir);
+  Status WriteHeader(const std::string& arcname, const struct stat& st);
+  Status FileData();
+  Status ArchiveError(std::string_view what);
+  static ssize_t OnWrite(struct archive* a, void* self, const void* buf, size_t n);
+
+  std::shared_ptr<UniqueFd> root_;
+  std::vector<ZipSource> sources_;
+  std::string label_;
+  size_t next_source_ = 0;
+  struct archive* ar_ = nullptr;
+  struct archive_entry* entry_ = nullptr;
+  std::vector<Frame> stack_;
+  UniqueFd file_;  // the file whose data is being written
+  std::string file_name_;
+  uint64_t file_left_ = 0;
+  std::string out_;  // archive bytes produced but not yet handed out
+  size_t out_pos_ = 0;
+  std::vector<char> in_;
+  bool started_ = false, finished_ = false, failed_ = false;
+  uint64_t files_ = 0, skipped_ = 0, entries_ = 0, bytes_read_ = 0;
+};
+
+}  // namespace sluice::api

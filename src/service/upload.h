@@ -1,0 +1,185 @@
+// Resumable uploads (the storage side of tus 1.0.0), backend-agnostic over any volume whose
+// vfolders are directories (PosixVolume and its subclasses).
+//
+// On disk, inside the vfolder, an upload session is:
+//   .upload/<session>         the staging file: the bytes received so far
+//   .upload/<session>.offset  the sidecar: {"offset": N, ...}, N bytes of the staging file are
+//                             durable (fdatasync'ed before N was written). Replaced atomically
+//                             (temp file, fsync, rename). Missing means 0.
+// The durable offset is what HEAD reports and what PATCH must continue from; bytes past it
+// (left by a writer that crashed between two syncs) are truncated by the next writer.
+//
+// One writer at a time: a writer holds an OFD lock (fcntl F_OFD_SETLK) on the staging file for
+// as long as it writes. The lock belongs to the open file, so every process on the host (and
+// every NFS client, through the server's lock manager) sees it, and it vanishes with the process
+// that held it.
+//
+// Completion: when the durable offset reaches the session's size, the sidecar says so first,
+// then the staging file is renamed onto its final path (parents created beneath the vfolder).
+// A session whose sidecar says "size" and whose staging file is gone is complete; one whose
+// staging file is still there is finished by the next HEAD or PATCH (a crash between the two
+// steps loses nothing).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/fd.h"
+#include "common/status.h"
+#include "volume/ids.h"
+#include "volume/volume.h"
+
+namespace sluice {
+
+class StorageService;
+
+// What an upload token names, validated.
+struct UploadTarget {
+  Volume* volume = nullptr;
+  VFolderId vfid;
+  std::string session;
+  std::vector<std::string> final_parts;  // components of the final path below the vfolder
+  uint64_t size = 0;
+
+  std::string final_relpath() const;
+};
+
+// Where a session stands.
+struct UploadProgress {
+  uint64_t offset = 0;  // durable bytes
+  uint64_t size = 0;
+  bool complete = false;  // renamed into place
+};
+
+// Writes one PATCH body into a session. Obtained from UploadService::BeginWrite, which took the
+// session's lock; the lock is released by Finish, Abort or destruction.
+class UploadWriter {
+ public:
+  ~UploadWriter();
+  UploadWriter(const UploadWriter&) = delete;
+  UploadWriter& operator=(const UploadWriter&) = delete;
+
+  // Appends the next piece. kTooLarge when it would run past the session's size (the whole
+  // PATCH is then void: Abort rolls back to the offset it started at); filesystem errors
+  // (EDQUOT, ENOSPC, EIO) as they come. Syncs and advances the durable offset every kSyncBytes
+  // or kSyncInterval.
+  Status Write(const char* data, size_t n);
+  // The body is complete: sync, advance the durable offset, and rename the file into place
+  // when it is whole. Returns the durable offset.
+  Result<uint64_t> Finish();
+  // The body was cut short (client gone, an error): keep what was received (sync and advance
+  // the offset as far as the sync got), then release the lock. After a body that ran past the
+  // upload's length, roll back to where the PATCH started instead.
+  void Abort();
+
+  uint64_t durable_offset() const { return durable_; }
+  uint64_t written_offset() const { return written_; }
+
+  static constexpr uint64_t kSyncBytes = 64ull << 20;
+  static constexpr std::chrono::milliseconds kSyncInterval{1000};
+  // Writeback is started (sync_file_range) every this many bytes, so that a sync waits only for
+  // the tail.
+  static constexpr uint64_t kWritebackBytes = 8ull << 20;
+
+ private:
+  friend class UploadService;
+  UploadWriter() = default;
+
+  Status Sync();
+  void Release();
+
+  UploadTarget target_;
+  UniqueFd root_;       // the vfolder root (O_PATH)
+  UniqueFd updir_;      // .upload (O_RDONLY directory)
+  UniqueFd fd_;         // the staging file, locked
+  uint64_t start_ = 0;  // the offset this PATCH started at
+  uint64_t durable_ = 0;
+  uint64_t written_ = 0;
+  bool overlong_ = false;
+  uint64_t writeback_from_ = 0;
+  bool quota_checked_ = false;
+  std::chrono::steady_clock::time_point last_sync_;
+  Status failed_;  // the first write/sync error; no more syncs after it
+};
+
+class UploadService {
+ public:
+  explicit UploadService(StorageService* svc) : svc_(svc) {}
+
+  // The staging directory inside every vfolder.
+  static constexpr const char* kUploadDir = ".upload";
+
+  // Validates the claims of a verified upload token (volume, vfid, relpath, session, size) and
+  // the optional `dst_dir` query parameter (a directory below the vfolder that `relpath` is
+  // relative to, as in Backend.AI). kInvalidArgument / kInvalidPath for hostile or malformed
+  // claims, kNotFound for an unknown volume.
+  Result<UploadTarget> ResolveClaims(const nlohmann::json& claims,
+                                     const std::optional<std::string>& dst_dir) const;
+
+  // The manager side: sweeps the vfolder's abandoned sessions, refuses an upload that would not
+  // fit the quota scope's limit, and creates the staging file. Returns the session id.
+  Result<std::string> CreateSession(Volume& volume, const VFolderId& vfid, std::string_view relpath,
+                                    uint64_t size);
+
+  // HEAD: the durable offset. Finishes a session whose bytes are all durable but which was not
+  // yet renamed into place (a crash between the two steps). kNotFound for an unknown, expired
+  // or vanished session.
+  Result<UploadProgress> Query(const UploadTarget& t);
+
+  // PATCH: takes the session's lock (kConflict when another request holds it), checks that
+  // `client_offset` is the durable offset (kConflict otherwise; `*current` receives the durable
+  // offset whenever it is known), discards bytes past it, checks the quota on the session's
+  // first write, and returns a writer positioned at the offset.
+  Result<std::unique_ptr<UploadWriter>> BeginWrite(const UploadTarget& t, uint64_t client_offset,
+                                                   uint64_t* current);
+
+  struct SweepStats {
+    uint64_t removed = 0;  // files removed
+    uint64_t kept_locked = 0;
+  };
+  // Removes the staging files, sidecars and leftovers of sessions abandoned for longer than
+  // session-expire (plus a grace for clock skew) from one vfolder, or from every vfolder of
+  // every volume. Sessions that a writer holds are kept.
+  SweepStats SweepVFolder(Volume& volume, const VFolderId& vfid);
+  SweepStats SweepAll();
+
+  // Age after which a session's files count as abandoned.
+  std::chrono::seconds AbandonAge() const;
+
+ private:
+  Status CheckQuota(const UploadTarget& t, uint64_t more_bytes) const;
+
+  StorageService* svc_;
+};
+
+// Runs UploadService::SweepAll at start and then periodically on its own thread, until
+// destroyed.
+class UploadJanitor {
+ public:
+  explicit UploadJanitor(StorageService* svc);
+  ~UploadJanitor();
+  void Start();
+  std::chrono::milliseconds interval() const { return interval_; }
+
+ private:
+  void Loop();
+
+  UploadService uploads_;
+  std::chrono::milliseconds interval_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,168 @@
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "service/bgtask.h"
+#include "service/storage_service.h"
+#include "volume/registry.h"
+
+namespace sluice {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+BgTaskInfo WaitDone(BgTaskManager& m, const std::string& id) {
+  for (int i = 0; i < 2000; ++i) {
+    auto t = m.Get(id);
+    if (t && (t->state == TaskState::kCompleted || t->state == TaskState::kFailed)) return *t;
+    std::this_thread::sleep_for(5ms);
+  }
+  ADD_FAILURE() << "task " << id << " did not finish";
+  return {};
+}
+
+TEST(BgTask, ReportsCompletionAndFailure) {
+  ThreadPool pool("t", 2);
+  BgTaskManager m(&pool);
+  auto ok = m.Start("ok", {{"x", 1}}, [] { return Status::Ok(); });
+  auto bad = m.Start("bad", {}, [] { return Status(Code::kNoSpace, "disk full", ENOSPC); });
+  ASSERT_TRUE(ok.ok() && bad.ok());
+  EXPECT_EQ(WaitDone(m, *ok).state, TaskState::kCompleted);
+  BgTaskInfo b = WaitDone(m, *bad);
+  EXPECT_EQ(b.state, TaskState::kFailed);
+  auto j = b.ToJson();
+  EXPECT_EQ(j["status"], "failed");
+  EXPECT_EQ(j["error"]["msg"], "disk full");
+  EXPECT_EQ(j["error"]["errno"], ENOSPC);
+  EXPECT_FALSE(m.Get("no-such-task").has_value());
+  EXPECT_EQ(m.List().size(), 2u);
+  EXPECT_TRUE(m.WaitIdle(1s));
+}
+
+TEST(BgTask, ExceptionsBecomeFailures) {
+  ThreadPool pool("t", 1);
+  BgTaskManager m(&pool);
+  auto id = m.Start("throws", {}, []() -> Status { throw std::runtime_error("boom"); });
+  ASSERT_TRUE(id.ok());
+  BgTaskInfo t = WaitDone(m, *id);
+  EXPECT_EQ(t.state, TaskState::kFailed);
+  EXPECT_NE(t.error.message().find("boom"), std::string::npos);
+}
+
+TEST(BgTask, KeepsABoundedHistory) {
+  ThreadPool pool("t", 1);
+  BgTaskManager m(&pool, 3);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(*m.Start("n", {}, [] { return Status::Ok(); }));
+  ASSERT_TRUE(m.WaitIdle(5s));
+  EXPECT_EQ(m.List().size(), 3u);
+  EXPECT_FALSE(m.Get(ids.front()).has_value());
+  EXPECT_TRUE(m.Get(ids.back()).has_value());
+}
+
+TEST(BgTask, RefusedWhenThePoolIsShutDown) {
+  ThreadPool pool("t", 1);
+  BgTaskManager m(&pool);
+  pool.Shutdown();
+  auto id = m.Start("late", {}, [] { return Status::Ok(); });
+  EXPECT_EQ(id.status().code(), Code::kUnavailable);
+  EXPECT_TRUE(m.List().empty());
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/sluice-svc-XXXXXX";
+    base_ = mkdtemp(tmpl);
+    fs::create_directories(base_ + "/vol");
+    Config cfg;
+    VolumeConfig vc;
+    vc.name = "local";
+    vc.backend = "vfs";
+    vc.path = base_ + "/vol";
+    cfg.volumes.push_back(vc);
+    std::vector<std::unique_ptr<Volume>> vols;
+    vols.push_back(VolumeRegistry::Builtin().Create(vc, VolumeDeps{&scan_}).value());
+    ASSERT_TRUE(vols.back()->Init().ok());
+    svc_ = std::make_unique<StorageService>(cfg, std::move(vols), &tasks_);
+    src_ = VFolderId::Parse("user:11111111111111111111111111111111/"
+                            "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")
+               .value();
+    dst_ = VFolderId::Parse("user:22222222222222222222222222222222/"
+                            "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb")
+               .value();
+  }
+  void TearDown() override {
+    svc_.reset();
+    fs::remove_all(base_);
+  }
+  Volume* vol() { return svc_->GetVolume("local").value(); }
+
+  std::string base_;
+  ThreadPool scan_{"scan", 2};
+  ThreadPool tasks_{"task", 2};
+  std::unique_ptr<StorageService> svc_;
+  VFolderId src_, dst_;
+};
+
+TEST_F(ServiceTest, UnknownVolumeIsNotFound) {
+  EXPECT_EQ(svc_->GetVolume("nope").status().code(), Code::kNotFound);
+  EXPECT_EQ(svc_->CreateVFolder("nope", src_, 0755, std::nullopt).code(), Code::kNotFound);
+}
+
+TEST_F(ServiceTest, DeleteDetachesAtOnceAndRemovesInTheBackground) {
+  ASSERT_TRUE(svc_->CreateVFolder("local", src_, 0755, std::nullopt).ok());
+  std::ofstream(vol()->VFolderPath(src_) + "/f") << "data";
+  auto id = svc_->DeleteVFolder("local", src_);
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ(vol()->CheckVFolder(src_).code(), Code::kNotFound);
+  EXPECT_EQ(WaitDone(svc_->tasks(), *id).state, TaskState::kCompleted);
+  EXPECT_TRUE(fs::is_empty(base_ + "/vol/.sluice-trash"));
+  EXPECT_EQ(svc_->DeleteVFolder("local", src_).status().code(), Code::kNotFound);
+}
+
+TEST_F(ServiceTest, CloneCopiesAndKeepsTheMode) {
+  ASSERT_TRUE(svc_->CreateVFolder("local", src_, 0750, std::nullopt).ok());
+  std::ofstream(vol()->VFolderPath(src_) + "/f") << "payload";
+  auto id = svc_->CloneVFolder("local", src_, "local", dst_);
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ(WaitDone(svc_->tasks(), *id).state, TaskState::kCompleted);
+  std::ifstream in(vol()->VFolderPath(dst_) + "/f");
+  std::string got((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(got, "payload");
+  struct stat sb;
+  ASSERT_EQ(::stat(vol()->VFolderPath(dst_).c_str(), &sb), 0);
+  EXPECT_EQ(sb.st_mode & 07777, 0750u);
+  // A second clone onto the same destination is a conflict, known before any task starts.
+  EXPECT_EQ(svc_->CloneVFolder("local", src_, "local", dst_).status().code(),
+            Code::kAlreadyExists);
+  EXPECT_EQ(svc_->CloneVFolder("local", src_, "local", src_).status().code(),
+            Code::kInvalidArgument);
+}
+
+TEST_F(ServiceTest, FailedCloneLeavesNoDestination) {
+  ASSERT_TRUE(svc_->CreateVFolder("local", src_, 0755, std::nullopt).ok());
+  std::ofstream(vol()->VFolderPath(src_) + "/big") << std::string(10000, 'x');
+  ASSERT_TRUE(svc_->CreateQuotaScope("local", *dst_.scope, 100).ok());
+  auto id = svc_->CloneVFolder("local", src_, "local", dst_);
+  ASSERT_TRUE(id.ok());
+  BgTaskInfo t = WaitDone(svc_->tasks(), *id);
+  EXPECT_EQ(t.state, TaskState::kFailed);
+  EXPECT_EQ(t.error.code(), Code::kQuotaExceeded);
+  EXPECT_EQ(vol()->CheckVFolder(dst_).code(), Code::kNotFound);
+}
+
+TEST_F(ServiceTest, CloneOfAMissingSourceIsNotFound) {
+  EXPECT_EQ(svc_->CloneVFolder("local", src_, "local", dst_).status().code(), Code::kNotFound);
+  EXPECT_EQ(vol()->CheckVFolder(dst_).code(), Code::kNotFound);
+}
+
+}  // namespace
+}  // namespace sluice

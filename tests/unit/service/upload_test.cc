@@ -1,0 +1,247 @@
+#include "service/upload.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "service/storage_service.h"
+#include "volume/registry.h"
+
+namespace sluice {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ReadAll(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class UploadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/sluice-upload-XXXXXX";
+    base_ = mkdtemp(tmpl);
+    fs::create_directories(base_ + "/vol");
+    Config cfg;
+    cfg.session_expire = std::chrono::seconds(100);
+    VolumeConfig vc;
+    vc.name = "local";
+    vc.backend = "vfs";
+    vc.path = base_ + "/vol";
+    cfg.volumes.push_back(vc);
+    std::vector<std::unique_ptr<Volume>> vols;
+    vols.push_back(VolumeRegistry::Builtin().Create(vc, VolumeDeps{&scan_}).value());
+    ASSERT_TRUE(vols.back()->Init().ok());
+    svc_ = std::make_unique<StorageService>(cfg, std::move(vols), &tasks_);
+    vfid_ = VFolderId::Parse(
+                "user:11111111111111111111111111111111/"
+                "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")
+                .value();
+    ASSERT_TRUE(svc_->CreateVFolder("local", vfid_, 0755, std::nullopt).ok());
+    up_ = std::make_unique<UploadService>(svc_.get());
+  }
+  void TearDown() override {
+    up_.reset();
+    svc_.reset();
+    fs::remove_all(base_);
+  }
+  Volume* vol() { return svc_->GetVolume("local").value(); }
+  fs::path vf() { return vol()->VFolderPath(vfid_); }
+
+  // A new session and the target its token would name.
+  UploadTarget Session(const std::string& rel, uint64_t size) {
+    auto s = up_->CreateSession(*vol(), vfid_, rel, size);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    nlohmann::json claims = {{"volume", "local"},
+                             {"vfid", vfid_.ToString()},
+                             {"relpath", rel},
+                             {"session", s.ok() ? *s : ""},
+                             {"size", size}};
+    auto t = up_->ResolveClaims(claims, std::nullopt);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    return t.ok() ? *t : UploadTarget{};
+  }
+
+  std::string base_;
+  ThreadPool scan_{"scan", 2};
+  ThreadPool tasks_{"task", 2};
+  std::unique_ptr<StorageService> svc_;
+  std::unique_ptr<UploadService> up_;
+  VFolderId vfid_;
+};
+
+TEST_F(UploadTest, WritesResumesAndRenamesIntoPlace) {
+  UploadTarget t = Session("a/b/file.bin", 10);
+  uint64_t cur = 0;
+  auto w = up_->BeginWrite(t, 0, &cur);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE((*w)->Write("01234", 5).ok());
+  auto off = (*w)->Finish();
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(*off, 5u);
+  EXPECT_EQ(up_->Query(t)->offset, 5u);
+  EXPECT_FALSE(fs::exists(vf() / "a"));
+
+  auto wrong = up_->BeginWrite(t, 4, &cur);
+  EXPECT_EQ(wrong.status().code(), Code::kConflict);
+  EXPECT_EQ(cur, 5u);
+
+  w = up_->BeginWrite(t, 5, &cur);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ((*w)->Write("56789x", 6).code(), Code::kTooLarge);
+  (*w)->Abort();
+  EXPECT_EQ(up_->Query(t)->offset, 5u);  // the over-long PATCH counts for nothing
+
+  w = up_->BeginWrite(t, 5, &cur);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->Write("56789", 5).ok());
+  ASSERT_TRUE((*w)->Finish().ok());
+  EXPECT_EQ(ReadAll(vf() / "a/b/file.bin"), "0123456789");
+  auto q = up_->Query(t);
+  ASSERT_TRUE(q.ok());
+  EXPECT_TRUE(q->complete);
+  EXPECT_EQ(q->offset, 10u);
+}
+
+TEST_F(UploadTest, OneWriterAtATime) {
+  UploadTarget t = Session("f", 4);
+  uint64_t cur = 0;
+  auto first = up_->BeginWrite(t, 0, &cur);
+  ASSERT_TRUE(first.ok());
+  // OFD locks conflict between open files, even within one process.
+  auto second = up_->BeginWrite(t, 0, &cur);
+  EXPECT_EQ(second.status().code(), Code::kConflict);
+  (*first)->Abort();
+  auto third = up_->BeginWrite(t, 0, &cur);
+  EXPECT_TRUE(third.ok());
+}
+
+TEST_F(UploadTest, InterruptedWriteKeepsWhatArrived) {
+  UploadTarget t = Session("f", 100);
+  uint64_t cur = 0;
+  auto w = up_->BeginWrite(t, 0, &cur);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->Write("abcdef", 6).ok());
+  (*w)->Abort();
+  EXPECT_EQ(up_->Query(t)->offset, 6u);
+}
+
+TEST_F(UploadTest, DiscardsBytesPastTheDurableOffset) {
+  UploadTarget t = Session("f", 6);
+  fs::path stage = vf() / ".upload" / t.session;
+  {
+    std::ofstream out(stage, std::ios::binary);
+    out << "abcGARBAGE";
+  }
+  {
+    std::ofstream out(stage.string() + ".offset");
+    out << R"({"offset": 3})";
+  }
+  uint64_t cur = 0;
+  auto w = up_->BeginWrite(t, 3, &cur);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(fs::file_size(stage), 3u);
+  ASSERT_TRUE((*w)->Write("def", 3).ok());
+  ASSERT_TRUE((*w)->Finish().ok());
+  EXPECT_EQ(ReadAll(vf() / "f"), "abcdef");
+}
+
+TEST_F(UploadTest, RefusesHostileClaims) {
+  auto s = up_->CreateSession(*vol(), vfid_, "ok", 1);
+  ASSERT_TRUE(s.ok());
+  nlohmann::json base = {{"volume", "local"},
+                         {"vfid", vfid_.ToString()},
+                         {"relpath", "ok"},
+                         {"session", *s},
+                         {"size", 1}};
+  for (const auto& [k, v] :
+       std::vector<std::pair<std::string, nlohmann::json>>{{"relpath", "../x"},
+                                                           {"relpath", "/x"},
+                                                           {"relpath", ".upload/x"},
+                                                           {"relpath", ""},
+                                                           {"session", "../x"},
+                                                           {"session", "ab"},
+                                                           {"size", -1},
+                                                           {"size", "1"},
+                                                           {"vfid", "nope"}}) {
+    nlohmann::json c = base;
+    c[k] = v;
+    auto t = up_->ResolveClaims(c, std::nullopt);
+    EXPECT_FALSE(t.ok()) << k << "=" << v.dump();
+    EXPECT_EQ(CodeHttpStatus(t.status().code()), 400) << k << "=" << v.dump();
+  }
+  EXPECT_EQ(up_->ResolveClaims(base, std::string("../..")).status().code(), Code::kInvalidPath);
+  nlohmann::json c = base;
+  c["volume"] = "nope";
+  EXPECT_EQ(up_->ResolveClaims(c, std::nullopt).status().code(), Code::kNotFound);
+}
+
+TEST_F(UploadTest, QuotaIsCheckedAtCreationAndFirstWrite) {
+  ASSERT_TRUE(vol()->quota().UpdateScope(*vfid_.scope, 1000).ok());
+  EXPECT_EQ(up_->CreateSession(*vol(), vfid_, "big", 1001).status().code(), Code::kQuotaExceeded);
+  UploadTarget t = Session("f", 600);
+  {
+    std::ofstream out(vf() / "filler", std::ios::binary);
+    out << std::string(500, 'x');
+  }
+  uint64_t cur = 0;
+  EXPECT_EQ(up_->BeginWrite(t, 0, &cur).status().code(), Code::kQuotaExceeded);
+  fs::remove(vf() / "filler");
+  EXPECT_TRUE(up_->BeginWrite(t, 0, &cur).ok());
+}
+
+TEST_F(UploadTest, SweepRemovesOldUnlockedSessionsOnly) {
+  UploadTarget old_t = Session("old", 10);
+  UploadTarget held_t = Session("held", 10);
+  UploadTarget young_t = Session("young", 10);
+  fs::path up = vf() / ".upload";
+  {
+    std::ofstream out(up / (old_t.session + ".offset"));
+    out << R"({"offset": 0})";
+  }
+  std::ofstream(up / "leftover.offset.tmp") << "x";
+  // Age everything but the young session beyond session-expire plus its grace.
+  struct timespec ts[2];
+  ts[0].tv_sec = ts[1].tv_sec = ::time(nullptr) - 1000;
+  ts[0].tv_nsec = ts[1].tv_nsec = 0;
+  for (const auto& n : {old_t.session, old_t.session + ".offset", held_t.session,
+                        std::string("leftover.offset.tmp")})
+    ASSERT_EQ(::utimensat(AT_FDCWD, (up / n).c_str(), ts, 0), 0) << n;
+  uint64_t cur = 0;
+  auto w = up_->BeginWrite(held_t, 0, &cur);
+  ASSERT_TRUE(w.ok());
+  auto stats = up_->SweepAll();
+  EXPECT_EQ(stats.kept_locked, 1u);
+  EXPECT_FALSE(fs::exists(up / old_t.session));
+  EXPECT_FALSE(fs::exists(up / (old_t.session + ".offset")));
+  EXPECT_FALSE(fs::exists(up / "leftover.offset.tmp"));
+  EXPECT_TRUE(fs::exists(up / held_t.session));
+  EXPECT_TRUE(fs::exists(up / young_t.session));
+  EXPECT_EQ(up_->Query(old_t).status().code(), Code::kNotFound);
+}
+
+TEST_F(UploadTest, FinalizeRefusesASymlinkOutOfTheVfolder) {
+  fs::create_directories(base_ + "/outside");
+  UploadTarget t = Session("link/x", 3);
+  uint64_t cur = 0;
+  auto w = up_->BeginWrite(t, 0, &cur);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->Write("abc", 3).ok());
+  fs::create_directory_symlink(base_ + "/outside", vf() / "link");
+  auto off = (*w)->Finish();
+  EXPECT_EQ(off.status().code(), Code::kInvalidPath);
+  EXPECT_TRUE(fs::is_empty(base_ + "/outside"));
+  EXPECT_EQ(ReadAll(vf() / ".upload" / t.session), "abc");
+}
+
+}  // namespace
+}  // namespace sluice

@@ -17,107 +17,15 @@ import os
 import re
 import resource
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 
-import requests
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.environ.get("SLUICE_BIN_DIR", os.path.join(REPO, "build", "release", "bin"))
-TOKEN = "bench-manager-secret"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def parse_size(s):
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgt]?)", s.lower())
-    if not m:
-        raise argparse.ArgumentTypeError(f"bad size {s!r}")
-    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
-
-
-class Daemon:
-    def __init__(self, root, scan_threads=None):
-        self.root = root
-        self.vol = os.path.join(root, "vol")
-        os.makedirs(self.vol)
-        self.port = free_port()
-        self.internal = free_port()
-        cfg = os.path.join(root, "sluice.toml")
-        with open(cfg, "w") as f:
-            f.write(f"""
-[storage-proxy]
-secret = "bench-token-secret"
-[api.client]
-service-addr = {{ host = "127.0.0.1", port = {free_port()} }}
-[api.manager]
-service-addr = {{ host = "127.0.0.1", port = {self.port} }}
-internal-addr = {{ host = "127.0.0.1", port = {self.internal} }}
-secret = "{TOKEN}"
-[sluice]
-state-dir = "{root}/state"
-log-level = "warning"
-{f"scan-threads = {scan_threads}" if scan_threads else ""}
-[volume.local]
-backend = "vfs"
-path = "{self.vol}"
-""")
-        self.log = open(os.path.join(root, "sluiced.log"), "w")
-        self.proc = subprocess.Popen([os.path.join(BIN, "sluiced"), "--config", cfg],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.s = requests.Session()
-        self.s.headers["X-BackendAI-Storage-Auth-Token"] = TOKEN
-        for _ in range(200):
-            try:
-                if self.s.get(self.base + "/health", timeout=1).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError("sluiced did not start; see " + self.log.name)
-
-    def call(self, method, path, **body):
-        r = self.s.request(method, self.base + path, json=body, timeout=3600)
-        if r.status_code >= 400:
-            raise RuntimeError(f"{method} {path}: {r.status_code} {r.text}")
-        return r.json() if r.content else None
-
-    def new_vfolder(self):
-        vfid = f"user:{uuid.uuid4().hex}/{uuid.uuid4().hex}"
-        self.call("POST", "/folder/create", volume="local", vfid=vfid)
-        return vfid, self.call("GET", "/folder/mount", volume="local", vfid=vfid)["path"]
-
-    def wait_task(self, task_id):
-        while True:
-            t = self.call("GET", "/bgtask", task_id=task_id)
-            if t["status"] in ("completed", "failed"):
-                if t["status"] == "failed":
-                    raise RuntimeError(f"task failed: {t['error']}")
-                return
-            time.sleep(0.005)
-
-    def rss_kib(self):
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-        return 0
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(30)
+from benchlib import TOKEN, Sluiced, parse_size
 
 
 def best_of(n, fn):
@@ -194,7 +102,7 @@ def bench_api(d, vfid):
     for route in ("/folder/mount", "/folder/usage"):
         out = subprocess.run(
             ["wrk", "-t2", "-c32", "-d5s", "--latency", "-H",
-             f"X-BackendAI-Storage-Auth-Token: {TOKEN}", f"{d.base}{route}?{q}"],
+             f"X-BackendAI-Storage-Auth-Token: {TOKEN}", f"{d.mgr}{route}?{q}"],
             check=True, capture_output=True, text=True).stdout
         rps = re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)
         p50 = re.search(r"50%\s+(\S+)", out).group(1)
@@ -210,7 +118,7 @@ def bench_memory(d, conns):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, conns + 256)), hard))
     socks = []
-    req = (f"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n").encode()
+    req = b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n"
     for _ in range(conns):
         s = socket.create_connection(("127.0.0.1", d.port))
         s.sendall(req)
@@ -237,7 +145,7 @@ def main():
     args = ap.parse_args()
     only = set(args.only.split(","))
     root = tempfile.mkdtemp(prefix="sluice-bench-", dir=args.workdir)
-    d = Daemon(root, args.scan_threads)
+    d = Sluiced(root, sluice=f"scan-threads = {args.scan_threads}" if args.scan_threads else "")
     try:
         if "memory" in only:
             bench_memory(d, args.conns)

@@ -28,26 +28,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 
 import requests
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.environ.get("SLUICE_BIN_DIR", os.path.join(REPO, "build", "release", "bin"))
-MANAGER_TOKEN = "bench-manager-secret"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def parse_size(s):
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgt]?)", s.lower())
-    if not m:
-        raise argparse.ArgumentTypeError(f"bad size {s!r}")
-    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
+from benchlib import Sluiced, free_port, parse_size
 
 
 def wait_port(port, proc, what, log):
@@ -62,70 +46,19 @@ def wait_port(port, proc, what, log):
     raise RuntimeError(f"{what} did not listen on {port}; see {log}")
 
 
-class Sluiced:
-    def __init__(self, root):
-        self.vol = os.path.join(root, "vol")
-        os.makedirs(self.vol)
-        self.client_port, self.manager_port = free_port(), free_port()
-        cfg = os.path.join(root, "sluice.toml")
-        with open(cfg, "w") as f:
-            f.write(f"""
-[storage-proxy]
-secret = "bench-token-secret"
-session-expire = "1d"
-[api.client]
-service-addr = {{ host = "127.0.0.1", port = {self.client_port} }}
-[api.manager]
-service-addr = {{ host = "127.0.0.1", port = {self.manager_port} }}
-internal-addr = {{ host = "127.0.0.1", port = {free_port()} }}
-secret = "{MANAGER_TOKEN}"
-[sluice]
-state-dir = "{root}/state"
-log-level = "warning"
-[volume.local]
-backend = "vfs"
-path = "{self.vol}"
-""")
-        self.log = os.path.join(root, "sluiced.log")
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen([os.path.join(BIN, "sluiced"), "--config", cfg],
-                                         stdout=log, stderr=subprocess.STDOUT)
-        wait_port(self.manager_port, self.proc, "sluiced", self.log)
-        wait_port(self.client_port, self.proc, "sluiced", self.log)
-        self.mgr = f"http://127.0.0.1:{self.manager_port}"
-        self.base = f"http://127.0.0.1:{self.client_port}"
-
-    def call(self, session, path, **body):
-        r = session.post(self.mgr + path, json=body, timeout=60,
-                         headers={"X-BackendAI-Storage-Auth-Token": MANAGER_TOKEN})
-        if r.status_code >= 300:
-            raise RuntimeError(f"{path}: {r.status_code} {r.text}")
-        return r.json() if r.content else None
-
-    def new_vfolder(self):
-        vfid = f"user:{uuid.uuid4().hex}/{uuid.uuid4().hex}"
-        self.call(requests, "/folder/create", volume="local", vfid=vfid)
-        r = requests.get(self.mgr + "/folder/mount", json={"volume": "local", "vfid": vfid},
-                         headers={"X-BackendAI-Storage-Auth-Token": MANAGER_TOKEN}, timeout=60)
-        return vfid, r.json()["path"]
-
-    def tokens(self, vfid, relpaths):
-        """Download URLs (path and query) for relpaths, minted in parallel."""
-        def mint(chunk):
-            with requests.Session() as s:
-                return [self.call(s, "/folder/file/download", volume="local", vfid=vfid,
-                                  relpath=rel)["token"] for rel in chunk]
-        chunks = [relpaths[i::8] for i in range(8)]
-        with concurrent.futures.ThreadPoolExecutor(8) as ex:
-            results = list(ex.map(mint, chunks))
-        by_rel = {}
-        for chunk, toks in zip(chunks, results):
-            by_rel.update(zip(chunk, toks))
-        return [f"/download?token={by_rel[rel]}" for rel in relpaths]
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(30)
+def download_urls(s, vfid, relpaths):
+    """Download URLs (path and query) for relpaths, minted in parallel."""
+    def mint(chunk):
+        with requests.Session() as session:
+            return [s.call("POST", "/folder/file/download", session=session, volume="local",
+                           vfid=vfid, relpath=rel)["token"] for rel in chunk]
+    chunks = [relpaths[i::8] for i in range(8)]
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        results = list(ex.map(mint, chunks))
+    by_rel = {}
+    for chunk, toks in zip(chunks, results):
+        by_rel.update(zip(chunk, toks))
+    return [f"/download?token={by_rel[rel]}" for rel in relpaths]
 
 
 class Nginx:
@@ -248,11 +181,11 @@ def bench_small(s, root, args):
     vfid, path = s.new_vfolder()
     t0 = time.perf_counter()
     rels = make_small_tree(path, args.files, args.file_size)
-    urls = s.tokens(vfid, rels)
+    urls = download_urls(s, vfid, rels)
     print(f"small: {args.files} files of {args.file_size} B made and tokens minted in "
           f"{time.perf_counter() - t0:.1f} s")
     # Both servers must give the same bytes for the same file.
-    probe = requests.get(s.base + urls[0], timeout=30).content
+    probe = requests.get(s.client + urls[0], timeout=30).content
     ngx = Nginx(root, path)
     try:
         assert requests.get(ngx.base + "/" + rels[0], timeout=30).content == probe
@@ -268,7 +201,7 @@ def bench_small(s, root, args):
         threads = min(2, args.conns)
         best = best_alternating(args.rounds, {
             "nginx": lambda: wrk(ngx.base, ng_paths, lua, args.conns, threads, args.duration),
-            "sluice": lambda: wrk(s.base, sl_paths, lua, args.conns, threads, args.duration),
+            "sluice": lambda: wrk(s.client, sl_paths, lua, args.conns, threads, args.duration),
         })
     finally:
         ngx.stop()
@@ -286,12 +219,12 @@ def bench_large(s, root, args):
         for _ in range(args.big // len(chunk)):
             f.write(chunk)
     subprocess.run(["cat", big], stdout=subprocess.DEVNULL, check=True)  # into the page cache
-    url = s.tokens(vfid, ["big.bin"])[0]
+    url = download_urls(s, vfid, ["big.bin"])[0]
     ngx = Nginx(root, path)
     try:
         best = best_alternating(args.rounds, {
             "nginx": lambda: wrk(ngx.base, None, None, 1, 1, args.duration, "/big.bin"),
-            "sluice": lambda: wrk(s.base, None, None, 1, 1, args.duration, url),
+            "sluice": lambda: wrk(s.client, None, None, 1, 1, args.duration, url),
         })
     finally:
         ngx.stop()

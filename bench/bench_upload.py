@@ -18,98 +18,15 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import uuid
 
-import requests
+from benchlib import Sluiced, parse_size
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.environ.get("SLUICE_BIN_DIR", os.path.join(REPO, "build", "release", "bin"))
-TOKEN = "bench-manager-secret"
 MiB = 1 << 20
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def parse_size(s):
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgt]?)", s.lower())
-    if not m:
-        raise argparse.ArgumentTypeError(f"bad size {s!r}")
-    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
-
-
-class Daemon:
-    def __init__(self, root):
-        self.root = root
-        self.vol = os.path.join(root, "vol")
-        os.makedirs(self.vol)
-        self.port = free_port()
-        self.client_port = free_port()
-        cfg = os.path.join(root, "sluice.toml")
-        with open(cfg, "w") as f:
-            f.write(f"""
-[storage-proxy]
-secret = "bench-token-secret"
-max-upload-size = "1t"
-[api.client]
-service-addr = {{ host = "127.0.0.1", port = {self.client_port} }}
-[api.manager]
-service-addr = {{ host = "127.0.0.1", port = {self.port} }}
-internal-addr = {{ host = "127.0.0.1", port = {free_port()} }}
-secret = "{TOKEN}"
-[sluice]
-state-dir = "{root}/state"
-log-level = "warning"
-[volume.local]
-backend = "vfs"
-path = "{self.vol}"
-""")
-        self.log = open(os.path.join(root, "sluiced.log"), "w")
-        self.proc = subprocess.Popen([os.path.join(BIN, "sluiced"), "--config", cfg],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.s = requests.Session()
-        self.s.headers["X-BackendAI-Storage-Auth-Token"] = TOKEN
-        for _ in range(200):
-            try:
-                if self.s.get(self.base + "/health", timeout=1).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError("sluiced did not start; see " + self.log.name)
-
-    def call(self, method, path, **body):
-        r = self.s.request(method, self.base + path, json=body, timeout=3600)
-        if r.status_code >= 400:
-            raise RuntimeError(f"{method} {path}: {r.status_code} {r.text}")
-        return r.json() if r.content else None
-
-    def new_vfolder(self):
-        vfid = f"user:{uuid.uuid4().hex}/{uuid.uuid4().hex}"
-        self.call("POST", "/folder/create", volume="local", vfid=vfid)
-        return vfid, self.call("GET", "/folder/mount", volume="local", vfid=vfid)["path"]
-
-    def rss_kib(self):
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-        return 0
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(30)
 
 
 class RssSampler:
@@ -194,7 +111,7 @@ def main():
         if not shutil.which(tool):
             sys.exit(f"{tool} is needed (scripts/install-deps.sh)")
     root = tempfile.mkdtemp(prefix="sluice-bench-upload-", dir=args.workdir)
-    d = Daemon(root)
+    d = Sluiced(root, storage_proxy='max-upload-size = "1t"')
     try:
         src = os.path.join(root, "src.bin")
         with open(src, "wb") as f:

@@ -13,6 +13,7 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-pytest python3-requests curl openssl
   unzip  # `unzip -t` checks the ZIP streams of archive downloads
   btrfs-progs  # mkfs.btrfs and `btrfs quota enable` for the loop-mounted test filesystem
+  xfsprogs  # mkfs.xfs for the loop-mounted XFS test filesystem (project ids, reflinks)
   # benchmarks
   wrk
   nginx  # the peer of bench/bench_download.py (started by the script, never as a service)

@@ -286,21 +286,28 @@ Status PosixFSOpModel::MoveTree(const std::string& src, const std::string& dst) 
   return DeleteTree(src);
 }
 
-Status PosixFSOpModel::DeleteTree(const std::string& path) {
+Result<PathParent> OpenPathParent(const std::string& path, int flags) {
   std::string parent = ".";
-  std::string name = path;
+  PathParent out;
+  out.name = path;
   size_t slash = path.rfind('/');
   if (slash != std::string::npos) {
     parent = slash == 0 ? "/" : path.substr(0, slash);
-    name = path.substr(slash + 1);
+    out.name = path.substr(slash + 1);
   }
-  int fd = ::open(parent.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  int fd = ::open(parent.c_str(), flags | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
-    if (errno == ENOENT) return Status::Ok();
+    if (errno == ENOENT) return out;
     return Status::FromErrno(errno, fmt::format("open '{}'", parent));
   }
-  UniqueFd dir(fd);
-  return RemoveTreeAt(dir.get(), name);
+  out.dir.reset(fd);
+  return out;
+}
+
+Status PosixFSOpModel::DeleteTree(const std::string& path) {
+  SLUICE_ASSIGN_OR_RETURN(PathParent p, OpenPathParent(path, O_PATH));
+  if (!p.dir.valid()) return Status::Ok();  // already gone
+  return RemoveTreeAt(p.dir.get(), p.name);
 }
 
 }  // namespace sluice

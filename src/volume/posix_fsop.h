@@ -2,6 +2,7 @@
 // (FICLONE) or uses copy_file_range where the filesystem allows, fd-relative delete.
 #pragma once
 
+#include "common/fd.h"
 #include "common/thread_pool.h"
 #include "volume/volume.h"
 
@@ -21,6 +22,14 @@ class PosixFSOpModel : public FSOpModel {
  private:
   ThreadPool* pool_;
 };
+
+// Opens the directory that holds the last component of absolute `path` (with `flags` added to
+// O_DIRECTORY | O_CLOEXEC) and names that component. An empty fd means the parent is missing.
+struct PathParent {
+  UniqueFd dir;
+  std::string name;
+};
+Result<PathParent> OpenPathParent(const std::string& path, int flags);
 
 // Removes `name` (file, symlink or whole directory tree) inside `dirfd` without following
 // symlinks.

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/fs_util.h"
 #include "common/path.h"
 #include "common/secrets.h"
 
@@ -37,12 +38,6 @@ std::string RandomHex(size_t n) {
 Status NotFoundVFolder(const VFolderId& vfid, const std::string& volume) {
   return Status(Code::kNotFound,
                 fmt::format("vfolder {} does not exist on volume {}", vfid.ToString(), volume));
-}
-
-// mkdir that treats an existing directory as success.
-Status EnsureDir(const std::string& p, mode_t mode) {
-  if (::mkdir(p.c_str(), mode) == 0 || errno == EEXIST) return Status::Ok();
-  return Status::FromErrno(errno, fmt::format("mkdir '{}'", p));
 }
 
 }  // namespace
@@ -100,16 +95,7 @@ Status PosixVolume::Init() {
       ::closedir(d);
     }
     layout_version_ = empty ? 3 : 2;
-    if (empty) {
-      std::string tmp = version_file + ".tmp";
-      {
-        std::ofstream out(tmp);
-        out << "3\n";
-        if (!out) return Status::FromErrno(errno, fmt::format("write '{}'", tmp));
-      }
-      if (::rename(tmp.c_str(), version_file.c_str()) != 0)
-        return Status::FromErrno(errno, fmt::format("rename '{}'", tmp));
-    }
+    if (empty) SLUICE_RETURN_IF_ERROR(WriteFileAtomic(version_file, "3\n", 0644));
   }
   // Leftovers of deletes interrupted by a crash.
   struct stat tb;

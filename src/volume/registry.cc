@@ -5,6 +5,7 @@
 
 #include "volume/btrfs/btrfs_volume.h"
 #include "volume/vfs/vfs_volume.h"
+#include "volume/xfs/xfs_volume.h"
 
 namespace sluice {
 
@@ -31,6 +32,21 @@ VolumeRegistry& VolumeRegistry::Builtin() {
                             cfg.name, cfg.options.dump()));
           return std::unique_ptr<Volume>(new BtrfsVolume(cfg, deps.scan_pool));
         });
+    // Project quotas; one class for both filesystems.
+    for (auto [backend, kind] :
+         {std::pair{"xfs", XfsVolume::Kind::kXfs}, std::pair{"ext4", XfsVolume::Kind::kExt4}}) {
+      reg->Register(
+          backend,
+          [backend = std::string(backend), kind = kind](
+              const VolumeConfig& cfg, const VolumeDeps& deps) -> Result<std::unique_ptr<Volume>> {
+            if (!cfg.options.empty())
+              return Status(
+                  Code::kInvalidArgument,
+                  fmt::format("volume.{}.options: the {} backend takes no options (got {})",
+                              cfg.name, backend, cfg.options.dump()));
+            return std::unique_ptr<Volume>(new XfsVolume(cfg, deps.scan_pool, kind));
+          });
+    }
     return reg;
   }();
   return *r;

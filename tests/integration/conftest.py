@@ -244,6 +244,7 @@ class Daemon:
         *,
         storage_proxy=None,
         manager=None,
+        client=None,
         sluice=None,
         extra_volumes=(),
         extra_toml="",
@@ -262,6 +263,8 @@ class Daemon:
         self.vol = self.volumes["local"]
         self.secret = secret
         self.manager_opts = dict(manager or {})
+        self.client_opts = dict(client or {})
+        self.client_scheme = "https" if self.client_opts.get("ssl-enabled") else "http"
         self.scheme = "https" if self.manager_opts.get("ssl-enabled") else "http"
         self.config_path = self.root / "storage-proxy.toml"
         self.log_path = self.root / LOG_NAME
@@ -290,7 +293,11 @@ class Daemon:
         parts = [
             toml_section("storage-proxy", sp),
             toml_section(
-                "api.client", {"service-addr": {"host": "127.0.0.1", "port": self.client_port}}
+                "api.client",
+                {
+                    "service-addr": {"host": "127.0.0.1", "port": self.client_port},
+                    **self.client_opts,
+                },
             ),
             toml_section("api.manager", mgr),
             toml_section("sluice", {"state-dir": str(self.state), **sluice}),

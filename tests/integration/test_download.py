@@ -736,3 +736,66 @@ def test_raw_http_odd_requests(daemon, files):
     assert status == 405
     assert daemon.snapshot() == before
     assert requests.get(url(daemon, token), timeout=30).content == data
+
+
+# --------------------------------------------------------------------------- TLS
+
+
+def test_download_over_tls(make_daemon, tmp_path):
+    """With `[api.client] ssl-enabled` file bodies go through the pread path, not sendfile:
+    whole files, single ranges and multipart ranges must still be exact."""
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost".split()
+    subprocess.run([*cmd, "-keyout", key, "-out", cert], check=True, capture_output=True)
+    d = make_daemon(client={"ssl-enabled": True, "ssl-cert": str(cert), "ssl-privkey": str(key)})
+    vfid = d.create_vfolder()
+    data = os.urandom(5 * (1 << 20) + 12345)  # several 256 KiB pread pieces, an odd tail
+    (d.vfolder_path(vfid) / "big.bin").write_bytes(data)
+    token = download_token(d, vfid, "big.bin")
+    base = f"https://127.0.0.1:{d.client_port}/download"
+
+    def fetch(headers=None):
+        r = requests.get(
+            base, params={"token": token}, headers=headers or {}, timeout=60, verify=False
+        )
+        assert r.url.startswith("https://")
+        return r
+
+    r = fetch()
+    assert r.status_code == 200, r.text[:300]
+    assert int(r.headers["Content-Length"]) == len(data)
+    assert r.content == data
+
+    first, last = 1_000_003, 4_500_001  # not aligned to any buffer size
+    r = fetch({"Range": f"bytes={first}-{last}"})
+    assert r.status_code == 206, r.text[:300]
+    assert r.headers["Content-Range"] == f"bytes {first}-{last}/{len(data)}"
+    assert r.content == data[first : last + 1]
+
+    r = fetch({"Range": "bytes=-70000"})
+    assert r.status_code == 206
+    assert r.content == data[-70000:]
+
+    r = fetch({"Range": "bytes=0-99,3000000-3300000"})
+    assert r.status_code == 206
+    parts = multipart_parts(r.headers["Content-Type"], r.content)
+    assert parts == [
+        (f"0-99/{len(data)}", data[:100]),
+        (f"3000000-3300000/{len(data)}", data[3000000:3300001]),
+    ]
+
+    # curl over TLS, resuming a partial file (-C -), ends with the exact bytes too.
+    out = tmp_path / "resumed.bin"
+    out.write_bytes(data[:2_000_000])
+    c = Curl(tmp_path, "-k", "-C", "-", f"{base}?token={token}", out=out)
+    assert c.rc == 0, c.stderr
+    assert c.status == 206
+    assert out.read_bytes() == data
+
+    # Plain HTTP on the TLS port gets no file.
+    try:
+        plain = requests.get(f"http://127.0.0.1:{d.client_port}/download",
+                             params={"token": token}, timeout=5)
+        assert plain.status_code != 200
+    except requests.RequestException:
+        pass

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/fs_util.h"
 #include "common/secrets.h"
 
 namespace sluice {
@@ -24,11 +25,6 @@ namespace {
 Status MissingScope(const QuotaScopeId& qsid, const std::string& volume) {
   return Status(Code::kNotFound,
                 fmt::format("quota scope {} does not exist on volume {}", qsid.ToString(), volume));
-}
-
-Status EnsureDir(const std::string& p, mode_t mode) {
-  if (::mkdir(p.c_str(), mode) == 0 || errno == EEXIST) return Status::Ok();
-  return Status::FromErrno(errno, fmt::format("mkdir '{}'", p));
 }
 
 // A directory opened for ioctls (O_PATH descriptors do not take ioctls).
@@ -206,21 +202,8 @@ Result<std::optional<uint64_t>> BtrfsQuotaModel::ReadQgroupFile(const QuotaScope
 }
 
 Status BtrfsQuotaModel::WriteQgroupFile(const QuotaScopeId& qsid, uint64_t q) const {
-  // Staging file, fsync, rename: a crash leaves no file (the scope is adopted again) or a whole
-  // one.
-  std::string file = ScopePath(qsid) + "/" + kQgroupFile;
-  std::string tmp = file + ".tmp";
-  std::string body = QgroupName(q) + "\n";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::FromErrno(errno, fmt::format("write '{}'", tmp));
-  bool ok = ::write(fd, body.data(), body.size()) == static_cast<ssize_t>(body.size()) &&
-            ::fsync(fd) == 0;
-  int err = errno;
-  ::close(fd);
-  if (!ok) return Status::FromErrno(err, fmt::format("write '{}'", tmp));
-  if (::rename(tmp.c_str(), file.c_str()) != 0)
-    return Status::FromErrno(errno, fmt::format("rename '{}'", tmp));
-  return Status::Ok();
+  // A crash leaves no file (the scope is adopted again) or a whole one.
+  return WriteFileAtomic(ScopePath(qsid) + "/" + kQgroupFile, QgroupName(q) + "\n");
 }
 
 Result<uint64_t> BtrfsQuotaModel::NewScopeQgroup(uint64_t subvol_id) {
@@ -430,20 +413,9 @@ Status BtrfsFSOpModel::RemoveAt(int dirfd, const std::string& name, const std::s
 }
 
 Status BtrfsFSOpModel::DeleteTree(const std::string& path) {
-  std::string parent = ".";
-  std::string name = path;
-  size_t slash = path.rfind('/');
-  if (slash != std::string::npos) {
-    parent = slash == 0 ? "/" : path.substr(0, slash);
-    name = path.substr(slash + 1);
-  }
-  int fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return Status::Ok();
-    return Status::FromErrno(errno, fmt::format("open '{}'", parent));
-  }
-  UniqueFd dir(fd);
-  Status s = RemoveAt(dir.get(), name, path);
+  SLUICE_ASSIGN_OR_RETURN(PathParent p, OpenPathParent(path, O_RDONLY));
+  if (!p.dir.valid()) return Status::Ok();  // already gone
+  Status s = RemoveAt(p.dir.get(), p.name, path);
   if (vol_->mount_fd_.valid()) vol_->stale_.Reap(vol_->mount_fd_.get(), vol_->sysfs_);
   return s;
 }

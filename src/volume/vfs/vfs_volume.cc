@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/fs_util.h"
+
 namespace sluice {
 
 namespace {
@@ -42,19 +44,7 @@ Status VfsQuotaModel::WriteLimit(const QuotaScopeId& qsid, std::optional<uint64_
       return Status::FromErrno(errno, fmt::format("remove '{}'", file));
     return Status::Ok();
   }
-  // Staging file, fsync, rename: a crash leaves the old limit or the new one, never a torn file.
-  std::string tmp = file + ".tmp";
-  std::string body = nlohmann::json{{"limit_bytes", *limit}}.dump() + "\n";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::FromErrno(errno, fmt::format("write '{}'", tmp));
-  bool ok = ::write(fd, body.data(), body.size()) == static_cast<ssize_t>(body.size()) &&
-            ::fsync(fd) == 0;
-  int err = errno;
-  ::close(fd);
-  if (!ok) return Status::FromErrno(err, fmt::format("write '{}'", tmp));
-  if (::rename(tmp.c_str(), file.c_str()) != 0)
-    return Status::FromErrno(errno, fmt::format("rename '{}'", tmp));
-  return Status::Ok();
+  return WriteFileAtomic(file, nlohmann::json{{"limit_bytes", *limit}}.dump() + "\n");
 }
 
 Result<std::optional<uint64_t>> VfsQuotaModel::ReadLimit(const QuotaScopeId& qsid) const {

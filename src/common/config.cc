@@ -302,8 +302,30 @@ std::string HostPort::ToString() const {
   return fmt::format("{}:{}", host, port);
 }
 
+namespace {
+
+// Byte offset of the first invalid UTF-8 sequence, or npos. TOML files are UTF-8, and toml11
+// 3.7 reads past its buffer on some invalid sequences (found by fuzz/fuzz_config).
+size_t FirstInvalidUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return i;
+    for (size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return i;
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace
+
 Result<Config> ParseConfig(std::string_view text, std::string_view origin) {
   Config c;
+  if (size_t bad = FirstInvalidUtf8(text); bad != std::string_view::npos)
+    return Status(Code::kInvalidArgument,
+                  fmt::format("{}: not valid UTF-8 (byte {} of the file)", origin, bad));
   try {
     std::istringstream is{std::string(text)};
     toml::value root = toml::parse(is, std::string(origin));
@@ -358,13 +380,11 @@ Result<uint64_t> ParseBinarySize(std::string_view s) {
   std::string str(s);
   size_t i = 0;
   while (i < str.size() && (std::isdigit(static_cast<unsigned char>(str[i])) || str[i] == '.')) ++i;
-  if (i == 0) return Status(Code::kInvalidArgument, fmt::format("'{}' is not a size", s));
-  double num = 0;
-  try {
-    num = std::stod(str.substr(0, i));
-  } catch (...) {
+  std::string digits = str.substr(0, i);
+  char* end = nullptr;
+  double num = i ? std::strtod(digits.c_str(), &end) : 0;
+  if (i == 0 || end != digits.c_str() + digits.size())
     return Status(Code::kInvalidArgument, fmt::format("'{}' is not a size", s));
-  }
   std::string unit;
   for (size_t j = i; j < str.size(); ++j)
     if (str[j] != ' ') unit += static_cast<char>(std::tolower(static_cast<unsigned char>(str[j])));
@@ -386,8 +406,11 @@ Result<std::chrono::seconds> ParseDuration(std::string_view s) {
   std::string str(s);
   size_t i = 0;
   while (i < str.size() && (std::isdigit(static_cast<unsigned char>(str[i])) || str[i] == '.')) ++i;
-  if (i == 0) return Status(Code::kInvalidArgument, fmt::format("'{}' is not a duration", s));
-  double num = std::stod(str.substr(0, i));
+  std::string digits = str.substr(0, i);
+  char* end = nullptr;
+  double num = i ? std::strtod(digits.c_str(), &end) : 0;
+  if (i == 0 || end != digits.c_str() + digits.size() || num > 1e12)
+    return Status(Code::kInvalidArgument, fmt::format("'{}' is not a duration", s));
   std::string unit = str.substr(i);
   static const std::map<std::string, double> kMul = {{"", 1},     {"s", 1},     {"m", 60},
                                                      {"h", 3600}, {"d", 86400}, {"w", 7 * 86400}};

@@ -110,6 +110,14 @@ TEST(Config, SyntaxErrorIsReported) {
   EXPECT_NE(c.status().message().find("broken.toml"), std::string::npos);
 }
 
+TEST(Config, RefusesInvalidUtf8) {
+  // Found by fuzz/fuzz_config: toml11 reads out of bounds on this input.
+  auto c = ParseConfig(std::string("'\x8f~'", 4), "bad.toml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("UTF-8"), std::string::npos);
+  EXPECT_TRUE(ParseConfig("[storage-proxy]\nnode-id = \"n\u00e9\"\n").ok());
+}
+
 TEST(Config, DumpedDefaultParses) {
   auto c = ParseConfig(DefaultConfigToml(), "default");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -130,6 +138,11 @@ TEST(Sizes, Parse) {
   EXPECT_EQ(ParseDuration("30m")->count(), 1800);
   EXPECT_EQ(ParseDuration("45")->count(), 45);
   EXPECT_FALSE(ParseDuration("3 fortnights").ok());
+  // Found by fuzz/fuzz_config: a lone dot once threw from std::stod.
+  EXPECT_FALSE(ParseDuration(".").ok());
+  EXPECT_FALSE(ParseDuration("1.2.3s").ok());
+  EXPECT_FALSE(ParseBinarySize(".").ok());
+  EXPECT_FALSE(ParseBinarySize("1.2.3g").ok());
 }
 
 }  // namespace

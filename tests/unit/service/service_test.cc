@@ -92,11 +92,13 @@ class ServiceTest : public ::testing::Test {
     vols.push_back(VolumeRegistry::Builtin().Create(vc, VolumeDeps{&scan_}).value());
     ASSERT_TRUE(vols.back()->Init().ok());
     svc_ = std::make_unique<StorageService>(cfg, std::move(vols), &tasks_);
-    src_ = VFolderId::Parse("user:11111111111111111111111111111111/"
-                            "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")
+    src_ = VFolderId::Parse(
+               "user:11111111111111111111111111111111/"
+               "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")
                .value();
-    dst_ = VFolderId::Parse("user:22222222222222222222222222222222/"
-                            "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb")
+    dst_ = VFolderId::Parse(
+               "user:22222222222222222222222222222222/"
+               "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb")
                .value();
   }
   void TearDown() override {
@@ -141,8 +143,7 @@ TEST_F(ServiceTest, CloneCopiesAndKeepsTheMode) {
   ASSERT_EQ(::stat(vol()->VFolderPath(dst_).c_str(), &sb), 0);
   EXPECT_EQ(sb.st_mode & 07777, 0750u);
   // A second clone onto the same destination is a conflict, known before any task starts.
-  EXPECT_EQ(svc_->CloneVFolder("local", src_, "local", dst_).status().code(),
-            Code::kAlreadyExists);
+  EXPECT_EQ(svc_->CloneVFolder("local", src_, "local", dst_).status().code(), Code::kAlreadyExists);
   EXPECT_EQ(svc_->CloneVFolder("local", src_, "local", src_).status().code(),
             Code::kInvalidArgument);
 }

@@ -268,8 +268,17 @@ class ManagerApi {
 
   HttpResponse Usage(const Params& p) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
-    API_ASSIGN_OR_RESPOND(TreeUsage u, t.volume->GetUsage(t.vfid));
-    return HttpResponse::Json(200, {{"file_count", u.file_count}, {"used_bytes", u.used_bytes}});
+    // Sluice addition: fresh=true measures now instead of answering a maintained figure.
+    API_ASSIGN_OR_RESPOND(bool fresh, p.Bool("fresh", false));
+    API_ASSIGN_OR_RESPOND(TreeUsage u,
+                          fresh ? t.volume->GetFreshUsage(t.vfid) : t.volume->GetUsage(t.vfid));
+    nlohmann::json body = {{"file_count", u.file_count}, {"used_bytes", u.used_bytes}};
+    // Sluice addition: how fresh a maintained figure is (Backend.AI ignores extra keys).
+    auto measured = u.measured_at.value_or(std::chrono::system_clock::now());
+    body["measured_at"] = FormatIso8601(measured);
+    body["age_seconds"] =
+        std::chrono::duration<double>(std::chrono::system_clock::now() - measured).count();
+    return HttpResponse::Json(200, body);
   }
 
   HttpResponse UsedBytes(const Params& p) {

@@ -88,7 +88,7 @@ struct Args {
   std::string subpath = ".";
   std::string path = ".";
   std::vector<std::string> paths;
-  bool no_parents = false, exist_ok = false, recursive = false, bytes = false;
+  bool no_parents = false, exist_ok = false, recursive = false, bytes = false, fresh = false;
   std::string src, dst;
   std::string output;
   std::string task_id;
@@ -837,22 +837,31 @@ void AddVFolderCommands(CLI::App& app, Args& a, Action* run) {
         fmt::format("cloned {}/{} to {}/{}", a.src_volume, a.src_vfid, a.dst_volume, a.dst_vfid));
   });
 
-  auto* usage = Command(vf, "usage", "Show a vfolder's file count and total size.",
+  auto* usage = Command(vf, "usage",
+                        "Show a vfolder's file count and total size.\n"
+                        "On vfs volumes a large vfolder's figure is maintained by Sluice and\n"
+                        "re-measured in the background; MEASURED says when. --fresh measures now.",
                         std::string("sluice vfolder usage local ") + kVfidEx);
   AddVolume(usage, a);
   AddVfid(usage, a);
+  usage->add_flag("--fresh", a.fresh, "walk the vfolder now instead of using the kept figure");
   OnRun(usage, run, [&a](Cli& c) {
     json j;
-    int rc = c.Call(http::verb::get, "/folder/usage", {{"volume", a.volume}, {"vfid", a.vfid}}, &j);
+    json params = {{"volume", a.volume}, {"vfid", a.vfid}};
+    if (a.fresh) params["fresh"] = true;
+    int rc = c.Call(http::verb::get, "/folder/usage", params, &j);
     if (rc != kExitOk) return rc;
     if (c.g.json) {
       c.PrintJson(j);
       return kExitOk;
     }
     auto files = Uint(j, "file_count");
-    PrintFields(stdout, {{"FILES", files ? std::to_string(*files) : "unknown"},
-                         {"USED", Uint(j, "used_bytes") ? SizeOrDash(j, "used_bytes")
-                                                        : std::string("unknown")}});
+    std::vector<std::pair<std::string, std::string>> f = {
+        {"FILES", files ? std::to_string(*files) : "unknown"},
+        {"USED", Uint(j, "used_bytes") ? SizeOrDash(j, "used_bytes") : std::string("unknown")}};
+    if (j.contains("age_seconds") && j["age_seconds"].is_number())
+      f.emplace_back("MEASURED", fmt::format("{:.0f} s ago", j["age_seconds"].get<double>()));
+    PrintFields(stdout, f);
     return kExitOk;
   });
 

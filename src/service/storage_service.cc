@@ -90,9 +90,10 @@ Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
                            {"src_vfid", src.ToString()},
                            {"dst_volume", dst_volume},
                            {"dst_vfid", dst.ToString()}};
-  auto task = [sv, dv, src, dst]() -> Status {
+  auto task = [this, sv, dv, src, dst]() -> Status {
     auto copy = [&]() -> Status {
-      SLUICE_ASSIGN_OR_RETURN(TreeUsage need, sv->GetUsage(src));
+      // The copy walks the whole tree anyway: a fresh figure costs little more.
+      SLUICE_ASSIGN_OR_RETURN(TreeUsage need, sv->GetFreshUsage(src));
       SLUICE_ASSIGN_OR_RETURN(FsUsage fs, dv->GetFsUsage());
       if (need.used_bytes > fs.available_bytes)
         return Status(Code::kNoSpace,
@@ -100,17 +101,23 @@ Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
                                   need.used_bytes, dv->name(), fs.available_bytes));
       if (dst.scope) {
         SLUICE_ASSIGN_OR_RETURN(QuotaUsage q, dv->quota().DescribeScope(*dst.scope));
-        if (q.limit_bytes && q.used_bytes + need.used_bytes > *q.limit_bytes)
+        // Bytes promised to uploads in progress count as used.
+        uint64_t used = q.used_bytes + reservations_.Reserved(
+                                           QuotaReservations::ScopeKey(dv->name(), dst.scope->hex));
+        if (q.limit_bytes && used + need.used_bytes > *q.limit_bytes)
           return Status(
               Code::kQuotaExceeded,
               fmt::format("clone needs {} bytes; quota scope {} has {} of {} left", need.used_bytes,
-                          dst.scope->ToString(),
-                          *q.limit_bytes > q.used_bytes ? *q.limit_bytes - q.used_bytes : 0,
+                          dst.scope->ToString(), *q.limit_bytes > used ? *q.limit_bytes - used : 0,
                           *q.limit_bytes));
       }
       // Within one volume the backend may clone faster (snapshot, reflink).
-      if (sv == dv) return dv->CloneVFolderInto(src, dst);
-      return sv->fsop().CopyTree(sv->VFolderPath(src), dv->VFolderPath(dst));
+      Status st = sv == dv ? dv->CloneVFolderInto(src, dst)
+                           : sv->fsop().CopyTree(sv->VFolderPath(src), dv->VFolderPath(dst));
+      if (st.ok())
+        dv->AccountWrite(dst, static_cast<int64_t>(need.used_bytes),
+                         static_cast<int64_t>(need.file_count));
+      return st;
     };
     Status st = copy();
     if (!st.ok()) {

@@ -10,6 +10,7 @@
 
 #include "common/config.h"
 #include "service/bgtask.h"
+#include "service/reservations.h"
 #include "volume/volume.h"
 
 namespace sluice {
@@ -21,6 +22,8 @@ class StorageService {
 
   const Config& config() const { return cfg_; }
   BgTaskManager& tasks() { return tasks_; }
+  // Bytes promised to upload sessions, per quota scope (see reservations.h).
+  QuotaReservations& reservations() { return reservations_; }
 
   // kNotFound naming the volume when it is not configured.
   Result<Volume*> GetVolume(const std::string& name) const;
@@ -50,6 +53,7 @@ class StorageService {
  private:
   Config cfg_;
   std::map<std::string, std::unique_ptr<Volume>> volumes_;
+  QuotaReservations reservations_;  // before tasks_: running tasks use it
   BgTaskManager tasks_;
 };
 

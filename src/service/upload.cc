@@ -145,6 +145,18 @@ Result<UniqueFd> OpenUploadDir(int root, const std::string& session) {
   return d;
 }
 
+// Keys of QuotaReservations: the scope on its volume, the session in its vfolder.
+std::string ScopeKey(const UploadTarget& t) {
+  return QuotaReservations::ScopeKey(t.volume->name(),
+                                     t.vfid.scope ? t.vfid.scope->hex : std::string());
+}
+std::string SessionKey(const std::string& vfolder_path, const std::string& session) {
+  return vfolder_path + "/" + session;
+}
+std::string SessionKey(const UploadTarget& t) {
+  return SessionKey(t.volume->VFolderPath(t.vfid), t.session);
+}
+
 uint64_t MicrosSince(std::chrono::steady_clock::time_point t0) {
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
@@ -166,13 +178,18 @@ Status Finalize(const UploadTarget& t, int root, int updir) {
   };
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
     SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, open_dir(i, O_PATH));
-    if (::mkdirat(dir.get(), parts[i].c_str(), 0755) != 0 && errno != EEXIST)
+    if (::mkdirat(dir.get(), parts[i].c_str(), 0755) == 0)
+      t.volume->AccountWrite(t.vfid, 0, 1);
+    else if (errno != EEXIST)
       return Status::FromErrno(errno,
                                fmt::format("create directory '{}'", JoinComponents(parts, i + 1)));
   }
   auto parent = open_dir(parts.size() - 1, O_RDONLY);
   if (!parent.ok()) return parent.status();
   const std::string& name = parts.back();
+  struct stat replaced;
+  bool replaces = ::fstatat(parent->get(), name.c_str(), &replaced, AT_SYMLINK_NOFOLLOW) == 0 &&
+                  !S_ISDIR(replaced.st_mode);
   if (::renameat(updir, t.session.c_str(), parent->get(), name.c_str()) != 0) {
     int err = errno;
     if (err == EISDIR || err == ENOTEMPTY || err == EEXIST)
@@ -181,6 +198,7 @@ Status Finalize(const UploadTarget& t, int root, int updir) {
           fmt::format("'{}' is a directory; the upload cannot replace it", t.final_relpath()), err);
     return Status::FromErrno(err, fmt::format("move upload into place at '{}'", t.final_relpath()));
   }
+  if (replaces) t.volume->AccountWrite(t.vfid, -static_cast<int64_t>(replaced.st_size), -1);
   // The new name and the removed staging name survive a power loss.
   ::fsync(parent->get());
   ::fsync(updir);
@@ -222,6 +240,7 @@ Status UploadWriter::Sync() {
     return failed_;
   }
   durable_ = written_;
+  if (reservations_) reservations_->Shrink(reservation_key_, target_.size - durable_);
   writeback_from_ = std::max(writeback_from_, durable_);
   last_sync_ = std::chrono::steady_clock::now();
   return Status::Ok();
@@ -246,6 +265,7 @@ Status UploadWriter::Write(const char* data, size_t n) {
       int err = errno;
       written_ += done;
       target_.volume->io_stats().AddWrite(done, MicrosSince(t0));
+      target_.volume->AccountWrite(target_.vfid, static_cast<int64_t>(done), 0);
       std::string what;
       if (err == EDQUOT)
         what = "the disk quota is exhausted";
@@ -264,6 +284,7 @@ Status UploadWriter::Write(const char* data, size_t n) {
   }
   written_ += n;
   target_.volume->io_stats().AddWrite(n, MicrosSince(t0));
+  target_.volume->AccountWrite(target_.vfid, static_cast<int64_t>(n), 0);
   if (written_ - writeback_from_ >= kWritebackBytes) {
     // Start writeback now so that the next sync waits only for the tail.
     ::sync_file_range(fd_.get(), static_cast<off_t>(writeback_from_),
@@ -279,7 +300,10 @@ Status UploadWriter::Write(const char* data, size_t n) {
 Result<uint64_t> UploadWriter::Finish() {
   if (!fd_.valid()) return durable_;  // a completed session: nothing to write
   Status st = Sync();
-  if (st.ok() && durable_ == target_.size) st = Finalize(target_, root_.get(), updir_.get());
+  if (st.ok() && durable_ == target_.size) {
+    st = Finalize(target_, root_.get(), updir_.get());
+    if (st.ok() && reservations_) reservations_->Release(reservation_key_);
+  }
   Release();
   if (!st.ok()) return st;
   return durable_;
@@ -292,6 +316,7 @@ void UploadWriter::Abort() {
     if (durable_ != start_)
       st = WriteSidecar(updir_.get(), target_.session, Sidecar{start_, quota_checked_});
     if (st.ok()) {
+      target_.volume->AccountWrite(target_.vfid, -static_cast<int64_t>(written_ - start_), 0);
       durable_ = written_ = start_;
       if (::ftruncate(fd_.get(), static_cast<off_t>(start_)) != 0)
         spdlog::warn("upload {}: truncate after an over-long PATCH: {}", target_.session,
@@ -363,19 +388,25 @@ Result<UploadTarget> UploadService::ResolveClaims(const nlohmann::json& claims,
   return t;
 }
 
-Status UploadService::CheckQuota(const UploadTarget& t, uint64_t more_bytes) const {
-  if (!t.vfid.scope || more_bytes == 0) return Status::Ok();
+Status UploadService::ReserveQuota(const UploadTarget& t, uint64_t more_bytes) const {
+  if (!t.vfid.scope) return Status::Ok();
   SLUICE_ASSIGN_OR_RETURN(QuotaUsage q, t.volume->quota().DescribeScope(*t.vfid.scope));
   if (!q.limit_bytes) return Status::Ok();
   uint64_t limit = *q.limit_bytes;
-  uint64_t room = limit > q.used_bytes ? limit - q.used_bytes : 0;
-  if (more_bytes > room)
-    return Status(Code::kQuotaExceeded,
-                  fmt::format("the upload needs {} more bytes but quota scope {} has {} left "
-                              "({} of {} bytes used)",
-                              more_bytes, t.vfid.scope->ToString(), room, q.used_bytes, limit),
-                  EDQUOT);
-  return Status::Ok();
+  return svc_->reservations().Reserve(
+      ScopeKey(t), SessionKey(t), more_bytes, [&](uint64_t others) -> Status {
+        uint64_t committed = q.used_bytes + others;
+        uint64_t room = limit > committed ? limit - committed : 0;
+        if (more_bytes <= room) return Status::Ok();
+        std::string pending =
+            others ? fmt::format(", {} more promised to other uploads in progress", others) : "";
+        return Status(
+            Code::kQuotaExceeded,
+            fmt::format("the upload needs {} more bytes but quota scope {} has {} left "
+                        "({} of {} bytes used{})",
+                        more_bytes, t.vfid.scope->ToString(), room, q.used_bytes, limit, pending),
+            EDQUOT);
+      });
 }
 
 Result<std::string> UploadService::CreateSession(Volume& volume, const VFolderId& vfid,
@@ -396,10 +427,17 @@ Result<std::string> UploadService::CreateSession(Volume& volume, const VFolderId
   t.vfid = vfid;
   t.final_parts = std::move(parts);
   t.size = size;
-  SLUICE_RETURN_IF_ERROR(CheckQuota(t, size));
   auto session = volume.PrepareUpload(vfid);
   // A sweep elsewhere may have removed an empty staging directory meanwhile: try once more.
   if (!session.ok()) session = volume.PrepareUpload(vfid);
+  if (!session.ok()) return session;
+  t.session = *session;
+  Status quota = ReserveQuota(t, size);
+  if (!quota.ok()) {
+    std::string staging = fmt::format("{}/{}/{}", volume.VFolderPath(vfid), kUploadDir, t.session);
+    if (::unlink(staging.c_str()) == 0) volume.AccountWrite(vfid, 0, -1);
+    return quota;
+  }
   return session;
 }
 
@@ -459,6 +497,7 @@ Result<UploadProgress> UploadService::Query(const UploadTarget& t) {
   SLUICE_ASSIGN_OR_RETURN(sc, ReadSidecar(updir.get(), t.session));
   if (!sc || sc->offset != t.size) return NoSession(t.session);  // cannot happen under the lock
   SLUICE_RETURN_IF_ERROR(Finalize(t, root.get(), updir.get()));
+  svc_->reservations().Release(SessionKey(t));
   p.complete = true;
   return p;
 }
@@ -519,12 +558,19 @@ Result<std::unique_ptr<UploadWriter>> UploadService::BeginWrite(const UploadTarg
                   fmt::format("Upload-Offset is {} but the upload continues at offset {}",
                               client_offset, durable));
   // Bytes past the durable offset were left by a writer that died before syncing them.
-  if (static_cast<uint64_t>(held.st_size) > durable &&
-      ::ftruncate(f.get(), static_cast<off_t>(durable)) != 0)
-    return Status::FromErrno(errno, "truncate upload staging file to its durable offset");
+  if (static_cast<uint64_t>(held.st_size) > durable) {
+    if (::ftruncate(f.get(), static_cast<off_t>(durable)) != 0)
+      return Status::FromErrno(errno, "truncate upload staging file to its durable offset");
+    t.volume->AccountWrite(t.vfid, -static_cast<int64_t>(held.st_size - durable), 0);
+  }
+  // The session's bytes were reserved when it was created. Its first write checks again (the
+  // scope may have filled behind Sluice's back since), and so does a session found after a
+  // restart or made by another process (reservations live in this process's memory).
+  w->reservations_ = &svc_->reservations();
+  w->reservation_key_ = SessionKey(t);
   w->quota_checked_ = sc && sc->quota_checked;
-  if (!w->quota_checked_ && durable < t.size) {
-    SLUICE_RETURN_IF_ERROR(CheckQuota(t, t.size - durable));
+  if (durable < t.size && (!w->quota_checked_ || !w->reservations_->Has(w->reservation_key_))) {
+    SLUICE_RETURN_IF_ERROR(ReserveQuota(t, t.size - durable));
     w->quota_checked_ = true;
   }
   // Refuse early what the final rename would refuse anyway.
@@ -562,9 +608,10 @@ bool OlderThan(const struct stat& sb, std::chrono::seconds age) {
 }
 
 // Removes abandoned sessions from the staging directory `updir`.
-UploadService::SweepStats SweepUploadDir(int updir, const std::string& where,
-                                         std::chrono::seconds age) {
+UploadService::SweepStats SweepUploadDir(int updir, const std::string& vfolder,
+                                         std::chrono::seconds age, QuotaReservations* res) {
   UploadService::SweepStats stats;
+  std::string where = vfolder + "/" + UploadService::kUploadDir;
   int dfd = ::openat(updir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) return stats;
   DIR* d = ::fdopendir(dfd);
@@ -580,8 +627,11 @@ UploadService::SweepStats SweepUploadDir(int updir, const std::string& where,
   ::closedir(d);
 
   auto remove = [&](const std::string& name) {
+    struct stat gone;
+    bool sized = ::fstatat(updir, name.c_str(), &gone, AT_SYMLINK_NOFOLLOW) == 0;
     if (::unlinkat(updir, name.c_str(), 0) == 0) {
       ++stats.removed;
+      if (sized) stats.removed_bytes += static_cast<uint64_t>(gone.st_size);
     } else if (errno != ENOENT) {
       spdlog::warn("upload sweep: cannot remove {}/{}: {}", where, name, std::strerror(errno));
     }
@@ -619,6 +669,7 @@ UploadService::SweepStats SweepUploadDir(int updir, const std::string& where,
       continue;
     }
     spdlog::info("upload sweep: removing abandoned upload session {}/{}", where, name);
+    if (res) res->Release(SessionKey(vfolder, name));
     remove(name);
     remove(name + kSidecarSuffix);
     remove(name + kSidecarTmpSuffix);
@@ -639,11 +690,11 @@ UploadService::SweepStats SweepUploadDir(int updir, const std::string& where,
 // Sweeps the staging directory of the vfolder open at `vfdir`, and removes the directory once
 // it is empty and old.
 UploadService::SweepStats SweepVFolderDir(int vfdir, const std::string& where,
-                                          std::chrono::seconds age) {
+                                          std::chrono::seconds age, QuotaReservations* res) {
   UploadService::SweepStats stats;
   auto updir = OpenBeneath(vfdir, UploadService::kUploadDir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
   if (!updir.ok()) return stats;
-  stats = SweepUploadDir(updir->get(), where + "/" + UploadService::kUploadDir, age);
+  stats = SweepUploadDir(updir->get(), where, age, res);
   struct stat sb;
   // rmdir refuses a directory that is not empty; an old mtime means no session came or went
   // lately.
@@ -681,7 +732,15 @@ void ForEachSubdir(int dirfd, Accept accept, Fn fn) {
 UploadService::SweepStats UploadService::SweepVFolder(Volume& volume, const VFolderId& vfid) {
   auto root = OpenVFolder(volume, vfid);
   if (!root.ok()) return {};
-  return SweepVFolderDir(root->get(), volume.VFolderPath(vfid), AbandonAge());
+  SweepStats st =
+      SweepVFolderDir(root->get(), volume.VFolderPath(vfid), AbandonAge(), &svc_->reservations());
+  if (st.removed) {
+    // Staging files and sidecars (entries are approximate: a staging dir may go too; the next
+    // reconcile of a maintained figure corrects that).
+    volume.AccountWrite(vfid, -static_cast<int64_t>(st.removed_bytes),
+                        -static_cast<int64_t>(st.removed));
+  }
+  return st;
 }
 
 UploadService::SweepStats UploadService::SweepAll() {
@@ -689,6 +748,7 @@ UploadService::SweepStats UploadService::SweepAll() {
   auto age = AbandonAge();
   auto add = [&](const SweepStats& s) {
     total.removed += s.removed;
+    total.removed_bytes += s.removed_bytes;
     total.kept_locked += s.kept_locked;
   };
   for (Volume* v : svc_->Volumes()) {
@@ -702,7 +762,9 @@ UploadService::SweepStats UploadService::SweepAll() {
       ForEachSubdir(base, hex(2), [&](int ab, const std::string& abn) {
         ForEachSubdir(ab, hex(2), [&](int cd, const std::string& cdn) {
           ForEachSubdir(cd, hex(28), [&](int vf, const std::string& rest) {
-            add(SweepVFolderDir(vf, fmt::format("{}/{}/{}/{}", where, abn, cdn, rest), age));
+            // Usage figures of these vfolders catch up with their next reconcile.
+            add(SweepVFolderDir(vf, fmt::format("{}/{}/{}/{}", where, abn, cdn, rest), age,
+                                &svc_->reservations()));
           });
         });
       });

@@ -36,6 +36,7 @@
 
 #include "common/fd.h"
 #include "common/status.h"
+#include "service/reservations.h"
 #include "volume/ids.h"
 #include "volume/volume.h"
 
@@ -99,6 +100,8 @@ class UploadWriter {
   void Release();
 
   UploadTarget target_;
+  QuotaReservations* reservations_ = nullptr;
+  std::string reservation_key_;
   UniqueFd root_;       // the vfolder root (O_PATH)
   UniqueFd updir_;      // .upload (O_RDONLY directory)
   UniqueFd fd_;         // the staging file, locked
@@ -145,6 +148,7 @@ class UploadService {
 
   struct SweepStats {
     uint64_t removed = 0;  // files removed
+    uint64_t removed_bytes = 0;
     uint64_t kept_locked = 0;
   };
   // Removes the staging files, sidecars and leftovers of sessions abandoned for longer than
@@ -157,7 +161,9 @@ class UploadService {
   std::chrono::seconds AbandonAge() const;
 
  private:
-  Status CheckQuota(const UploadTarget& t, uint64_t more_bytes) const;
+  // Refuses `more_bytes` that do not fit the scope's limit, counting what other sessions of the
+  // scope have reserved; reserves them for session `t.session` when they fit.
+  Status ReserveQuota(const UploadTarget& t, uint64_t more_bytes) const;
 
   StorageService* svc_;
 };

@@ -222,8 +222,16 @@ Status CopyFileContents(int src_fd, int dst_fd, uint64_t size) {
   return Status::Ok();
 }
 
-Status RemoveTreeAt(int dirfd, const std::string& name) {
-  if (::unlinkat(dirfd, name.c_str(), 0) == 0) return Status::Ok();
+Status RemoveTreeAt(int dirfd, const std::string& name, TreeUsage* removed) {
+  struct stat sb;
+  bool counted = removed && ::fstatat(dirfd, name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) == 0;
+  if (::unlinkat(dirfd, name.c_str(), 0) == 0) {
+    if (counted) {
+      removed->file_count += 1;
+      removed->used_bytes += static_cast<uint64_t>(sb.st_size);
+    }
+    return Status::Ok();
+  }
   if (errno == ENOENT) return Status::Ok();
   if (errno != EISDIR && errno != EPERM)
     return Status::FromErrno(errno, fmt::format("unlink '{}'", name));
@@ -234,10 +242,11 @@ Status RemoveTreeAt(int dirfd, const std::string& name) {
   for (;;) {
     SLUICE_ASSIGN_OR_RETURN(auto entries, ReadDirEntries(sub.get(), name));
     if (entries.empty()) break;
-    for (auto& e : entries) SLUICE_RETURN_IF_ERROR(RemoveTreeAt(sub.get(), e.name));
+    for (auto& e : entries) SLUICE_RETURN_IF_ERROR(RemoveTreeAt(sub.get(), e.name, removed));
   }
   if (::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT)
     return Status::FromErrno(errno, fmt::format("rmdir '{}'", name));
+  if (removed) removed->file_count += 1;
   return Status::Ok();
 }
 

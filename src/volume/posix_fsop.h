@@ -32,8 +32,9 @@ struct PathParent {
 Result<PathParent> OpenPathParent(const std::string& path, int flags);
 
 // Removes `name` (file, symlink or whole directory tree) inside `dirfd` without following
-// symlinks.
-Status RemoveTreeAt(int dirfd, const std::string& name);
+// symlinks. `removed`, when given, receives what went (entries and bytes of non-directories),
+// also when it stops at an error part way.
+Status RemoveTreeAt(int dirfd, const std::string& name, TreeUsage* removed = nullptr);
 
 // Copies one regular file's contents: FICLONE, then copy_file_range, then read/write.
 Status CopyFileContents(int src_fd, int dst_fd, uint64_t size);

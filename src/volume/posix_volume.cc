@@ -261,7 +261,10 @@ Status PosixVolume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool 
     SLUICE_ASSIGN_OR_RETURN(UniqueFd parent,
                             OpenBeneath(root.get(), parent_rel, O_PATH | O_DIRECTORY));
     bool last = i + 1 == parts.size();
-    if (::mkdirat(parent.get(), parts[i].c_str(), 0755) == 0) continue;
+    if (::mkdirat(parent.get(), parts[i].c_str(), 0755) == 0) {
+      AccountWrite(vfid, 0, 1);
+      continue;
+    }
     int err = errno;
     std::string here = JoinComponents(parts, i + 1);
     if (err != EEXIST) return Status::FromErrno(err, fmt::format("mkdir '{}'", here));
@@ -408,13 +411,21 @@ Status PosixVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::st
     }
     targets.push_back(std::move(ref));
   }
-  for (auto& t : targets) SLUICE_RETURN_IF_ERROR(RemoveTreeAt(t.dir.get(), t.name));
+  for (auto& t : targets) {
+    TreeUsage removed;
+    Status st = RemoveTreeAt(t.dir.get(), t.name, &removed);
+    AccountWrite(vfid, -static_cast<int64_t>(removed.used_bytes),
+                 -static_cast<int64_t>(removed.file_count));
+    SLUICE_RETURN_IF_ERROR(st);
+  }
   return Status::Ok();
 }
 
 Result<std::string> PosixVolume::PrepareUpload(const VFolderId& vfid) {
   SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
-  if (::mkdirat(root.get(), kUploadDir, 0700) != 0 && errno != EEXIST)
+  if (::mkdirat(root.get(), kUploadDir, 0700) == 0)
+    AccountWrite(vfid, 0, 1);
+  else if (errno != EEXIST)
     return Status::FromErrno(errno, "create upload staging directory");
   int dfd = ::openat(root.get(), kUploadDir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dfd < 0)
@@ -426,6 +437,7 @@ Result<std::string> PosixVolume::PrepareUpload(const VFolderId& vfid) {
   int fd = ::openat(dir.get(), session.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return Status::FromErrno(errno, "create upload staging file");
   ::close(fd);
+  AccountWrite(vfid, 0, 1);
   return session;
 }
 

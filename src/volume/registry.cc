@@ -4,10 +4,43 @@
 #include <fmt/ranges.h>
 
 #include "volume/btrfs/btrfs_volume.h"
+#include "volume/cephfs/cephfs_volume.h"
 #include "volume/vfs/vfs_volume.h"
 #include "volume/xfs/xfs_volume.h"
 
 namespace sluice {
+
+namespace {
+
+// A duration option: "90s", "5m", a number of seconds; sub-second values as "250ms".
+Result<std::chrono::milliseconds> OptionDuration(const VolumeConfig& cfg, const std::string& key,
+                                                 const nlohmann::json& value,
+                                                 bool zero_ok = false) {
+  auto bad = [&](std::string_view why) {
+    return Status(Code::kInvalidArgument, fmt::format("volume.{}.options.{}: {} (got {})", cfg.name,
+                                                      key, why, value.dump()));
+  };
+  std::chrono::milliseconds out{0};
+  if (value.is_number_unsigned()) {
+    out = std::chrono::seconds(value.get<uint64_t>());
+  } else if (value.is_string()) {
+    std::string s = value.get<std::string>();
+    if (s.size() > 2 && s.size() < 15 && s.ends_with("ms") &&
+        s.find_first_not_of("0123456789") == s.size() - 2) {
+      out = std::chrono::milliseconds(std::stoull(s.substr(0, s.size() - 2)));
+    } else {
+      auto d = ParseDuration(s);
+      if (!d.ok()) return bad(d.status().message());
+      out = *d;
+    }
+  } else {
+    return bad("expected a duration such as \"60s\"");
+  }
+  if (out.count() < 0 || (out.count() == 0 && !zero_ok)) return bad("must be more than zero");
+  return out;
+}
+
+}  // namespace
 
 VolumeRegistry& VolumeRegistry::Builtin() {
   static VolumeRegistry* r = [] {
@@ -15,12 +48,21 @@ VolumeRegistry& VolumeRegistry::Builtin() {
     reg->Register(
         "vfs",
         [](const VolumeConfig& cfg, const VolumeDeps& deps) -> Result<std::unique_ptr<Volume>> {
-          if (!cfg.options.empty())
-            return Status(
-                Code::kInvalidArgument,
-                fmt::format("volume.{}.options: the vfs backend takes no options (got {})",
-                            cfg.name, cfg.options.dump()));
-          return std::unique_ptr<Volume>(new VfsVolume(cfg, deps.scan_pool));
+          auto reconcile = VfsVolume::kDefaultReconcileAfter;
+          std::chrono::microseconds budget = VfsVolume::kDefaultWalkBudget;
+          for (const auto& [key, value] : cfg.options.items()) {
+            if (key == "usage-reconcile-interval" || key == "usage_reconcile_interval") {
+              SLUICE_ASSIGN_OR_RETURN(reconcile, OptionDuration(cfg, key, value, false));
+            } else if (key == "usage-walk-budget" || key == "usage_walk_budget") {
+              SLUICE_ASSIGN_OR_RETURN(budget, OptionDuration(cfg, key, value, true));
+            } else {
+              return Status(Code::kInvalidArgument,
+                            fmt::format("volume.{}.options: unknown key '{}' for the vfs backend "
+                                        "(known: usage-reconcile-interval, usage-walk-budget)",
+                                        cfg.name, key));
+            }
+          }
+          return std::unique_ptr<Volume>(new VfsVolume(cfg, deps.scan_pool, reconcile, budget));
         });
     reg->Register(
         "btrfs",
@@ -31,6 +73,20 @@ VolumeRegistry& VolumeRegistry::Builtin() {
                 fmt::format("volume.{}.options: the btrfs backend takes no options (got {})",
                             cfg.name, cfg.options.dump()));
           return std::unique_ptr<Volume>(new BtrfsVolume(cfg, deps.scan_pool));
+        });
+    reg->Register(
+        "cephfs",
+        [](const VolumeConfig& cfg, const VolumeDeps& deps) -> Result<std::unique_ptr<Volume>> {
+          auto window = CephfsVolume::kDefaultPendingWindow;
+          for (const auto& [key, value] : cfg.options.items()) {
+            if (key != "pending-write-window" && key != "pending_write_window")
+              return Status(Code::kInvalidArgument,
+                            fmt::format("volume.{}.options: unknown key '{}' for the cephfs "
+                                        "backend (known: pending-write-window)",
+                                        cfg.name, key));
+            SLUICE_ASSIGN_OR_RETURN(window, OptionDuration(cfg, key, value, true));
+          }
+          return std::unique_ptr<Volume>(new CephfsVolume(cfg, deps.scan_pool, window));
         });
     // Project quotas; one class for both filesystems.
     for (auto [backend, kind] :

@@ -38,6 +38,9 @@ struct QuotaUsage {
 struct TreeUsage {
   uint64_t file_count = 0;  // every entry below the root: files, directories, symlinks
   uint64_t used_bytes = 0;  // apparent size of the non-directory entries
+  // When the figure was last measured on disk, for figures that are maintained rather than
+  // measured per request (vfs); unset means "measured just now" (a walk, kernel counters).
+  std::optional<std::chrono::system_clock::time_point> measured_at;
 };
 
 struct FsUsage {
@@ -126,6 +129,10 @@ class Volume {
   virtual Status CheckVFolder(const VFolderId& vfid) = 0;  // kNotFound if missing
   virtual Result<TreeUsage> GetUsage(const VFolderId& vfid) = 0;
   virtual Result<uint64_t> GetUsedBytes(const VFolderId& vfid) = 0;
+  // Usage measured now, for callers that cannot use a maintained figure that may lag writes
+  // made behind Sluice's back (a clone's space check, an operator asking for it). Backends whose
+  // GetUsage is always current answer with it.
+  virtual Result<TreeUsage> GetFreshUsage(const VFolderId& vfid) { return GetUsage(vfid); }
   virtual Result<FsUsage> GetFsUsage() = 0;
   virtual HwInfo GetHwInfo() = 0;
   // Absolute path of `subpath` inside the vfolder, checked to stay inside it.
@@ -135,6 +142,10 @@ class Volume {
   virtual Status CloneVFolderInto(const VFolderId& src, const VFolderId& dst) {
     return fsop().CopyTree(VFolderPath(src), VFolderPath(dst));
   }
+  // A write that did not go through this interface (the upload service writes staging files
+  // itself) changed the vfolder by these amounts. Backends that maintain usage figures (vfs)
+  // or check limits ahead of a lazy kernel (cephfs) account it; the others ignore it.
+  virtual void AccountWrite(const VFolderId& vfid, int64_t bytes, int64_t entries) {}
 
   // --- file operations inside a vfolder; every path is resolved beneath the vfolder root ---
   // kInvalidPath when `relpath` is hostile as text or when the part of it that exists resolves

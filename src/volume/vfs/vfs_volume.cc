@@ -16,6 +16,29 @@
 namespace sluice {
 
 namespace {
+
+// Names of the subdirectories of `dir` (not following symlinks), skipping dot entries.
+Result<std::vector<std::string>> ListSubdirs(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) {
+    if (errno == ENOENT) return out;
+    return Status::FromErrno(errno, fmt::format("list '{}'", dir));
+  }
+  while (struct dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    bool is_dir = e->d_type == DT_DIR;
+    if (e->d_type == DT_UNKNOWN) {
+      struct stat sb;
+      is_dir =
+          ::fstatat(::dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(sb.st_mode);
+    }
+    if (is_dir) out.emplace_back(e->d_name);
+  }
+  ::closedir(d);
+  return out;
+}
+
 Status MissingScope(const QuotaScopeId& qsid) {
   return Status(Code::kNotFound, fmt::format("quota scope {} does not exist", qsid.ToString()));
 }
@@ -78,13 +101,23 @@ Result<QuotaUsage> VfsQuotaModel::DescribeScope(const QuotaScopeId& qsid) {
   SLUICE_RETURN_IF_ERROR(CheckScope(qsid));
   QuotaUsage u;
   SLUICE_ASSIGN_OR_RETURN(u.limit_bytes, ReadLimit(qsid));
-  SLUICE_ASSIGN_OR_RETURN(TreeUsage t, fsop_->ScanTree(ScopePath(qsid)));
-  u.used_bytes = t.used_bytes;
-  // The limit file is Sluice's bookkeeping, not user data.
-  struct stat sb;
-  std::string file = ScopePath(qsid) + "/" + kLimitFile;
-  if (::stat(file.c_str(), &sb) == 0 && u.used_bytes >= static_cast<uint64_t>(sb.st_size))
-    u.used_bytes -= static_cast<uint64_t>(sb.st_size);
+  // The scope's vfolders sit at <scope>/<aa>/<bb>/<rest>; the sum of their maintained figures
+  // costs a readdir of the hash levels, not a walk of the data.
+  std::string base = ScopePath(qsid);
+  SLUICE_ASSIGN_OR_RETURN(auto l1, ListSubdirs(base));
+  for (const auto& a : l1) {
+    SLUICE_ASSIGN_OR_RETURN(auto l2, ListSubdirs(base + "/" + a));
+    for (const auto& b : l2) {
+      std::string dir = base + "/" + a + "/" + b;
+      SLUICE_ASSIGN_OR_RETURN(auto vfolders, ListSubdirs(dir));
+      for (const auto& v : vfolders) {
+        auto t = usage_->Get(dir + "/" + v);
+        if (!t.ok() && t.status().code() == Code::kNotFound) continue;  // deleted meanwhile
+        if (!t.ok()) return t.status();
+        u.used_bytes += t->used_bytes;
+      }
+    }
+  }
   return u;
 }
 
@@ -131,8 +164,13 @@ Status VfsQuotaModel::DeleteScope(const QuotaScopeId& qsid) {
   return Status::Ok();
 }
 
-VfsVolume::VfsVolume(VolumeConfig cfg, ThreadPool* scan_pool)
-    : PosixVolume(std::move(cfg), scan_pool), quota_(cfg_.path, &fsop_) {}
+VfsVolume::VfsVolume(VolumeConfig cfg, ThreadPool* scan_pool,
+                     std::chrono::milliseconds reconcile_after,
+                     std::chrono::microseconds walk_budget)
+    : PosixVolume(std::move(cfg), scan_pool),
+      usage_([this](const std::string& path) { return fsop_.ScanTree(path); }, reconcile_after,
+             walk_budget),
+      quota_(cfg_.path, &usage_) {}
 
 std::set<std::string> VfsVolume::capabilities() const {
   return {kCapVFolder, kCapQuota, kCapMetric};
@@ -140,26 +178,29 @@ std::set<std::string> VfsVolume::capabilities() const {
 
 Result<TreeUsage> VfsVolume::GetUsage(const VFolderId& vfid) {
   SLUICE_RETURN_IF_ERROR(CheckVFolder(vfid));
-  std::string path = VFolderPath(vfid);
-  std::promise<Result<TreeUsage>> promise;
-  std::shared_future<Result<TreeUsage>> running;
-  {
-    std::lock_guard lk(scans_mu_);
-    auto it = scans_.find(path);
-    if (it != scans_.end()) {
-      running = it->second;
-    } else {
-      scans_.emplace(path, promise.get_future().share());
-    }
-  }
-  if (running.valid()) return running.get();
-  Result<TreeUsage> r = fsop_.ScanTree(path);
-  {
-    std::lock_guard lk(scans_mu_);
-    scans_.erase(path);
-  }
-  promise.set_value(r);
+  return usage_.Get(VFolderPath(vfid));
+}
+
+Result<TreeUsage> VfsVolume::GetFreshUsage(const VFolderId& vfid) {
+  SLUICE_RETURN_IF_ERROR(CheckVFolder(vfid));
+  return usage_.Reconcile(VFolderPath(vfid));
+}
+
+Status VfsVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_scope,
+                                std::optional<uint64_t> initial_limit) {
+  SLUICE_RETURN_IF_ERROR(PosixVolume::CreateVFolder(vfid, mode, auto_scope, initial_limit));
+  usage_.Set(VFolderPath(vfid), TreeUsage{});
+  return Status::Ok();
+}
+
+Result<std::string> VfsVolume::DetachVFolder(const VFolderId& vfid) {
+  auto r = PosixVolume::DetachVFolder(vfid);
+  usage_.Forget(VFolderPath(vfid));
   return r;
+}
+
+void VfsVolume::AccountWrite(const VFolderId& vfid, int64_t bytes, int64_t entries) {
+  usage_.Add(VFolderPath(vfid), bytes, entries);
 }
 
 }  // namespace sluice

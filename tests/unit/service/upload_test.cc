@@ -185,18 +185,44 @@ TEST_F(UploadTest, RefusesHostileClaims) {
   EXPECT_EQ(up_->ResolveClaims(c, std::nullopt).status().code(), Code::kNotFound);
 }
 
-TEST_F(UploadTest, QuotaIsCheckedAtCreationAndFirstWrite) {
+TEST_F(UploadTest, QuotaIsReservedAtCreationAndCheckedAgainAfterARestart) {
   ASSERT_TRUE(vol()->quota().UpdateScope(*vfid_.scope, 1000).ok());
   EXPECT_EQ(up_->CreateSession(*vol(), vfid_, "big", 1001).status().code(), Code::kQuotaExceeded);
   UploadTarget t = Session("f", 600);
+  // 600 bytes are promised to the first session: a second one of 500 does not fit, although
+  // nothing is written yet.
+  auto second = up_->CreateSession(*vol(), vfid_, "g", 500);
+  EXPECT_EQ(second.status().code(), Code::kQuotaExceeded);
+  EXPECT_NE(second.status().message().find("promised to other uploads"), std::string::npos)
+      << second.status().ToString();
+  // A refused session leaves no staging file behind.
+  size_t staged = 0;
+  for (auto& e : fs::directory_iterator(vf() / ".upload")) staged += e.path().extension() == "";
+  EXPECT_EQ(staged, 1u);
+  EXPECT_TRUE(up_->CreateSession(*vol(), vfid_, "g", 400).ok());
+
+  // After a restart (reservations are in memory) the session is checked again before it
+  // writes: the disk filled up meanwhile behind Sluice's back.
+  svc_->reservations().Release(vol()->VFolderPath(vfid_) + "/" + t.session);
   {
     std::ofstream out(vf() / "filler", std::ios::binary);
     out << std::string(500, 'x');
   }
+  ASSERT_TRUE(vol()->GetFreshUsage(vfid_).ok());
   uint64_t cur = 0;
   EXPECT_EQ(up_->BeginWrite(t, 0, &cur).status().code(), Code::kQuotaExceeded);
   fs::remove(vf() / "filler");
-  EXPECT_TRUE(up_->BeginWrite(t, 0, &cur).ok());
+  ASSERT_TRUE(vol()->GetFreshUsage(vfid_).ok());
+  auto w = up_->BeginWrite(t, 0, &cur);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE((*w)->Write(std::string(600, 'a').data(), 600).ok());
+  ASSERT_TRUE((*w)->Finish().ok());
+  // Complete: its reservation is released, and its bytes count as used.
+  EXPECT_EQ(svc_->reservations().Reserved(QuotaReservations::ScopeKey("local", vfid_.scope->hex)),
+            400u);
+  uint64_t used = vol()->quota().DescribeScope(*vfid_.scope)->used_bytes;
+  EXPECT_GE(used, 600u);
+  EXPECT_LT(used, 700u);  // plus the completed session's small offset file
 }
 
 TEST_F(UploadTest, SweepRemovesOldUnlockedSessionsOnly) {

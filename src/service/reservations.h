@@ -1,0 +1,66 @@
+// Bytes promised to upload sessions that have not been written yet, per quota scope. A quota
+// check counts what the scope holds on disk plus what other sessions may still write, so
+// concurrent uploads cannot together overshoot a limit that each alone would fit. Kept in this
+// process's memory: sessions found after a restart are reserved again on their next PATCH.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace sluice {
+
+class QuotaReservations {
+ public:
+  static std::string ScopeKey(const std::string& volume, const std::string& scope_hex) {
+    return volume + "/" + scope_hex;
+  }
+
+  // `scope` names the quota scope (volume + scope id), `session` the upload (vfolder + id).
+  // Under the lock, `check(others)` receives what every other session of the scope has
+  // reserved and returns whether `bytes` more fit; when it says yes, the session's reservation
+  // becomes `bytes`. Returns what `check` returned.
+  template <typename Check>
+  auto Reserve(const std::string& scope, const std::string& session, uint64_t bytes,
+               Check&& check) {
+    std::lock_guard lk(mu_);
+    uint64_t others = 0;
+    for (const auto& [key, r] : by_session_)
+      if (r.scope == scope && key != session) others += r.bytes;
+    auto verdict = check(others);
+    if (verdict.ok()) by_session_[session] = {scope, bytes};
+    return verdict;
+  }
+  // The session still needs this many bytes (it wrote some). No-op for unknown sessions.
+  void Shrink(const std::string& session, uint64_t bytes) {
+    std::lock_guard lk(mu_);
+    auto it = by_session_.find(session);
+    if (it != by_session_.end() && bytes < it->second.bytes) it->second.bytes = bytes;
+  }
+  bool Has(const std::string& session) const {
+    std::lock_guard lk(mu_);
+    return by_session_.count(session) != 0;
+  }
+  void Release(const std::string& session) {
+    std::lock_guard lk(mu_);
+    by_session_.erase(session);
+  }
+  uint64_t Reserved(const std::string& scope) const {
+    std::lock_guard lk(mu_);
+    uint64_t n = 0;
+    for (const auto& [key, r] : by_session_)
+      if (r.scope == scope) n += r.bytes;
+    return n;
+  }
+
+ private:
+  struct Reservation {
+    std::string scope;
+    uint64_t bytes = 0;
+  };
+  mutable std::mutex mu_;
+  std::map<std::string, Reservation> by_session_;
+};
+
+}  // namespace sluice

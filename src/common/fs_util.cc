@@ -27,4 +27,19 @@ Status EnsureDir(const std::string& path, mode_t mode) {
   return Status::FromErrno(errno, fmt::format("mkdir '{}'", path));
 }
 
+int RenameNoReplace(int olddirfd, const char* oldpath, int newdirfd, const char* newpath) {
+  if (::renameat2(olddirfd, oldpath, newdirfd, newpath, RENAME_NOREPLACE) == 0) return 0;
+  if (errno != EINVAL) return -1;
+  // EINVAL is also the answer to renaming a directory into itself: only fall back when the
+  // source exists and the target does not.
+  struct stat sb;
+  if (::fstatat(olddirfd, oldpath, &sb, AT_SYMLINK_NOFOLLOW) != 0) return -1;
+  if (::fstatat(newdirfd, newpath, &sb, AT_SYMLINK_NOFOLLOW) == 0) {
+    errno = EEXIST;
+    return -1;
+  }
+  if (errno != ENOENT) return -1;
+  return ::renameat(olddirfd, oldpath, newdirfd, newpath);
+}
+
 }  // namespace sluice

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "common/fd.h"
+#include "common/fs_util.h"
 
 namespace sluice {
 
@@ -288,8 +289,7 @@ Status PosixFSOpModel::CopyTree(const std::string& src, const std::string& dst) 
 }
 
 Status PosixFSOpModel::MoveTree(const std::string& src, const std::string& dst) {
-  if (::renameat2(AT_FDCWD, src.c_str(), AT_FDCWD, dst.c_str(), RENAME_NOREPLACE) == 0)
-    return Status::Ok();
+  if (RenameNoReplace(AT_FDCWD, src.c_str(), AT_FDCWD, dst.c_str()) == 0) return Status::Ok();
   if (errno != EXDEV) return Status::FromErrno(errno, fmt::format("rename '{}' -> '{}'", src, dst));
   SLUICE_RETURN_IF_ERROR(CopyTree(src, dst));
   return DeleteTree(src);

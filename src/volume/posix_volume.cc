@@ -178,7 +178,7 @@ Result<std::string> PosixVolume::DetachVFolder(const VFolderId& vfid) {
   std::string p = VFolderPath(vfid);
   SLUICE_RETURN_IF_ERROR(EnsureDir(TrashDir(), 0700));
   std::string dst = fmt::format("{}/{}-{}", TrashDir(), vfid.hex, RandomHex(8));
-  if (::renameat2(AT_FDCWD, p.c_str(), AT_FDCWD, dst.c_str(), RENAME_NOREPLACE) != 0) {
+  if (RenameNoReplace(AT_FDCWD, p.c_str(), AT_FDCWD, dst.c_str()) != 0) {
     if (errno == ENOENT) return NotFoundVFolder(vfid, cfg_.name);
     return Status::FromErrno(errno, fmt::format("detach vfolder {}", vfid.ToString()));
   }
@@ -333,8 +333,7 @@ Status PosixVolume::Rename(const VFolderId& vfid, std::string_view relpath,
   SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
   SLUICE_ASSIGN_OR_RETURN(ParentRef src, OpenParentBeneath(root.get(), relpath));
   std::string nn(new_name);
-  if (::renameat2(src.dir.get(), src.name.c_str(), src.dir.get(), nn.c_str(), RENAME_NOREPLACE) !=
-      0)
+  if (RenameNoReplace(src.dir.get(), src.name.c_str(), src.dir.get(), nn.c_str()) != 0)
     return Status::FromErrno(errno, fmt::format("rename '{}' to '{}'", relpath, new_name));
   return Status::Ok();
 }
@@ -356,8 +355,7 @@ Status PosixVolume::Move(const VFolderId& vfid, std::string_view src, std::strin
   } else {
     return dst_dir.status();
   }
-  if (::renameat2(from.dir.get(), from.name.c_str(), to.dir.get(), to.name.c_str(),
-                  RENAME_NOREPLACE) != 0)
+  if (RenameNoReplace(from.dir.get(), from.name.c_str(), to.dir.get(), to.name.c_str()) != 0)
     return Status::FromErrno(errno, fmt::format("move '{}' to '{}'", src, dst));
   return Status::Ok();
 }

@@ -569,7 +569,7 @@ Status BtrfsVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_
     if (Status st = btrfs::AssignQgroup(mount_fd_.get(), Qgroup(0, *id), *scope_q); !st.ok())
       return fail(st.WithContext(ctx));
   }
-  if (::renameat2(parent.get(), tmp.c_str(), parent.get(), name.c_str(), RENAME_NOREPLACE) != 0) {
+  if (RenameNoReplace(parent.get(), tmp.c_str(), parent.get(), name.c_str()) != 0) {
     if (errno == EEXIST) return fail(exists());
     return fail(Status::FromErrno(errno, ctx + ": rename into place"));
   }

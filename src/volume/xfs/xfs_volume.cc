@@ -94,6 +94,7 @@ Status XfsQuotaModel::WriteIdFile(const QuotaScopeId& qsid, uint32_t id) const {
 
 Result<uint32_t> XfsQuotaModel::ScopeProject(const QuotaScopeId& qsid) {
   SLUICE_RETURN_IF_ERROR(CheckScope(qsid));
+  if (!vol_->projects_) return 0u;  // scopes are plain directories (see XfsVolume::Init)
   SLUICE_ASSIGN_OR_RETURN(auto id, ReadIdFile(qsid));
   if (id) return *id;
   std::lock_guard lk(mu_);
@@ -122,6 +123,7 @@ Status XfsQuotaModel::CreateScope(const QuotaScopeId& qsid, std::optional<uint64
     return Status::FromErrno(errno, fmt::format("create quota scope {}", qsid.ToString()));
   }
   auto setup = [&]() -> Status {
+    if (!vol_->projects_) return Status::Ok();
     SLUICE_ASSIGN_OR_RETURN(uint32_t id, vol_->AllocateProjectId());
     SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(p));
     SLUICE_RETURN_IF_ERROR(xfs::SetProject(dir.get(), id, true).WithContext(p));
@@ -281,6 +283,26 @@ Status XfsVolume::Init() {
     if (!attr.ok())
       return attr.status().WithContext(
           fmt::format("volume {}: project ids are not available on '{}'", cfg_.name, cfg_.path));
+  }
+  // ext4 sets project ids only with the `project` feature, which needs a kernel with quota
+  // support to mount at all: without it, scopes are plain directories.
+  if (kind_ == Kind::kExt4) {
+    std::string probe = cfg_.path + "/.sluice-probe-XXXXXX";
+    if (::mkdtemp(probe.data())) {
+      auto fd = OpenDir(probe);
+      Status set = fd.ok() ? xfs::SetProject(fd->get(), 1, false) : fd.status();
+      if (set.ok()) (void)xfs::SetProject(fd->get(), 0, false);
+      if (!set.ok() && set.sys_errno() == EOPNOTSUPP) projects_ = false;
+      ::rmdir(probe.c_str());
+    }
+  }
+  if (!projects_) {
+    degraded_reason_ = fmt::format(
+        "the ext4 filesystem of '{}' has no project feature (tune2fs -O project, on a kernel with "
+        "quota support); quota scopes are plain directories and limits are not enforced",
+        cfg_.path);
+    spdlog::warn("volume {}: {}", cfg_.name, degraded_reason_);
+    return Status::Ok();
   }
   auto dev = xfs::BlockDevice(cfg_.path);
   if (!dev.ok()) {

@@ -87,6 +87,7 @@ class XfsVolume : public PosixVolume {
   xfs::QuotaState quota_state_;
   std::string degraded_reason_;
   bool reflink_ = false;
+  bool projects_ = true;  // project ids can be set (not on ext4 without the project feature)
   std::mutex counter_mu_;
 };
 

@@ -19,8 +19,8 @@
 
 #include <gtest/gtest.h>
 
-#include "btrfs_loop.h"
 #include "common/thread_pool.h"
+#include "loop_fs.h"
 #include "volume/btrfs/btrfs_fs.h"
 #include "volume/btrfs/btrfs_volume.h"
 #include "volume/registry.h"
@@ -93,7 +93,7 @@ bool FirstExtentShared(const std::string& path) {
 class BtrfsVolumeTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto& loop = test::BtrfsLoop::Shared();
+    auto& loop = test::LoopFs::Btrfs();
     ASSERT_TRUE(loop.ok()) << loop.error();
     base_ = loop.MakeTempDir("btrfs-test");
     ASSERT_FALSE(base_.empty());

@@ -13,10 +13,9 @@
 
 #include <gtest/gtest.h>
 
-#include "btrfs_loop.h"
 #include "common/thread_pool.h"
+#include "loop_fs.h"
 #include "volume/registry.h"
-#include "xfs_loop.h"
 
 namespace sluice {
 namespace {
@@ -380,7 +379,7 @@ VolumeConfig MakeConfig(const std::string& backend, const std::string& dir) {
 
 // btrfs: a loop-mounted filesystem with qgroups, shared by the process's btrfs tests.
 std::string BtrfsScratch(std::string* error) {
-  auto& loop = test::BtrfsLoop::Shared();
+  auto& loop = test::LoopFs::Btrfs();
   *error = loop.error();
   return loop.mount();
 }
@@ -388,7 +387,15 @@ std::string BtrfsScratch(std::string* error) {
 // xfs: a loop-mounted XFS filesystem with reflinks; limits only where the kernel enforces
 // project quotas (not on this project's machines; see docs/decisions.md, "XFS/ext4 backend").
 std::string XfsScratch(std::string* error) {
-  auto& loop = test::XfsLoop::Shared();
+  auto& loop = test::LoopFs::Xfs();
+  *error = loop.error();
+  return loop.mount();
+}
+
+// ext4: a loop-mounted plain ext4 (no `project` feature: with it, ext4 does not mount on a
+// kernel without CONFIG_QUOTA, such as this project's machines).
+std::string Ext4Scratch(std::string* error) {
+  auto& loop = test::LoopFs::Ext4();
   *error = loop.error();
   return loop.mount();
 }
@@ -413,7 +420,9 @@ std::vector<Backend> Backends() {
       Backend{"btrfs", [](const std::string& dir) { return MakeConfig("btrfs", dir); },
               BtrfsScratch, 64 << 10},
       Backend{"xfs", [](const std::string& dir) { return MakeConfig("xfs", dir); }, XfsScratch, 0,
-              XfsLimitsEnforced()}};
+              XfsLimitsEnforced()},
+      Backend{"ext4", [](const std::string& dir) { return MakeConfig("ext4", dir); }, Ext4Scratch,
+              0, false}};
   if (std::getenv("SLUICE_TEST_CEPHFS"))
     b.push_back(Backend{"cephfs", [](const std::string& dir) { return MakeConfig("cephfs", dir); },
                         CephfsScratch, 0, true, std::chrono::seconds(30), false});

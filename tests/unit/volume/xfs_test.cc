@@ -19,10 +19,10 @@
 #include <gtest/gtest.h>
 
 #include "common/thread_pool.h"
+#include "loop_fs.h"
 #include "volume/registry.h"
 #include "volume/xfs/xfs_fs.h"
 #include "volume/xfs/xfs_volume.h"
-#include "xfs_loop.h"
 
 namespace sluice {
 namespace {
@@ -92,7 +92,7 @@ bool AllExtentsShared(const std::string& path) {
 class XfsVolumeTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto& loop = test::XfsLoop::Shared();
+    auto& loop = test::LoopFs::Xfs();
     ASSERT_TRUE(loop.ok()) << loop.error();
     base_ = loop.MakeTempDir("xfs-test");
     ASSERT_FALSE(base_.empty());
@@ -259,7 +259,7 @@ TEST_F(XfsVolumeTest, LimitsEnforcedOrRefused) {
   EXPECT_NE(info.status_info.find("limits are not enforced"), std::string::npos)
       << info.status_info;
   EXPECT_EQ(info.metadata["project_quota"], "unavailable");
-  EXPECT_EQ(info.metadata["device"], test::XfsLoop::Shared().device());
+  EXPECT_EQ(info.metadata["device"], test::LoopFs::Xfs().device());
   EXPECT_FALSE(vol_->capabilities().count(kCapQuota));
   EXPECT_TRUE(vol_->capabilities().count(kCapVFolder));
   // Limits are refused with the reason; nothing is made.
@@ -306,7 +306,7 @@ TEST_F(XfsVolumeTest, InitRefusesOtherFilesystems) {
 }
 
 TEST(XfsFs, BlockDeviceComesFromMountinfo) {
-  auto& loop = test::XfsLoop::Shared();
+  auto& loop = test::LoopFs::Xfs();
   ASSERT_TRUE(loop.ok()) << loop.error();
   auto dev = xfs::BlockDevice(loop.mount());
   ASSERT_TRUE(dev.ok()) << dev.status().ToString();

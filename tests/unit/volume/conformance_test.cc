@@ -192,11 +192,11 @@ TEST_P(Conformance, ScopeWithVFoldersCannotBeDeleted) {
 TEST_P(Conformance, VFolderLayoutAndMode) {
   if (!GetParam().limits) {
     // An initial limit that cannot be set fails the create and leaves nothing behind.
-    EXPECT_EQ(vol_->CreateVFolder(vf_, 0750, true, 12345).code(), Code::kUnsupported);
+    EXPECT_EQ(vol_->CreateVFolder(vf_, 0750, true, 12800).code(), Code::kUnsupported);
     EXPECT_FALSE(fs::exists(vol_->quota().ScopePath(qs_)));
   }
   Status created = vol_->CreateVFolder(
-      vf_, 0750, true, GetParam().limits ? std::optional<uint64_t>(12345) : std::nullopt);
+      vf_, 0750, true, GetParam().limits ? std::optional<uint64_t>(12800) : std::nullopt);
   ASSERT_TRUE(created.ok()) << created.ToString();
   std::string expect =
       mount_ + "/11111111111111111111111111111111/ab/cd/ef0123456789abcdef0123456789";
@@ -205,7 +205,7 @@ TEST_P(Conformance, VFolderLayoutAndMode) {
   ASSERT_EQ(::stat(expect.c_str(), &sb), 0);
   EXPECT_EQ(sb.st_mode & 07777, 0750u);
   if (GetParam().limits) {
-    EXPECT_EQ(*vol_->quota().DescribeScope(qs_)->limit_bytes, 12345u);
+    EXPECT_EQ(*vol_->quota().DescribeScope(qs_)->limit_bytes, 12800u);
   }
   EXPECT_EQ(vol_->CreateVFolder(vf_, 0755, true, std::nullopt).code(), Code::kAlreadyExists);
 }

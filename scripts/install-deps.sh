@@ -14,6 +14,11 @@ PKGS=(
   unzip  # `unzip -t` checks the ZIP streams of archive downloads
   btrfs-progs  # mkfs.btrfs and `btrfs quota enable` for the loop-mounted test filesystem
   xfsprogs  # mkfs.xfs for the loop-mounted XFS test filesystem (project ids, reflinks)
+  # single-node CephFS of tests/tools/ceph-cluster.sh (memstore OSD, ceph-fuse mount), never
+  # started as services. ceph-mgr only reports usage (statfs on the mount is zero without it);
+  # ceph-mds depends on it anyway (through the `ceph` package).
+  ceph-mon ceph-mgr ceph-osd ceph-mds ceph-fuse ceph-common
+  attr  # getfattr/setfattr for ceph.quota.* and ceph.dir.r* on the CephFS mount
   # benchmarks
   wrk
   nginx  # the peer of bench/bench_download.py (started by the script, never as a service)

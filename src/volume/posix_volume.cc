@@ -64,6 +64,43 @@ std::string PosixVolume::TrashDir() const {
   return cfg_.path + "/.sluice-trash";
 }
 
+std::string PosixVolume::ScopeDir(const QuotaScopeId& qsid) const {
+  return cfg_.path + "/" + qsid.hex;
+}
+
+Status PosixVolume::MissingScope(const QuotaScopeId& qsid, const std::string& volume) {
+  return Status(Code::kNotFound,
+                fmt::format("quota scope {} does not exist on volume {}", qsid.ToString(), volume));
+}
+
+Status PosixVolume::CheckScopeDir(const QuotaScopeId& qsid) const {
+  struct stat sb;
+  if (::stat(ScopeDir(qsid).c_str(), &sb) != 0) {
+    if (errno == ENOENT) return MissingScope(qsid, cfg_.name);
+    return Status::FromErrno(errno, fmt::format("stat quota scope {}", qsid.ToString()));
+  }
+  if (!S_ISDIR(sb.st_mode))
+    return Status(Code::kIoError, fmt::format("quota scope {}: '{}' is not a directory",
+                                              qsid.ToString(), ScopeDir(qsid)));
+  return Status::Ok();
+}
+
+Status PosixVolume::CheckScopeEmpty(const QuotaScopeId& qsid, std::string_view bookkeeping) const {
+  DIR* d = ::opendir(ScopeDir(qsid).c_str());
+  if (!d) return Status::FromErrno(errno, fmt::format("open quota scope {}", qsid.ToString()));
+  size_t others = 0;
+  while (struct dirent* e = ::readdir(d)) {
+    std::string_view n = e->d_name;
+    if (n != "." && n != ".." && n != bookkeeping) ++others;
+  }
+  ::closedir(d);
+  if (others)
+    return Status(
+        Code::kNotEmpty,
+        fmt::format("quota scope {} still holds vfolders; delete them first", qsid.ToString()));
+  return Status::Ok();
+}
+
 Status PosixVolume::Init() {
   struct stat sb;
   if (::stat(cfg_.path.c_str(), &sb) != 0)

@@ -58,6 +58,15 @@ class PosixVolume : public Volume {
   // Where detached vfolders wait for deletion: <mount>/.sluice-trash.
   std::string TrashDir() const;
 
+  // Quota scopes are directories <mount>/<scope hex> on every backend of this kind.
+  std::string ScopeDir(const QuotaScopeId& qsid) const;
+  // kNotFound naming the scope and the volume when it is missing; kIoError when not a directory.
+  Status CheckScopeDir(const QuotaScopeId& qsid) const;
+  // kNotEmpty unless the scope directory holds nothing but the file `bookkeeping` (the backend's
+  // own record, e.g. a stored limit).
+  Status CheckScopeEmpty(const QuotaScopeId& qsid, std::string_view bookkeeping) const;
+  static Status MissingScope(const QuotaScopeId& qsid, const std::string& volume);
+
  protected:
   VolumeConfig cfg_;
   PosixFSOpModel fsop_;

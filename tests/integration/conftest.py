@@ -4,6 +4,7 @@ Tests talk to the daemon through `Daemon.mgr(...)` (manager API, token added) an
 volume directly on disk. Helpers shared by the test modules live here so the tests stay short.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -11,6 +12,7 @@ import signal
 import socket
 import stat
 import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -414,6 +416,79 @@ def problem(r):
         f"{r.status_code} with Content-Type {r.headers.get('Content-Type')!r}: {r.text[:300]}"
     )
     return r.json()
+
+
+# --------------------------------------------------------------------------- CephFS
+
+
+CEPH_TOOL = REPO / "tests" / "tools" / "ceph-cluster.sh"
+CEPH_UP_TIMEOUT = 180  # the tool starts a cluster in ~10-15 s; each of its steps has a timeout
+CEPH_DOWN_TIMEOUT = 120
+
+
+class CephCluster:
+    """A throw-away single-node Ceph cluster made by tests/tools/ceph-cluster.sh: `dir` holds
+    everything, `conf` is its ceph.conf (auth none: any client id, no keyring), `mnt` the
+    ceph-fuse mount of its one file system ("cephfs")."""
+
+    def __init__(self, dir, mnt):
+        self.dir = Path(dir)
+        self.conf = self.dir / "ceph.conf"
+        self.mnt = Path(mnt)
+
+    def ceph(self, *args, timeout=30):
+        """`ceph ARGS` against this cluster; returns the CompletedProcess (text, not checked)."""
+        return subprocess.run(
+            ["ceph", "-c", str(self.conf), "--connect-timeout", "5", *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+
+@contextlib.contextmanager
+def ceph_cluster(size=None, extra_conf=None):
+    """Context manager: brings up a cluster (memstore OSD of `size`, e.g. "2G"; `extra_conf`
+    lines appended to ceph.conf) and always tears it down. Leftovers of a crashed run are swept
+    first; the cluster's owner is this process, so a later sweep removes it if we die."""
+    subprocess.run([str(CEPH_TOOL), "sweep"], capture_output=True, check=False,
+                   timeout=CEPH_DOWN_TIMEOUT)
+    d = tempfile.mkdtemp(prefix=f"sluice-ceph-{os.getpid()}-", dir="/tmp")
+    env = {**os.environ, "SLUICE_CEPH_OWNER": str(os.getpid())}
+    if extra_conf:
+        env["SLUICE_CEPH_CONF"] = extra_conf
+    try:
+        try:
+            r = subprocess.run(
+                [str(CEPH_TOOL), "up", d, *([str(size)] if size else [])],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=CEPH_UP_TIMEOUT,
+            )
+        except subprocess.TimeoutExpired as e:
+            err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+            pytest.fail(f"ceph-cluster.sh up did not finish within {CEPH_UP_TIMEOUT}s:\n"
+                        f"{err or ''}")
+        if r.returncode != 0:
+            pytest.fail(f"ceph-cluster.sh up failed ({r.returncode}):\n{r.stdout}{r.stderr}")
+        yield CephCluster(d, r.stdout.strip().splitlines()[-1])
+    finally:
+        subprocess.run([str(CEPH_TOOL), "down", d], check=False, timeout=CEPH_DOWN_TIMEOUT)
+
+
+@pytest.fixture(scope="session")
+def cephfs_cluster():
+    """One CephFS cluster for the whole test session (~10-15 s to start): tests share it, so
+    each works in its own fresh directory below `cephfs_mount`."""
+    with ceph_cluster(size="2G") as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def cephfs_mount(cephfs_cluster):
+    """The session cluster's ceph-fuse mount point (a Path)."""
+    return cephfs_cluster.mnt
 
 
 # --------------------------------------------------------------------------- fixtures

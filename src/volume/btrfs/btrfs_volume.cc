@@ -22,11 +22,6 @@ using btrfs::QgroupName;
 
 namespace {
 
-Status MissingScope(const QuotaScopeId& qsid, const std::string& volume) {
-  return Status(Code::kNotFound,
-                fmt::format("quota scope {} does not exist on volume {}", qsid.ToString(), volume));
-}
-
 // A directory opened for ioctls (O_PATH descriptors do not take ioctls).
 Result<UniqueFd> OpenDir(int dirfd, const std::string& name, const std::string& what) {
   int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -169,19 +164,7 @@ void StaleQgroups::Reap(int fs_fd, const btrfs::QgroupSysfs& sysfs) {
 // ----------------------------------------------------------------------------- BtrfsQuotaModel
 
 std::string BtrfsQuotaModel::ScopePath(const QuotaScopeId& qsid) const {
-  return vol_->path() + "/" + qsid.hex;
-}
-
-Status BtrfsQuotaModel::CheckScope(const QuotaScopeId& qsid) const {
-  struct stat sb;
-  if (::stat(ScopePath(qsid).c_str(), &sb) != 0) {
-    if (errno == ENOENT) return MissingScope(qsid, vol_->name());
-    return Status::FromErrno(errno, fmt::format("stat quota scope {}", qsid.ToString()));
-  }
-  if (!S_ISDIR(sb.st_mode))
-    return Status(Code::kIoError, fmt::format("quota scope {}: '{}' is not a directory",
-                                              qsid.ToString(), ScopePath(qsid)));
-  return Status::Ok();
+  return vol_->ScopeDir(qsid);
 }
 
 Result<std::optional<uint64_t>> BtrfsQuotaModel::ReadQgroupFile(const QuotaScopeId& qsid) const {
@@ -264,7 +247,7 @@ Result<std::optional<uint64_t>> BtrfsQuotaModel::ScopeQgroup(const QuotaScopeId&
   std::lock_guard lk(mu_);
   SLUICE_ASSIGN_OR_RETURN(q, ReadQgroupFile(qsid));  // created meanwhile
   if (q) return q;
-  SLUICE_RETURN_IF_ERROR(CheckScope(qsid));
+  SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
   int mfd = vol_->mount_fd_.get();
   SLUICE_ASSIGN_OR_RETURN(UniqueFd scope, OpenDir(mfd, qsid.hex, ScopePath(qsid)));
   struct stat sb;
@@ -299,7 +282,7 @@ Result<std::optional<uint64_t>> BtrfsQuotaModel::ScopeQgroup(const QuotaScopeId&
 }
 
 Result<QuotaUsage> BtrfsQuotaModel::DescribeScope(const QuotaScopeId& qsid) {
-  SLUICE_RETURN_IF_ERROR(CheckScope(qsid));
+  SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
   SLUICE_ASSIGN_OR_RETURN(std::optional<uint64_t> q, ScopeQgroup(qsid));
   QuotaUsage u;
   if (!q) {  // a plain directory: no qgroup, no limit
@@ -314,7 +297,7 @@ Result<QuotaUsage> BtrfsQuotaModel::DescribeScope(const QuotaScopeId& qsid) {
 }
 
 Status BtrfsQuotaModel::UpdateScope(const QuotaScopeId& qsid, uint64_t limit) {
-  Status s = CheckScope(qsid);
+  Status s = vol_->CheckScopeDir(qsid);
   if (s.code() == Code::kNotFound) {
     s = CreateScope(qsid, limit);
     if (s.code() != Code::kAlreadyExists) return s;  // created with the limit (or failed)
@@ -332,7 +315,7 @@ Status BtrfsQuotaModel::UpdateScope(const QuotaScopeId& qsid, uint64_t limit) {
 }
 
 Status BtrfsQuotaModel::UnsetQuota(const QuotaScopeId& qsid) {
-  SLUICE_RETURN_IF_ERROR(CheckScope(qsid));
+  SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
   SLUICE_ASSIGN_OR_RETURN(std::optional<uint64_t> q, ScopeQgroup(qsid));
   if (!q) return Status::Ok();
   return btrfs::SetQgroupLimit(vol_->mount_fd_.get(), *q, std::nullopt)
@@ -341,7 +324,7 @@ Status BtrfsQuotaModel::UnsetQuota(const QuotaScopeId& qsid) {
 
 Status BtrfsQuotaModel::DeleteScope(const QuotaScopeId& qsid) {
   std::lock_guard lk(mu_);
-  SLUICE_RETURN_IF_ERROR(CheckScope(qsid));
+  SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
   int mfd = vol_->mount_fd_.get();
   SLUICE_ASSIGN_OR_RETURN(UniqueFd scope, OpenDir(mfd, qsid.hex, ScopePath(qsid)));
   SLUICE_ASSIGN_OR_RETURN(auto names, ListNames(scope.get(), ScopePath(qsid)));

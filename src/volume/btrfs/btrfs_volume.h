@@ -60,7 +60,6 @@ class BtrfsQuotaModel : public QuotaModel {
   static constexpr const char* kQgroupFile = ".sluice-qgroup";
 
  private:
-  Status CheckScope(const QuotaScopeId& qsid) const;
   Result<std::optional<uint64_t>> ReadQgroupFile(const QuotaScopeId& qsid) const;
   Status WriteQgroupFile(const QuotaScopeId& qsid, uint64_t q) const;
   // A fresh level-1 qgroup for the scope subvolume `subvol_id`.

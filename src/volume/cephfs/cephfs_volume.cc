@@ -37,29 +37,12 @@ Result<std::optional<uint64_t>> GetNumberXattr(const std::string& path, const ch
   return std::optional<uint64_t>(v);
 }
 
-Status MissingScope(const QuotaScopeId& qsid, const std::string& volume) {
-  return Status(Code::kNotFound,
-                fmt::format("quota scope {} does not exist on volume {}", qsid.ToString(), volume));
-}
-
 }  // namespace
 
 // --------------------------------------------------------------------------- CephfsQuotaModel
 
 std::string CephfsQuotaModel::ScopePath(const QuotaScopeId& qsid) const {
-  return vol_->path() + "/" + qsid.hex;
-}
-
-Status CephfsQuotaModel::CheckScope(const QuotaScopeId& qsid) const {
-  struct stat sb;
-  if (::stat(ScopePath(qsid).c_str(), &sb) != 0) {
-    if (errno == ENOENT) return MissingScope(qsid, vol_->name());
-    return Status::FromErrno(errno, fmt::format("stat quota scope {}", qsid.ToString()));
-  }
-  if (!S_ISDIR(sb.st_mode))
-    return Status(Code::kIoError, fmt::format("quota scope {}: '{}' is not a directory",
-                                              qsid.ToString(), ScopePath(qsid)));
-  return Status::Ok();
+  return vol_->ScopeDir(qsid);
 }
 
 Status CephfsQuotaModel::SetLimit(const QuotaScopeId& qsid, uint64_t limit) const {
@@ -97,7 +80,7 @@ Status CephfsQuotaModel::CreateScope(const QuotaScopeId& qsid, std::optional<uin
 }
 
 Result<QuotaUsage> CephfsQuotaModel::DescribeScope(const QuotaScopeId& qsid) {
-  SLUICE_RETURN_IF_ERROR(CheckScope(qsid));
+  SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
   std::string p = ScopePath(qsid);
   QuotaUsage u;
   SLUICE_ASSIGN_OR_RETURN(auto limit, GetNumberXattr(p, kMaxBytes));
@@ -108,7 +91,7 @@ Result<QuotaUsage> CephfsQuotaModel::DescribeScope(const QuotaScopeId& qsid) {
 }
 
 Status CephfsQuotaModel::UpdateScope(const QuotaScopeId& qsid, uint64_t limit) {
-  Status s = CheckScope(qsid);
+  Status s = vol_->CheckScopeDir(qsid);
   if (s.code() == Code::kNotFound) {
     Status created = CreateScope(qsid, limit);
     if (created.code() != Code::kAlreadyExists) return created;  // else made meanwhile: set it
@@ -119,12 +102,12 @@ Status CephfsQuotaModel::UpdateScope(const QuotaScopeId& qsid, uint64_t limit) {
 }
 
 Status CephfsQuotaModel::UnsetQuota(const QuotaScopeId& qsid) {
-  SLUICE_RETURN_IF_ERROR(CheckScope(qsid));
+  SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
   return SetLimit(qsid, 0);
 }
 
 Status CephfsQuotaModel::DeleteScope(const QuotaScopeId& qsid) {
-  SLUICE_RETURN_IF_ERROR(CheckScope(qsid));
+  SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
   std::string p = ScopePath(qsid);
   if (::rmdir(p.c_str()) != 0) {
     if (errno == ENOTEMPTY || errno == EEXIST)

@@ -40,7 +40,6 @@ class CephfsQuotaModel : public QuotaModel {
   Status DeleteScope(const QuotaScopeId& qsid) override;
 
  private:
-  Status CheckScope(const QuotaScopeId& qsid) const;
   Status SetLimit(const QuotaScopeId& qsid, uint64_t limit_bytes) const;
 
   CephfsVolume* vol_;

@@ -39,25 +39,10 @@ Result<std::vector<std::string>> ListSubdirs(const std::string& dir) {
   return out;
 }
 
-Status MissingScope(const QuotaScopeId& qsid) {
-  return Status(Code::kNotFound, fmt::format("quota scope {} does not exist", qsid.ToString()));
-}
 }  // namespace
 
 std::string VfsQuotaModel::ScopePath(const QuotaScopeId& qsid) const {
-  return mount_ + "/" + qsid.hex;
-}
-
-Status VfsQuotaModel::CheckScope(const QuotaScopeId& qsid) const {
-  struct stat sb;
-  if (::stat(ScopePath(qsid).c_str(), &sb) != 0) {
-    if (errno == ENOENT) return MissingScope(qsid);
-    return Status::FromErrno(errno, fmt::format("stat quota scope {}", qsid.ToString()));
-  }
-  if (!S_ISDIR(sb.st_mode))
-    return Status(Code::kIoError, fmt::format("quota scope {}: '{}' is not a directory",
-                                              qsid.ToString(), ScopePath(qsid)));
-  return Status::Ok();
+  return vol_->ScopeDir(qsid);
 }
 
 Status VfsQuotaModel::WriteLimit(const QuotaScopeId& qsid, std::optional<uint64_t> limit) {
@@ -98,7 +83,7 @@ Status VfsQuotaModel::CreateScope(const QuotaScopeId& qsid, std::optional<uint64
 }
 
 Result<QuotaUsage> VfsQuotaModel::DescribeScope(const QuotaScopeId& qsid) {
-  SLUICE_RETURN_IF_ERROR(CheckScope(qsid));
+  SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
   QuotaUsage u;
   SLUICE_ASSIGN_OR_RETURN(u.limit_bytes, ReadLimit(qsid));
   // The scope's vfolders sit at <scope>/<aa>/<bb>/<rest>; the sum of their maintained figures
@@ -122,7 +107,7 @@ Result<QuotaUsage> VfsQuotaModel::DescribeScope(const QuotaScopeId& qsid) {
 }
 
 Status VfsQuotaModel::UpdateScope(const QuotaScopeId& qsid, uint64_t limit) {
-  Status s = CheckScope(qsid);
+  Status s = vol_->CheckScopeDir(qsid);
   if (s.code() == Code::kNotFound) {
     s = CreateScope(qsid, std::nullopt);
     if (!s.ok() && s.code() != Code::kAlreadyExists) return s;
@@ -133,27 +118,14 @@ Status VfsQuotaModel::UpdateScope(const QuotaScopeId& qsid, uint64_t limit) {
 }
 
 Status VfsQuotaModel::UnsetQuota(const QuotaScopeId& qsid) {
-  SLUICE_RETURN_IF_ERROR(CheckScope(qsid));
+  SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
   return WriteLimit(qsid, std::nullopt);
 }
 
 Status VfsQuotaModel::DeleteScope(const QuotaScopeId& qsid) {
-  SLUICE_RETURN_IF_ERROR(CheckScope(qsid));
+  SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
   std::string p = ScopePath(qsid);
-  size_t others = 0;
-  if (DIR* d = ::opendir(p.c_str())) {
-    while (struct dirent* e = ::readdir(d)) {
-      std::string_view n = e->d_name;
-      if (n != "." && n != ".." && n != kLimitFile) ++others;
-    }
-    ::closedir(d);
-  } else {
-    return Status::FromErrno(errno, fmt::format("open quota scope {}", qsid.ToString()));
-  }
-  if (others)
-    return Status(
-        Code::kNotEmpty,
-        fmt::format("quota scope {} still holds vfolders; delete them first", qsid.ToString()));
+  SLUICE_RETURN_IF_ERROR(vol_->CheckScopeEmpty(qsid, kLimitFile));
   SLUICE_RETURN_IF_ERROR(WriteLimit(qsid, std::nullopt));
   if (::rmdir(p.c_str()) != 0) {
     if (errno == ENOTEMPTY || errno == EEXIST)
@@ -170,7 +142,7 @@ VfsVolume::VfsVolume(VolumeConfig cfg, ThreadPool* scan_pool,
     : PosixVolume(std::move(cfg), scan_pool),
       usage_([this](const std::string& path) { return fsop_.ScanTree(path); }, reconcile_after,
              walk_budget),
-      quota_(cfg_.path, &usage_) {}
+      quota_(this, &usage_) {}
 
 std::set<std::string> VfsVolume::capabilities() const {
   return {kCapVFolder, kCapQuota, kCapMetric};

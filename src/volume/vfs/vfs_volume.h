@@ -15,7 +15,7 @@ namespace sluice {
 class VfsQuotaModel : public QuotaModel {
  public:
   // Scope usage is the sum of the scope's vfolder figures kept by `usage`.
-  VfsQuotaModel(std::string mount, UsageTracker* usage) : mount_(std::move(mount)), usage_(usage) {}
+  VfsQuotaModel(PosixVolume* vol, UsageTracker* usage) : vol_(vol), usage_(usage) {}
 
   std::string ScopePath(const QuotaScopeId& qsid) const override;
   Status CreateScope(const QuotaScopeId& qsid, std::optional<uint64_t> limit_bytes) override;
@@ -28,11 +28,10 @@ class VfsQuotaModel : public QuotaModel {
   static constexpr const char* kLimitFile = ".sluice-quota.json";
 
  private:
-  Status CheckScope(const QuotaScopeId& qsid) const;
   Status WriteLimit(const QuotaScopeId& qsid, std::optional<uint64_t> limit_bytes);
   Result<std::optional<uint64_t>> ReadLimit(const QuotaScopeId& qsid) const;
 
-  std::string mount_;
+  PosixVolume* vol_;
   UsageTracker* usage_;
 };
 

@@ -17,11 +17,6 @@ namespace sluice {
 
 namespace {
 
-Status MissingScope(const QuotaScopeId& qsid, const std::string& volume) {
-  return Status(Code::kNotFound,
-                fmt::format("quota scope {} does not exist on volume {}", qsid.ToString(), volume));
-}
-
 Result<UniqueFd> OpenDir(const std::string& p) {
   int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno(errno, fmt::format("open '{}'", p));
@@ -58,19 +53,7 @@ Result<uint32_t> ParseId(const std::string& text, const std::string& file) {
 // ------------------------------------------------------------------------------ XfsQuotaModel
 
 std::string XfsQuotaModel::ScopePath(const QuotaScopeId& qsid) const {
-  return vol_->path() + "/" + qsid.hex;
-}
-
-Status XfsQuotaModel::CheckScope(const QuotaScopeId& qsid) const {
-  struct stat sb;
-  if (::stat(ScopePath(qsid).c_str(), &sb) != 0) {
-    if (errno == ENOENT) return MissingScope(qsid, vol_->name());
-    return Status::FromErrno(errno, fmt::format("stat quota scope {}", qsid.ToString()));
-  }
-  if (!S_ISDIR(sb.st_mode))
-    return Status(Code::kIoError, fmt::format("quota scope {}: '{}' is not a directory",
-                                              qsid.ToString(), ScopePath(qsid)));
-  return Status::Ok();
+  return vol_->ScopeDir(qsid);
 }
 
 Result<std::optional<uint32_t>> XfsQuotaModel::ReadIdFile(const QuotaScopeId& qsid) const {
@@ -93,7 +76,7 @@ Status XfsQuotaModel::WriteIdFile(const QuotaScopeId& qsid, uint32_t id) const {
 }
 
 Result<uint32_t> XfsQuotaModel::ScopeProject(const QuotaScopeId& qsid) {
-  SLUICE_RETURN_IF_ERROR(CheckScope(qsid));
+  SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
   if (!vol_->projects_) return 0u;  // scopes are plain directories (see XfsVolume::Init)
   SLUICE_ASSIGN_OR_RETURN(auto id, ReadIdFile(qsid));
   if (id) return *id;
@@ -162,7 +145,7 @@ Result<QuotaUsage> XfsQuotaModel::DescribeScope(const QuotaScopeId& qsid) {
 
 Status XfsQuotaModel::UpdateScope(const QuotaScopeId& qsid, uint64_t limit) {
   if (!vol_->limits_enforced()) return vol_->RefuseLimit(qsid);
-  Status s = CheckScope(qsid);
+  Status s = vol_->CheckScopeDir(qsid);
   if (s.code() == Code::kNotFound) {
     s = CreateScope(qsid, limit);
     if (s.code() != Code::kAlreadyExists) return s;
@@ -181,23 +164,10 @@ Status XfsQuotaModel::UnsetQuota(const QuotaScopeId& qsid) {
 }
 
 Status XfsQuotaModel::DeleteScope(const QuotaScopeId& qsid) {
-  SLUICE_RETURN_IF_ERROR(CheckScope(qsid));
+  SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
   std::lock_guard lk(mu_);
   std::string p = ScopePath(qsid);
-  size_t others = 0;
-  if (DIR* d = ::opendir(p.c_str())) {
-    while (struct dirent* e = ::readdir(d)) {
-      std::string_view n = e->d_name;
-      if (n != "." && n != ".." && n != kProjectIdFile) ++others;
-    }
-    ::closedir(d);
-  } else {
-    return Status::FromErrno(errno, fmt::format("open quota scope {}", qsid.ToString()));
-  }
-  if (others)
-    return Status(
-        Code::kNotEmpty,
-        fmt::format("quota scope {} still holds vfolders; delete them first", qsid.ToString()));
+  SLUICE_RETURN_IF_ERROR(vol_->CheckScopeEmpty(qsid, kProjectIdFile));
   SLUICE_ASSIGN_OR_RETURN(auto id, ReadIdFile(qsid));
   if (id && vol_->limits_enforced())
     SLUICE_RETURN_IF_ERROR(xfs::SetProjectLimit(vol_->device(), *id, 0));

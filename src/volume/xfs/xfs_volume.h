@@ -40,7 +40,6 @@ class XfsQuotaModel : public QuotaModel {
   static constexpr const char* kProjectIdFile = ".sluice-project-id";
 
  private:
-  Status CheckScope(const QuotaScopeId& qsid) const;
   Result<std::optional<uint32_t>> ReadIdFile(const QuotaScopeId& qsid) const;
   Status WriteIdFile(const QuotaScopeId& qsid, uint32_t id) const;
 

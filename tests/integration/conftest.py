@@ -410,6 +410,22 @@ def start_daemon(root, **kw):
     return d
 
 
+@contextlib.contextmanager
+def running_daemon(root, volumes=None, **kw):
+    """A started daemon for a `with` block (or a fixture's yield): stopped at the end with its
+    clean exit asserted, and killed whatever happens. `volumes` maps extra volume names to the
+    paths their [volume.*] sections in `extra_toml` name, for vfolder_path()."""
+    d = start_daemon(root, **kw)
+    d.volumes.update(volumes or {})
+    try:
+        yield d
+    finally:
+        try:
+            d.stop()
+        finally:
+            d.kill()
+
+
 def problem(r):
     """Asserts an RFC 7807 error body and returns it."""
     assert r.headers.get("Content-Type", "").startswith("application/problem+json"), (
@@ -509,14 +525,8 @@ def sluiced_binary():
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     """One default daemon per test module; tests use fresh vfids."""
-    d = start_daemon(tmp_path_factory.mktemp("sluiced"))
-    try:
+    with running_daemon(tmp_path_factory.mktemp("sluiced")) as d:
         yield d
-    finally:
-        try:
-            d.stop()
-        finally:
-            d.kill()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, content_manifest, new_qsid, new_vfid, start_daemon, toml_section
+from conftest import REPO, content_manifest, new_qsid, new_vfid, running_daemon, toml_section
 
 TOOL = REPO / "tests" / "tools" / "btrfs-loop.sh"
 MiB = 1 << 20
@@ -36,18 +36,12 @@ def btrfs_mount():
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, btrfs_mount):
-    d = start_daemon(
+    with running_daemon(
         tmp_path_factory.mktemp("sluiced-btrfs"),
+        volumes={"bt": btrfs_mount},
         extra_toml=toml_section("volume.bt", {"backend": "btrfs", "path": str(btrfs_mount)}),
-    )
-    d.volumes["bt"] = btrfs_mount  # for vfolder_path()
-    try:
+    ) as d:
         yield d
-    finally:
-        try:
-            d.stop()
-        finally:
-            d.kill()
 
 
 # --------------------------------------------------------------------------- helpers

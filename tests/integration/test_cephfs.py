@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from conftest import BIN_DIR, new_qsid, new_vfid, problem, start_daemon, toml_section
+from conftest import BIN_DIR, new_qsid, new_vfid, problem, running_daemon, toml_section
 from test_upload import new_session, patch
 
 MiB = 1 << 20
@@ -26,18 +26,12 @@ def volume_dir(cephfs_mount):
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, volume_dir):
-    d = start_daemon(
+    with running_daemon(
         tmp_path_factory.mktemp("sluiced-ceph"),
+        volumes={"ceph": volume_dir},
         extra_toml=toml_section("volume.ceph", {"backend": "cephfs", "path": str(volume_dir)}),
-    )
-    d.volumes["ceph"] = volume_dir
-    try:
+    ) as d:
         yield d
-    finally:
-        try:
-            d.stop()
-        finally:
-            d.kill()
 
 
 def xattr(path, name):

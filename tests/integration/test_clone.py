@@ -4,20 +4,14 @@ import os
 
 import pytest
 
-from conftest import content_manifest, new_qsid, new_vfid, problem, start_daemon, write_tree
+from conftest import content_manifest, new_qsid, new_vfid, problem, running_daemon, write_tree
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     """Two vfs volumes: `local` and `other`."""
-    d = start_daemon(tmp_path_factory.mktemp("sluiced-clone"), extra_volumes=["other"])
-    try:
+    with running_daemon(tmp_path_factory.mktemp("sluiced-clone"), extra_volumes=["other"]) as d:
         yield d
-    finally:
-        try:
-            d.stop()
-        finally:
-            d.kill()
 
 
 def populated_vfolder(daemon, volume="local"):

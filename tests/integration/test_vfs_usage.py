@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from conftest import new_qsid, new_vfid, problem, start_daemon, toml_section
+from conftest import new_qsid, new_vfid, problem, running_daemon, toml_section
 from test_upload import new_session, patch
 
 MiB = 1 << 20
@@ -17,22 +17,16 @@ def daemon(tmp_path_factory):
     root = tmp_path_factory.mktemp("sluiced-kept")
     kept = root / "vol-kept"
     kept.mkdir()
-    d = start_daemon(
+    with running_daemon(
         root,
+        volumes={"kept": kept},
         extra_toml=toml_section("volume.kept", {"backend": "vfs", "path": str(kept)})
         + toml_section(
             "volume.kept.options",
             {"usage-walk-budget": "0s", "usage-reconcile-interval": f"{int(RECONCILE_S)}s"},
         ),
-    )
-    d.volumes["kept"] = kept
-    try:
+    ) as d:
         yield d
-    finally:
-        try:
-            d.stop()
-        finally:
-            d.kill()
 
 
 def usage(d, vfid, **extra):

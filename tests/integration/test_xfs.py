@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, content_manifest, new_qsid, new_vfid, start_daemon, toml_section
+from conftest import REPO, content_manifest, new_qsid, new_vfid, running_daemon, toml_section
 
 TOOL = REPO / "tests" / "tools" / "xfs-loop.sh"
 MiB = 1 << 20
@@ -40,18 +40,12 @@ def xfs_mount():
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, xfs_mount):
-    d = start_daemon(
+    with running_daemon(
         tmp_path_factory.mktemp("sluiced-xfs"),
+        volumes={"xf": xfs_mount},
         extra_toml=toml_section("volume.xf", {"backend": "xfs", "path": str(xfs_mount)}),
-    )
-    d.volumes["xf"] = xfs_mount  # for vfolder_path()
-    try:
+    ) as d:
         yield d
-    finally:
-        try:
-            d.stop()
-        finally:
-            d.kill()
 
 
 def scope(daemon, method, qsid, **extra):

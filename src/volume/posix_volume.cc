@@ -85,6 +85,16 @@ Status PosixVolume::CheckScopeDir(const QuotaScopeId& qsid) const {
   return Status::Ok();
 }
 
+Status PosixVolume::MakeScopeDir(const QuotaScopeId& qsid) const {
+  if (::mkdir(ScopeDir(qsid).c_str(), 0755) != 0) {
+    if (errno == EEXIST)
+      return Status(Code::kAlreadyExists,
+                    fmt::format("quota scope {} already exists", qsid.ToString()));
+    return Status::FromErrno(errno, fmt::format("create quota scope {}", qsid.ToString()));
+  }
+  return Status::Ok();
+}
+
 Status PosixVolume::CheckScopeEmpty(const QuotaScopeId& qsid, std::string_view bookkeeping) const {
   DIR* d = ::opendir(ScopeDir(qsid).c_str());
   if (!d) return Status::FromErrno(errno, fmt::format("open quota scope {}", qsid.ToString()));

@@ -62,6 +62,8 @@ class PosixVolume : public Volume {
   std::string ScopeDir(const QuotaScopeId& qsid) const;
   // kNotFound naming the scope and the volume when it is missing; kIoError when not a directory.
   Status CheckScopeDir(const QuotaScopeId& qsid) const;
+  // Makes the scope's directory; kAlreadyExists when it is there.
+  Status MakeScopeDir(const QuotaScopeId& qsid) const;
   // kNotEmpty unless the scope directory holds nothing but the file `bookkeeping` (the backend's
   // own record, e.g. a stored limit).
   Status CheckScopeEmpty(const QuotaScopeId& qsid, std::string_view bookkeeping) const;

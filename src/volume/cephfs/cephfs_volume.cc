@@ -63,12 +63,7 @@ Status CephfsQuotaModel::SetLimit(const QuotaScopeId& qsid, uint64_t limit) cons
 
 Status CephfsQuotaModel::CreateScope(const QuotaScopeId& qsid, std::optional<uint64_t> limit) {
   std::string p = ScopePath(qsid);
-  if (::mkdir(p.c_str(), 0755) != 0) {
-    if (errno == EEXIST)
-      return Status(Code::kAlreadyExists,
-                    fmt::format("quota scope {} already exists", qsid.ToString()));
-    return Status::FromErrno(errno, fmt::format("create quota scope {}", qsid.ToString()));
-  }
+  SLUICE_RETURN_IF_ERROR(vol_->MakeScopeDir(qsid));
   if (limit) {
     Status s = SetLimit(qsid, *limit);
     if (!s.ok()) {

@@ -71,13 +71,7 @@ Result<std::optional<uint64_t>> VfsQuotaModel::ReadLimit(const QuotaScopeId& qsi
 }
 
 Status VfsQuotaModel::CreateScope(const QuotaScopeId& qsid, std::optional<uint64_t> limit) {
-  std::string p = ScopePath(qsid);
-  if (::mkdir(p.c_str(), 0755) != 0) {
-    if (errno == EEXIST)
-      return Status(Code::kAlreadyExists,
-                    fmt::format("quota scope {} already exists", qsid.ToString()));
-    return Status::FromErrno(errno, fmt::format("create quota scope {}", qsid.ToString()));
-  }
+  SLUICE_RETURN_IF_ERROR(vol_->MakeScopeDir(qsid));
   if (limit) return WriteLimit(qsid, limit);
   return Status::Ok();
 }

@@ -99,12 +99,7 @@ Status XfsQuotaModel::CreateScope(const QuotaScopeId& qsid, std::optional<uint64
   if (limit && !vol_->limits_enforced()) return vol_->RefuseLimit(qsid);
   std::lock_guard lk(mu_);
   std::string p = ScopePath(qsid);
-  if (::mkdir(p.c_str(), 0755) != 0) {
-    if (errno == EEXIST)
-      return Status(Code::kAlreadyExists,
-                    fmt::format("quota scope {} already exists", qsid.ToString()));
-    return Status::FromErrno(errno, fmt::format("create quota scope {}", qsid.ToString()));
-  }
+  SLUICE_RETURN_IF_ERROR(vol_->MakeScopeDir(qsid));
   auto setup = [&]() -> Status {
     if (!vol_->projects_) return Status::Ok();
     SLUICE_ASSIGN_OR_RETURN(uint32_t id, vol_->AllocateProjectId());

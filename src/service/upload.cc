@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -21,7 +22,8 @@ namespace sluice {
 namespace {
 
 constexpr const char* kSidecarSuffix = ".offset";
-constexpr const char* kSidecarTmpSuffix = ".offset.tmp";
+constexpr const char* kSidecarTmpSuffix = ".offset.tmp";  // the spare record (WriteSidecar)
+constexpr size_t kSidecarRecordSize = 64;  // fixed, so records overwrite each other in place
 // How long HEAD waits for a writer that is renaming a whole upload into place.
 constexpr auto kFinalizeWait = std::chrono::seconds(5);
 
@@ -80,27 +82,53 @@ Result<std::optional<Sidecar>> ReadSidecar(int updir, const std::string& session
   return std::optional<Sidecar>(s);
 }
 
-// Replaces the sidecar atomically: temp file, fsync, rename.
-Status WriteSidecar(int updir, const std::string& session, const Sidecar& s) {
-  std::string tmp = session + kSidecarTmpSuffix;
-  std::string name = session + kSidecarSuffix;
-  std::string body =
-      nlohmann::json{{"offset", s.offset}, {"quota_checked", s.quota_checked}}.dump() + "\n";
-  int fd =
-      ::openat(updir, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+// Writes the fixed-size record `body` at the start of `name` in `updir` (created when missing)
+// and syncs it. Overwriting the same bytes of an existing file allocates nothing on filesystems
+// that write in place, so it still works when the quota or the disk is full.
+Status WriteRecord(int updir, const std::string& name, const std::string& body) {
+  int fd = ::openat(updir, name.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return Status::FromErrno(errno, "write upload offset");
   UniqueFd f(fd);
   size_t done = 0;
   while (done < body.size()) {
-    ssize_t n = ::write(f.get(), body.data() + done, body.size() - done);
+    ssize_t n = ::pwrite(f.get(), body.data() + done, body.size() - done, static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Status::FromErrno(errno, "write upload offset");
     done += static_cast<size_t>(n);
   }
+  struct stat sb;
+  // A longer file (an older, variable-size record) is cut to the record; shrinking allocates
+  // nothing.
+  if (::fstat(f.get(), &sb) == 0 && static_cast<size_t>(sb.st_size) > body.size() &&
+      ::ftruncate(f.get(), static_cast<off_t>(body.size())) != 0)
+    return Status::FromErrno(errno, "write upload offset");
   if (::fsync(f.get()) != 0) return Status::FromErrno(errno, "sync upload offset");
-  f.reset();
+  return Status::Ok();
+}
+
+// Replaces the sidecar atomically. The record is written into the spare file `.offset.tmp`,
+// synced, and swapped with `.offset` (RENAME_EXCHANGE), so the spare then holds the previous
+// record and the next update overwrites it in place: after the first two updates, recording a
+// new offset needs no new inode or block, and works while the scope's quota or the disk is full
+// (the bytes synced in a PATCH that ran into EDQUOT/ENOSPC still count). Where the exchange is
+// not supported, the spare is renamed over the sidecar instead.
+Status WriteSidecar(int updir, const std::string& session, const Sidecar& s) {
+  std::string tmp = session + kSidecarTmpSuffix;
+  std::string name = session + kSidecarSuffix;
+  std::string body =
+      nlohmann::json{{"offset", s.offset}, {"quota_checked", s.quota_checked}}.dump();
+  body.resize(std::max<size_t>(body.size(), kSidecarRecordSize - 1), ' ');
+  body += '\n';
+  SLUICE_RETURN_IF_ERROR(WriteRecord(updir, tmp, body));
+  if (::renameat2(updir, tmp.c_str(), updir, name.c_str(), RENAME_EXCHANGE) == 0)
+    return Status::Ok();
+  if (errno != ENOENT && errno != EINVAL && errno != ENOSYS)
+    return Status::FromErrno(errno, "swap upload offset into place");
+  // The first record (no sidecar yet), or no exchange on this filesystem.
   if (::renameat(updir, tmp.c_str(), updir, name.c_str()) != 0)
     return Status::FromErrno(errno, "rename upload offset into place");
+  // Make the spare now, while there is room, so later updates allocate nothing.
+  (void)WriteRecord(updir, tmp, body);
   return Status::Ok();
 }
 

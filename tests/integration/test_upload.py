@@ -590,6 +590,10 @@ def test_enospc_mid_upload_keeps_the_durable_prefix(tmp_path):
         assert "out of space" in problem(r)["msg"]
         off = offset_of(d, token)
         assert 2 * MiB <= off < len(data)
+        # Every byte written before ENOSPC was synced and recorded: the offset record is
+        # overwritten in place, which needs no room.
+        reached = int(re.search(r"at offset (\d+)", problem(r)["msg"]).group(1))
+        assert off == reached, (off, reached)
         assert staging(d, vfid, token).read_bytes()[:off] == data[:off]
         assert not (d.vfolder_path(vfid) / "full.bin").exists()
         filler.unlink()

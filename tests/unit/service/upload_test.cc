@@ -222,7 +222,7 @@ TEST_F(UploadTest, QuotaIsReservedAtCreationAndCheckedAgainAfterARestart) {
             400u);
   uint64_t used = vol()->quota().DescribeScope(*vfid_.scope)->used_bytes;
   EXPECT_GE(used, 600u);
-  EXPECT_LT(used, 700u);  // plus the completed session's small offset file
+  EXPECT_LT(used, 800u);  // plus the completed session's offset record and its spare
 }
 
 TEST_F(UploadTest, SweepRemovesOldUnlockedSessionsOnly) {

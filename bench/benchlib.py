@@ -31,9 +31,10 @@ def parse_size(s):
 
 class Sluiced:
     """sluiced with a vfs volume `local` under `root`. `storage_proxy` and `sluice` are extra
-    TOML lines for those sections. `mgr` and `client` are the two listeners' base URLs."""
+    TOML lines for those sections; `volumes` is TOML appended at the end (more `[volume.NAME]`
+    sections). `mgr` and `client` are the two listeners' base URLs."""
 
-    def __init__(self, root, storage_proxy="", sluice=""):
+    def __init__(self, root, storage_proxy="", sluice="", volumes=""):
         self.root = root
         self.vol = os.path.join(root, "vol")
         os.makedirs(self.vol)
@@ -58,6 +59,7 @@ log-level = "warning"
 [volume.local]
 backend = "vfs"
 path = "{self.vol}"
+{volumes}
 """)
         self.log = os.path.join(root, "sluiced.log")
         with open(self.log, "w") as log:
@@ -87,19 +89,20 @@ path = "{self.vol}"
             raise RuntimeError(f"{method} {path}: {r.status_code} {r.text}")
         return r.json() if r.content else None
 
-    def new_vfolder(self):
-        vfid = f"user:{uuid.uuid4().hex}/{uuid.uuid4().hex}"
-        self.call("POST", "/folder/create", volume="local", vfid=vfid)
-        return vfid, self.call("GET", "/folder/mount", volume="local", vfid=vfid)["path"]
+    def new_vfolder(self, volume="local", qsid=None):
+        """A new vfolder (in quota scope `qsid`, else a new one): (vfid, its path)."""
+        vfid = f"{qsid or 'user:' + uuid.uuid4().hex}/{uuid.uuid4().hex}"
+        self.call("POST", "/folder/create", volume=volume, vfid=vfid)
+        return vfid, self.call("GET", "/folder/mount", volume=volume, vfid=vfid)["path"]
 
-    def wait_task(self, task_id):
+    def wait_task(self, task_id, poll=0.005):
         while True:
             t = self.call("GET", "/bgtask", task_id=task_id)
             if t["status"] in ("completed", "failed"):
                 if t["status"] == "failed":
                     raise RuntimeError(f"task failed: {t['error']}")
                 return
-            time.sleep(0.005)
+            time.sleep(poll)
 
     def rss_kib(self):
         with open(f"/proc/{self.proc.pid}/status") as f:

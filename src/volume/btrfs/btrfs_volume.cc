@@ -409,7 +409,17 @@ BtrfsVolume::BtrfsVolume(VolumeConfig cfg, ThreadPool* scan_pool)
     : PosixVolume(std::move(cfg), scan_pool),
       quota_(this),
       btrfs_fsop_(scan_pool, this),
-      stale_(cfg_.path + "/.sluice-stale-qgroups") {}
+      stale_(cfg_.path + "/.sluice-stale-qgroups"),
+      inode_counts_(
+          [this](const std::string& path) -> Result<TreeUsage> {
+            int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (fd < 0) return Status::FromErrno(errno, fmt::format("open '{}'", path));
+            UniqueFd dir(fd);
+            SLUICE_ASSIGN_OR_RETURN(uint64_t id, btrfs::SubvolumeId(dir.get()));
+            SLUICE_ASSIGN_OR_RETURN(uint64_t n, btrfs::CountInodes(mount_fd_.get(), id));
+            return TreeUsage{n, 0, std::nullopt};
+          },
+          std::chrono::minutes(1), std::chrono::milliseconds(10)) {}
 
 std::set<std::string> BtrfsVolume::capabilities() const {
   return {kCapVFolder, kCapQuota, kCapMetric, kCapFastSize, kCapFastClone};
@@ -559,12 +569,32 @@ Status BtrfsVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_
   return Status::Ok();
 }
 
-Result<TreeUsage> BtrfsVolume::GetUsage(const VFolderId& vfid) {
+Result<TreeUsage> BtrfsVolume::UsageWith(
+    const VFolderId& vfid, Result<TreeUsage> (UsageTracker::*count)(const std::string&)) {
   SLUICE_ASSIGN_OR_RETURN(VFolderRoot r, OpenVFolderForIoctl(vfid));
   if (!r.subvol_id) return PosixVolume::GetUsage(vfid);  // a plain directory (made elsewhere)
   SLUICE_ASSIGN_OR_RETURN(btrfs::QgroupCounters c, FreshCounters(Qgroup(0, *r.subvol_id)));
-  SLUICE_ASSIGN_OR_RETURN(uint64_t inodes, btrfs::CountInodes(mount_fd_.get(), *r.subvol_id));
-  return TreeUsage{inodes, c.referenced + c.rsv_data};
+  SLUICE_ASSIGN_OR_RETURN(TreeUsage u, (inode_counts_.*count)(VFolderPath(vfid)));
+  u.used_bytes = c.referenced + c.rsv_data;
+  return u;
+}
+
+Result<TreeUsage> BtrfsVolume::GetUsage(const VFolderId& vfid) {
+  return UsageWith(vfid, &UsageTracker::Get);
+}
+
+Result<TreeUsage> BtrfsVolume::GetFreshUsage(const VFolderId& vfid) {
+  return UsageWith(vfid, &UsageTracker::Reconcile);
+}
+
+Result<std::string> BtrfsVolume::DetachVFolder(const VFolderId& vfid) {
+  auto r = PosixVolume::DetachVFolder(vfid);
+  inode_counts_.Forget(VFolderPath(vfid));
+  return r;
+}
+
+void BtrfsVolume::AccountWrite(const VFolderId& vfid, int64_t /*bytes*/, int64_t entries) {
+  if (entries) inode_counts_.Add(VFolderPath(vfid), 0, entries);
 }
 
 Result<uint64_t> BtrfsVolume::GetUsedBytes(const VFolderId& vfid) {

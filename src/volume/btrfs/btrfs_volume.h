@@ -16,6 +16,7 @@
 
 #include "volume/btrfs/btrfs_fs.h"
 #include "volume/posix_volume.h"
+#include "volume/usage_tracker.h"
 
 namespace sluice {
 
@@ -91,8 +92,15 @@ class BtrfsVolume : public PosixVolume {
 
   Status CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_scope,
                        std::optional<uint64_t> initial_limit) override;
+  // Bytes from the qgroup (fresh); the file count, which btrfs keeps nowhere, from a count of
+  // the subvolume's inode items kept like vfs usage (usage_tracker.h): small vfolders are counted
+  // per request, large ones answer the kept count, updated by Sluice's writes and recounted in
+  // the background. measured_at tells the count's age.
   Result<TreeUsage> GetUsage(const VFolderId& vfid) override;
+  Result<TreeUsage> GetFreshUsage(const VFolderId& vfid) override;
   Result<uint64_t> GetUsedBytes(const VFolderId& vfid) override;
+  Result<std::string> DetachVFolder(const VFolderId& vfid) override;
+  void AccountWrite(const VFolderId& vfid, int64_t bytes, int64_t entries) override;
   HwInfo GetHwInfo() override;
   Status CloneVFolderInto(const VFolderId& src, const VFolderId& dst) override;
 
@@ -114,12 +122,16 @@ class BtrfsVolume : public PosixVolume {
     std::optional<uint64_t> subvol_id;
   };
   Result<VFolderRoot> OpenVFolderForIoctl(const VFolderId& vfid) const;
+  // Qgroup bytes plus the file count `count` gives for the vfolder's path.
+  Result<TreeUsage> UsageWith(const VFolderId& vfid,
+                              Result<TreeUsage> (UsageTracker::*count)(const std::string&));
   // Replaces the empty subvolume `dst` by a snapshot of `src`.
   Status SnapshotInto(int src_fd, const VFolderId& dst, std::optional<uint64_t> dst_qgroup);
 
   BtrfsQuotaModel quota_;
   BtrfsFSOpModel btrfs_fsop_;
   StaleQgroups stale_;
+  UsageTracker inode_counts_;  // file_count per vfolder subvolume (used_bytes unused)
   UniqueFd mount_fd_;
   std::string fsid_;
   btrfs::QgroupSysfs sysfs_;

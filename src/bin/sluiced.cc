@@ -49,6 +49,10 @@ int main(int argc, char** argv) {
   }
   if (check) {
     for (const auto& w : cfg.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+    if (auto st = sluice::CheckVolumeConfigs(cfg); !st.ok()) {
+      std::fprintf(stderr, "sluiced: %s\n", st.message().c_str());
+      return 2;
+    }
     std::printf("configuration OK: %zu volume(s)\n", cfg.volumes.size());
     return 0;
   }

@@ -486,12 +486,17 @@ keepalive-timeout = "75s"
 # On SIGTERM, in-flight requests get this long to finish.
 drain-timeout = "30s"
 
-# One section per volume. backend is one of: vfs.
+# One section per volume. backend is one of: vfs, btrfs, xfs, ext4, cephfs
+# (docs/decisions.md says what each needs of its path).
 [volume.local]
 backend = "vfs"
 path = "./var/volumes/local"
 # fsprefix = ""
-# options = {}
+# Options by backend:
+#   vfs:    usage-reconcile-interval = "60s"  (kept usage figures are re-walked when older)
+#           usage-walk-budget = "10ms"        (vfolders walked faster than this: every request)
+#   cephfs: pending-write-window = "30s"      (Sluice's writes count on top of ceph.dir.rbytes)
+# options = { usage-reconcile-interval = "60s" }
 )";
 }
 

@@ -118,6 +118,15 @@ Status PrepareConfig(Config& cfg) {
   return Status::Ok();
 }
 
+Status CheckVolumeConfigs(const Config& cfg) {
+  ThreadPool scan_pool("check", 1);
+  for (const auto& vc : cfg.volumes) {
+    auto v = VolumeRegistry::Builtin().Create(vc, VolumeDeps{&scan_pool});
+    if (!v.ok()) return v.status();
+  }
+  return Status::Ok();
+}
+
 int RunDaemon(Config cfg) {
   // Signals are taken synchronously by the main thread: block them before any thread starts.
   sigset_t sigs;

@@ -212,7 +212,7 @@ def test_halfstack_config(tmp_path):
 # --------------------------------------------------------------------------- (c-f) bad configs
 
 
-def config_with(tmp_path, storage_proxy=None, volume_path=None):
+def config_with(tmp_path, storage_proxy=None, volume_path=None, volume_options=None):
     client, manager, internal = free_ports(3)
     vol = tmp_path / "vol"
     vol.mkdir(exist_ok=True)
@@ -232,6 +232,7 @@ def config_with(tmp_path, storage_proxy=None, volume_path=None):
             ),
             toml_section("sluice", {"state-dir": str(tmp_path / "state")}),
             toml_section("volume.local", {"backend": "vfs", "path": str(volume_path or vol)}),
+            toml_section("volume.local.options", volume_options) if volume_options else "",
         ]
     )
     path = tmp_path / "storage-proxy.toml"
@@ -270,6 +271,17 @@ def test_check_config(tmp_path):
     path = config_with(tmp_path, storage_proxy={"node-idd": "x"})
     r = run_sluiced("--check-config", "--config", path, cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
+    # Backend options are checked too, naming the key.
+    for options, expect in (
+        ({"usage-reconcile-interval": "soon"}, "usage-reconcile-interval"),
+        ({"colour": "blue"}, "unknown key 'colour'"),
+    ):
+        path = config_with(tmp_path, volume_options=options)
+        r = run_sluiced("--check-config", "--config", path, cwd=tmp_path)
+        assert r.returncode == 2 and expect in r.stderr, (r.stdout, r.stderr)
+    path = config_with(tmp_path, volume_options={"usage-walk-budget": "0s"})
+    r = run_sluiced("--check-config", "--config", path, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
 
 
 # --------------------------------------------------------------------------- (g) drain

@@ -13,6 +13,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/fs_util.h"
+
 namespace sluice {
 
 namespace {
@@ -21,21 +23,6 @@ Result<UniqueFd> OpenDir(const std::string& p) {
   int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno(errno, fmt::format("open '{}'", p));
   return UniqueFd(fd);
-}
-
-// Writes `body` to `file` through a staging file, fsync and rename.
-Status WriteAtomically(const std::string& file, const std::string& body) {
-  std::string tmp = file + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::FromErrno(errno, fmt::format("write '{}'", tmp));
-  bool ok = ::write(fd, body.data(), body.size()) == static_cast<ssize_t>(body.size()) &&
-            ::fsync(fd) == 0;
-  int err = errno;
-  ::close(fd);
-  if (!ok) return Status::FromErrno(err, fmt::format("write '{}'", tmp));
-  if (::rename(tmp.c_str(), file.c_str()) != 0)
-    return Status::FromErrno(errno, fmt::format("rename '{}'", tmp));
-  return Status::Ok();
 }
 
 Result<uint32_t> ParseId(const std::string& text, const std::string& file) {
@@ -72,7 +59,7 @@ Result<std::optional<uint32_t>> XfsQuotaModel::ReadIdFile(const QuotaScopeId& qs
 }
 
 Status XfsQuotaModel::WriteIdFile(const QuotaScopeId& qsid, uint32_t id) const {
-  return WriteAtomically(ScopePath(qsid) + "/" + kProjectIdFile, fmt::format("{}\n", id));
+  return WriteFileAtomic(ScopePath(qsid) + "/" + kProjectIdFile, fmt::format("{}\n", id), 0644);
 }
 
 Result<uint32_t> XfsQuotaModel::ScopeProject(const QuotaScopeId& qsid) {

@@ -2,20 +2,28 @@
 """Download benchmarks: sluiced's GET /download against nginx serving the same tree, same run.
 
   small   N files of S bytes fetched at random over C keep-alive connections (wrk + Lua)
-          -> requests/s for both, and the ratio
+          -> requests/s for both, and the ratio; also against a second nginx that exchanges as
+          many bytes as Sluice does (Content-Disposition added, request paths padded to the
+          length of Sluice's token URLs), which separates the servers' own work from the
+          cost of the protocol's bigger messages to the client
   large   one big file fetched over and over on one connection -> GB/s for both, and the ratio
 
-nginx runs with `sendfile on; access_log off; worker_processes 2` on a generated config (free
-port, pid file and logs in a temp dir) and is stopped by its pid. sluiced serves the same files
-through per-file download tokens minted ahead of time. Ratios > 1 mean Sluice is faster.
+nginx runs with `sendfile on; access_log off; worker_processes N` (N = cores, as many as
+sluiced's event loops) on a generated config (free port, logs in a temp dir), in the
+foreground as a child of this script, like sluiced. sluiced serves the same files through
+per-file download tokens minted ahead of time. Ratios > 1 mean Sluice is faster.
 
 Both servers, wrk and everything else share this machine's cores: on a small machine the
-numbers are noisy and each server competes with wrk for CPU. Each measurement is run --rounds
-times, alternating the servers, and the best round of each is reported.
+numbers are noisy and each server competes with wrk for CPU. So that they compete on equal
+terms, the servers and wrk all run in this script's session: with the kernel's autogroup
+scheduling, CPU is shared between sessions first, and a daemonised nginx (a session of its
+own) would be scheduled differently from sluiced. Each server first gets a --warmup run that is
+not counted (page cache, dentries, Sluice's token cache); then each measurement is run --rounds
+times, alternating the servers, and every round is printed with the best of each.
 
   /usr/bin/python3 bench/bench_download.py [--files 10000] [--file-size 4k] [--big 1g]
-                                           [--conns 64] [--duration 10] [--rounds 2]
-                                           [--only small,large]
+                                           [--conns 64] [--duration 10] [--rounds 3]
+                                           [--warmup 3] [--only small,large]
 """
 import argparse
 import concurrent.futures
@@ -24,6 +32,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,19 +71,21 @@ def download_urls(s, vfid, relpaths):
 
 
 class Nginx:
-    def __init__(self, root, docroot):
+    """nginx serving `docroot`; `location` replaces the default `location / { }` block."""
+
+    def __init__(self, root, docroot, location="location / { }"):
         self.dir = tempfile.mkdtemp(prefix="nginx-", dir=root)
         os.makedirs(os.path.join(self.dir, "tmp"))
         self.port = free_port()
-        self.pid_file = os.path.join(self.dir, "nginx.pid")
         conf = os.path.join(self.dir, "nginx.conf")
         # vfolders are mode 0700: running as root, the workers must stay root to read them.
         user = "user root;" if os.geteuid() == 0 else ""
         with open(conf, "w") as f:
             f.write(f"""
 {user}
-worker_processes 2;
-pid {self.pid_file};
+daemon off;
+worker_processes {os.cpu_count()};
+pid {self.dir}/nginx.pid;
 error_log {self.dir}/error.log warn;
 events {{ worker_connections 4096; }}
 http {{
@@ -90,36 +101,23 @@ http {{
   server {{
     listen 127.0.0.1:{self.port};
     root {docroot};
-    location / {{ }}
+    {location}
   }}
 }}
 """)
         self.log = os.path.join(self.dir, "error.log")
-        subprocess.run(["nginx", "-p", self.dir, "-e", self.log, "-c", conf], check=True)
-        for _ in range(200):
-            if os.path.exists(self.pid_file):
-                break
-            time.sleep(0.025)
-        with open(self.pid_file) as f:
-            self.pid = int(f.read().strip())
+        # In the foreground, in this script's session (as sluiced is): see the module docstring.
+        self.proc = subprocess.Popen(["nginx", "-p", self.dir, "-e", self.log, "-c", conf])
         self.base = f"http://127.0.0.1:{self.port}"
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.025)
-        raise RuntimeError(f"nginx did not listen; see {self.log}")
+        wait_port(self.port, self.proc, "nginx", self.log)
 
     def stop(self):
-        os.kill(self.pid, signal.SIGQUIT)  # graceful shutdown of master and workers
-        for _ in range(400):
-            try:
-                os.kill(self.pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.025)
-        os.kill(self.pid, signal.SIGKILL)
+        self.proc.send_signal(signal.SIGQUIT)  # graceful shutdown of master and workers
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 LUA = """
@@ -166,15 +164,31 @@ def make_small_tree(path, files, size):
     return rels
 
 
-def best_alternating(rounds, runs):
-    """runs: {name: fn}; calls them alternately `rounds` times; the best result of each."""
-    best = {}
+def alternating(rounds, warmup, runs):
+    """runs: {name: fn(duration)}; warms each up once (not counted), then calls them alternately
+    `rounds` times. Returns {name: [result of each round]}."""
+    for fn in runs.values():
+        if warmup:
+            fn(warmup)
+    results = {name: [] for name in runs}
     for _ in range(rounds):
         for name, fn in runs.items():
-            r = fn()
-            if name not in best or r[0] > best[name][0]:
-                best[name] = r
-    return best
+            results[name].append(fn(None))
+    return results
+
+
+def rounds_text(results, scale, unit):
+    return ", ".join(f"{r * scale:,.{0 if scale == 1 else 2}f}" for r in results) + f" {unit}"
+
+
+# nginx answering with the header field Sluice's downloads carry on top of nginx's own
+# (Content-Disposition with the file's name), so that both responses are about the same size.
+# (CORS headers are sent only to requests with an Origin, and wrk sends none.)
+SAME_BYTES_LOCATION = (
+    "location ~ ^/.*/(?<name>[^/]+)$ {\n"
+    "      add_header Content-Disposition "
+    "\"attachment; filename=\\\"$name\\\"; filename*=UTF-8''$name\";\n"
+    "    }")
 
 
 def bench_small(s, root, args):
@@ -187,28 +201,43 @@ def bench_small(s, root, args):
     # Both servers must give the same bytes for the same file.
     probe = requests.get(s.client + urls[0], timeout=30).content
     ngx = Nginx(root, path)
+    ngx_same = Nginx(root, path, SAME_BYTES_LOCATION)
     try:
         assert requests.get(ngx.base + "/" + rels[0], timeout=30).content == probe
+        r = requests.get(ngx_same.base + "/" + rels[0], timeout=30)
+        assert r.content == probe and "Content-Disposition" in r.headers
         lua = os.path.join(root, "random.lua")
         with open(lua, "w") as f:
             f.write(LUA)
-        sl_paths = os.path.join(root, "sluice-paths.txt")
-        ng_paths = os.path.join(root, "nginx-paths.txt")
-        with open(sl_paths, "w") as f:
-            f.write("\n".join(urls) + "\n")
-        with open(ng_paths, "w") as f:
-            f.write("\n".join("/" + r for r in rels) + "\n")
-        threads = min(2, args.conns)
-        best = best_alternating(args.rounds, {
-            "nginx": lambda: wrk(ngx.base, ng_paths, lua, args.conns, threads, args.duration),
-            "sluice": lambda: wrk(s.client, sl_paths, lua, args.conns, threads, args.duration),
+        paths = {"sluice": urls, "nginx": ["/" + r for r in rels],
+                 # The query string pads each path to the length of the file's token URL.
+                 "nginx-same-bytes": [f"/{r}?pad={'x' * max(0, len(u) - len(r) - 6)}"
+                                      for r, u in zip(rels, urls)]}
+        files = {}
+        for name, lines in paths.items():
+            files[name] = os.path.join(root, f"{name}-paths.txt")
+            with open(files[name], "w") as f:
+                f.write("\n".join(lines) + "\n")
+        threads = min(os.cpu_count(), args.conns)
+        bases = {"nginx": ngx.base, "nginx-same-bytes": ngx_same.base, "sluice": s.client}
+        rps = alternating(args.rounds, args.warmup, {
+            name: (lambda d, name=name: wrk(bases[name], files[name], lua, args.conns, threads,
+                                            d or args.duration)[0])
+            for name in bases
         })
     finally:
         ngx.stop()
-    sl, ng = best["sluice"][0], best["nginx"][0]
+        ngx_same.stop()
+    for name in bases:
+        print(f"small: {name} rounds: {rounds_text(rps[name], 1, 'req/s')}")
+    sl, ng, same = max(rps["sluice"]), max(rps["nginx"]), max(rps["nginx-same-bytes"])
     print(f"small: {args.files} files of {args.file_size} B at random, {args.conns} connections "
           f"(wrk -t{threads}, {args.duration} s, best of {args.rounds}): sluice {sl:,.0f} req/s, "
-          f"nginx {ng:,.0f} req/s, ratio {sl / ng:.2f}x")
+          f"nginx {ng:,.0f} req/s, ratio {sl / ng:.2f}x; nginx with Sluice's message sizes "
+          f"{same:,.0f} req/s, ratio {sl / same:.2f}x")
+    med = {name: statistics.median(r) for name, r in rps.items()}
+    print(f"small: medians: sluice/nginx {med['sluice'] / med['nginx']:.2f}x, "
+          f"sluice/nginx-same-bytes {med['sluice'] / med['nginx-same-bytes']:.2f}x")
 
 
 def bench_large(s, root, args):
@@ -222,13 +251,16 @@ def bench_large(s, root, args):
     url = download_urls(s, vfid, ["big.bin"])[0]
     ngx = Nginx(root, path)
     try:
-        best = best_alternating(args.rounds, {
-            "nginx": lambda: wrk(ngx.base, None, None, 1, 1, args.duration, "/big.bin"),
-            "sluice": lambda: wrk(s.client, None, None, 1, 1, args.duration, url),
+        bps = alternating(args.rounds, args.warmup, {
+            "nginx": lambda d: wrk(ngx.base, None, None, 1, 1, d or args.duration,
+                                   "/big.bin")[1],
+            "sluice": lambda d: wrk(s.client, None, None, 1, 1, d or args.duration, url)[1],
         })
     finally:
         ngx.stop()
-    sl, ng = best["sluice"][1], best["nginx"][1]
+    for name in ("nginx", "sluice"):
+        print(f"large: {name} rounds: {rounds_text(bps[name], 1e-9, 'GB/s')}")
+    sl, ng = max(bps["sluice"]), max(bps["nginx"])
     print(f"large: one {args.big >> 20} MiB file over one connection (wrk -t1 -c1, "
           f"{args.duration} s, best of {args.rounds}): sluice {sl / 1e9:.2f} GB/s, "
           f"nginx {ng / 1e9:.2f} GB/s, ratio {sl / ng:.2f}x")
@@ -242,7 +274,8 @@ def main():
     ap.add_argument("--big", type=parse_size, default=parse_size("1g"))
     ap.add_argument("--conns", type=int, default=64)
     ap.add_argument("--duration", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=3, help="seconds of uncounted load first")
     ap.add_argument("--only", default="small,large")
     ap.add_argument("--workdir", default=None, help="where to put data (default: a temp dir)")
     args = ap.parse_args()

@@ -23,11 +23,11 @@ std::shared_ptr<Router> MakeClientRouter(StorageService* service, ThreadPool* io
                                          const HealthSource& health) {
   auto router = std::make_shared<Router>("client", io_pool);
   AddHealthRoutes(*router, health, "client-facing");
-  router->AddDefaultHeader("Access-Control-Allow-Origin", "*");
-  router->AddDefaultHeader("Access-Control-Expose-Headers",
-                           "Content-Disposition, Content-Length, Content-Range, Accept-Ranges, "
-                           "Upload-Offset, Upload-Length, Tus-Resumable, Tus-Version, "
-                           "Tus-Max-Size, Location");
+  router->AddCorsHeader("Access-Control-Allow-Origin", "*");
+  router->AddCorsHeader("Access-Control-Expose-Headers",
+                        "Content-Disposition, Content-Length, Content-Range, Accept-Ranges, "
+                        "Upload-Offset, Upload-Length, Tus-Resumable, Tus-Version, "
+                        "Tus-Max-Size, Location");
   AddDownloadRoutes(*router, service);
   AddUploadRoutes(*router, service);
   return router;

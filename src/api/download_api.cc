@@ -11,12 +11,17 @@
 // Every path is resolved beneath the vfolder root fd (openat2 RESOLVE_BENEATH); nothing here
 // writes to the volume.
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <ctime>
 #include <random>
 #include <set>
+#include <variant>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -25,6 +30,7 @@
 #include "api/range.h"
 #include "api/zip_stream.h"
 #include "common/path.h"
+#include "common/token_cache.h"
 
 namespace sluice::api {
 
@@ -63,18 +69,28 @@ struct Folder {
   std::shared_ptr<UniqueFd> root;  // O_PATH
 };
 
-Result<Folder> OpenFolder(StorageService* svc, const std::string& volume,
-                          const std::string& vfid_text, Lookup lookup = Lookup::kMayBlock) {
+Result<Folder> OpenFolder(StorageService* svc, const std::string& volume, VFolderId vfid,
+                          Lookup lookup = Lookup::kMayBlock) {
   Folder f;
-  auto vfid = VFolderId::Parse(vfid_text);
-  if (!vfid.ok())
-    return Status(Code::kInvalidArgument,
-                  fmt::format("the token's vfolder id is malformed: {}", vfid.status().message()));
-  f.vfid = std::move(vfid).value();
+  f.vfid = std::move(vfid);
   SLUICE_ASSIGN_OR_RETURN(f.volume, svc->GetVolume(volume));
   SLUICE_ASSIGN_OR_RETURN(UniqueFd root, f.volume->OpenVFolderRoot(f.vfid, lookup));
   f.root = std::make_shared<UniqueFd>(std::move(root));
   return f;
+}
+
+Result<VFolderId> ParseTokenVFolderId(const std::string& text) {
+  auto vfid = VFolderId::Parse(text);
+  if (!vfid.ok())
+    return Status(Code::kInvalidArgument,
+                  fmt::format("the token's vfolder id is malformed: {}", vfid.status().message()));
+  return vfid;
+}
+
+Result<Folder> OpenFolder(StorageService* svc, const std::string& volume,
+                          const std::string& vfid_text) {
+  SLUICE_ASSIGN_OR_RETURN(VFolderId vfid, ParseTokenVFolderId(vfid_text));
+  return OpenFolder(svc, volume, std::move(vfid));
 }
 
 std::string RandomBoundary() {
@@ -164,14 +180,21 @@ HttpResponse Problem(unsigned status, const std::string& title, const std::strin
 }
 
 HttpResponse ServeFile(const HttpRequest& req, Volume* volume, UniqueFd fd, const struct stat& st,
-                       const std::string& name, bool no_cache) {
+                       const std::string& disposition, bool no_cache) {
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  const std::string etag = MakeETag(st);
-  std::vector<std::pair<std::string, std::string>> headers = {
-      {"Accept-Ranges", "bytes"},
-      {"ETag", etag},
-      {"Last-Modified", FormatHttpDate(st.st_mtim.tv_sec)}};
-  if (no_cache) headers.emplace_back("Cache-Control", "no-store");
+  char etag_buf[kMaxETagSize], date_buf[kHttpDateSize];
+  const std::string_view etag = MakeETag(st, etag_buf);
+  // The header lines every answer here carries, formatted in one piece: this runs for every
+  // small file.
+  std::string lines;
+  lines.reserve(160 + disposition.size());
+  auto line = [&lines](std::string_view name, std::string_view value) {
+    lines.append(name).append(": ").append(value).append("\r\n");
+  };
+  line("Accept-Ranges", "bytes");
+  line("ETag", etag);
+  line("Last-Modified", FormatHttpDate(st.st_mtim.tv_sec, date_buf));
+  if (no_cache) line("Cache-Control", "no-store");
   const auto& h = req.msg;
 
   // A cached copy that is still current needs no body (RFC 9110 §13.1.2, §13.1.3).
@@ -186,7 +209,7 @@ HttpResponse ServeFile(const HttpRequest& req, Volume* volume, UniqueFd fd, cons
     HttpResponse r;
     r.status = 304;
     r.content_type.clear();
-    r.headers = std::move(headers);
+    r.header_lines = std::move(lines);
     return r;
   }
 
@@ -200,22 +223,20 @@ HttpResponse ServeFile(const HttpRequest& req, Volume* volume, UniqueFd fd, cons
   if (rr.kind == RangeRequest::Kind::kUnsatisfiable) {
     HttpResponse r = Problem(416, "range-not-satisfiable",
                              fmt::format("no requested range overlaps the file's {} bytes", size));
-    r.headers = std::move(headers);
-    r.headers.emplace_back("Content-Range", fmt::format("bytes */{}", size));
+    line("Content-Range", fmt::format("bytes */{}", size));
+    r.header_lines = std::move(lines);
     return r;
   }
 
   HttpResponse r;
   r.content_type = "application/octet-stream";
-  r.headers = std::move(headers);
-  r.headers.emplace_back("Content-Disposition", ContentDisposition(name));
+  line("Content-Disposition", disposition);
   auto file = std::make_shared<UniqueFd>(std::move(fd));
   uint64_t sent = size;
   if (rr.kind == RangeRequest::Kind::kSatisfiable && rr.ranges.size() == 1) {
     const ByteRange& br = rr.ranges.front();
     r.status = 206;
-    r.headers.emplace_back("Content-Range",
-                           fmt::format("bytes {}-{}/{}", br.first, br.last(), size));
+    line("Content-Range", fmt::format("bytes {}-{}/{}", br.first, br.last(), size));
     r.file = std::move(file);
     r.file_offset = br.first;
     r.file_length = br.length;
@@ -235,6 +256,7 @@ HttpResponse ServeFile(const HttpRequest& req, Volume* volume, UniqueFd fd, cons
     r.file_offset = 0;
     r.file_length = size;
   }
+  r.header_lines = std::move(lines);
   if (h.method() != http::verb::head) volume->io_stats().AddRead(sent, 0);
   return r;
 }
@@ -301,35 +323,127 @@ HttpResponse NotInFolder(const std::string& rel, const VFolderId& vfid, const St
                        {rel});
 }
 
+// What a verified /download token grants, derived from its claims once and then cached by the
+// token's text: every check here depends on the token alone, so a repeat download with the same
+// token (a data loader reading a dataset, say) skips them along with the HMAC and JSON parse.
+// Errors found here are kept too and answered in the same order as for a fresh token.
+struct DownloadGrant {
+  std::string volume;
+  std::string rel;
+  Result<VFolderId> vfid = Status(Code::kInternal, "unset");
+  Result<std::vector<std::string>> parts = Status(Code::kInternal, "unset");  // of rel
+  bool archive = false;                                                       // the `archive` claim
+  bool unmanaged = false;   // a non-null `unmanaged_path` claim (refused)
+  std::string disposition;  // Content-Disposition for the file's name
+  // The file's whole path (the vfolder's directory on `path_volume`, then rel), for OpenDirect.
+  const Volume* path_volume = nullptr;
+  std::string file_path;
+  // Set once that path turned out to hold a symbolic link: OpenDirect is not tried again.
+  struct Flag {
+    Flag() = default;
+    Flag(Flag&& o) noexcept : set(o.set.load()) {}
+    mutable std::atomic<bool> set{false};
+  } has_symlink;
+};
+
+using GrantCache = VerifiedTokenCache<DownloadGrant>;
+
+// 16 Ki verified tokens, a few hundred bytes each: a dataset's worth of per-file tokens.
+constexpr size_t kGrantCacheSize = 16384;
+
+// The grant of the request's token, or the answer that refuses it.
+std::variant<GrantCache::Ref, HttpResponse> GrantFor(StorageService* svc, GrantCache& cache,
+                                                     const HttpRequest& req) {
+  auto tok = req.query.find("token");
+  const double now = static_cast<double>(std::time(nullptr));
+  if (tok != req.query.end())
+    if (auto hit = cache.Find(tok->second, now)) return hit;
+  auto claims = VerifySessionToken(req, svc->config().secret, "op", "download");
+  if (!claims.ok()) return ErrorResponse(claims.status());
+  DownloadGrant g;
+  auto volume = StrClaim(*claims, "volume");
+  if (!volume.ok()) return ErrorResponse(volume.status());
+  auto vfid = StrClaim(*claims, "vfid");
+  if (!vfid.ok()) return ErrorResponse(vfid.status());
+  auto rel = StrClaim(*claims, "relpath");
+  if (!rel.ok()) return ErrorResponse(rel.status());
+  g.volume = std::move(volume).value();
+  g.vfid = ParseTokenVFolderId(*vfid);
+  g.rel = std::move(rel).value();
+  if (auto a = claims->find("archive"); a != claims->end() && a->is_boolean() && a->get<bool>())
+    g.archive = true;
+  if (auto u = claims->find("unmanaged_path"); u != claims->end() && !u->is_null())
+    g.unmanaged = true;
+  g.parts = SplitRelPath(g.rel);
+  if (g.parts.ok() && g.vfid.ok()) {
+    g.disposition = ContentDisposition(g.parts->empty() ? g.vfid->hex : g.parts->back());
+    auto v = svc->GetVolume(g.volume);
+    if (v.ok() && !g.parts->empty()) {
+      g.path_volume = *v;
+      g.file_path = (*v)->VFolderPath(*g.vfid) + "/" + JoinComponents(*g.parts, g.parts->size());
+    }
+  }
+  std::optional<double> exp;
+  if (auto e = claims->find("exp"); e != claims->end() && e->is_number()) exp = e->get<double>();
+  return cache.Insert(tok->second, std::move(g), exp);
+}
+
+// Opens the granted file with one lookup of its whole path that may not pass a symbolic link.
+// Plain directories below the vfolder's directory, with no "..", cannot lead out of it, so this
+// opens exactly what OpenVFolderRoot + OpenBeneath would, with one path walk and no root fd.
+// Any failure (a symlink on the way, a missing vfolder or file) is left to that general path,
+// which gives the authoritative answer.
+std::optional<UniqueFd> OpenDirect(const DownloadGrant& g, const Volume* volume, Lookup lookup) {
+  if (g.file_path.empty() || volume != g.path_volume || g.has_symlink.set.load())
+    return std::nullopt;
+  struct open_how how {};
+  how.flags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
+  how.resolve = RESOLVE_NO_SYMLINKS | (lookup == Lookup::kCachedOnly ? RESOLVE_CACHED : 0);
+  long fd = ::syscall(SYS_openat2, AT_FDCWD, g.file_path.c_str(), &how, sizeof(how));
+  if (fd >= 0) return UniqueFd(static_cast<int>(fd));
+  if (errno == ELOOP) g.has_symlink.set = true;
+  return std::nullopt;
+}
+
 // One /download request. With Lookup::kCachedOnly (on an event loop) it answers only what needs
 // no I/O, token errors and regular files whose whole path is in the dentry cache, and returns
 // nullopt for everything else, which the worker pool then answers with Lookup::kMayBlock.
-std::optional<HttpResponse> Download(StorageService* svc, const HttpRequest& req, Lookup lookup) {
+std::optional<HttpResponse> Download(StorageService* svc, GrantCache& cache, const HttpRequest& req,
+                                     Lookup lookup) {
   const bool inline_only = lookup == Lookup::kCachedOnly;
-  DL_ASSIGN_OR_RESPOND(nlohmann::json claims,
-                       VerifySessionToken(req, svc->config().secret, "op", "download"));
-  DL_ASSIGN_OR_RESPOND(std::string volume, StrClaim(claims, "volume"));
-  DL_ASSIGN_OR_RESPOND(std::string vfid_text, StrClaim(claims, "vfid"));
-  DL_ASSIGN_OR_RESPOND(std::string rel, StrClaim(claims, "relpath"));
+  auto granted = GrantFor(svc, cache, req);
+  if (auto* refused = std::get_if<HttpResponse>(&granted)) return std::move(*refused);
+  const DownloadGrant& g = *std::get<GrantCache::Ref>(granted);
+  // A cached grant is seldom in the CPU caches (one of many tokens): start fetching the strings
+  // the file's answer needs while the query is checked.
+  __builtin_prefetch(g.file_path.data());
+  __builtin_prefetch(g.disposition.data());
+  const std::string& rel = g.rel;
   DL_ASSIGN_OR_RESPOND(bool archive, QueryBool(req, "archive"));
   DL_ASSIGN_OR_RESPOND(bool no_cache, QueryBool(req, "no_cache"));
-  if (auto a = claims.find("archive"); a != claims.end() && a->is_boolean() && a->get<bool>())
-    archive = true;
+  archive = archive || g.archive;
   if (req.query.count("dst_dir"))
     return ErrorResponse(Status(Code::kInvalidArgument,
                                 "dst_dir is not supported: the token names the file to download"));
-  if (claims.contains("unmanaged_path") && !claims["unmanaged_path"].is_null())
+  if (g.unmanaged)
     return ErrorResponse(Status(Code::kInvalidArgument,
                                 "unmanaged_path is not supported: downloads stay inside "
                                 "vfolders"));
-  auto folder = OpenFolder(svc, volume, vfid_text, lookup);
+  if (!g.vfid.ok()) return ErrorResponse(g.vfid.status());
+  if (auto v = svc->GetVolume(g.volume); v.ok()) {
+    if (auto fd = OpenDirect(g, *v, lookup)) {
+      struct stat st;
+      if (StatOpenFile(fd->get(), lookup, &st) && S_ISREG(st.st_mode))
+        return ServeFile(req, *v, std::move(*fd), st, g.disposition, no_cache);
+    }
+  }
+  auto folder = OpenFolder(svc, g.volume, *g.vfid, lookup);
   if (!folder.ok() && inline_only) return std::nullopt;
   if (!folder.ok()) return ErrorResponse(folder.status());
   Folder f = std::move(folder).value();
 
   // Escapes (.., absolute paths, symlinks out) answer like a missing file (the contract's 404).
-  auto parts = SplitRelPath(rel);
-  if (!parts.ok()) return NotInFolder(rel, f.vfid, parts.status());
+  if (!g.parts.ok()) return NotInFolder(rel, f.vfid, g.parts.status());
   auto fd = OpenBeneath(f.root->get(), rel, O_RDONLY | O_NONBLOCK | O_NOCTTY, 0, lookup);
   if (!fd.ok() && inline_only) return std::nullopt;
   if (!fd.ok()) {
@@ -343,10 +457,9 @@ std::optional<HttpResponse> Download(StorageService* svc, const HttpRequest& req
     if (inline_only) return std::nullopt;
     return ErrorResponse(Status::FromErrno(errno, fmt::format("stat '{}'", rel)), {rel});
   }
-  std::string name = parts->empty() ? f.vfid.hex : parts->back();
 
   if (S_ISREG(st.st_mode))
-    return ServeFile(req, f.volume, std::move(fd).value(), st, name, no_cache);
+    return ServeFile(req, f.volume, std::move(fd).value(), st, g.disposition, no_cache);
   if (inline_only) return std::nullopt;
   if (!S_ISDIR(st.st_mode))
     return ErrorResponse(
@@ -366,8 +479,9 @@ std::optional<HttpResponse> Download(StorageService* svc, const HttpRequest& req
   sources[0].member.fd = std::move(fd).value();
   sources[0].member.st = st;
   sources[0].skip_upload_dir = is_root;
+  const std::string name = g.parts->empty() ? f.vfid.hex : g.parts->back();
   return ServeArchive(f.volume, f.root, std::move(sources), name + ".zip",
-                      fmt::format("{}:{}:{}", volume, f.vfid.ToString(), rel), no_cache);
+                      fmt::format("{}:{}:{}", g.volume, f.vfid.ToString(), rel), no_cache);
 }
 
 HttpResponse DownloadArchive(StorageService* svc, const HttpRequest& req) {
@@ -448,16 +562,18 @@ HttpResponse DownloadArchive(StorageService* svc, const HttpRequest& req) {
 }  // namespace
 
 void AddDownloadRoutes(Router& router, StorageService* service) {
-  auto download = [service](const HttpRequest& req) {
-    return *Download(service, req, Lookup::kMayBlock);
+  // One cache per router: a token verified with this service's secret is valid only here.
+  auto cache = std::make_shared<GrantCache>(kGrantCacheSize);
+  auto download = [service, cache](const HttpRequest& req) {
+    return *Download(service, *cache, req, Lookup::kMayBlock);
   };
   auto archive = [service](const HttpRequest& req) { return DownloadArchive(service, req); };
   for (auto verb : {http::verb::get, http::verb::head}) {
     Route route{"/download", download, /*blocking=*/true, /*needs_auth=*/false};
     // Most downloads are files whose path the kernel has cached: they are answered on the event
     // loop, without a round trip through the worker pool.
-    route.try_inline = [service](const HttpRequest& req) {
-      return Download(service, req, Lookup::kCachedOnly);
+    route.try_inline = [service, cache](const HttpRequest& req) {
+      return Download(service, *cache, req, Lookup::kCachedOnly);
     };
     router.Add(verb, "/download", std::move(route));
     router.Add(verb, "/download-archive",

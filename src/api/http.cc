@@ -1,6 +1,8 @@
 #include "api/http.h"
 
+#include <algorithm>
 #include <cctype>
+#include <cstring>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -49,20 +51,43 @@ HttpResponse ErrorResponse(const Status& st, const std::vector<std::string>& pat
   return r;
 }
 
+namespace {
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+}  // namespace
+
 std::string PercentDecode(std::string_view s, bool plus_is_space) {
   std::string out;
   out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    char c = s[i];
-    if (c == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
-        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
-      out += static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
-      i += 2;
-    } else if (c == '+' && plus_is_space) {
-      out += ' ';
+  // Runs of plain bytes are copied whole (a download token is hundreds of them), found with
+  // memchr; each search resumes where the last one stopped, so the work stays linear.
+  const char* p = s.data();
+  const char* end = p + s.size();
+  auto next = [end](const char* from, char c) {
+    const void* at = std::memchr(from, c, static_cast<size_t>(end - from));
+    return at ? static_cast<const char*>(at) : end;
+  };
+  const char* pct = next(p, '%');
+  const char* plus = plus_is_space ? next(p, '+') : end;
+  while (p < end) {
+    const char* q = std::min(pct, plus);
+    out.append(p, q);
+    if (q == end) break;
+    int hi = end - q > 2 ? HexValue(q[1]) : -1;
+    int lo = hi >= 0 ? HexValue(q[2]) : -1;
+    if (*q == '%' && lo >= 0) {
+      out += static_cast<char>(hi * 16 + lo);
+      p = q + 3;
     } else {
-      out += c;
+      out += *q == '+' ? ' ' : *q;
+      p = q + 1;
     }
+    if (pct < p) pct = next(p, '%');
+    if (plus < p) plus = next(p, '+');
   }
   return out;
 }
@@ -79,7 +104,7 @@ void ParseTarget(std::string_view target, std::string& path,
     size_t eq = kv.find('=');
     std::string k = PercentDecode(kv.substr(0, eq), true);
     std::string v = eq == std::string_view::npos ? "" : PercentDecode(kv.substr(eq + 1), true);
-    if (!k.empty()) query[k] = v;
+    if (!k.empty()) query.insert_or_assign(std::move(k), std::move(v));
     if (amp == std::string_view::npos) break;
     qs = qs.substr(amp + 1);
   }
@@ -181,8 +206,8 @@ void Router::RequireToken(std::string header, std::string secret) {
   auth_secret_ = std::move(secret);
 }
 
-void Router::AddDefaultHeader(std::string name, std::string value) {
-  default_headers_.emplace_back(std::move(name), std::move(value));
+void Router::AddCorsHeader(std::string name, std::string value) {
+  cors_headers_.emplace_back(std::move(name), std::move(value));
 }
 
 HttpResponse Router::Run(const Route& route, const HttpRequest& req) const {
@@ -211,10 +236,6 @@ void Router::Observe(std::string_view method, std::string_view route, unsigned s
                                    MonotonicSeconds() - started);
 }
 
-void Router::Decorate(HttpResponse& res) const {
-  for (const auto& h : default_headers_) res.headers.push_back(h);
-}
-
 const Route* Router::Find(http::verb method, const std::string& path) const {
   auto pit = routes_.find(path);
   if (pit == routes_.end()) return nullptr;
@@ -240,13 +261,10 @@ void Router::OpenStream(std::shared_ptr<HttpRequest> req,
                     e.what());
       start = ErrorResponse(Status(Code::kInternal, fmt::format("internal error: {}", e.what())));
     }
-    if (auto* res = std::get_if<HttpResponse>(&start)) Decorate(*res);
     (*shared_done)(std::move(start));
   };
   if (!pool_->Submit(run)) {
-    HttpResponse r = ErrorResponse(Status(Code::kUnavailable, "server is overloaded; retry later"));
-    Decorate(r);
-    (*shared_done)(std::move(r));
+    (*shared_done)(ErrorResponse(Status(Code::kUnavailable, "server is overloaded; retry later")));
   }
 }
 
@@ -255,7 +273,6 @@ void Router::Dispatch(std::shared_ptr<HttpRequest> req, Responder done) const {
   std::string method(req->msg.method_string());
   auto finish = [this, t0, method, done = std::move(done)](std::string route_name,
                                                            HttpResponse res) {
-    Decorate(res);
     Observe(method, route_name, res.status, t0);
     done(std::move(res));
   };

@@ -37,6 +37,9 @@ struct HttpResponse {
   std::string content_type = "application/json";
   std::string body;
   std::vector<std::pair<std::string, std::string>> headers;
+  // More header lines, already formatted ("Name: value\r\n" each) and written after `headers`:
+  // lets a hot path build its header in one piece.
+  std::string header_lines;
   // When valid, the response body is [file_offset, file_offset + file_length) of this file,
   // sent zero-copy where the transport allows; `body` is ignored.
   std::shared_ptr<UniqueFd> file;
@@ -123,8 +126,12 @@ class Router {
   void Add(http::verb method, const std::string& path, Route route);
   // Requests to routes that need auth must carry `header` equal to `secret`.
   void RequireToken(std::string header, std::string secret);
-  // Extra headers on every response (CORS, say).
-  void AddDefaultHeader(std::string name, std::string value);
+  // CORS headers: the listener adds them to every response to a request that carries an
+  // Origin header (a browser's cross-origin request), as aiohttp_cors does for the original.
+  void AddCorsHeader(std::string name, std::string value);
+  const std::vector<std::pair<std::string, std::string>>& cors_headers() const {
+    return cors_headers_;
+  }
 
   // Calls `done` exactly once, on any thread.
   void Dispatch(std::shared_ptr<HttpRequest> req, Responder done) const;
@@ -137,8 +144,6 @@ class Router {
   // Records a finished request whose response did not come from Dispatch.
   void Observe(std::string_view method, std::string_view route, unsigned status,
                double started) const;
-  // Adds the default headers to a response produced outside Dispatch.
-  void Decorate(HttpResponse& res) const;
 
   ThreadPool* pool() const { return pool_; }
 
@@ -152,7 +157,7 @@ class Router {
   std::map<std::string, std::map<http::verb, Route>> routes_;
   std::string auth_header_;
   std::string auth_secret_;
-  std::vector<std::pair<std::string, std::string>> default_headers_;
+  std::vector<std::pair<std::string, std::string>> cors_headers_;
 };
 
 }  // namespace sluice::api

@@ -1,6 +1,7 @@
 #include "api/range.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -148,11 +149,61 @@ RangeRequest ParseRange(std::string_view header, uint64_t size, size_t max_range
   return out;
 }
 
+namespace {
+
+// Days since 1970-01-01 to (year, month 1-12, day 1-31), proleptic Gregorian (H. Hinnant's
+// civil_from_days): gmtime_r takes glibc's time zone lock, which the event loops would share.
+void CivilFromDays(int64_t z, int64_t& y, unsigned& m, unsigned& d) {
+  z += 719468;
+  const int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+  const unsigned doe = static_cast<unsigned>(z - era * 146097);
+  const unsigned yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+  const unsigned doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+  const unsigned mp = (5 * doy + 2) / 153;
+  d = doy - (153 * mp + 2) / 5 + 1;
+  m = mp < 10 ? mp + 3 : mp - 9;
+  y = static_cast<int64_t>(yoe) + era * 400 + (m <= 2);
+}
+
+}  // namespace
+
+std::string_view FormatHttpDate(std::time_t t, char* buf) {
+  int64_t days = t / 86400, secs = t % 86400;
+  if (secs < 0) {
+    secs += 86400;
+    --days;
+  }
+  int64_t y;
+  unsigned mon, mday;
+  CivilFromDays(days, y, mon, mday);
+  const int64_t wday = ((days % 7) + 11) % 7;  // 1970-01-01 was a Thursday
+  const int year = static_cast<int>(std::clamp<int64_t>(y, 0, 9999));
+  auto two = [](char* p, int64_t v) {
+    p[0] = static_cast<char>('0' + v / 10);
+    p[1] = static_cast<char>('0' + v % 10);
+  };
+  // "Sun, 06 Nov 1994 08:49:37 GMT", written by hand: it is on every file response.
+  std::memcpy(buf, kDays[wday], 3);
+  std::memcpy(buf + 3, ", ", 2);
+  two(buf + 5, mday);
+  buf[7] = ' ';
+  std::memcpy(buf + 8, kMonths[mon - 1], 3);
+  buf[11] = ' ';
+  two(buf + 12, year / 100);
+  two(buf + 14, year % 100);
+  buf[16] = ' ';
+  two(buf + 17, secs / 3600);
+  buf[19] = ':';
+  two(buf + 20, secs / 60 % 60);
+  buf[22] = ':';
+  two(buf + 23, secs % 60);
+  std::memcpy(buf + 25, " GMT", 4);
+  return {buf, kHttpDateSize};
+}
+
 std::string FormatHttpDate(std::time_t t) {
-  struct tm tm {};
-  gmtime_r(&t, &tm);
-  return fmt::format("{}, {:02d} {} {:04d} {:02d}:{:02d}:{:02d} GMT", kDays[tm.tm_wday], tm.tm_mday,
-                     kMonths[tm.tm_mon], tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
+  char buf[kHttpDateSize];
+  return std::string(FormatHttpDate(t, buf));
 }
 
 std::optional<std::time_t> ParseHttpDate(std::string_view sv) {
@@ -186,11 +237,23 @@ std::optional<std::time_t> ParseHttpDate(std::string_view sv) {
   return std::nullopt;
 }
 
-std::string MakeETag(const struct stat& st) {
+std::string_view MakeETag(const struct stat& st, char* buf) {
   uint64_t ns = static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000000000ull +
                 static_cast<uint64_t>(st.st_mtim.tv_nsec);
-  return fmt::format("\"{:x}-{:x}-{:x}\"", static_cast<uint64_t>(st.st_ino),
-                     static_cast<uint64_t>(st.st_size), ns);
+  char* p = buf;
+  *p++ = '"';
+  p = std::to_chars(p, buf + kMaxETagSize, static_cast<uint64_t>(st.st_ino), 16).ptr;
+  *p++ = '-';
+  p = std::to_chars(p, buf + kMaxETagSize, static_cast<uint64_t>(st.st_size), 16).ptr;
+  *p++ = '-';
+  p = std::to_chars(p, buf + kMaxETagSize, ns, 16).ptr;
+  *p++ = '"';
+  return {buf, static_cast<size_t>(p - buf)};
+}
+
+std::string MakeETag(const struct stat& st) {
+  char buf[kMaxETagSize];
+  return std::string(MakeETag(st, buf));
 }
 
 bool IfRangeMatches(std::string_view if_range, std::string_view etag, std::time_t mtime) {

@@ -43,12 +43,18 @@ RangeRequest ParseRange(std::string_view header, uint64_t size, size_t max_range
 
 // IMF-fixdate ("Sun, 06 Nov 1994 08:49:37 GMT").
 std::string FormatHttpDate(std::time_t t);
+// The same into `buf`, which must hold kHttpDateSize bytes (four-digit years); returns the date.
+inline constexpr size_t kHttpDateSize = 29;
+std::string_view FormatHttpDate(std::time_t t, char* buf);
 // Any of the three HTTP date formats (IMF-fixdate, RFC 850, asctime); nullopt when malformed.
 std::optional<std::time_t> ParseHttpDate(std::string_view s);
 
 // A strong entity tag from inode, size and modification time: "<ino>-<size>-<mtime ns>" in hex,
 // quotes included.
 std::string MakeETag(const struct stat& st);
+// The same into `buf`, which must hold kMaxETagSize bytes; returns the tag.
+inline constexpr size_t kMaxETagSize = 2 + 3 * 16 + 2;
+std::string_view MakeETag(const struct stat& st, char* buf);
 
 // If-Range (RFC 9110 §13.1.5): true when the range may be honoured. An entity tag must match
 // `etag` strongly (weak tags never match); a date must equal `mtime` exactly.

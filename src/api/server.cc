@@ -4,6 +4,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <ctime>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -12,6 +17,8 @@
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/ssl.hpp>
+
+#include "api/range.h"
 #include "common/clock.h"
 
 namespace sluice::api {
@@ -76,57 +83,127 @@ constexpr size_t kIoChunk = 256 << 10;
 constexpr size_t kLingerBytes = 64 << 20;
 constexpr auto kLingerTime = std::chrono::seconds(10);
 
+using Clock = std::chrono::steady_clock;
+// Sockets and timers bound to one io_context: no type-erased executor on the hot path.
+using Socket = asio::basic_stream_socket<tcp, asio::io_context::executor_type>;
+using Timer =
+    asio::basic_waitable_timer<Clock, asio::wait_traits<Clock>, asio::io_context::executor_type>;
+
+// How often a session with a pending deadline looks at it: timeouts fire up to this late.
+Clock::duration TickFor(const ServerOptions& o) {
+  auto shortest = std::min(o.request_timeout, o.keepalive_timeout);
+  return std::clamp<Clock::duration>(shortest / 4, std::chrono::milliseconds(10),
+                                     std::chrono::seconds(1));
+}
+
+// The Date field every response carries (RFC 9110 §6.6.1), formatted once a second per thread.
+std::string_view CurrentHttpDate() {
+  thread_local std::time_t formatted = -1;
+  thread_local char buf[kHttpDateSize];
+  std::time_t now = std::time(nullptr);
+  if (now != formatted) {
+    FormatHttpDate(now, buf);
+    formatted = now;
+  }
+  return {buf, kHttpDateSize};
+}
+
+void AppendNumber(std::string& out, uint64_t n) {
+  char buf[24];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), n);
+  out.append(buf, end);
+}
+
 // One connection. kTls selects the stream type; everything else is shared.
 //
-// Every request's headers are read first. A streaming route (uploads) then gets its body piece
-// by piece through a BodySink on the worker pool, with back-pressure: the next piece is read
-// only after the previous one is consumed. Any other route gets its body buffered (up to the
-// listener's body limit) and goes through Router::Dispatch.
+// Every request's headers are read first. A request without a body goes to Router::Dispatch at
+// once; a streaming route (uploads) then gets its body piece by piece through a BodySink on the
+// worker pool, with back-pressure: the next piece is read only after the previous one is
+// consumed. Any other route gets its body buffered (up to the listener's body limit) first.
+//
+// Timeouts: each wait on the client has a deadline (ExpireAfter). Rather than arming a timer for
+// every read and write, one timer per session ticks while a deadline is pending and closes the
+// socket once it has passed, which fails the pending operation.
 template <bool kTls>
 class Session : public std::enable_shared_from_this<Session<kTls>> {
  public:
-  using Stream = std::conditional_t<kTls, beast::ssl_stream<beast::tcp_stream>, beast::tcp_stream>;
+  using Stream = std::conditional_t<kTls, beast::ssl_stream<Socket>, Socket>;
 
-  Session(tcp::socket&& sock, std::shared_ptr<HttpServer> srv)
-      : stream_(MakeStream(std::move(sock), srv)), srv_(std::move(srv)) {}
+  Session(Socket&& sock, std::shared_ptr<HttpServer> srv)
+      : stream_(MakeStream(std::move(sock), srv)),
+        timer_(Sock().get_executor()),
+        srv_(std::move(srv)),
+        tick_(TickFor(srv_->options())) {}
 
   void Run() {
-    asio::dispatch(Tcp().get_executor(), [self = this->shared_from_this()] {
+    asio::dispatch(Sock().get_executor(), [self = this->shared_from_this()] {
       if constexpr (kTls) {
-        self->Tcp().expires_after(self->srv_->options().request_timeout);
+        self->ExpireAfter(self->srv_->options().request_timeout);
         self->stream_.async_handshake(asio::ssl::stream_base::server, [self](beast::error_code ec) {
-          if (ec) return;  // failed handshakes just close
+          if (ec) return self->StopTimer();  // failed handshakes just close
           self->ReadHeader();
         });
       } else {
+        // Once per connection: the response writes below use send and sendfile directly.
+        beast::error_code ec;
+        self->Sock().native_non_blocking(true, ec);
         self->ReadHeader();
       }
     });
   }
 
  private:
-  static Stream MakeStream(tcp::socket&& sock, const std::shared_ptr<HttpServer>& srv) {
+  static Stream MakeStream(Socket&& sock, const std::shared_ptr<HttpServer>& srv) {
     if constexpr (kTls)
-      return Stream(beast::tcp_stream(std::move(sock)), *srv->options().tls);
+      return Stream(std::move(sock), *srv->options().tls);
     else
       return Stream(std::move(sock));
   }
 
-  beast::tcp_stream& Tcp() {
-    if constexpr (kTls)
-      return beast::get_lowest_layer(stream_);
-    else
-      return stream_;
-  }
+  Socket& Sock() { return beast::get_lowest_layer(stream_); }
 
   const Router& router() const { return srv_->router(); }
 
   static bool IsDisconnect(const beast::error_code& ec) {
     return ec == http::error::end_of_stream || ec == beast::error::timeout ||
            ec == asio::error::operation_aborted || ec == asio::error::connection_reset ||
-           ec == asio::error::eof || ec == asio::ssl::error::stream_truncated ||
-           ec == http::error::partial_message;
+           ec == asio::error::eof || ec == asio::error::bad_descriptor ||
+           ec == asio::ssl::error::stream_truncated || ec == http::error::partial_message;
   }
+
+  // The operation about to start must finish within `d`.
+  void ExpireAfter(Clock::duration d) {
+    deadline_ = Clock::now() + d;
+    if (!ticking_ && !stopped_) Tick();
+  }
+
+  // What runs next has no deadline (a handler at work, a wait that must not time out).
+  void ExpireNever() { deadline_ = Clock::time_point::max(); }
+
+  void Tick() {
+    ticking_ = true;
+    timer_.expires_after(tick_);
+    timer_.async_wait(
+        [self = this->shared_from_this()](beast::error_code ec) { self->OnTick(ec); });
+  }
+
+  void OnTick(beast::error_code ec) {
+    ticking_ = false;
+    if (ec || stopped_ || deadline_ == Clock::time_point::max()) return;
+    if (Clock::now() < deadline_) return Tick();
+    deadline_ = Clock::time_point::max();
+    beast::error_code ignored;
+    Sock().close(ignored);  // the pending operation completes with an error
+  }
+
+  // No more deadlines: lets the session go once its last operation is done.
+  void StopTimer() {
+    stopped_ = true;
+    timer_.cancel();
+  }
+
+  // Where a request being handled came from (see chain_).
+  enum class Chain { kNone, kRecv, kBuffer };
 
   void ReadHeader() {
     hparser_.emplace();
@@ -134,25 +211,100 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
     // Limits apply once the route is known. (Beast 1.74 compares lengths against an empty
     // optional as "greater", so "no limit" must be spelled as the largest value.)
     hparser_->body_limit(std::numeric_limits<std::uint64_t>::max());
-    Tcp().expires_after(first_ ? srv_->options().request_timeout
-                               : srv_->options().keepalive_timeout);
+    ExpireAfter(first_ ? srv_->options().request_timeout : srv_->options().keepalive_timeout);
     first_ = false;
+    if constexpr (!kTls) {
+      if (buf_.size() == 0 && chain_ == Chain::kRecv) {
+        // Nothing buffered, and the last request was read and answered without the loop
+        // polling in between: any data that arrives later is reported after this wait is
+        // queued, so waiting first is safe. It replaces the recv that would fail with EAGAIN
+        // (Asio re-arms the descriptor instead, at about the same cost) and ends the call
+        // chain, so a client that keeps sending cannot make it recurse.
+        Sock().async_wait(tcp::socket::wait_read,
+                          [self = this->shared_from_this()](beast::error_code ec) {
+                            if (ec) return self->OnHeader(ec);
+                            self->RecvHeader();
+                          });
+        return;
+      }
+      if (chain_ != Chain::kNone) {  // pipelined requests: a new turn of the loop, not recursion
+        asio::post(Sock().get_executor(),
+                   [self = this->shared_from_this()] { self->ParseOrRecvHeader(); });
+        return;
+      }
+      return ParseOrRecvHeader();
+    }
     http::async_read_header(
         stream_, buf_, *hparser_,
         [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+  }
+
+  // Plain TCP reads request headers itself (recv, then Beast's parser on the bytes): the request
+  // is answered in the same turn of the loop as the recv that brought it, without the composed
+  // operations and the post of Beast's asynchronous read.
+  void ParseOrRecvHeader() {
+    if (buf_.size() > 0) {
+      beast::error_code ec;
+      size_t used = hparser_->put(buf_.data(), ec);
+      buf_.consume(used);
+      if (ec != http::error::need_more) return HandleHeader(Chain::kBuffer, ec);
+    }
+    RecvHeader();
+  }
+
+  void RecvHeader() {
+    for (;;) {
+      auto space = buf_.prepare(std::max<size_t>(4096, buf_.capacity() - buf_.size()));
+      ssize_t n = ::recv(Sock().native_handle(), space.data(), space.size(), MSG_DONTWAIT);
+      if (n > 0) {
+        buf_.commit(static_cast<size_t>(n));
+        beast::error_code ec;
+        size_t used = hparser_->put(buf_.data(), ec);
+        buf_.consume(used);
+        if (ec == http::error::need_more) continue;
+        return HandleHeader(Chain::kRecv, ec);
+      }
+      if (n == 0)  // the peer closed: between requests that ends the connection
+        return OnHeader(hparser_->got_some() || buf_.size() > 0 ? http::error::partial_message
+                                                                : http::error::end_of_stream);
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        return OnHeader(beast::error_code(errno, beast::system_category()));
+      // No data yet: this wait is queued before the loop next polls, so no edge is missed.
+      Sock().async_wait(tcp::socket::wait_read,
+                        [self = this->shared_from_this()](beast::error_code ec) {
+                          if (ec) return self->OnHeader(ec);
+                          self->RecvHeader();
+                        });
+      return;
+    }
+  }
+
+  void HandleHeader(Chain chain, beast::error_code ec) {
+    chain_ = chain;
+    OnHeader(ec);
+    chain_ = Chain::kNone;
   }
 
   // Answers a request that could not be read, then closes.
   void RefuseMalformed(const Status& st) {
     keep_alive_ = false;
     is_head_ = false;
+    cors_ = false;
     version_ = 11;
     srv_->inflight_counter()++;
     started_ = MonotonicSeconds();
     route_name_ = "malformed";
-    HttpResponse r = ErrorResponse(st);
-    router().Decorate(r);
-    Write(std::move(r));
+    Write(ErrorResponse(st));
+  }
+
+  const std::string& Remote() {
+    if (remote_.empty()) {
+      beast::error_code ec;
+      auto ep = Sock().remote_endpoint(ec);
+      if (!ec) remote_ = ep.address().to_string();
+    }
+    return remote_;
   }
 
   void OnHeader(beast::error_code ec) {
@@ -163,11 +315,16 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
     auto& hdr = hparser_->get();
     keep_alive_ = hdr.keep_alive();
     version_ = hdr.version();
+    cors_ = hdr.find(http::field::origin) != hdr.end();
     is_head_ = hdr.method() == http::verb::head;
-    std::string path;
-    std::map<std::string, std::string> query;
-    ParseTarget(hdr.target(), path, query);
-    if (!router().IsStreaming(hdr.method(), path)) {
+    auto req = std::make_shared<HttpRequest>();
+    ParseTarget(hdr.target(), req->path, req->query);
+    if (!router().IsStreaming(hdr.method(), req->path)) {
+      if (hparser_->is_done()) {  // no body (a GET): nothing more to read
+        req->msg = http::request<http::string_body>(std::move(hparser_->release().base()));
+        return Dispatch(std::move(req));
+      }
+      pending_ = std::move(req);
       sparser_.emplace(std::move(*hparser_));
       sparser_->body_limit(srv_->options().body_limit);
       http::async_read(
@@ -175,22 +332,17 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
           [self = this->shared_from_this()](beast::error_code ec2, size_t) { self->OnRead(ec2); });
       return;
     }
-    auto req = std::make_shared<HttpRequest>();
     req->msg.base() = hdr.base();
-    req->path = std::move(path);
-    req->query = std::move(query);
-    beast::error_code rec;
-    auto ep = Tcp().socket().remote_endpoint(rec);
-    if (!rec) req->remote = ep.address().to_string();
+    req->remote = Remote();
     srv_->inflight_counter()++;
     started_ = MonotonicSeconds();
     method_ = std::string(hdr.method_string());
     route_name_ = req->path;
     expect_continue_ = beast::iequals(hdr[http::field::expect], "100-continue");
-    Tcp().expires_never();
+    ExpireNever();
     router().OpenStream(req, [self = this->shared_from_this()](StreamStart start) {
       auto holder = std::make_shared<StreamStart>(std::move(start));
-      asio::post(self->Tcp().get_executor(),
+      asio::post(self->Sock().get_executor(),
                  [self, holder] { self->OnStreamStart(std::move(*holder)); });
     });
   }
@@ -211,6 +363,7 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
     if (expect_continue_ && !bparser_->is_done()) {
       auto cont =
           std::make_shared<http::response<http::empty_body>>(http::status::continue_, version_);
+      ExpireAfter(srv_->options().request_timeout);
       http::async_write(stream_, *cont,
                         [self = this->shared_from_this(), cont](beast::error_code ec, size_t) {
                           if (ec) return self->AbortStream(ec);
@@ -229,7 +382,7 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
     buf_.reserve(kIoChunk);
     bparser_->get().body().data = io_buf_.data() + piece_len_;
     bparser_->get().body().size = io_buf_.size() - piece_len_;
-    Tcp().expires_after(srv_->options().request_timeout);
+    ExpireAfter(srv_->options().request_timeout);
     http::async_read_some(
         stream_, buf_, *bparser_,
         [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnBodyPiece(ec); });
@@ -245,7 +398,7 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
     // (Bytes left in buf_ do not count: they may be chunk framing that cannot be parsed until
     // more arrives.)
     beast::error_code aec;
-    bool more_now = Tcp().socket().available(aec) > 0;
+    bool more_now = Sock().available(aec) > 0;
     if (!bparser_->is_done() && more_now && piece_len_ < io_buf_.size() / 2) return ReadBodyPiece();
     SubmitPiece();
   }
@@ -253,11 +406,11 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
   // Hands the gathered piece of the body to the sink on the pool; reading resumes after it.
   void SubmitPiece() {
     size_t got = piece_len_;
-    Tcp().expires_never();
+    ExpireNever();
     auto self = this->shared_from_this();
     bool queued = router().pool()->Submit([self, got] {
       Status st = self->sink_->Write(self->io_buf_.data(), got);
-      asio::post(self->Tcp().get_executor(), [self, st] {
+      asio::post(self->Sock().get_executor(), [self, st] {
         self->piece_len_ = 0;
         if (!st.ok()) {
           self->keep_alive_ = self->bparser_->is_done() && self->keep_alive_;
@@ -278,7 +431,7 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
     auto self = this->shared_from_this();
     bool queued = router().pool()->Submit([self] {
       auto res = std::make_shared<HttpResponse>(self->sink_->Finish());
-      asio::post(self->Tcp().get_executor(), [self, res] { self->EndStream(std::move(*res)); });
+      asio::post(self->Sock().get_executor(), [self, res] { self->EndStream(std::move(*res)); });
     });
     if (!queued) {
       keep_alive_ = false;
@@ -290,7 +443,6 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
   // the client sees the answer only once the sink has settled (an upload's offset advanced and
   // its lock released, say).
   void EndStream(HttpResponse res) {
-    router().Decorate(res);
     std::shared_ptr<BodySink> sink(std::move(sink_));
     if (res.status >= 300 && sink) {
       Status why(Code::kInternal, fmt::format("request ended with HTTP {}", res.status));
@@ -298,7 +450,7 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
       auto held = std::make_shared<HttpResponse>(std::move(res));
       bool queued = router().pool()->Submit([self, sink, why, held] {
         sink->Abort(why);
-        asio::post(self->Tcp().get_executor(), [self, held] { self->Write(std::move(*held)); });
+        asio::post(self->Sock().get_executor(), [self, held] { self->Write(std::move(*held)); });
       });
       if (queued) return;
       sink->Abort(why);  // the pool is full: settle here rather than not at all
@@ -328,123 +480,174 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
               : Status(Code::kInvalidArgument,
                        fmt::format("malformed HTTP request: {}", ec.message())));
     }
-    auto req = std::make_shared<HttpRequest>();
+    auto req = std::move(pending_);
     req->msg = sparser_->release();
-    ParseTarget(req->msg.target(), req->path, req->query);
-    beast::error_code rec;
-    auto ep = Tcp().socket().remote_endpoint(rec);
-    if (!rec) req->remote = ep.address().to_string();
-    keep_alive_ = req->msg.keep_alive();
-    version_ = req->msg.version();
-    is_head_ = req->msg.method() == http::verb::head;
+    Dispatch(std::move(req));
+  }
+
+  void Dispatch(std::shared_ptr<HttpRequest> req) {
+    req->remote = Remote();
     srv_->inflight_counter()++;
     route_name_.clear();  // Dispatch records its own metrics
     // Nothing may time out while a handler works on the request.
-    Tcp().expires_never();
-    router().Dispatch(req, [self = this->shared_from_this()](HttpResponse res) {
-      asio::post(self->Tcp().get_executor(),
-                 [self, res = std::move(res)]() mutable { self->Write(std::move(res)); });
+    ExpireNever();
+    // A response given before Dispatch returns (a non-blocking route, or a download answered on
+    // the event loop) is written right after it, without a trip through the loop's queue. The
+    // session keeps itself alive meanwhile through busy_, so that the callback captures only
+    // `this` and fits in std::function without an allocation.
+    busy_ = this->shared_from_this();
+    dispatching_ = true;
+    router().Dispatch(std::move(req), [this](HttpResponse res) {
+      auto ex = Sock().get_executor();
+      if (ex.running_in_this_thread() && dispatching_) {
+        answered_.emplace(std::move(res));
+        return;
+      }
+      asio::post(ex, [self = std::move(busy_), res = std::move(res)]() mutable {
+        self->Write(std::move(res));
+      });
     });
+    dispatching_ = false;
+    if (answered_) {
+      auto self = std::move(busy_);
+      HttpResponse res = std::move(*answered_);
+      answered_.reset();
+      Write(std::move(res));
+    }
   }
 
-  template <typename Msg>
-  void FillHeaders(Msg& m, const HttpResponse& r) {
-    m.set(http::field::server, "sluice");
-    if (!r.content_type.empty()) m.set(http::field::content_type, r.content_type);
-    for (const auto& [k, v] : r.headers) m.insert(k, v);
-    m.keep_alive(keep_alive_ && !srv_->draining());
+  // How a response's body is delimited.
+  enum class Framing {
+    kNone,        // no body (HEAD of a streamed body on HTTP/1.0, 1xx/204/304)
+    kLength,      // Content-Length
+    kChunked,     // Transfer-Encoding: chunked
+    kUntilClose,  // the end of the connection ends the body (HTTP/1.0 streams)
+  };
+
+  // Builds the response header in head_ by hand (Beast's serializer would first copy every
+  // field into a list of its own); returns whether the connection stays open after it.
+  bool FormatHead(const HttpResponse& r, Framing framing, uint64_t length) {
+    const bool keep = keep_alive_ && !srv_->draining() && framing != Framing::kUntilClose;
+    head_.clear();
+    head_ += "HTTP/";
+    head_ += static_cast<char>('0' + version_ / 10 % 10);
+    head_ += '.';
+    head_ += static_cast<char>('0' + version_ % 10);
+    head_ += ' ';
+    AppendNumber(head_, r.status);
+    head_ += ' ';
+    head_ += std::string_view(http::obsolete_reason(static_cast<http::status>(r.status)));
+    head_ += "\r\nServer: sluice\r\nDate: ";
+    head_ += CurrentHttpDate();
+    head_ += "\r\n";
+    auto field = [this](std::string_view k, std::string_view v) {
+      head_ += k;
+      head_ += ": ";
+      head_ += v;
+      head_ += "\r\n";
+    };
+    if (!r.content_type.empty()) field("Content-Type", r.content_type);
+    for (const auto& [k, v] : r.headers) field(k, v);
+    head_ += r.header_lines;
+    if (cors_)
+      for (const auto& [k, v] : router().cors_headers()) field(k, v);
+    if (framing == Framing::kLength) {
+      head_ += "Content-Length: ";
+      AppendNumber(head_, length);
+      head_ += "\r\n";
+    } else if (framing == Framing::kChunked) {
+      head_ += "Transfer-Encoding: chunked\r\n";
+    }
+    if (version_ >= 11 && !keep) head_ += "Connection: close\r\n";
+    if (version_ < 11 && keep) head_ += "Connection: keep-alive\r\n";
+    head_ += "\r\n";
+    return keep;
   }
 
   void Write(HttpResponse r) {
     if (!route_name_.empty()) router().Observe(method_, route_name_, r.status, started_);
     route_name_.clear();
-    Tcp().expires_after(srv_->options().request_timeout);
-    if (r.file && !is_head_) return WriteFile(std::move(r));
-    if (r.generator && !is_head_) return WriteGenerated(std::move(r));
-    auto res = std::make_shared<http::response<http::string_body>>(
-        static_cast<http::status>(r.status), version_);
-    FillHeaders(*res, r);
+    ExpireAfter(srv_->options().request_timeout);
     if (r.file) {
-      res->content_length(r.file_length);  // HEAD of a file: its length, no body
-    } else if (r.generator) {
-      res->chunked(version_ >= 11);
-    } else {
-      res->body() = std::move(r.body);
-      res->prepare_payload();
-      if (is_head_) res->body().clear();
+      bool keep = FormatHead(r, Framing::kLength, r.file_length);
+      if (!is_head_) return WriteFile(std::move(r), !keep);
+      return WriteHead(!keep);
     }
-    bool close = !res->keep_alive();
-    if (is_head_) {
-      auto sr = std::make_shared<http::response_serializer<http::string_body>>(*res);
-      http::async_write_header(stream_, *sr,
-                               [self = this->shared_from_this(), res, sr, close](
-                                   beast::error_code ec, size_t) { self->AfterWrite(ec, close); });
+    if (r.generator) {
+      Framing f =
+          version_ >= 11 ? Framing::kChunked : (is_head_ ? Framing::kNone : Framing::kUntilClose);
+      bool keep = FormatHead(r, f, 0);
+      if (is_head_) return WriteHead(!keep);
+      chunked_ = f == Framing::kChunked;
+      gen_ = std::move(r.generator);
+      WriteHeadThen(
+          [self = this->shared_from_this(), close = !keep] { self->GeneratePiece(close); });
       return;
     }
-    http::async_write(stream_, *res,
-                      [self = this->shared_from_this(), res, close](beast::error_code ec, size_t) {
+    // 1xx, 204 and 304 have no body and no Content-Length (RFC 9110 §8.6).
+    bool bodiless = r.status < 200 || r.status == 204 || r.status == 304;
+    bool keep = FormatHead(r, bodiless ? Framing::kNone : Framing::kLength, r.body.size());
+    if (is_head_ || bodiless) return WriteHead(!keep);
+    body_ = std::move(r.body);
+    std::array<asio::const_buffer, 2> bufs{asio::buffer(head_), asio::buffer(body_)};
+    asio::async_write(
+        stream_, bufs,
+        [self = this->shared_from_this(), close = !keep](beast::error_code ec, size_t) {
+          self->body_.clear();
+          self->AfterWrite(ec, close);
+        });
+  }
+
+  // Writes head_ alone: the whole response.
+  void WriteHead(bool close) {
+    asio::async_write(stream_, asio::buffer(head_),
+                      [self = this->shared_from_this(), close](beast::error_code ec, size_t) {
                         self->AfterWrite(ec, close);
                       });
   }
 
-  // Writes the header of a response whose body follows separately, then calls `next`.
+  // Writes head_, then calls `next` for the body.
   template <typename Next>
-  void WriteHeadThen(const std::shared_ptr<http::response<http::empty_body>>& head, Next next) {
-    auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*head);
-    http::async_write_header(
-        stream_, *sr,
-        [self = this->shared_from_this(), head, sr, next](beast::error_code ec, size_t) {
-          if (ec) return self->AfterWrite(ec, true);
-          next();
-        });
+  void WriteHeadThen(Next next) {
+    asio::async_write(stream_, asio::buffer(head_),
+                      [self = this->shared_from_this(), next](beast::error_code ec, size_t) {
+                        if (ec) return self->AfterWrite(ec, true);
+                        next();
+                      });
   }
 
-  void WriteFile(HttpResponse r) {
-    auto head = std::make_shared<http::response<http::empty_body>>(
-        static_cast<http::status>(r.status), version_);
-    FillHeaders(*head, r);
-    head->content_length(r.file_length);
-    bool close = !head->keep_alive();
-    file_ = r.file;
+  void WriteFile(HttpResponse r, bool close) {
+    file_ = std::move(r.file);
     file_off_ = r.file_offset;
     file_left_ = r.file_length;
     if constexpr (!kTls) {
       // The header goes out with MSG_MORE so that it shares a segment with the first bytes of
       // the file (one packet for a small file instead of two). What the socket does not take at
       // once is written asynchronously before the body.
-      head_text_ = fmt::format("HTTP/{}.{} {} {}\r\n", version_ / 10, version_ % 10,
-                               head->result_int(), std::string_view(head->reason()));
-      for (const auto& f : *head)
-        head_text_ += fmt::format("{}: {}\r\n", std::string_view(f.name_string()),
-                                  std::string_view(f.value()));
-      head_text_ += "\r\n";
-      auto& sock = Tcp().socket();
-      sock.native_non_blocking(true);
-      ssize_t n = ::send(sock.native_handle(), head_text_.data(), head_text_.size(),
+      ssize_t n = ::send(Sock().native_handle(), head_.data(), head_.size(),
                          (file_left_ > 0 ? MSG_MORE : 0) | MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n < 0 && errno != EAGAIN && errno != EINTR)
         return AfterWrite(beast::error_code(errno, beast::system_category()), true);
       size_t sent = n > 0 ? static_cast<size_t>(n) : 0;
-      if (sent == head_text_.size()) return SendFileBody(close);
-      asio::async_write(stream_, asio::buffer(head_text_.data() + sent, head_text_.size() - sent),
+      if (sent == head_.size()) return SendFileBody(close);
+      asio::async_write(stream_, asio::buffer(head_.data() + sent, head_.size() - sent),
                         [self = this->shared_from_this(), close](beast::error_code ec, size_t) {
                           if (ec) return self->AfterWrite(ec, true);
                           self->SendFileBody(close);
                         });
       return;
     }
-    WriteHeadThen(head, [self = this->shared_from_this(), close] { self->SendFileBody(close); });
+    WriteHeadThen([self = this->shared_from_this(), close] { self->SendFileBody(close); });
   }
 
   void SendFileBody(bool close) {
     if constexpr (!kTls) {
-      // Zero-copy: the kernel moves page-cache pages straight to the socket.
-      auto& sock = Tcp().socket();
-      sock.native_non_blocking(true);
+      // Zero-copy: the kernel moves page-cache pages straight to the socket (non-blocking since
+      // Run).
       while (file_left_ > 0) {
         off_t off = static_cast<off_t>(file_off_);
         size_t chunk = static_cast<size_t>(std::min<uint64_t>(file_left_, 16u << 20));
-        ssize_t n = ::sendfile(sock.native_handle(), file_->get(), &off, chunk);
+        ssize_t n = ::sendfile(Sock().native_handle(), file_->get(), &off, chunk);
         if (n > 0) {
           file_off_ += static_cast<uint64_t>(n);
           file_left_ -= static_cast<uint64_t>(n);
@@ -452,11 +655,13 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
         }
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && errno == EAGAIN) {
-          sock.async_wait(tcp::socket::wait_write,
-                          [self = this->shared_from_this(), close](beast::error_code ec) {
-                            if (ec) return self->AfterWrite(ec, true);
-                            self->SendFileBody(close);
-                          });
+          // A slow reader: as before this change, waiting for it to drain has no deadline.
+          ExpireNever();
+          Sock().async_wait(tcp::socket::wait_write,
+                            [self = this->shared_from_this(), close](beast::error_code ec) {
+                              if (ec) return self->AfterWrite(ec, true);
+                              self->SendFileBody(close);
+                            });
           return;
         }
         // The file shrank under us or the peer went away: the length promised cannot be kept.
@@ -475,6 +680,7 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
       if (n <= 0) return AfterWrite(beast::error_code(EIO, beast::system_category()), true);
       file_off_ += static_cast<uint64_t>(n);
       file_left_ -= static_cast<uint64_t>(n);
+      ExpireAfter(srv_->options().request_timeout);
       asio::async_write(stream_, asio::buffer(io_buf_.data(), static_cast<size_t>(n)),
                         [self = this->shared_from_this(), close](beast::error_code ec, size_t) {
                           if (ec) return self->AfterWrite(ec, true);
@@ -483,28 +689,14 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
     }
   }
 
-  void WriteGenerated(HttpResponse r) {
-    auto head = std::make_shared<http::response<http::empty_body>>(
-        static_cast<http::status>(r.status), version_);
-    FillHeaders(*head, r);
-    chunked_ = version_ >= 11;
-    if (chunked_)
-      head->chunked(true);
-    else
-      head->keep_alive(false);  // HTTP/1.0: the end of the body is the end of the connection
-    bool close = !head->keep_alive();
-    gen_ = std::move(r.generator);
-    WriteHeadThen(head, [self = this->shared_from_this(), close] { self->GeneratePiece(close); });
-  }
-
   // Runs the generator on the pool, then sends what it produced as one chunk.
   void GeneratePiece(bool close) {
     if (io_buf_.empty()) io_buf_.resize(kIoChunk);
-    Tcp().expires_never();
+    ExpireNever();
     auto self = this->shared_from_this();
     bool queued = router().pool()->Submit([self, close] {
       auto n = self->gen_(self->io_buf_.data(), self->io_buf_.size());
-      asio::post(self->Tcp().get_executor(), [self, close, n] { self->SendPiece(n, close); });
+      asio::post(self->Sock().get_executor(), [self, close, n] { self->SendPiece(n, close); });
     });
     if (!queued) AfterWrite(beast::error_code(EAGAIN, beast::system_category()), true);
   }
@@ -515,7 +707,7 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
                    n.status().ToString());
       return AfterWrite(beast::error_code(EIO, beast::system_category()), true);
     }
-    Tcp().expires_after(srv_->options().request_timeout);
+    ExpireAfter(srv_->options().request_timeout);
     auto self = this->shared_from_this();
     if (*n == 0) {
       gen_ = nullptr;
@@ -553,10 +745,10 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
     linger_ = false;
     if constexpr (!kTls) {
       beast::error_code ec;
-      Tcp().socket().shutdown(tcp::socket::shutdown_send, ec);
+      Sock().shutdown(tcp::socket::shutdown_send, ec);
     }
     linger_left_ = kLingerBytes;
-    Tcp().expires_after(kLingerTime);
+    ExpireAfter(kLingerTime);
     LingerRead();
   }
 
@@ -574,25 +766,41 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
   void Close() {
     beast::error_code ec;
     if constexpr (kTls) {
-      Tcp().expires_after(std::chrono::seconds(5));
+      ExpireAfter(std::chrono::seconds(5));
       stream_.async_shutdown([self = this->shared_from_this()](beast::error_code) {
         beast::error_code ec2;
-        self->Tcp().socket().close(ec2);
+        self->Sock().close(ec2);
+        self->StopTimer();
       });
     } else {
-      Tcp().socket().shutdown(tcp::socket::shutdown_send, ec);
+      Sock().shutdown(tcp::socket::shutdown_send, ec);
+      StopTimer();
     }
   }
 
   Stream stream_;
+  Timer timer_;
   std::shared_ptr<HttpServer> srv_;
+  const Clock::duration tick_;
+  Clock::time_point deadline_ = Clock::time_point::max();
+  bool ticking_ = false;
+  bool stopped_ = false;
   beast::flat_buffer buf_;
   std::optional<http::request_parser<http::empty_body>> hparser_;
   std::optional<http::request_parser<http::string_body>> sparser_;
   std::optional<http::request_parser<http::buffer_body>> bparser_;
+  std::shared_ptr<HttpRequest> pending_;  // a request whose body is being read
+  std::shared_ptr<Session> busy_;         // this session, while Router::Dispatch has its request
+  bool dispatching_ = false;
+  std::optional<HttpResponse> answered_;  // given while dispatching_
+  std::string remote_;                    // the peer's address, looked up once
+  // Where the request being handled in the current call came from, while that call lasts:
+  // kRecv means the loop has not polled since the recv that brought it.
+  Chain chain_ = Chain::kNone;
   bool first_ = true;
   bool keep_alive_ = true;
   bool is_head_ = false;
+  bool cors_ = false;  // the request carries Origin: the answer gets the CORS headers
   bool expect_continue_ = false;
   bool linger_ = false;   // the request body was left unread: linger before closing
   size_t piece_len_ = 0;  // bytes of the request body gathered in io_buf_
@@ -608,7 +816,8 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
   uint64_t file_off_ = 0, file_left_ = 0;
   std::function<Result<size_t>(char*, size_t)> gen_;
   std::string chunk_head_;
-  std::string head_text_;  // the header of a file response, sent ahead of sendfile
+  std::string head_;  // the response header being written
+  std::string body_;  // a response body being written
   std::vector<char> io_buf_;
 };
 
@@ -646,20 +855,21 @@ void HttpServer::Start() {
 }
 
 void HttpServer::Accept() {
-  acceptor_.async_accept(
-      loops_.Next(), [self = shared_from_this()](beast::error_code ec, tcp::socket sock) {
-        if (ec) {
-          if (ec == asio::error::operation_aborted || !self->acceptor_.is_open()) return;
-          spdlog::warn("{} listener: accept failed: {}", self->opts_.name, ec.message());
-        } else {
-          sock.set_option(tcp::no_delay(true), ec);
-          if (self->opts_.tls)
-            std::make_shared<Session<true>>(std::move(sock), self)->Run();
-          else
-            std::make_shared<Session<false>>(std::move(sock), self)->Run();
-        }
-        self->Accept();
-      });
+  // The connection is accepted straight onto the event loop that will serve it.
+  auto sock = std::make_shared<Socket>(loops_.Next().get_executor());
+  acceptor_.async_accept(*sock, [self = shared_from_this(), sock](beast::error_code ec) {
+    if (ec) {
+      if (ec == asio::error::operation_aborted || !self->acceptor_.is_open()) return;
+      spdlog::warn("{} listener: accept failed: {}", self->opts_.name, ec.message());
+    } else {
+      sock->set_option(tcp::no_delay(true), ec);
+      if (self->opts_.tls)
+        std::make_shared<Session<true>>(std::move(*sock), self)->Run();
+      else
+        std::make_shared<Session<false>>(std::move(*sock), self)->Run();
+    }
+    self->Accept();
+  });
 }
 
 void HttpServer::Stop() {

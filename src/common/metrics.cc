@@ -24,11 +24,37 @@ Metrics& Metrics::Global() {
   return *m;
 }
 
+Metrics::RequestShard& Metrics::MyShard() {
+  thread_local const Metrics* owner = nullptr;
+  thread_local RequestShard* shard = nullptr;
+  if (owner != this) {
+    std::lock_guard lk(mu_);
+    shards_.push_back(std::make_unique<RequestShard>());
+    shard = shards_.back().get();
+    owner = this;
+  }
+  return *shard;
+}
+
 void Metrics::ObserveRequest(std::string_view listener, std::string_view method,
                              std::string_view route, int status, double seconds) {
-  std::lock_guard lk(mu_);
-  requests_[{std::string(listener), std::string(method), std::string(route), status}]++;
-  auto& h = latency_[{std::string(listener), std::string(route)}];
+  RequestShard& s = MyShard();
+  std::lock_guard lk(s.mu);
+  auto key = std::make_tuple(listener, method, route, status);
+  auto it = s.requests.find(key);
+  if (it == s.requests.end())
+    it = s.requests
+             .emplace(std::make_tuple(std::string(listener), std::string(method),
+                                      std::string(route), status),
+                      0)
+             .first;
+  it->second++;
+  auto lkey = std::make_tuple(listener, route);
+  auto hit = s.latency.find(lkey);
+  if (hit == s.latency.end())
+    hit = s.latency.emplace(std::make_tuple(std::string(listener), std::string(route)), Histogram())
+              .first;
+  auto& h = hit->second;
   for (size_t i = 0; i < kBuckets.size(); ++i)
     if (seconds <= kBuckets[i]) h.counts[i]++;
   h.count++;
@@ -49,10 +75,23 @@ void Metrics::SetGauge(const std::string& name, const std::string& help, double 
 
 std::string Metrics::RenderPrometheus() const {
   std::lock_guard lk(mu_);
+  // The shards merged, in label order.
+  std::map<std::tuple<std::string, std::string, std::string, int>, uint64_t> requests;
+  std::map<std::pair<std::string, std::string>, Histogram> latency;
+  for (const auto& shard : shards_) {
+    std::lock_guard slk(shard->mu);
+    for (const auto& [k, n] : shard->requests) requests[k] += n;
+    for (const auto& [k, h] : shard->latency) {
+      auto& into = latency[{std::get<0>(k), std::get<1>(k)}];
+      for (size_t i = 0; i < kBuckets.size(); ++i) into.counts[i] += h.counts[i];
+      into.count += h.count;
+      into.sum += h.sum;
+    }
+  }
   std::string out;
   out += "# HELP sluice_http_requests_total HTTP requests by listener, method, route and status.\n";
   out += "# TYPE sluice_http_requests_total counter\n";
-  for (const auto& [k, n] : requests_) {
+  for (const auto& [k, n] : requests) {
     const auto& [listener, method, route, status] = k;
     out += fmt::format(
         "sluice_http_requests_total{{listener=\"{}\",method=\"{}\",route=\"{}\",status=\"{}\"}} "
@@ -61,7 +100,7 @@ std::string Metrics::RenderPrometheus() const {
   }
   out += "# HELP sluice_http_request_duration_seconds HTTP request latency.\n";
   out += "# TYPE sluice_http_request_duration_seconds histogram\n";
-  for (const auto& [k, h] : latency_) {
+  for (const auto& [k, h] : latency) {
     std::string labels =
         fmt::format("listener=\"{}\",route=\"{}\"", Escape(k.first), Escape(k.second));
     for (size_t i = 0; i < kBuckets.size(); ++i)

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <vector>
 
 namespace sluice {
 
@@ -53,9 +54,18 @@ class Metrics {
     double sum = 0;
   };
 
-  mutable std::mutex mu_;
-  std::map<std::tuple<std::string, std::string, std::string, int>, uint64_t> requests_;
-  std::map<std::pair<std::string, std::string>, Histogram> latency_;
+  // Request metrics are kept per thread, each shard behind its own lock, which only renders
+  // share: every request's update is an uncontended lock and lookups by string_view.
+  struct RequestShard {
+    std::mutex mu;
+    std::map<std::tuple<std::string, std::string, std::string, int>, uint64_t, std::less<>>
+        requests;
+    std::map<std::tuple<std::string, std::string>, Histogram, std::less<>> latency;
+  };
+  RequestShard& MyShard();
+
+  mutable std::mutex mu_;  // the maps below, and the list of shards
+  std::vector<std::unique_ptr<RequestShard>> shards_;
   std::map<std::string, std::unique_ptr<VolumeIoStats>> volumes_;
   std::map<std::string, std::pair<std::string, double>> gauges_;
 };

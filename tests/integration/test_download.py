@@ -167,6 +167,24 @@ def test_full_download_headers_and_body(daemon, files, tmp_path):
     assert "cache-control" not in h
 
 
+def test_cors_headers_only_for_cross_origin_requests(daemon, files, tmp_path):
+    vfid, _, _ = files
+    token = download_token(daemon, vfid, "small.txt")
+    plain = Curl(tmp_path, url(daemon, token))
+    assert plain.status == 200
+    assert not [k for k in plain.headers if k.startswith("access-control-")]
+    # Every answer is dated (RFC 9110 §6.6.1).
+    assert abs(parsedate_to_datetime(plain.headers["date"]).timestamp() - time.time()) < 60
+    browser = Curl(tmp_path, "-H", "Origin: https://console.example", url(daemon, token))
+    assert browser.status == 200
+    assert browser.headers["access-control-allow-origin"] == "*"
+    assert "Content-Disposition" in browser.headers["access-control-expose-headers"]
+    # Errors too: a browser must be able to read why it was refused.
+    refused = Curl(tmp_path, "-H", "Origin: https://console.example", url(daemon, "forged"))
+    assert refused.status == 403
+    assert refused.headers["access-control-allow-origin"] == "*"
+
+
 def test_head_gives_headers_only(daemon, files, tmp_path):
     vfid, root, data = files
     token = download_token(daemon, vfid, "big.bin")
@@ -386,6 +404,46 @@ def test_keep_alive_serves_many_requests_on_one_connection(daemon, files, tmp_pa
     assert outs[0].read_bytes() == b"hello, sluice\n"
     assert outs[1].read_bytes() == data[:100]
     assert outs[2].read_bytes() == data[:100]
+
+
+def read_responses(s, n):
+    """n HTTP responses with Content-Length bodies from socket s: [(status, body)]."""
+    got, out = b"", []
+    while len(out) < n:
+        head, sep, rest = got.partition(b"\r\n\r\n")
+        if sep:
+            lines = head.decode("latin-1").split("\r\n")
+            length = next(int(l.split(":", 1)[1]) for l in lines
+                          if l.lower().startswith("content-length:"))
+            if len(rest) >= length:
+                out.append((int(lines[0].split()[1]), rest[:length]))
+                got = rest[length:]
+                continue
+        piece = s.recv(1 << 20)
+        assert piece, f"connection closed after {len(out)} of {n} responses"
+        got += piece
+    return out
+
+
+def test_pipelined_and_split_requests(daemon, files):
+    """Requests sent back to back in one segment are answered in order; a request whose header
+    arrives in pieces is answered once it is whole; a malformed one after them gets a 400."""
+    vfid, _, data = files
+    small = urllib.parse.quote(download_token(daemon, vfid, "small.txt"))
+    big = urllib.parse.quote(download_token(daemon, vfid, "big.bin"))
+    req = "GET /download?token={} HTTP/1.1\r\nHost: x\r\n{}\r\n"
+    with socket.create_connection(("127.0.0.1", daemon.client_port), timeout=30) as s:
+        s.sendall((req.format(small, "") + req.format(big, "Range: bytes=0-99\r\n") +
+                   req.format(small, "")).encode())
+        assert read_responses(s, 3) == [(200, b"hello, sluice\n"), (206, data[:100]),
+                                        (200, b"hello, sluice\n")]
+        whole = req.format(big, "Range: bytes=5-9\r\n").encode()
+        for i in range(0, len(whole), 97):
+            s.sendall(whole[i:i + 97])
+            time.sleep(0.01)
+        assert read_responses(s, 1) == [(206, data[5:10])]
+        s.sendall(b"GET /download HTTP/1.1\r\nHost x\r\n\r\n")
+        assert read_responses(s, 1)[0][0] == 400
 
 
 def test_head_on_directory_and_special_files(daemon, files):

@@ -2,8 +2,46 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
+#include <random>
+#include <string>
+
 namespace sluice::api {
 namespace {
+
+// The straightforward decoder PercentDecode must agree with.
+std::string NaivePercentDecode(std::string_view s, bool plus_is_space) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    char c = s[i];
+    if (c == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
+    } else {
+      out += c == '+' && plus_is_space ? ' ' : c;
+    }
+  }
+  return out;
+}
+
+TEST(Http, PercentDecode) {
+  EXPECT_EQ(PercentDecode("a%41%4a%4A+b", true), "aAJJ b");
+  EXPECT_EQ(PercentDecode("a+b", false), "a+b");
+  EXPECT_EQ(PercentDecode("%2B%2b", true), "++");
+  EXPECT_EQ(PercentDecode("%", true), "%");
+  EXPECT_EQ(PercentDecode("%4", true), "%4");
+  EXPECT_EQ(PercentDecode("%zz%", true), "%zz%");
+  EXPECT_EQ(PercentDecode("%00", true), std::string(1, '\0'));
+  std::mt19937 rng(7);
+  const std::string alphabet = "%+a4Fz";
+  for (int i = 0; i < 20000; ++i) {
+    std::string s(rng() % 12, ' ');
+    for (auto& c : s) c = alphabet[rng() % alphabet.size()];
+    for (bool plus : {false, true})
+      EXPECT_EQ(PercentDecode(s, plus), NaivePercentDecode(s, plus)) << s;
+  }
+}
 
 TEST(Http, ParseTarget) {
   std::string path;

@@ -17,9 +17,21 @@ TOKEN = "bench-manager-secret"
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port on 127.0.0.1 below the kernel's ephemeral range, so that no outgoing
+    connection (the benchmark's clients) can take it before the server binds it."""
+    import random
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        lo = 32768
+    while True:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", random.randint(10000, max(10001, lo - 1))))
+            except OSError:
+                continue
+            return s.getsockname()[1]
 
 
 def parse_size(s):

@@ -58,13 +58,36 @@ def split_vfid(vfid):
 # --------------------------------------------------------------------------- processes
 
 
+def _listen_port_range():
+    """Ports to listen on: those below the kernel's ephemeral range (or above it when that
+    leaves more room). A port from bind(0) lies inside that range, where every outgoing
+    connection (the tests' own HTTP clients, curl, Ceph) also takes its local port, and one of
+    them could hold it by the time sluiced binds."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        lo, hi = 32768, 60999
+    if lo - 10000 >= 65535 - hi:
+        return 10000, lo - 1
+    return hi + 1, 65535
+
+
 def free_ports(n):
-    """n distinct free TCP ports on 127.0.0.1 (all bound at once, then released)."""
+    """n distinct TCP ports on 127.0.0.1, free now and outside the ephemeral range, chosen at
+    random (all bound at once to check, then released)."""
+    import random
+
+    first, last = _listen_port_range()
     socks = []
     try:
-        for _ in range(n):
+        while len(socks) < n:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", random.randint(first, last)))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:

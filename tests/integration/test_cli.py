@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import free_ports
+
 REPO = Path(__file__).resolve().parents[2]
 BIN_DIR = Path(os.environ.get("SLUICE_BIN_DIR") or REPO / "build" / "release" / "bin")
 SLUICE = BIN_DIR / "sluice"
@@ -55,19 +57,6 @@ GROUP_COMMANDS = [["volume"], ["scope"], ["vfolder"], ["task"]]
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def free_ports(n):
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def new_qsid():

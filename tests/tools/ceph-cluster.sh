@@ -79,9 +79,19 @@ is_mounted() {
   awk -v m="$m" '$2 == m { found = 1 } END { exit !found }' /proc/self/mounts
 }
 
+# A free port below the kernel's ephemeral range: a port from bind(0) lies inside it, where an
+# outgoing connection could take it before the mon binds it.
 free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1])'
+  python3 -c 'import random, socket
+lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+while True:
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", random.randint(10000, max(10001, lo - 1))))
+    except OSError:
+        continue
+    print(s.getsockname()[1])
+    break'
 }
 
 # Pids of this cluster's daemons: their pid files, plus any process whose command line names this

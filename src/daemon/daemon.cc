@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/secrets.h"
 #include "service/storage_service.h"
+#include "service/task_store.h"
 #include "service/upload.h"
 #include "volume/registry.h"
 
@@ -215,6 +216,16 @@ int RunDaemon(Config cfg) {
   if (!st.ok()) {
     spdlog::critical("{}", st.message());
     return 1;
+  }
+  // Opened as the user that runs the daemon, before any task can start. The history is
+  // worth less than serving: without it the daemon runs, and says so.
+  {
+    std::string path = cfg.state_dir + "/tasks.db";
+    auto store = TaskStore::Open(path);
+    Status kept = store.ok() ? service.tasks().Persist(std::move(store).value()) : store.status();
+    if (!kept.ok())
+      spdlog::error("background-task history is kept in memory only, not across restarts: {}",
+                    kept.message());
   }
 
   loops.Start();

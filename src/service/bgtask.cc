@@ -1,9 +1,12 @@
 #include "service/bgtask.h"
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include "common/clock.h"
 #include "common/secrets.h"
+#include "service/task_store.h"
 
 namespace sluice {
 
@@ -39,27 +42,72 @@ nlohmann::json BgTaskInfo::ToJson() const {
   return j;
 }
 
+BgTaskManager::BgTaskManager(ThreadPool* pool, size_t keep_finished)
+    : pool_(pool), keep_finished_(keep_finished) {}
+
+BgTaskManager::~BgTaskManager() = default;
+
+Status BgTaskManager::Persist(std::unique_ptr<TaskStore> store) {
+  SLUICE_ASSIGN_OR_RETURN(std::vector<BgTaskInfo> history, store->LoadAfterRestart());
+  // Finished ones in the order they finished, so that pruning drops the oldest first.
+  std::stable_sort(history.begin(), history.end(), [](const BgTaskInfo& a, const BgTaskInfo& b) {
+    return a.finished < b.finished;
+  });
+  std::vector<std::string> dropped;
+  size_t kept;
+  {
+    std::lock_guard lk(mu_);
+    store_ = std::move(store);
+    for (auto& t : history) {
+      finished_order_.push_back(t.id);
+      tasks_[t.id] = std::move(t);
+    }
+    dropped = Prune();
+    kept = tasks_.size();
+  }
+  Forget(dropped);
+  spdlog::info("task history: {} tasks from before this start", kept);
+  return Status::Ok();
+}
+
+void BgTaskManager::Save(const BgTaskInfo& info) {
+  if (!store_) return;
+  if (Status st = store_->Put(info); !st.ok())
+    spdlog::warn("bgtask {}: not recorded in the task history: {}", info.id, st.ToString());
+}
+
+void BgTaskManager::Forget(const std::vector<std::string>& ids) {
+  if (!store_) return;
+  for (const auto& id : ids)
+    if (Status st = store_->Erase(id); !st.ok())
+      spdlog::warn("bgtask {}: not removed from the task history: {}", id, st.ToString());
+}
+
 Result<std::string> BgTaskManager::Start(std::string kind, nlohmann::json params, Fn fn) {
   std::string hex = RandomHexString(16);
   std::string id = hex.substr(0, 8) + "-" + hex.substr(8, 4) + "-" + hex.substr(12, 4) + "-" +
                    hex.substr(16, 4) + "-" + hex.substr(20, 12);
+  BgTaskInfo info;
+  info.id = id;
+  info.kind = kind;
+  info.params = std::move(params);
+  info.created = std::chrono::system_clock::now();
+  Save(info);  // before the task can run: its later states are written after this one
   {
     std::lock_guard lk(mu_);
-    BgTaskInfo info;
-    info.id = id;
-    info.kind = kind;
-    info.params = std::move(params);
-    info.created = std::chrono::system_clock::now();
     tasks_[id] = std::move(info);
     ++active_;
   }
   bool queued = pool_->Submit([this, id, kind, fn = std::move(fn)] {
+    BgTaskInfo running;
     {
       std::lock_guard lk(mu_);
       auto& t = tasks_[id];
       t.state = TaskState::kRunning;
       t.started = std::chrono::system_clock::now();
+      running = t;
     }
+    Save(running);
     Status st;
     try {
       st = fn();
@@ -70,29 +118,44 @@ Result<std::string> BgTaskManager::Start(std::string kind, nlohmann::json params
       spdlog::warn("bgtask {} ({}) failed: {}", id, kind, st.ToString());
     else
       spdlog::info("bgtask {} ({}) completed", id, kind);
+    BgTaskInfo done;
+    std::vector<std::string> dropped;
+    {
+      std::lock_guard lk(mu_);
+      auto& t = tasks_[id];
+      t.state = st.ok() ? TaskState::kCompleted : TaskState::kFailed;
+      t.error = st;
+      t.finished = std::chrono::system_clock::now();
+      finished_order_.push_back(id);
+      done = t;
+      dropped = Prune();
+    }
+    // Recorded before WaitIdle can return: a stop after the task sees it finished.
+    Save(done);
+    Forget(dropped);
     std::lock_guard lk(mu_);
-    auto& t = tasks_[id];
-    t.state = st.ok() ? TaskState::kCompleted : TaskState::kFailed;
-    t.error = st;
-    t.finished = std::chrono::system_clock::now();
-    finished_order_.push_back(id);
-    Prune();
     if (--active_ == 0) idle_cv_.notify_all();
   });
   if (!queued) {
-    std::lock_guard lk(mu_);
-    tasks_.erase(id);
-    if (--active_ == 0) idle_cv_.notify_all();
+    {
+      std::lock_guard lk(mu_);
+      tasks_.erase(id);
+      if (--active_ == 0) idle_cv_.notify_all();
+    }
+    Forget({id});
     return Status(Code::kUnavailable, "background task queue is full or shutting down");
   }
   return id;
 }
 
-void BgTaskManager::Prune() {
-  while (finished_order_.size() > keep_finished_) {
-    tasks_.erase(finished_order_.front());
-    finished_order_.erase(finished_order_.begin());
-  }
+std::vector<std::string> BgTaskManager::Prune() {
+  std::vector<std::string> dropped;
+  if (finished_order_.size() <= keep_finished_) return dropped;
+  size_t n = finished_order_.size() - keep_finished_;
+  dropped.assign(finished_order_.begin(), finished_order_.begin() + n);
+  finished_order_.erase(finished_order_.begin(), finished_order_.begin() + n);
+  for (const auto& id : dropped) tasks_.erase(id);
+  return dropped;
 }
 
 std::optional<BgTaskInfo> BgTaskManager::Get(const std::string& id) const {

@@ -22,6 +22,8 @@ namespace sluice {
 enum class TaskState { kPending, kRunning, kCompleted, kFailed };
 std::string_view TaskStateName(TaskState s);
 
+class TaskStore;
+
 struct BgTaskInfo {
   std::string id;
   std::string kind;
@@ -37,8 +39,12 @@ class BgTaskManager {
  public:
   using Fn = std::function<Status()>;
 
-  explicit BgTaskManager(ThreadPool* pool, size_t keep_finished = 10000)
-      : pool_(pool), keep_finished_(keep_finished) {}
+  explicit BgTaskManager(ThreadPool* pool, size_t keep_finished = 10000);
+  ~BgTaskManager();
+
+  // Keeps the task history in `store` from now on, and loads what it holds (tasks cut short by
+  // the last stop are failed "interrupted" there). Call before the first Start.
+  Status Persist(std::unique_ptr<TaskStore> store);
 
   // Queues `fn`; kUnavailable when the pool refuses it (shutting down or overloaded).
   Result<std::string> Start(std::string kind, nlohmann::json params, Fn fn);
@@ -48,7 +54,10 @@ class BgTaskManager {
   bool WaitIdle(std::chrono::steady_clock::duration timeout);
 
  private:
-  void Prune();
+  // Drops the oldest finished tasks beyond keep_finished_; returns their ids.
+  std::vector<std::string> Prune();
+  void Save(const BgTaskInfo& info);
+  void Forget(const std::vector<std::string>& ids);
 
   ThreadPool* pool_;
   size_t keep_finished_;
@@ -57,6 +66,7 @@ class BgTaskManager {
   size_t active_ = 0;
   std::map<std::string, BgTaskInfo> tasks_;
   std::vector<std::string> finished_order_;
+  std::unique_ptr<TaskStore> store_;  // null: history in memory only
 };
 
 }  // namespace sluice

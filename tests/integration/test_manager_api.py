@@ -394,6 +394,26 @@ def test_unknown_bgtask_is_404(daemon):
     problem(r)
 
 
+def test_task_history_survives_a_restart(make_daemon):
+    """GET /bgtask answers the same after a restart (failed and interrupted tasks: the unit
+    tests of TaskStore)."""
+    d = make_daemon()
+    gone = d.create_vfolder()
+    r = d.mgr("POST", "/folder/delete", json={"volume": "local", "vfid": gone})
+    assert r.status_code == 202, r.text
+    task_id = r.json()["bgtask_id"]
+    before = d.wait_task(task_id)
+    assert before["status"] == "completed"
+    d.stop()
+    assert (d.state / "tasks.db").is_file()
+    d.start()
+    after = d.task(task_id)
+    assert after.status_code == 200, after.text
+    assert after.json() == before
+    listed = {t["task_id"] for t in d.mgr("GET", "/bgtasks").json()["tasks"]}
+    assert task_id in listed
+
+
 def test_bgtasks_lists_tasks(daemon, vfid):
     r = daemon.mgr("POST", "/folder/delete", json={"volume": "local", "vfid": vfid})
     task_id = r.json()["bgtask_id"]

@@ -1,0 +1,47 @@
+// The history of background tasks, kept in an SQLite database in the state directory, so that a
+// client polling /bgtask after a restart of sluiced still gets the task's outcome. Tasks that
+// were pending or running when the process stopped are recorded as failed ("interrupted") when
+// the store is next opened: their work did not finish and nothing will resume it.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "service/bgtask.h"
+
+struct sqlite3;
+
+namespace sluice {
+
+class TaskStore {
+ public:
+  // Opens (creating) the database at `path`. A file that is not a usable database (corrupt,
+  // not SQLite) is moved aside to `<path>.corrupt-<unix time>` with a warning and a new one is
+  // made: the history is worth less than a daemon that starts. Other failures (permissions, a
+  // full disk) are errors.
+  static Result<std::unique_ptr<TaskStore>> Open(const std::string& path);
+  ~TaskStore();
+  TaskStore(const TaskStore&) = delete;
+  TaskStore& operator=(const TaskStore&) = delete;
+
+  // Inserts or replaces the task's row.
+  Status Put(const BgTaskInfo& task);
+  Status Erase(const std::string& id);
+  // Every task, oldest first (by creation). Pending and running ones are first marked failed.
+  Result<std::vector<BgTaskInfo>> LoadAfterRestart();
+
+ private:
+  explicit TaskStore(sqlite3* db) : db_(db) {}
+  Status Exec(const char* sql, int* rc = nullptr);
+  struct Stmt;
+  Status Prepare(Stmt& q, const char* sql, const char* what);
+  Status Error(const char* what) const;
+
+  std::mutex mu_;  // one connection, used from task threads and the manager API
+  sqlite3* db_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,158 @@
+#include "service/task_store.h"
+
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include <gtest/gtest.h>
+
+#include "service/bgtask.h"
+
+namespace sluice {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+class TaskStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/sluice-tasks-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    path_ = dir_ + "/tasks.db";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::unique_ptr<TaskStore> Open() {
+    auto s = TaskStore::Open(path_);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+
+  std::string dir_, path_;
+};
+
+TEST_F(TaskStoreTest, HistorySurvivesARestart) {
+  const auto before = std::chrono::system_clock::now() - 1s;
+  std::string ok_id, bad_id;
+  {
+    ThreadPool pool("t", 2);
+    BgTaskManager m(&pool);
+    ASSERT_TRUE(m.Persist(Open()).ok());
+    auto ok = m.Start("vfolder-clone", {{"src", "a"}, {"n", 3}}, [] { return Status::Ok(); });
+    auto bad =
+        m.Start("vfolder-delete", {}, [] { return Status(Code::kNoSpace, "disk full", ENOSPC); });
+    ASSERT_TRUE(ok.ok() && bad.ok());
+    ok_id = *ok;
+    bad_id = *bad;
+    ASSERT_TRUE(m.WaitIdle(10s));
+  }
+  ThreadPool pool("t", 1);
+  BgTaskManager m(&pool);
+  ASSERT_TRUE(m.Persist(Open()).ok());
+  EXPECT_EQ(m.List().size(), 2u);
+  auto a = m.Get(ok_id);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->state, TaskState::kCompleted);
+  EXPECT_EQ(a->kind, "vfolder-clone");
+  EXPECT_EQ(a->params, (nlohmann::json{{"src", "a"}, {"n", 3}}));
+  EXPECT_GE(a->created, before);
+  EXPECT_GE(a->started, a->created);
+  EXPECT_GE(a->finished, a->started);
+  auto b = m.Get(bad_id);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->state, TaskState::kFailed);
+  EXPECT_EQ(b->error.code(), Code::kNoSpace);
+  EXPECT_EQ(b->error.message(), "disk full");
+  EXPECT_EQ(b->error.sys_errno(), ENOSPC);
+  EXPECT_EQ(b->ToJson()["error"]["msg"], "disk full");
+}
+
+// What was pending or running when the process went away is failed "interrupted" at the next
+// open, once and for good.
+TEST_F(TaskStoreTest, TasksCutShortAreFailedInterrupted) {
+  auto store = Open();
+  ASSERT_TRUE(store);
+  BgTaskInfo running, pending, done;
+  running.id = "r";
+  running.kind = "vfolder-clone";
+  running.state = TaskState::kRunning;
+  running.created = running.started = std::chrono::system_clock::now() - 10s;
+  pending.id = "p";
+  pending.kind = "file-delete";
+  pending.created = std::chrono::system_clock::now() - 5s;
+  done = running;
+  done.id = "d";
+  done.state = TaskState::kCompleted;
+  done.finished = done.started + 1s;
+  for (const auto& t : {running, pending, done}) ASSERT_TRUE(store->Put(t).ok());
+  store.reset();
+  for (int open = 0; open < 2; ++open) {
+    auto again = Open();
+    ASSERT_TRUE(again);
+    auto all = again->LoadAfterRestart();
+    ASSERT_TRUE(all.ok()) << all.status().ToString();
+    ASSERT_EQ(all->size(), 3u);
+    for (const auto& t : *all) {
+      if (t.id == "d") {
+        EXPECT_EQ(t.state, TaskState::kCompleted);
+        continue;
+      }
+      EXPECT_EQ(t.state, TaskState::kFailed) << t.id;
+      EXPECT_NE(t.error.message().find("interrupted"), std::string::npos) << t.error.message();
+      EXPECT_EQ(t.error.sys_errno(), EINTR);
+      EXPECT_GE(t.finished, t.created);
+      EXPECT_GE(t.started, t.created);
+    }
+  }
+}
+
+TEST_F(TaskStoreTest, PrunedTasksLeaveTheStore) {
+  std::vector<std::string> ids;
+  {
+    ThreadPool pool("t", 1);
+    BgTaskManager m(&pool, /*keep_finished=*/3);
+    ASSERT_TRUE(m.Persist(Open()).ok());
+    for (int i = 0; i < 5; ++i) {
+      auto id = m.Start("file-delete", {{"i", i}}, [] { return Status::Ok(); });
+      ASSERT_TRUE(id.ok());
+      ids.push_back(*id);
+      ASSERT_TRUE(m.WaitIdle(10s));
+    }
+  }
+  ThreadPool pool("t", 1);
+  BgTaskManager m(&pool, /*keep_finished=*/100);
+  ASSERT_TRUE(m.Persist(Open()).ok());
+  EXPECT_EQ(m.List().size(), 3u);
+  EXPECT_FALSE(m.Get(ids[0]).has_value());
+  EXPECT_FALSE(m.Get(ids[1]).has_value());
+  for (size_t i = 2; i < 5; ++i) EXPECT_TRUE(m.Get(ids[i]).has_value()) << i;
+}
+
+TEST_F(TaskStoreTest, AFileThatIsNotADatabaseIsMovedAside) {
+  std::string junk(8192, 'x');
+  std::ofstream(path_) << junk;
+  auto store = Open();
+  ASSERT_TRUE(store);
+  BgTaskInfo t;
+  t.id = "t";
+  t.kind = "k";
+  ASSERT_TRUE(store->Put(t).ok());
+  auto all = store->LoadAfterRestart();
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), 1u);
+  int aside = 0;
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    std::string name = e.path().filename().string();
+    if (name.rfind("tasks.db.corrupt-", 0) != 0) continue;
+    ++aside;
+    std::ifstream in(e.path());
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), junk);
+  }
+  EXPECT_EQ(aside, 1);
+}
+
+}  // namespace
+}  // namespace sluice

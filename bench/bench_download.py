@@ -13,7 +13,12 @@ sluiced's event loops) on a generated config (free port, logs in a temp dir), in
 foreground as a child of this script, like sluiced. sluiced serves the same files through
 per-file download tokens minted ahead of time. Ratios > 1 mean Sluice is faster.
 
-Both servers, wrk and everything else share this machine's cores: on a small machine the
+With --pin, each server gets CPU 0 alone (one nginx worker, one sluiced event loop; every
+sluiced thread confined there) and wrk the other CPUs: the ratio then compares what each server
+does with one core, without the luck of where the scheduler puts servers and client (steadier
+from run to run; closer to a server whose clients are elsewhere).
+
+Otherwise both servers, wrk and everything else share this machine's cores: on a small machine the
 numbers are noisy and each server competes with wrk for CPU. So that they compete on equal
 terms, the servers and wrk all run in this script's session: with the kernel's autogroup
 scheduling, CPU is shared between sessions first, and a daemonised nginx (a session of its
@@ -23,7 +28,7 @@ times, alternating the servers, and every round is printed with the best of each
 
   /usr/bin/python3 bench/bench_download.py [--files 10000] [--file-size 4k] [--big 1g]
                                            [--conns 64] [--duration 10] [--rounds 3]
-                                           [--warmup 3] [--only small,large]
+                                           [--warmup 3] [--only small,large] [--pin]
 """
 import argparse
 import concurrent.futures
@@ -73,7 +78,7 @@ def download_urls(s, vfid, relpaths):
 class Nginx:
     """nginx serving `docroot`; `location` replaces the default `location / { }` block."""
 
-    def __init__(self, root, docroot, location="location / { }"):
+    def __init__(self, root, docroot, location="location / { }", workers=None, prefix=()):
         self.dir = tempfile.mkdtemp(prefix="nginx-", dir=root)
         os.makedirs(os.path.join(self.dir, "tmp"))
         self.port = free_port()
@@ -84,7 +89,7 @@ class Nginx:
             f.write(f"""
 {user}
 daemon off;
-worker_processes {os.cpu_count()};
+worker_processes {workers or os.cpu_count()};
 pid {self.dir}/nginx.pid;
 error_log {self.dir}/error.log warn;
 events {{ worker_connections 4096; }}
@@ -107,7 +112,7 @@ http {{
 """)
         self.log = os.path.join(self.dir, "error.log")
         # In the foreground, in this script's session (as sluiced is): see the module docstring.
-        self.proc = subprocess.Popen(["nginx", "-p", self.dir, "-e", self.log, "-c", conf])
+        self.proc = subprocess.Popen([*prefix, "nginx", "-p", self.dir, "-e", self.log, "-c", conf])
         self.base = f"http://127.0.0.1:{self.port}"
         wait_port(self.port, self.proc, "nginx", self.log)
 
@@ -133,9 +138,18 @@ end
 UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
 
 
+# --pin: (CPUs for the servers, CPUs for wrk), as taskset lists; None when not pinning.
+PIN = None
+
+
+def pinned(cpus):
+    return ["taskset", "-c", cpus] if cpus else []
+
+
 def wrk(base, paths_file, lua, conns, threads, duration, path="/"):
     env = dict(os.environ, BENCH_PATHS=paths_file or "")
-    cmd = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{duration}s", "--timeout", "60s"]
+    cmd = [*pinned(PIN and PIN[1]), "wrk", f"-t{threads}", f"-c{conns}", f"-d{duration}s",
+           "--timeout", "60s"]
     if lua:
         cmd += ["-s", lua]
     out = subprocess.run(cmd + [base + path], check=True, capture_output=True, text=True,
@@ -191,6 +205,10 @@ SAME_BYTES_LOCATION = (
     "    }")
 
 
+def nginx_pin():
+    return {"workers": 1, "prefix": pinned(PIN[0])} if PIN else {}
+
+
 def bench_small(s, root, args):
     vfid, path = s.new_vfolder()
     t0 = time.perf_counter()
@@ -200,8 +218,8 @@ def bench_small(s, root, args):
           f"{time.perf_counter() - t0:.1f} s")
     # Both servers must give the same bytes for the same file.
     probe = requests.get(s.client + urls[0], timeout=30).content
-    ngx = Nginx(root, path)
-    ngx_same = Nginx(root, path, SAME_BYTES_LOCATION)
+    ngx = Nginx(root, path, **nginx_pin())
+    ngx_same = Nginx(root, path, SAME_BYTES_LOCATION, **nginx_pin())
     try:
         assert requests.get(ngx.base + "/" + rels[0], timeout=30).content == probe
         r = requests.get(ngx_same.base + "/" + rels[0], timeout=30)
@@ -249,7 +267,7 @@ def bench_large(s, root, args):
             f.write(chunk)
     subprocess.run(["cat", big], stdout=subprocess.DEVNULL, check=True)  # into the page cache
     url = download_urls(s, vfid, ["big.bin"])[0]
-    ngx = Nginx(root, path)
+    ngx = Nginx(root, path, **nginx_pin())
     try:
         bps = alternating(args.rounds, args.warmup, {
             "nginx": lambda d: wrk(ngx.base, None, None, 1, 1, d or args.duration,
@@ -278,16 +296,30 @@ def main():
     ap.add_argument("--warmup", type=int, default=3, help="seconds of uncounted load first")
     ap.add_argument("--only", default="small,large")
     ap.add_argument("--workdir", default=None, help="where to put data (default: a temp dir)")
+    ap.add_argument("--pin", action="store_true",
+                    help="servers on CPU 0 with one event loop each, wrk on the other CPUs")
     args = ap.parse_args()
+    global PIN
+    if args.pin:
+        if os.cpu_count() < 2:
+            sys.exit("--pin needs at least 2 CPUs")
+        PIN = ("0", f"1-{os.cpu_count() - 1}")
     for tool in ("wrk", "nginx"):
         if not shutil.which(tool):
             sys.exit(f"{tool} is not installed (scripts/install-deps.sh installs it)")
     only = set(args.only.split(","))
     root = tempfile.mkdtemp(prefix="sluice-bench-dl-", dir=args.workdir)
     os.chmod(root, 0o755)
-    s = Sluiced(root)
+    s = Sluiced(root, storage_proxy="num-proc = 1" if PIN else "")
     try:
-        print(f"machine: {os.cpu_count()} cores shared by sluiced/nginx and wrk")
+        if PIN:
+            # Every thread sluiced has started (loop, pools); later ones inherit the mask.
+            subprocess.run(["taskset", "-a", "-p", "-c", PIN[0], str(s.proc.pid)], check=True,
+                           capture_output=True)
+            print(f"machine: {os.cpu_count()} cores; servers on CPU {PIN[0]} (one event loop "
+                  f"each), wrk on CPUs {PIN[1]}")
+        else:
+            print(f"machine: {os.cpu_count()} cores shared by sluiced/nginx and wrk")
         if "small" in only:
             bench_small(s, root, args)
         if "large" in only:

@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "api/client_api.h"
+#include "api/tus_headers.h"
 #include "service/storage_service.h"
 #include "service/upload.h"
 
@@ -50,33 +51,6 @@ HttpResponse Problem(unsigned status, std::string_view title, std::string msg) {
   r.content_type = "application/problem+json";
   AddTus(r);
   return r;
-}
-
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
-// The value of a header that may appear at most once; nullopt when absent.
-Result<std::optional<std::string_view>> SingleHeader(const HttpRequest& req,
-                                                     std::string_view name) {
-  if (req.msg.count(name) > 1)
-    return Status(Code::kInvalidArgument, fmt::format("header {} appears more than once", name));
-  auto it = req.msg.find(name);
-  if (it == req.msg.end()) return std::optional<std::string_view>();
-  return std::optional<std::string_view>(Trim(it->value()));
-}
-
-// A non-negative decimal integer, digits only (no sign, no spaces inside, no overflow).
-Result<uint64_t> ParseCount(std::string_view v, std::string_view what) {
-  uint64_t out = 0;
-  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
-  if (v.empty() || ec != std::errc() || end != v.data() + v.size() || v.front() == '+' ||
-      v.front() == '-')
-    return Status(Code::kInvalidArgument,
-                  fmt::format("{} must be a non-negative decimal integer, not '{}'", what, v));
-  return out;
 }
 
 std::optional<std::string> DstDir(const HttpRequest& req) {
@@ -204,7 +178,7 @@ void AddUploadRoutes(Router& router, StorageService* service) {
               auto ctype = SingleHeader(req, "Content-Type");
               if (!ctype.ok()) return TusError(ctype.status());
               std::string_view media =
-                  *ctype ? Trim((*ctype)->substr(0, (*ctype)->find(';'))) : std::string_view();
+                  *ctype ? TrimOws((*ctype)->substr(0, (*ctype)->find(';'))) : std::string_view();
               if (!boost::beast::iequals(media, kOffsetType))
                 return Problem(415, "UnsupportedMediaType",
                                fmt::format("Content-Type must be {}", kOffsetType));

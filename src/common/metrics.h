@@ -54,13 +54,30 @@ class Metrics {
     double sum = 0;
   };
 
+  // Orders tuples of strings and of string_views alike, so that the maps below, keyed by
+  // strings, are searched with views (spelled out: libstdc++'s mixed tuple comparison does not
+  // build with clang 14).
+  struct ViewTupleLess {
+    using is_transparent = void;
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const {
+      return Views(a) < Views(b);
+    }
+    template <typename... T>
+    static auto Views(const std::tuple<T...>& t) {
+      return std::apply([](const auto&... e) { return std::make_tuple(View(e)...); }, t);
+    }
+    static std::string_view View(std::string_view s) { return s; }
+    static int View(int i) { return i; }
+  };
+
   // Request metrics are kept per thread, each shard behind its own lock, which only renders
   // share: every request's update is an uncontended lock and lookups by string_view.
   struct RequestShard {
     std::mutex mu;
-    std::map<std::tuple<std::string, std::string, std::string, int>, uint64_t, std::less<>>
+    std::map<std::tuple<std::string, std::string, std::string, int>, uint64_t, ViewTupleLess>
         requests;
-    std::map<std::tuple<std::string, std::string>, Histogram, std::less<>> latency;
+    std::map<std::tuple<std::string, std::string>, Histogram, ViewTupleLess> latency;
   };
   RequestShard& MyShard();
 

@@ -159,10 +159,19 @@ std::vector<std::string> BgTaskManager::Prune() {
 }
 
 std::optional<BgTaskInfo> BgTaskManager::Get(const std::string& id) const {
-  std::lock_guard lk(mu_);
-  auto it = tasks_.find(id);
-  if (it == tasks_.end()) return std::nullopt;
-  return it->second;
+  {
+    std::lock_guard lk(mu_);
+    auto it = tasks_.find(id);
+    if (it != tasks_.end()) return it->second;
+  }
+  // Not one of ours: another process sharing the state directory may run it.
+  if (!store_) return std::nullopt;
+  auto t = store_->Get(id);
+  if (!t.ok()) {
+    spdlog::warn("bgtask {}: task history: {}", id, t.status().ToString());
+    return std::nullopt;
+  }
+  return *t;
 }
 
 std::vector<BgTaskInfo> BgTaskManager::List() const {

@@ -48,6 +48,7 @@ class BgTaskManager {
 
   // Queues `fn`; kUnavailable when the pool refuses it (shutting down or overloaded).
   Result<std::string> Start(std::string kind, nlohmann::json params, Fn fn);
+  // A task of this process, else (with a store) one from the shared history.
   std::optional<BgTaskInfo> Get(const std::string& id) const;
   std::vector<BgTaskInfo> List() const;
   // Blocks until no task is pending or running, or the deadline passes; true if idle.

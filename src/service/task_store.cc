@@ -1,6 +1,10 @@
 #include "service/task_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -8,6 +12,8 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+
+#include "common/secrets.h"
 
 namespace sluice {
 
@@ -30,7 +36,7 @@ constexpr const char* kSchema =
     " error_code INTEGER NOT NULL DEFAULT 0, error_msg TEXT NOT NULL DEFAULT '',"
     " error_errno INTEGER NOT NULL DEFAULT 0,"
     " created INTEGER NOT NULL, started INTEGER NOT NULL DEFAULT 0,"
-    " finished INTEGER NOT NULL DEFAULT 0)";
+    " finished INTEGER NOT NULL DEFAULT 0, owner TEXT NOT NULL DEFAULT '')";
 
 bool IsNotADatabase(int rc) {
   return rc == SQLITE_CORRUPT || rc == SQLITE_NOTADB;
@@ -85,7 +91,10 @@ Result<std::unique_ptr<TaskStore>> TaskStore::Open(const std::string& path) {
     if (st.ok()) st = store->Exec("PRAGMA synchronous=NORMAL", &erc);
     if (st.ok()) st = store->Exec(kSchema, &erc);
     if (st.ok()) st = store->Exec("SELECT count(*) FROM tasks", &erc);
-    if (st.ok()) return store;
+    if (st.ok()) {
+      SLUICE_RETURN_IF_ERROR(store->TakeOwnership(path));
+      return store;
+    }
     if (!IsNotADatabase(erc) || attempt > 0)
       return Status(Code::kInternal, fmt::format("'{}': {}", path, st.message()));
     store.reset();
@@ -100,6 +109,63 @@ Result<std::unique_ptr<TaskStore>> TaskStore::Open(const std::string& path) {
 
 TaskStore::~TaskStore() {
   sqlite3_close_v2(db_);
+  if (owner_fd_ >= 0) {
+    // A clean close: its tasks are all written as finished, nothing to find later.
+    ::unlink((owners_dir_ + "/" + owner_).c_str());
+    ::close(owner_fd_);
+  }
+}
+
+Status TaskStore::TakeOwnership(const std::string& path) {
+  owners_dir_ = path + ".owners";
+  if (::mkdir(owners_dir_.c_str(), 0700) != 0 && errno != EEXIST)
+    return Status::FromErrno(errno, fmt::format("task history: create '{}'", owners_dir_));
+  owner_ = RandomHexString(16);
+  std::string lock = owners_dir_ + "/" + owner_;
+  owner_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (owner_fd_ < 0)
+    return Status::FromErrno(errno, fmt::format("task history: create '{}'", lock));
+  if (::flock(owner_fd_, LOCK_EX | LOCK_NB) != 0)
+    return Status::FromErrno(errno, fmt::format("task history: lock '{}'", lock));
+  return Status::Ok();
+}
+
+// Marks the unfinished tasks of `owner` failed, if its lock can be taken (its process is gone).
+Status TaskStore::MarkInterrupted(const std::string& owner) {
+  std::string lock = owners_dir_ + "/" + owner;
+  int fd = owner.empty() ? -1 : ::open(lock.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK) return Status::Ok();  // alive: its tasks are its own business
+    return Status::FromErrno(err, fmt::format("task history: lock '{}'", lock));
+  }
+  // No lock file (removed, or rows from before owners were recorded) or a lock taken: gone.
+  Stmt q;
+  SLUICE_RETURN_IF_ERROR(Prepare(q,
+                                 "UPDATE tasks SET state = ?, error_code = ?, error_msg = ?, "
+                                 "error_errno = ?, finished = ?, started = CASE WHEN started = 0 "
+                                 "THEN ? ELSE started END WHERE owner = ? AND state IN (?, ?)",
+                                 "prepare update"));
+  const int64_t now = ToMicros(std::chrono::system_clock::now());
+  static const char kWhy[] =
+      "interrupted: sluiced stopped before the task finished; its work may be partly done";
+  q.Int(1, static_cast<int>(TaskState::kFailed));
+  q.Int(2, static_cast<int>(Code::kUnavailable));
+  q.Text(3, kWhy);
+  q.Int(4, EINTR);
+  q.Int(5, now);
+  q.Int(6, now);
+  q.Text(7, owner);
+  q.Int(8, static_cast<int>(TaskState::kPending));
+  q.Int(9, static_cast<int>(TaskState::kRunning));
+  int rc = sqlite3_step(q.s);
+  if (fd >= 0) {
+    if (rc == SQLITE_DONE) ::unlink(lock.c_str());
+    ::close(fd);
+  }
+  if (rc != SQLITE_DONE) return Error("mark interrupted tasks");
+  return Status::Ok();
 }
 
 Status TaskStore::Put(const BgTaskInfo& t) {
@@ -108,8 +174,8 @@ Status TaskStore::Put(const BgTaskInfo& t) {
   SLUICE_RETURN_IF_ERROR(
       Prepare(q,
               "INSERT OR REPLACE INTO tasks (id, kind, params, state, error_code, "
-              "error_msg, error_errno, created, started, finished) "
-              "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+              "error_msg, error_errno, created, started, finished, owner) "
+              "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
               "prepare insert"));
   std::string params = t.params.dump();
   std::string msg = t.error.message();
@@ -123,6 +189,7 @@ Status TaskStore::Put(const BgTaskInfo& t) {
   q.Int(8, ToMicros(t.created));
   q.Int(9, ToMicros(t.started));
   q.Int(10, ToMicros(t.finished));
+  q.Text(11, owner_);
   if (sqlite3_step(q.s) != SQLITE_DONE) return Error("insert");
   return Status::Ok();
 }
@@ -136,65 +203,85 @@ Status TaskStore::Erase(const std::string& id) {
   return Status::Ok();
 }
 
+namespace {
+
+constexpr const char* kColumns =
+    "id, kind, params, state, error_code, error_msg, error_errno, created, started, finished";
+
+// A row of kColumns.
+BgTaskInfo RowToTask(sqlite3_stmt* q) {
+  auto text = [q](int col) {
+    const unsigned char* p = sqlite3_column_text(q, col);
+    return std::string(p ? reinterpret_cast<const char*>(p) : "");
+  };
+  BgTaskInfo t;
+  t.id = text(0);
+  t.kind = text(1);
+  t.params = nlohmann::json::parse(text(2), nullptr, /*allow_exceptions=*/false);
+  if (t.params.is_discarded()) t.params = nlohmann::json::object();
+  int state = sqlite3_column_int(q, 3);
+  t.state = state >= 0 && state <= static_cast<int>(TaskState::kFailed)
+                ? static_cast<TaskState>(state)
+                : TaskState::kFailed;
+  if (t.state == TaskState::kFailed) {
+    int code = sqlite3_column_int(q, 4);
+    std::string msg = text(5);
+    if (code <= static_cast<int>(Code::kOk) || code > static_cast<int>(Code::kInternal))
+      code = static_cast<int>(Code::kInternal);
+    t.error =
+        Status(static_cast<Code>(code), msg.empty() ? "failed" : msg, sqlite3_column_int(q, 6));
+  }
+  t.created = FromMicros(sqlite3_column_int64(q, 7));
+  t.started = FromMicros(sqlite3_column_int64(q, 8));
+  t.finished = FromMicros(sqlite3_column_int64(q, 9));
+  return t;
+}
+
+}  // namespace
+
 Result<std::vector<BgTaskInfo>> TaskStore::LoadAfterRestart() {
   std::lock_guard lk(mu_);
+  std::vector<std::string> owners;
   {
     Stmt q;
-    SLUICE_RETURN_IF_ERROR(Prepare(q,
-                                   "UPDATE tasks SET state = ?, error_code = ?, error_msg = ?, "
-                                   "error_errno = ?, finished = ?, started = CASE WHEN started = 0 "
-                                   "THEN ? ELSE started END WHERE state IN (?, ?)",
-                                   "prepare update"));
-    const int64_t now = ToMicros(std::chrono::system_clock::now());
-    static const char kWhy[] =
-        "interrupted: sluiced stopped before the task finished; its work may be partly done";
-    q.Int(1, static_cast<int>(TaskState::kFailed));
-    q.Int(2, static_cast<int>(Code::kUnavailable));
-    q.Text(3, kWhy);
-    q.Int(4, EINTR);
-    q.Int(5, now);
-    q.Int(6, now);
-    q.Int(7, static_cast<int>(TaskState::kPending));
-    q.Int(8, static_cast<int>(TaskState::kRunning));
-    if (sqlite3_step(q.s) != SQLITE_DONE) return Error("mark interrupted tasks");
+    SLUICE_RETURN_IF_ERROR(Prepare(
+        q, "SELECT DISTINCT owner FROM tasks WHERE state IN (?, ?) AND owner != ?", "prepare"));
+    q.Int(1, static_cast<int>(TaskState::kPending));
+    q.Int(2, static_cast<int>(TaskState::kRunning));
+    q.Text(3, owner_);
+    int rc;
+    while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) {
+      const unsigned char* p = sqlite3_column_text(q.s, 0);
+      owners.emplace_back(p ? reinterpret_cast<const char*>(p) : "");
+    }
+    if (rc != SQLITE_DONE) return Error("read owners");
   }
+  for (const auto& o : owners) SLUICE_RETURN_IF_ERROR(MarkInterrupted(o));
+  // Finished tasks only: those of a live peer are read from the store when asked for (Get).
   Stmt q;
-  SLUICE_RETURN_IF_ERROR(
-      Prepare(q,
-              "SELECT id, kind, params, state, error_code, error_msg, error_errno, "
-              "created, started, finished FROM tasks ORDER BY created",
-              "prepare select"));
+  SLUICE_RETURN_IF_ERROR(Prepare(
+      q,
+      fmt::format("SELECT {} FROM tasks WHERE state IN (?, ?) ORDER BY created", kColumns).c_str(),
+      "prepare select"));
+  q.Int(1, static_cast<int>(TaskState::kCompleted));
+  q.Int(2, static_cast<int>(TaskState::kFailed));
   std::vector<BgTaskInfo> out;
   int rc;
-  while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) {
-    auto text = [&q](int col) {
-      const unsigned char* p = sqlite3_column_text(q.s, col);
-      return std::string(p ? reinterpret_cast<const char*>(p) : "");
-    };
-    BgTaskInfo t;
-    t.id = text(0);
-    t.kind = text(1);
-    t.params = nlohmann::json::parse(text(2), nullptr, /*allow_exceptions=*/false);
-    if (t.params.is_discarded()) t.params = nlohmann::json::object();
-    int state = sqlite3_column_int(q.s, 3);
-    t.state = state >= 0 && state <= static_cast<int>(TaskState::kFailed)
-                  ? static_cast<TaskState>(state)
-                  : TaskState::kFailed;
-    if (t.state == TaskState::kFailed) {
-      int code = sqlite3_column_int(q.s, 4);
-      std::string msg = text(5);
-      if (code <= static_cast<int>(Code::kOk) || code > static_cast<int>(Code::kInternal))
-        code = static_cast<int>(Code::kInternal);
-      t.error =
-          Status(static_cast<Code>(code), msg.empty() ? "failed" : msg, sqlite3_column_int(q.s, 6));
-    }
-    t.created = FromMicros(sqlite3_column_int64(q.s, 7));
-    t.started = FromMicros(sqlite3_column_int64(q.s, 8));
-    t.finished = FromMicros(sqlite3_column_int64(q.s, 9));
-    out.push_back(std::move(t));
-  }
+  while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) out.push_back(RowToTask(q.s));
   if (rc != SQLITE_DONE) return Error("read");
   return out;
+}
+
+Result<std::optional<BgTaskInfo>> TaskStore::Get(const std::string& id) {
+  std::lock_guard lk(mu_);
+  Stmt q;
+  SLUICE_RETURN_IF_ERROR(Prepare(
+      q, fmt::format("SELECT {} FROM tasks WHERE id = ?", kColumns).c_str(), "prepare select"));
+  q.Text(1, id);
+  int rc = sqlite3_step(q.s);
+  if (rc == SQLITE_ROW) return std::optional<BgTaskInfo>(RowToTask(q.s));
+  if (rc != SQLITE_DONE) return Error("read");
+  return std::optional<BgTaskInfo>();
 }
 
 }  // namespace sluice

@@ -1,11 +1,18 @@
 // The history of background tasks, kept in an SQLite database in the state directory, so that a
 // client polling /bgtask after a restart of sluiced still gets the task's outcome. Tasks that
-// were pending or running when the process stopped are recorded as failed ("interrupted") when
-// the store is next opened: their work did not finish and nothing will resume it.
+// were pending or running when their process stopped are recorded as failed ("interrupted")
+// when the store is next opened: their work did not finish and nothing will resume it.
+//
+// Several processes may share a state directory. Each row names the process that runs the task
+// (an owner id), and each open store holds an exclusive lock on `<path>.owners/<owner id>` for
+// as long as it lives; the lock dies with the process, kill -9 included. Only tasks whose owner's
+// lock can be taken are marked interrupted, so a starting process leaves its peers' running
+// tasks alone.
 #pragma once
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,11 +37,16 @@ class TaskStore {
   // Inserts or replaces the task's row.
   Status Put(const BgTaskInfo& task);
   Status Erase(const std::string& id);
-  // Every task, oldest first (by creation). Pending and running ones are first marked failed.
+  // Every task, oldest first (by creation). Pending and running ones of owners that are gone are
+  // first marked failed.
   Result<std::vector<BgTaskInfo>> LoadAfterRestart();
+  // One task, whoever runs it (another process sharing the state directory, say).
+  Result<std::optional<BgTaskInfo>> Get(const std::string& id);
 
  private:
   explicit TaskStore(sqlite3* db) : db_(db) {}
+  Status TakeOwnership(const std::string& path);
+  Status MarkInterrupted(const std::string& owner);
   Status Exec(const char* sql, int* rc = nullptr);
   struct Stmt;
   Status Prepare(Stmt& q, const char* sql, const char* what);
@@ -42,6 +54,9 @@ class TaskStore {
 
   std::mutex mu_;  // one connection, used from task threads and the manager API
   sqlite3* db_;
+  std::string owners_dir_;  // <path>.owners
+  std::string owner_;       // this store's owner id
+  int owner_fd_ = -1;       // holds the lock on owners_dir_/owner_
 };
 
 }  // namespace sluice

@@ -1,5 +1,8 @@
 #include "service/task_store.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
@@ -109,6 +112,59 @@ TEST_F(TaskStoreTest, TasksCutShortAreFailedInterrupted) {
   }
 }
 
+// Two processes share a state directory: one starting leaves the other's running task alone
+// (its owner lock is held) and can still answer for it; once that process dies without a
+// clean close (kill -9: its lock is released, its lock file stays), the task is interrupted.
+TEST_F(TaskStoreTest, APeersRunningTaskIsLeftAloneUntilItsProcessDies) {
+  int ready[2], go[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(go), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto s = TaskStore::Open(path_);
+    BgTaskInfo t;
+    t.id = "peer";
+    t.kind = "vfolder-clone";
+    t.state = TaskState::kRunning;
+    t.created = t.started = std::chrono::system_clock::now();
+    bool ok = s.ok() && (*s)->Put(t).ok();
+    char c = ok ? 'y' : 'n';
+    (void)!write(ready[1], &c, 1);
+    (void)!read(go[0], &c, 1);
+    _exit(0);  // no destructors: the lock file stays, the lock goes with the process
+  }
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  ASSERT_EQ(c, 'y');
+  {
+    auto store = Open();
+    ASSERT_TRUE(store);
+    auto all = store->LoadAfterRestart();
+    ASSERT_TRUE(all.ok()) << all.status().ToString();
+    EXPECT_TRUE(all->empty());  // only finished tasks are loaded
+    auto peer = store->Get("peer");
+    ASSERT_TRUE(peer.ok() && peer->has_value());
+    EXPECT_EQ((*peer)->state, TaskState::kRunning);
+  }
+  ASSERT_EQ(write(go[1], "x", 1), 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  auto store = Open();
+  ASSERT_TRUE(store);
+  auto all = store->LoadAfterRestart();
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ(all->front().id, "peer");
+  EXPECT_EQ(all->front().state, TaskState::kFailed);
+  EXPECT_EQ(all->front().error.sys_errno(), EINTR);
+  // The dead owner's lock file is gone; the live store's own is there.
+  size_t locks = 0;
+  for (const auto& e : fs::directory_iterator(path_ + ".owners")) locks += e.is_regular_file();
+  EXPECT_EQ(locks, 1u);
+  for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
+}
+
 TEST_F(TaskStoreTest, PrunedTasksLeaveTheStore) {
   std::vector<std::string> ids;
   {
@@ -139,6 +195,7 @@ TEST_F(TaskStoreTest, AFileThatIsNotADatabaseIsMovedAside) {
   BgTaskInfo t;
   t.id = "t";
   t.kind = "k";
+  t.state = TaskState::kCompleted;
   ASSERT_TRUE(store->Put(t).ok());
   auto all = store->LoadAfterRestart();
   ASSERT_TRUE(all.ok());

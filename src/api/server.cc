@@ -206,6 +206,7 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
   enum class Chain { kNone, kRecv, kBuffer };
 
   void ReadHeader() {
+    cors_ = false;  // until a header with Origin is read
     hparser_.emplace();
     hparser_->header_limit(16 << 10);
     // Limits apply once the route is known. (Beast 1.74 compares lengths against an empty
@@ -214,12 +215,13 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
     ExpireAfter(first_ ? srv_->options().request_timeout : srv_->options().keepalive_timeout);
     first_ = false;
     if constexpr (!kTls) {
-      if (buf_.size() == 0 && chain_ == Chain::kRecv) {
+      if (buf_.size() == 0 && chain_ == Chain::kRecv && !recv_filled_) {
         // Nothing buffered, and the last request was read and answered without the loop
         // polling in between: any data that arrives later is reported after this wait is
         // queued, so waiting first is safe. It replaces the recv that would fail with EAGAIN
         // (Asio re-arms the descriptor instead, at about the same cost) and ends the call
-        // chain, so a client that keeps sending cannot make it recurse.
+        // chain, so a client that keeps sending cannot make it recurse. (Not when the last recv
+        // filled its buffer: more may be waiting, with no new edge to report it.)
         Sock().async_wait(tcp::socket::wait_read,
                           [self = this->shared_from_this()](beast::error_code ec) {
                             if (ec) return self->OnHeader(ec);
@@ -256,6 +258,7 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
     for (;;) {
       auto space = buf_.prepare(std::max<size_t>(4096, buf_.capacity() - buf_.size()));
       ssize_t n = ::recv(Sock().native_handle(), space.data(), space.size(), MSG_DONTWAIT);
+      recv_filled_ = n == static_cast<ssize_t>(space.size());
       if (n > 0) {
         buf_.commit(static_cast<size_t>(n));
         beast::error_code ec;
@@ -290,7 +293,6 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
   void RefuseMalformed(const Status& st) {
     keep_alive_ = false;
     is_head_ = false;
-    cors_ = false;
     version_ = 11;
     srv_->inflight_counter()++;
     started_ = MonotonicSeconds();
@@ -428,6 +430,7 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
   }
 
   void FinishStream() {
+    ExpireNever();  // the sink may take a while to settle (a sync): no deadline on the client
     auto self = this->shared_from_this();
     bool queued = router().pool()->Submit([self] {
       auto res = std::make_shared<HttpResponse>(self->sink_->Finish());
@@ -443,6 +446,7 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
   // the client sees the answer only once the sink has settled (an upload's offset advanced and
   // its lock released, say).
   void EndStream(HttpResponse res) {
+    ExpireNever();  // aborting the sink may take a while too
     std::shared_ptr<BodySink> sink(std::move(sink_));
     if (res.status >= 300 && sink) {
       Status why(Code::kInternal, fmt::format("request ended with HTTP {}", res.status));
@@ -549,8 +553,12 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
     if (!r.content_type.empty()) field("Content-Type", r.content_type);
     for (const auto& [k, v] : r.headers) field(k, v);
     head_ += r.header_lines;
-    if (cors_)
-      for (const auto& [k, v] : router().cors_headers()) field(k, v);
+    if (!router().cors_headers().empty()) {
+      // The answer differs with and without Origin: caches must keep them apart.
+      head_ += "Vary: Origin\r\n";
+      if (cors_)
+        for (const auto& [k, v] : router().cors_headers()) field(k, v);
+    }
     if (framing == Framing::kLength) {
       head_ += "Content-Length: ";
       AppendNumber(head_, length);
@@ -655,8 +663,8 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
         }
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && errno == EAGAIN) {
-          // A slow reader: as before this change, waiting for it to drain has no deadline.
-          ExpireNever();
+          // A slow reader: it has request_timeout to take more, each time it takes some.
+          ExpireAfter(srv_->options().request_timeout);
           Sock().async_wait(tcp::socket::wait_write,
                             [self = this->shared_from_this(), close](beast::error_code ec) {
                               if (ec) return self->AfterWrite(ec, true);
@@ -800,7 +808,8 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
   bool first_ = true;
   bool keep_alive_ = true;
   bool is_head_ = false;
-  bool cors_ = false;  // the request carries Origin: the answer gets the CORS headers
+  bool cors_ = false;         // the request carries Origin: the answer gets the CORS headers
+  bool recv_filled_ = false;  // the last header recv filled its buffer
   bool expect_continue_ = false;
   bool linger_ = false;   // the request body was left unread: linger before closing
   size_t piece_len_ = 0;  // bytes of the request body gathered in io_buf_

@@ -25,13 +25,15 @@ Metrics& Metrics::Global() {
 }
 
 Metrics::RequestShard& Metrics::MyShard() {
-  thread_local const Metrics* owner = nullptr;
+  // Matched by instance id, not address: a Metrics made where a destroyed one was (in tests)
+  // must not reuse that one's shards.
+  thread_local uint64_t owner = 0;
   thread_local RequestShard* shard = nullptr;
-  if (owner != this) {
+  if (owner != id_) {
     std::lock_guard lk(mu_);
     shards_.push_back(std::make_unique<RequestShard>());
     shard = shards_.back().get();
-    owner = this;
+    owner = id_;
   }
   return *shard;
 }

@@ -80,6 +80,11 @@ class Metrics {
     std::map<std::tuple<std::string, std::string>, Histogram, ViewTupleLess> latency;
   };
   RequestShard& MyShard();
+  static uint64_t NextId() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1);
+  }
+  const uint64_t id_ = NextId();
 
   mutable std::mutex mu_;  // the maps below, and the list of shards
   std::vector<std::unique_ptr<RequestShard>> shards_;

@@ -6,9 +6,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
+#include <filesystem>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -74,6 +77,15 @@ Status TaskStore::Exec(const char* sql, int* rc_out) {
 }
 
 Result<std::unique_ptr<TaskStore>> TaskStore::Open(const std::string& path) {
+  // Processes starting together open (and, when it is corrupt, replace) the file one at a time.
+  struct OpenLock {
+    int fd;
+    ~OpenLock() {
+      if (fd >= 0) ::close(fd);
+    }
+  } guard{::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600)};
+  if (guard.fd < 0 || ::flock(guard.fd, LOCK_EX) != 0)
+    return Status::FromErrno(errno, fmt::format("task history: lock '{}.lock'", path));
   for (int attempt = 0;; ++attempt) {
     sqlite3* db = nullptr;
     int rc =
@@ -103,7 +115,8 @@ Result<std::unique_ptr<TaskStore>> TaskStore::Open(const std::string& path) {
                  path, st.message(), aside);
     if (std::rename(path.c_str(), aside.c_str()) != 0)
       return Status::FromErrno(errno, fmt::format("move '{}' aside", path));
-    for (const char* ext : {"-wal", "-shm"}) std::remove((path + ext).c_str());
+    std::rename((path + "-wal").c_str(), (aside + "-wal").c_str());  // it goes with its file
+    std::remove((path + "-shm").c_str());
   }
 }
 
@@ -134,13 +147,18 @@ Status TaskStore::TakeOwnership(const std::string& path) {
 Status TaskStore::MarkInterrupted(const std::string& owner) {
   std::string lock = owners_dir_ + "/" + owner;
   int fd = owner.empty() ? -1 : ::open(lock.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0 && !owner.empty() && errno != ENOENT) {
+    // Cannot tell (another user's file, out of descriptors): leave its tasks as they are.
+    spdlog::warn("task history: cannot check owner '{}': {}", lock, std::strerror(errno));
+    return Status::Ok();
+  }
   if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     int err = errno;
     ::close(fd);
     if (err == EWOULDBLOCK) return Status::Ok();  // alive: its tasks are its own business
     return Status::FromErrno(err, fmt::format("task history: lock '{}'", lock));
   }
-  // No lock file (removed, or rows from before owners were recorded) or a lock taken: gone.
+  // No lock file (removed after a clean close) or a lock taken (its process is gone).
   Stmt q;
   SLUICE_RETURN_IF_ERROR(Prepare(q,
                                  "UPDATE tasks SET state = ?, error_code = ?, error_msg = ?, "
@@ -255,6 +273,14 @@ Result<std::vector<BgTaskInfo>> TaskStore::LoadAfterRestart() {
       owners.emplace_back(p ? reinterpret_cast<const char*>(p) : "");
     }
     if (rc != SQLITE_DONE) return Error("read owners");
+  }
+  // Owner files with no unfinished tasks too: those of processes that ended without closing
+  // their store (sluiced exits with _Exit) are removed here rather than piling up.
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(owners_dir_, ec)) {
+    std::string name = e.path().filename().string();
+    if (name != owner_ && std::find(owners.begin(), owners.end(), name) == owners.end())
+      owners.push_back(name);
   }
   for (const auto& o : owners) SLUICE_RETURN_IF_ERROR(MarkInterrupted(o));
   // Finished tasks only: those of a live peer are read from the store when asked for (Get).

@@ -173,6 +173,7 @@ def test_cors_headers_only_for_cross_origin_requests(daemon, files, tmp_path):
     plain = Curl(tmp_path, url(daemon, token))
     assert plain.status == 200
     assert not [k for k in plain.headers if k.startswith("access-control-")]
+    assert plain.headers["vary"] == "Origin"  # caches keep the two answers apart
     # Every answer is dated (RFC 9110 §6.6.1).
     assert abs(parsedate_to_datetime(plain.headers["date"]).timestamp() - time.time()) < 60
     browser = Curl(tmp_path, "-H", "Origin: https://console.example", url(daemon, token))

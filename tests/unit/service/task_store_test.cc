@@ -1,5 +1,7 @@
 #include "service/task_store.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -163,6 +165,26 @@ TEST_F(TaskStoreTest, APeersRunningTaskIsLeftAloneUntilItsProcessDies) {
   for (const auto& e : fs::directory_iterator(path_ + ".owners")) locks += e.is_regular_file();
   EXPECT_EQ(locks, 1u);
   for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
+}
+
+// Owner files of processes that ended without closing their store (sluiced exits with _Exit) are
+// swept at the next start; a locked one (a live peer) stays.
+TEST_F(TaskStoreTest, OwnerFilesOfEndedProcessesAreSwept) {
+  ASSERT_TRUE(Open());  // creates the owners directory; closed cleanly
+  const std::string owners = path_ + ".owners";
+  std::ofstream(owners + "/ended");
+  int live = ::open((owners + "/live").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(live, 0);
+  ASSERT_EQ(flock(live, LOCK_EX | LOCK_NB), 0);
+  auto store = Open();
+  ASSERT_TRUE(store);
+  ASSERT_TRUE(store->LoadAfterRestart().ok());
+  EXPECT_FALSE(fs::exists(owners + "/ended"));
+  EXPECT_TRUE(fs::exists(owners + "/live"));
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(owners)) files += e.is_regular_file();
+  EXPECT_EQ(files, 2u);  // "live" and the open store's own
+  ::close(live);
 }
 
 TEST_F(TaskStoreTest, PrunedTasksLeaveTheStore) {

@@ -351,41 +351,47 @@ using GrantCache = VerifiedTokenCache<DownloadGrant>;
 // 16 Ki verified tokens, a few hundred bytes each: a dataset's worth of per-file tokens.
 constexpr size_t kGrantCacheSize = 16384;
 
-// The grant of the request's token, or the answer that refuses it.
-std::variant<GrantCache::Ref, HttpResponse> GrantFor(StorageService* svc, GrantCache& cache,
-                                                     const HttpRequest& req) {
+// The authenticator of /download: the grant of the request's token (verified, or found in the
+// cache), put in the request's context; or the answer that refuses it.
+std::optional<HttpResponse> AuthenticateDownload(StorageService* svc, GrantCache& cache,
+                                                 HttpRequest& req) {
   auto tok = req.query.find("token");
   const double now = static_cast<double>(std::time(nullptr));
-  if (tok != req.query.end())
-    if (auto hit = cache.Find(tok->second, now)) return hit;
-  auto claims = VerifySessionToken(req, svc->config().secret, "op", "download");
-  if (!claims.ok()) return ErrorResponse(claims.status());
-  DownloadGrant g;
-  auto volume = StrClaim(*claims, "volume");
-  if (!volume.ok()) return ErrorResponse(volume.status());
-  auto vfid = StrClaim(*claims, "vfid");
-  if (!vfid.ok()) return ErrorResponse(vfid.status());
-  auto rel = StrClaim(*claims, "relpath");
-  if (!rel.ok()) return ErrorResponse(rel.status());
-  g.volume = std::move(volume).value();
-  g.vfid = ParseTokenVFolderId(*vfid);
-  g.rel = std::move(rel).value();
-  if (auto a = claims->find("archive"); a != claims->end() && a->is_boolean() && a->get<bool>())
-    g.archive = true;
-  if (auto u = claims->find("unmanaged_path"); u != claims->end() && !u->is_null())
-    g.unmanaged = true;
-  g.parts = SplitRelPath(g.rel);
-  if (g.parts.ok() && g.vfid.ok()) {
-    g.disposition = ContentDisposition(g.parts->empty() ? g.vfid->hex : g.parts->back());
-    auto v = svc->GetVolume(g.volume);
-    if (v.ok() && !g.parts->empty()) {
-      g.path_volume = *v;
-      g.file_path = (*v)->VFolderPath(*g.vfid) + "/" + JoinComponents(*g.parts, g.parts->size());
+  GrantCache::Ref ref;
+  if (tok != req.query.end()) ref = cache.Find(tok->second, now);
+  if (!ref) {
+    auto claims = VerifySessionToken(req, svc->config().secret, "op", "download");
+    if (!claims.ok()) return ErrorResponse(claims.status());
+    DownloadGrant g;
+    auto volume = StrClaim(*claims, "volume");
+    if (!volume.ok()) return ErrorResponse(volume.status());
+    auto vfid = StrClaim(*claims, "vfid");
+    if (!vfid.ok()) return ErrorResponse(vfid.status());
+    auto rel = StrClaim(*claims, "relpath");
+    if (!rel.ok()) return ErrorResponse(rel.status());
+    g.volume = std::move(volume).value();
+    g.vfid = ParseTokenVFolderId(*vfid);
+    g.rel = std::move(rel).value();
+    if (auto a = claims->find("archive"); a != claims->end() && a->is_boolean() && a->get<bool>())
+      g.archive = true;
+    if (auto u = claims->find("unmanaged_path"); u != claims->end() && !u->is_null())
+      g.unmanaged = true;
+    g.parts = SplitRelPath(g.rel);
+    if (g.parts.ok() && g.vfid.ok()) {
+      g.disposition = ContentDisposition(g.parts->empty() ? g.vfid->hex : g.parts->back());
+      auto v = svc->GetVolume(g.volume);
+      if (v.ok() && !g.parts->empty()) {
+        g.path_volume = *v;
+        g.file_path = (*v)->VFolderPath(*g.vfid) + "/" + JoinComponents(*g.parts, g.parts->size());
+      }
     }
+    std::optional<double> exp;
+    if (auto e = claims->find("exp"); e != claims->end() && e->is_number()) exp = e->get<double>();
+    ref = cache.Insert(tok->second, std::move(g), exp);
   }
-  std::optional<double> exp;
-  if (auto e = claims->find("exp"); e != claims->end() && e->is_number()) exp = e->get<double>();
-  return cache.Insert(tok->second, std::move(g), exp);
+  req.ctx.principal.kind = "token";
+  req.ctx.principal.grant = std::make_shared<const GrantCache::Ref>(std::move(ref));
+  return std::nullopt;
 }
 
 // Opens the granted file with one lookup of its whole path that may not pass a symbolic link.
@@ -408,12 +414,9 @@ std::optional<UniqueFd> OpenDirect(const DownloadGrant& g, const Volume* volume,
 // One /download request. With Lookup::kCachedOnly (on an event loop) it answers only what needs
 // no I/O, token errors and regular files whose whole path is in the dentry cache, and returns
 // nullopt for everything else, which the worker pool then answers with Lookup::kMayBlock.
-std::optional<HttpResponse> Download(StorageService* svc, GrantCache& cache, const HttpRequest& req,
-                                     Lookup lookup) {
+std::optional<HttpResponse> Download(StorageService* svc, const HttpRequest& req, Lookup lookup) {
   const bool inline_only = lookup == Lookup::kCachedOnly;
-  auto granted = GrantFor(svc, cache, req);
-  if (auto* refused = std::get_if<HttpResponse>(&granted)) return std::move(*refused);
-  const DownloadGrant& g = *std::get<GrantCache::Ref>(granted);
+  const DownloadGrant& g = **static_cast<const GrantCache::Ref*>(req.ctx.principal.grant.get());
   // A cached grant is seldom in the CPU caches (one of many tokens): start fetching the strings
   // the file's answer needs while the query is checked.
   __builtin_prefetch(g.file_path.data());
@@ -485,8 +488,7 @@ std::optional<HttpResponse> Download(StorageService* svc, GrantCache& cache, con
 }
 
 HttpResponse DownloadArchive(StorageService* svc, const HttpRequest& req) {
-  DL_ASSIGN_OR_RESPOND(nlohmann::json claims,
-                       VerifySessionToken(req, svc->config().secret, "operation", "download"));
+  const auto& claims = *static_cast<const nlohmann::json*>(req.ctx.principal.grant.get());
   DL_ASSIGN_OR_RESPOND(std::string volume, StrClaim(claims, "volume"));
   DL_ASSIGN_OR_RESPOND(std::string vfid_text, StrClaim(claims, "virtual_folder_id"));
   DL_ASSIGN_OR_RESPOND(bool no_cache, QueryBool(req, "no_cache"));
@@ -564,21 +566,32 @@ HttpResponse DownloadArchive(StorageService* svc, const HttpRequest& req) {
 void AddDownloadRoutes(Router& router, StorageService* service) {
   // One cache per router: a token verified with this service's secret is valid only here.
   auto cache = std::make_shared<GrantCache>(kGrantCacheSize);
-  auto download = [service, cache](const HttpRequest& req) {
-    return *Download(service, *cache, req, Lookup::kMayBlock);
-  };
-  auto archive = [service](const HttpRequest& req) { return DownloadArchive(service, req); };
+  RouteGroup files = router.Group(
+      [service, cache](HttpRequest& req) { return AuthenticateDownload(service, *cache, req); });
+  RouteGroup archives = router.Group([service](HttpRequest& req) -> std::optional<HttpResponse> {
+    auto claims = VerifySessionToken(req, service->config().secret, "operation", "download");
+    if (!claims.ok()) return ErrorResponse(claims.status());
+    req.ctx.principal.kind = "token";
+    req.ctx.principal.grant = std::make_shared<const nlohmann::json>(std::move(claims).value());
+    return std::nullopt;
+  });
   for (auto verb : {http::verb::get, http::verb::head}) {
-    Route route{"/download", download, /*blocking=*/true, /*needs_auth=*/false};
+    Route route{.handler =
+                    [service](const HttpRequest& req) {
+                      return *Download(service, req, Lookup::kMayBlock);
+                    },
+                .body_limit = 0};
     // Most downloads are files whose path the kernel has cached: they are answered on the event
     // loop, without a round trip through the worker pool.
-    route.try_inline = [service, cache](const HttpRequest& req) {
-      return Download(service, *cache, req, Lookup::kCachedOnly);
+    route.try_inline = [service](const HttpRequest& req) {
+      return Download(service, req, Lookup::kCachedOnly);
     };
-    router.Add(verb, "/download", std::move(route));
-    router.Add(verb, "/download-archive",
-               Route{"/download-archive", archive, /*blocking=*/true,
-                     /*needs_auth=*/false});
+    files.Add(verb, "/download", std::move(route));
+    archives.Add(
+        verb, "/download-archive",
+        Route{
+            .handler = [service](const HttpRequest& req) { return DownloadArchive(service, req); },
+            .body_limit = 0});
   }
 }
 

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/clock.h"
+#include "common/json.h"
 #include "common/metrics.h"
 #include "common/secrets.h"
 
@@ -118,8 +119,7 @@ Result<Params> Params::From(const HttpRequest& req) {
   for (char c : body)
     if (!std::isspace(static_cast<unsigned char>(c))) blank = false;
   if (!blank) {
-    auto j = nlohmann::json::parse(body, nullptr, false);
-    if (j.is_discarded()) return Status(Code::kInvalidArgument, "request body is not valid JSON");
+    SLUICE_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(body, "request body"));
     if (!j.is_object()) return Status(Code::kInvalidArgument, "request body must be a JSON object");
     for (auto& [k, v] : j.items()) p.j_[k] = v;
   }
@@ -197,17 +197,163 @@ Result<std::vector<std::string>> Params::StrList(const std::string& key) const {
                 fmt::format("parameter '{}' must be a string or a list of strings", key));
 }
 
-void Router::Add(http::verb method, const std::string& path, Route route) {
-  routes_[path][method] = std::move(route);
+Status RequestContext::Check() const {
+  if (cancelled && cancelled->load(std::memory_order_relaxed))
+    return Status(Code::kUnavailable, "the client went away");
+  if (std::chrono::steady_clock::now() > deadline)
+    return Status(Code::kUnavailable, "the request ran past its deadline");
+  return Status::Ok();
 }
 
-void Router::RequireToken(std::string header, std::string secret) {
-  auth_header_ = std::move(header);
-  auth_secret_ = std::move(secret);
+std::string_view HttpRequest::Param(std::string_view name) const {
+  for (const auto& [k, v] : params)
+    if (k == name) return v;
+  return {};
+}
+
+HttpResponse BodySink::Fail(const Status& error) {
+  Abort(error);
+  return ErrorResponse(error);
+}
+
+std::string_view MethodLabel(http::verb method) {
+  if (method == http::verb::unknown) return "other";
+  auto s = http::to_string(method);
+  return {s.data(), s.size()};
+}
+
+void RouteGroup::Add(http::verb method, const std::string& pattern, Route route) {
+  route.auth = auth_;
+  router_.Add(method, pattern, std::move(route));
+}
+
+namespace {
+
+// "/a/{b}/{c+}" -> {"a", "{b}", "{c+}"}; a pattern without braces is an exact path.
+std::vector<std::string> PatternSegments(std::string_view pattern) {
+  std::vector<std::string> out;
+  size_t i = pattern.empty() || pattern[0] != '/' ? 0 : 1;
+  while (i <= pattern.size()) {
+    size_t j = pattern.find('/', i);
+    if (j == std::string_view::npos) j = pattern.size();
+    out.emplace_back(pattern.substr(i, j - i));
+    i = j + 1;
+  }
+  return out;
+}
+
+bool IsParam(std::string_view seg) {
+  return seg.size() >= 2 && seg.front() == '{' && seg.back() == '}';
+}
+
+}  // namespace
+
+void Router::Add(http::verb method, const std::string& pattern, Route route) {
+  route.name = pattern;
+  if (pattern.find('{') == std::string::npos) {
+    auto& routes = exact_[pattern][method];
+    // Sub-resource routes first: they are the more specific.
+    routes.insert(route.query_key.empty() ? routes.end() : routes.begin(), std::move(route));
+    return;
+  }
+  for (auto& [text, p] : patterns_) {
+    if (text != pattern) continue;
+    auto& routes = p.methods[method];
+    routes.insert(route.query_key.empty() ? routes.end() : routes.begin(), std::move(route));
+    return;
+  }
+  PatternRoute p;
+  p.segments = PatternSegments(pattern);
+  p.methods[method].push_back(std::move(route));
+  patterns_.emplace_back(pattern, std::move(p));
 }
 
 void Router::AddCorsHeader(std::string name, std::string value) {
   cors_headers_.emplace_back(std::move(name), std::move(value));
+}
+
+bool Router::MatchPattern(const PatternRoute& p, std::string_view path,
+                          std::vector<std::pair<std::string, std::string>>* params) {
+  if (path.empty() || path[0] != '/') return false;
+  size_t pos = 1;
+  for (size_t i = 0; i < p.segments.size(); ++i) {
+    std::string_view seg = p.segments[i];
+    const bool last = i + 1 == p.segments.size();
+    if (last && IsParam(seg) && seg[seg.size() - 2] == '+') {  // the rest of the path
+      params->emplace_back(std::string(seg.substr(1, seg.size() - 3)),
+                           std::string(path.substr(std::min(pos, path.size()))));
+      return true;
+    }
+    if (pos > path.size()) return false;
+    size_t end = path.find('/', pos);
+    if (end == std::string_view::npos) end = path.size();
+    std::string_view got = path.substr(pos, end - pos);
+    if (IsParam(seg)) {
+      if (got.empty()) return false;
+      params->emplace_back(std::string(seg.substr(1, seg.size() - 2)), std::string(got));
+    } else if (got != seg) {
+      return false;
+    }
+    pos = end + 1;
+    if (last) return end == path.size();
+  }
+  return false;
+}
+
+Router::Match Router::Choose(const MethodRoutes& methods, const std::string& label,
+                             HttpRequest& req) const {
+  Match m;
+  m.label = label;
+  auto mit = methods.find(req.msg.method());
+  if (mit != methods.end()) {
+    for (const Route& r : mit->second)
+      if (r.query_key.empty() || req.query.count(r.query_key)) {
+        m.route = &r;
+        return m;
+      }
+  }
+  if (req.msg.method() == http::verb::options) {
+    HttpResponse r = HttpResponse::NoContent();
+    std::string allow;
+    for (const auto& [verb, rt] : methods) {
+      if (!allow.empty()) allow += ", ";
+      allow += std::string(http::to_string(verb));
+    }
+    r.headers.emplace_back("Allow", allow);
+    m.answer = std::move(r);
+    return m;
+  }
+  HttpResponse r = ErrorResponse(
+      Status(Code::kInvalidArgument, fmt::format("method {} is not allowed on '{}'",
+                                                 std::string(req.msg.method_string()), req.path)));
+  r.status = 405;
+  m.answer = std::move(r);
+  return m;
+}
+
+Router::Match Router::Find(HttpRequest& req) const {
+  if (auto it = exact_.find(req.path); it != exact_.end())
+    return Choose(it->second, it->first, req);
+  for (const auto& [text, p] : patterns_) {
+    req.params.clear();
+    if (MatchPattern(p, req.path, &req.params)) return Choose(p.methods, text, req);
+  }
+  req.params.clear();
+  Match m;
+  m.label = "unmatched";
+  m.answer = ErrorResponse(Status(Code::kNotFound, fmt::format("no route for '{}'", req.path)));
+  return m;
+}
+
+std::optional<HttpResponse> Router::Authenticate(const Route& route, HttpRequest& req) const {
+  if (!route.auth) return std::nullopt;
+  try {
+    return (*route.auth)(req);
+  } catch (const std::exception& e) {
+    spdlog::error("{} {}: authenticator failed: {}", std::string(req.msg.method_string()),
+                  route.name, e.what());
+    return ErrorResponse(Status(Code::kInternal, "internal error while authenticating"));
+  }
 }
 
 HttpResponse Router::Run(const Route& route, const HttpRequest& req) const {
@@ -217,7 +363,8 @@ HttpResponse Router::Run(const Route& route, const HttpRequest& req) const {
     return ErrorResponse(
         Status(Code::kInvalidArgument, fmt::format("bad parameter: {}", e.what())));
   } catch (const std::exception& e) {
-    spdlog::error("{} {}: unexpected exception: {}", req.msg.method_string(), req.path, e.what());
+    spdlog::error("{} {}: unexpected exception: {}", std::string(req.msg.method_string()),
+                  route.name, e.what());
     return ErrorResponse(Status(Code::kInternal, fmt::format("internal error: {}", e.what())));
   }
 }
@@ -230,35 +377,22 @@ std::optional<HttpResponse> Router::RunInline(const Route& route, const HttpRequ
   }
 }
 
-void Router::Observe(std::string_view method, std::string_view route, unsigned status,
+void Router::Observe(http::verb method, std::string_view route, unsigned status,
                      double started) const {
-  Metrics::Global().ObserveRequest(listener_, method, route, static_cast<int>(status),
+  Metrics::Global().ObserveRequest(listener_, MethodLabel(method), route, static_cast<int>(status),
                                    MonotonicSeconds() - started);
 }
 
-const Route* Router::Find(http::verb method, const std::string& path) const {
-  auto pit = routes_.find(path);
-  if (pit == routes_.end()) return nullptr;
-  auto mit = pit->second.find(method);
-  return mit == pit->second.end() ? nullptr : &mit->second;
-}
-
-bool Router::IsStreaming(http::verb method, const std::string& path) const {
-  const Route* r = Find(method, path);
-  return r && r->stream;
-}
-
-void Router::OpenStream(std::shared_ptr<HttpRequest> req,
+void Router::OpenStream(const Route& route, std::shared_ptr<HttpRequest> req,
                         std::function<void(StreamStart)> done) const {
-  const Route* route = Find(req->msg.method(), req->path);
   auto shared_done = std::make_shared<std::function<void(StreamStart)>>(std::move(done));
-  auto run = [this, route, req, shared_done] {
+  auto run = [&route, req, shared_done] {
     StreamStart start;
     try {
-      start = route->stream(*req);
+      start = route.stream(*req);
     } catch (const std::exception& e) {
-      spdlog::error("{} {}: unexpected exception: {}", req->msg.method_string(), req->path,
-                    e.what());
+      spdlog::error("{} {}: unexpected exception: {}", std::string(req->msg.method_string()),
+                    route.name, e.what());
       start = ErrorResponse(Status(Code::kInternal, fmt::format("internal error: {}", e.what())));
     }
     (*shared_done)(std::move(start));
@@ -268,70 +402,22 @@ void Router::OpenStream(std::shared_ptr<HttpRequest> req,
   }
 }
 
-void Router::Dispatch(std::shared_ptr<HttpRequest> req, Responder done) const {
-  double t0 = MonotonicSeconds();
-  std::string method(req->msg.method_string());
-  auto finish = [this, t0, method, done = std::move(done)](std::string route_name,
-                                                           HttpResponse res) {
-    Observe(method, route_name, res.status, t0);
-    done(std::move(res));
-  };
-
-  auto pit = routes_.find(req->path);
-  if (pit == routes_.end()) {
-    finish("unmatched",
-           ErrorResponse(Status(Code::kNotFound, fmt::format("no route for '{}'", req->path))));
-    return;
-  }
-  auto mit = pit->second.find(req->msg.method());
-  if (mit == pit->second.end()) {
-    if (req->msg.method() == http::verb::options) {
-      HttpResponse r = HttpResponse::NoContent();
-      std::string allow;
-      for (const auto& [verb, rt] : pit->second) {
-        if (!allow.empty()) allow += ", ";
-        allow += std::string(http::to_string(verb));
-      }
-      r.headers.emplace_back("Allow", allow);
-      finish(req->path, std::move(r));
-      return;
-    }
-    HttpResponse r =
-        ErrorResponse(Status(Code::kInvalidArgument,
-                             fmt::format("method {} is not allowed on '{}'", method, req->path)));
-    r.status = 405;
-    finish(req->path, std::move(r));
-    return;
-  }
-  const Route& route = mit->second;
-  if (route.needs_auth && !auth_header_.empty()) {
-    auto it = req->msg.find(auth_header_);
-    std::string_view got = it == req->msg.end() ? std::string_view() : it->value();
-    if (!ConstantTimeEquals(got, auth_secret_)) {
-      HttpResponse r = ErrorResponse(
-          Status(Code::kUnauthenticated, it == req->msg.end()
-                                             ? fmt::format("missing {} header", auth_header_)
-                                             : fmt::format("invalid {} header", auth_header_)));
-      finish(route.name, std::move(r));
-      return;
-    }
-  }
+void Router::Dispatch(const Route& route, std::shared_ptr<HttpRequest> req, Responder done) const {
   if (!route.blocking) {
-    finish(route.name, Run(route, *req));
+    done(Run(route, *req));
     return;
   }
   if (route.try_inline) {
     if (auto res = RunInline(route, *req)) {
-      finish(route.name, std::move(*res));
+      done(std::move(*res));
       return;
     }
   }
-  auto shared_finish = std::make_shared<decltype(finish)>(std::move(finish));
-  bool queued = pool_->Submit(
-      [this, &route, req, shared_finish] { (*shared_finish)(route.name, Run(route, *req)); });
+  auto shared_done = std::make_shared<Responder>(std::move(done));
+  bool queued =
+      pool_->Submit([this, &route, req, shared_done] { (*shared_done)(Run(route, *req)); });
   if (!queued)
-    (*shared_finish)(
-        route.name, ErrorResponse(Status(Code::kUnavailable, "server is overloaded; retry later")));
+    (*shared_done)(ErrorResponse(Status(Code::kUnavailable, "server is overloaded; retry later")));
 }
 
 }  // namespace sluice::api

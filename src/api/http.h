@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -25,11 +26,42 @@ namespace sluice::api {
 
 namespace http = boost::beast::http;
 
+// Who sent a request, as the route group's authenticator found: what logs name and what the
+// handler may rely on (what a token grants, say).
+struct Principal {
+  std::string kind = "anonymous";  // "manager", "token", "anonymous"
+  // What the credential grants, in the type its route group's handlers expect (a download grant,
+  // an upload token's claims); null when it grants nothing beyond the route.
+  std::shared_ptr<const void> grant;
+};
+
+// Travels with a request from the listener down to the services: its id (for logs), who sent
+// it, by when it must be done, and whether its client is still there.
+struct RequestContext {
+  std::string id;  // the client's X-Request-ID when it sent a sane one, else generated
+  Principal principal;
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  // Set by the listener when the connection goes away: long work can stop early.
+  std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
+
+  // kUnavailable once the client has gone or the deadline has passed: work for this request can
+  // stop.
+  Status Check() const;
+};
+
 struct HttpRequest {
   http::request<http::string_body> msg;
   std::string path;                          // decoded target path, no query
   std::map<std::string, std::string> query;  // decoded; the last value of a repeated key wins
-  std::string remote;                        // peer address, for logs
+  // Values of the matched route's {parameters}, in pattern order.
+  std::vector<std::pair<std::string, std::string>> params;
+  std::string remote;  // peer address, for logs
+  RequestContext ctx;
+  // Holds the body's share of the listener's buffered-body budget while the request lives.
+  std::shared_ptr<void> body_lease;
+
+  // The value of path parameter `name` ("" when the route has none of that name).
+  std::string_view Param(std::string_view name) const;
 };
 
 struct HttpResponse {
@@ -91,12 +123,15 @@ using Responder = std::function<void(HttpResponse)>;
 class BodySink {
  public:
   virtual ~BodySink() = default;
-  // Consumes the next piece of the body; an error ends the request with that error.
+  // Consumes the next piece of the body; an error ends the request with Fail(error).
   virtual Status Write(const char* data, size_t n) = 0;
   // The whole body has arrived.
   virtual HttpResponse Finish() = 0;
   // The connection failed before the body was complete (client gone, timeout).
   virtual void Abort(const Status& why) = 0;
+  // The request ends with `error` (a failed Write, an overloaded pool): settles the sink as Abort
+  // does and returns the answer. The default answers ErrorResponse(error).
+  virtual HttpResponse Fail(const Status& error);
 };
 
 // What a streaming route answers once the headers are in: a response now (an error, say), or a
@@ -104,28 +139,59 @@ class BodySink {
 using StreamStart = std::variant<HttpResponse, std::unique_ptr<BodySink>>;
 using StreamHandler = std::function<StreamStart(const HttpRequest&)>;
 
+// Decides on the header alone, on the event loop (no I/O), whether a request may go on: nullopt
+// lets it through, having filled req.ctx.principal; a response refuses it, and its body is then
+// never read.
+using Authenticator = std::function<std::optional<HttpResponse>(HttpRequest&)>;
+
 struct Route {
-  std::string name;  // route pattern, the metrics label
+  std::string name;  // set by Router::Add to the route's pattern: the metrics label
   Handler handler;
-  bool blocking = true;    // run on the worker pool, never on an event loop
-  bool needs_auth = true;  // manager token required
+  bool blocking = true;  // run on the worker pool, never on an event loop
+  // Null: public. Routes get it from the RouteGroup they are added through.
+  std::shared_ptr<const Authenticator> auth;
+  // The largest request body the route accepts (413 beyond it, decided from Content-Length
+  // before any of it is read); unset: the listener's max-request-body.
+  std::optional<uint64_t> body_limit;
   // When set, the route streams its request body: `stream` runs (on the pool) once the headers
-  // are read, with an empty body in the request; `handler` is not used.
+  // are read and authenticated, with an empty body in the request; `handler` is not used.
   StreamHandler stream;
   // When set on a blocking route, runs first on the event loop, where it must not block (no
   // I/O: Lookup::kCachedOnly lookups, no reads). It answers, or returns nullopt to hand the
   // request to `handler` on the pool. Saves two thread hops on hot read paths.
   std::function<std::optional<HttpResponse>(const HttpRequest&)> try_inline;
+  // A sub-resource: the route matches only requests whose query has this key (S3's `?acl`,
+  // `?uploads`). Such routes are tried before the plain route of the same pattern.
+  std::string query_key;
 };
 
+class Router;
+
+// Routes that share an authenticator (the manager token, download tokens, SigV4).
+class RouteGroup {
+ public:
+  RouteGroup(Router& router, std::shared_ptr<const Authenticator> auth)
+      : router_(router), auth_(std::move(auth)) {}
+  void Add(http::verb method, const std::string& pattern, Route route);
+
+ private:
+  Router& router_;
+  std::shared_ptr<const Authenticator> auth_;
+};
+
+// Routes requests by method and path. A pattern is an exact path ("/folder/usage") or has
+// parameters: "{name}" takes one path segment, a final "{name+}" the rest of the path (possibly
+// empty). Exact paths are found first, then patterns in the order they were added.
 class Router {
  public:
   // `listener` labels metrics; `pool` runs blocking handlers.
   Router(std::string listener, ThreadPool* pool) : listener_(std::move(listener)), pool_(pool) {}
 
-  void Add(http::verb method, const std::string& path, Route route);
-  // Requests to routes that need auth must carry `header` equal to `secret`.
-  void RequireToken(std::string header, std::string secret);
+  // A public route.
+  void Add(http::verb method, const std::string& pattern, Route route);
+  RouteGroup Group(Authenticator auth) {
+    return RouteGroup(*this, std::make_shared<const Authenticator>(std::move(auth)));
+  }
   // CORS headers: the listener adds them to every response to a request that carries an
   // Origin header (a browser's cross-origin request), as aiohttp_cors does for the original.
   void AddCorsHeader(std::string name, std::string value);
@@ -133,31 +199,52 @@ class Router {
     return cors_headers_;
   }
 
-  // Calls `done` exactly once, on any thread.
-  void Dispatch(std::shared_ptr<HttpRequest> req, Responder done) const;
+  // What a request whose header is in goes to: its route (req.params filled), or the answer
+  // when there is none (404, 405, OPTIONS). `label` names it in metrics either way.
+  struct Match {
+    const Route* route = nullptr;
+    std::optional<HttpResponse> answer;
+    std::string_view label;
+  };
+  Match Find(HttpRequest& req) const;
+  // Runs the route's authenticator: nullopt to go on, or the refusal.
+  std::optional<HttpResponse> Authenticate(const Route& route, HttpRequest& req) const;
 
-  // True when `method path` is a streaming route (its body must not be buffered).
-  bool IsStreaming(http::verb method, const std::string& path) const;
+  // Runs the route's handler (inline, or on the pool for a blocking route) and calls `done`
+  // exactly once, on any thread.
+  void Dispatch(const Route& route, std::shared_ptr<HttpRequest> req, Responder done) const;
   // For a streaming route: runs its StreamHandler on the pool and calls `done` once with the
   // outcome. `req` holds the headers only.
-  void OpenStream(std::shared_ptr<HttpRequest> req, std::function<void(StreamStart)> done) const;
-  // Records a finished request whose response did not come from Dispatch.
-  void Observe(std::string_view method, std::string_view route, unsigned status,
-               double started) const;
+  void OpenStream(const Route& route, std::shared_ptr<HttpRequest> req,
+                  std::function<void(StreamStart)> done) const;
+  // Records a finished request. The method label is the method, or "other" for one HTTP does
+  // not define: every label set stays bounded whatever clients send.
+  void Observe(http::verb method, std::string_view route, unsigned status, double started) const;
 
+  const std::string& listener() const { return listener_; }
   ThreadPool* pool() const { return pool_; }
 
  private:
+  struct PatternRoute {
+    std::vector<std::string> segments;  // literal, "{name}", or a final "{name+}"
+    std::map<http::verb, std::vector<Route>> methods;
+  };
+  using MethodRoutes = std::map<http::verb, std::vector<Route>>;
+
   HttpResponse Run(const Route& route, const HttpRequest& req) const;
   std::optional<HttpResponse> RunInline(const Route& route, const HttpRequest& req) const;
-  const Route* Find(http::verb method, const std::string& path) const;
+  static bool MatchPattern(const PatternRoute& p, std::string_view path,
+                           std::vector<std::pair<std::string, std::string>>* params);
+  Match Choose(const MethodRoutes& methods, const std::string& label, HttpRequest& req) const;
 
   std::string listener_;
   ThreadPool* pool_;
-  std::map<std::string, std::map<http::verb, Route>> routes_;
-  std::string auth_header_;
-  std::string auth_secret_;
+  std::map<std::string, MethodRoutes, std::less<>> exact_;
+  std::vector<std::pair<std::string, PatternRoute>> patterns_;  // pattern text, parsed
   std::vector<std::pair<std::string, std::string>> cors_headers_;
 };
+
+// The method as a metrics label: its name, or "other" for an extension method.
+std::string_view MethodLabel(http::verb method);
 
 }  // namespace sluice::api

@@ -8,12 +8,13 @@ std::shared_ptr<Router> MakeInternalRouter(ThreadPool* io_pool, const HealthSour
   auto router = std::make_shared<Router>("internal", io_pool);
   AddHealthRoutes(*router, health, "internal");
   router->Add(http::verb::get, "/metrics",
-              Route{"/metrics",
-                    [](const HttpRequest&) {
-                      return HttpResponse::Text(200, Metrics::Global().RenderPrometheus(),
-                                                "text/plain; version=0.0.4; charset=utf-8");
-                    },
-                    false, false});
+              Route{.handler =
+                        [](const HttpRequest&) {
+                          return HttpResponse::Text(200, Metrics::Global().RenderPrometheus(),
+                                                    "text/plain; version=0.0.4; charset=utf-8");
+                        },
+                    .blocking = false,
+                    .body_limit = 0});
   return router;
 }
 

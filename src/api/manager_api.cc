@@ -8,6 +8,7 @@
 #include "common/clock.h"
 #include "common/jwt.h"
 #include "common/path.h"
+#include "common/secrets.h"
 #include "service/upload.h"
 
 #ifndef SLUICE_VERSION
@@ -74,13 +75,13 @@ class ManagerApi {
   explicit ManagerApi(StorageService* svc) : svc_(svc) {}
 
   // The routes share ownership of the API object.
-  static void Register(Router& r, const std::shared_ptr<ManagerApi>& api) {
+  static void Register(RouteGroup& r, const std::shared_ptr<ManagerApi>& api) {
     using V = http::verb;
     auto add = [&](V verb, const std::string& path, HttpResponse (ManagerApi::*fn)(const Params&)) {
-      r.Add(verb, path, Route{path, [api, fn](const HttpRequest& req) -> HttpResponse {
-                                API_ASSIGN_OR_RESPOND(Params p, Params::From(req));
-                                return (api.get()->*fn)(p);
-                              }});
+      r.Add(verb, path, Route{.handler = [api, fn](const HttpRequest& req) -> HttpResponse {
+              API_ASSIGN_OR_RESPOND(Params p, Params::From(req));
+              return (api.get()->*fn)(p);
+            }});
     };
     add(V::get, "/volumes", &ManagerApi::Volumes);
     add(V::get, "/volume/hwinfo", &ManagerApi::HwInfoRoute);
@@ -504,50 +505,67 @@ class ManagerApi {
 }  // namespace
 
 void AddHealthRoutes(Router& router, const HealthSource& src, const std::string& api_type) {
+  // Probes are answered on the event loop from what the health monitor last saw: they never
+  // wait behind file work, and take no body.
+  auto add = [&router](const std::string& path, Handler h) {
+    router.Add(http::verb::get, path,
+               Route{.handler = std::move(h), .blocking = false, .body_limit = 0});
+  };
   auto status = [api_type](const HttpRequest&) {
     return HttpResponse::Json(200, {{"status", "ok"},
                                     {"type", api_type},
                                     {"storage-proxy", SluiceVersion()},
                                     {"implementation", "sluice"}});
   };
-  router.Add(http::verb::get, "/", Route{"/", status, false, false});
-  router.Add(http::verb::get, "/status", Route{"/status", status, false, false});
-  router.Add(http::verb::get, "/livez",
-             Route{"/livez",
-                   [](const HttpRequest&) {
-                     return HttpResponse::Json(200, {{"status", "ok"}});
-                   },
-                   false, false});
+  add("/", status);
+  add("/status", status);
+  add("/livez", [](const HttpRequest&) { return HttpResponse::Json(200, {{"status", "ok"}}); });
   auto health = [src](const HttpRequest&) {
+    HealthSnapshot snap = src.monitor->Snapshot();
     nlohmann::json vols = nlohmann::json::object();
-    std::string overall = "healthy";
-    for (Volume* v : src.service->Volumes()) {
-      HwInfo h = v->GetHwInfo();
-      vols[v->name()] = {{"status", h.status}, {"status_info", h.status_info}};
-      if (h.status == "unavailable")
-        overall = "unhealthy";
-      else if (h.status == "degraded" && overall == "healthy")
-        overall = "degraded";
+    for (const auto& [name, v] : snap.volumes) {
+      nlohmann::json j = {{"status", v.status},
+                          {"status_info", v.info},
+                          {"checked_at", FormatIso8601(v.checked_at)}};
+      if (v.fs)
+        j["fs"] = {{"capacity_bytes", v.fs->capacity_bytes},
+                   {"available_bytes", v.fs->available_bytes}};
+      vols[name] = std::move(j);
     }
-    bool draining = src.draining && src.draining();
-    if (draining) overall = "draining";
+    std::string overall = snap.overall;
+    if (src.draining && src.draining()) overall = "draining";
     unsigned code = (overall == "healthy" || overall == "degraded") ? 200 : 503;
     return HttpResponse::Json(code, {{"status", overall},
                                      {"version", SluiceVersion()},
-                                     {"node_id", src.service->config().node_id},
+                                     {"node_id", src.node_id},
                                      {"volumes", vols}});
   };
-  router.Add(http::verb::get, "/health", Route{"/health", health, true, false});
-  router.Add(http::verb::get, "/readyz", Route{"/readyz", health, true, false});
+  add("/health", health);
+  add("/readyz", health);
+}
+
+Authenticator ManagerTokenAuth(std::string header, std::string secret) {
+  return [header = std::move(header),
+          secret = std::move(secret)](HttpRequest& req) -> std::optional<HttpResponse> {
+    auto it = req.msg.find(header);
+    if (it == req.msg.end())
+      return ErrorResponse(
+          Status(Code::kUnauthenticated, fmt::format("missing {} header", header)));
+    if (!ConstantTimeEquals(it->value(), secret))
+      return ErrorResponse(
+          Status(Code::kUnauthenticated, fmt::format("invalid {} header", header)));
+    req.ctx.principal.kind = "manager";
+    return std::nullopt;
+  };
 }
 
 std::shared_ptr<Router> MakeManagerRouter(StorageService* service, ThreadPool* io_pool,
                                           const std::string& manager_secret,
                                           const HealthSource& health) {
   auto router = std::make_shared<Router>("manager", io_pool);
-  router->RequireToken(kAuthHeader, manager_secret);
   AddHealthRoutes(*router, health, "manager-facing");
-  ManagerApi::Register(*router, std::make_shared<ManagerApi>(service));
+  RouteGroup managed = router->Group(ManagerTokenAuth(kAuthHeader, manager_secret));
+  ManagerApi::Register(managed, std::make_shared<ManagerApi>(service));
   return router;
 }
 

@@ -6,18 +6,23 @@
 #include <memory>
 
 #include "api/http.h"
+#include "service/health.h"
 #include "service/storage_service.h"
 
 namespace sluice::api {
 
-// Health of the node: "healthy" when every volume is, else "degraded"/"unavailable".
+// Health of the node, as the probes report it.
 struct HealthSource {
-  StorageService* service = nullptr;
+  const HealthMonitor* monitor = nullptr;
+  std::string node_id;
   std::function<bool()> draining;  // true once shutdown began
 };
 
 // Adds GET /, /status, /health, /livez, /readyz (no auth) to `router`.
 void AddHealthRoutes(Router& router, const HealthSource& src, const std::string& api_type);
+
+// The manager API's authenticator: `header` must carry `secret`.
+Authenticator ManagerTokenAuth(std::string header, std::string secret);
 
 // Builds the manager API router; every route except the health routes needs the manager token.
 std::shared_ptr<Router> MakeManagerRouter(StorageService* service, ThreadPool* io_pool,

@@ -1,11 +1,13 @@
-// HTTP/1.1 listeners on Boost.Beast: one event loop per thread (IoLoops), connections spread
-// over the loops, keep-alive, body limits, timeouts, optional TLS, zero-copy file bodies
-// (sendfile) on plain TCP, and a drain mode for graceful shutdown.
+// HTTP/1.1 listeners on Boost.Beast: one event loop per thread (IoLoops). Every loop accepts
+// (the listening socket is shared), connections are spread over the loops, capped per listener
+// and shed politely beyond the cap or when file descriptors run out. Connections themselves are
+// connection.h. A drain mode for graceful shutdown.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,7 +18,9 @@
 #include <boost/asio/ssl/context.hpp>
 
 #include "api/http.h"
+#include "api/http_parser.h"
 #include "common/config.h"
+#include "common/fd.h"
 
 namespace sluice::api {
 
@@ -25,7 +29,7 @@ class IoLoops {
   explicit IoLoops(size_t n);
   ~IoLoops();
   boost::asio::io_context& Next();
-  boost::asio::io_context& First() { return *ctxs_.front(); }
+  boost::asio::io_context& At(size_t i) { return *ctxs_[i]; }
   void Start();
   void Stop();  // stops every loop and joins the threads
   size_t size() const { return ctxs_.size(); }
@@ -41,7 +45,12 @@ class IoLoops {
 struct ServerOptions {
   std::string name;  // "manager", "client", "internal": logs and metrics
   HostPort addr;
-  uint64_t body_limit = 1 << 20;
+  uint64_t body_limit = 1 << 20;  // a route's default max request body
+  // Request bodies buffered at once on this listener, all connections together: past it a
+  // request is refused 503 before its body is read.
+  uint64_t body_budget = 64 << 20;
+  size_t max_connections = 10000;  // open connections; more are answered 503 and closed
+  ParserLimits parser_limits;
   std::chrono::seconds request_timeout{60};
   std::chrono::seconds keepalive_timeout{75};
   std::shared_ptr<boost::asio::ssl::context> tls;  // null: plain HTTP
@@ -54,6 +63,7 @@ Result<std::shared_ptr<boost::asio::ssl::context>> MakeTlsContext(const std::str
 class HttpServer : public std::enable_shared_from_this<HttpServer> {
  public:
   HttpServer(IoLoops& loops, ServerOptions opts, std::shared_ptr<const Router> router);
+  ~HttpServer();
 
   Status Listen();  // binds and listens; call once before Start
   void Start();     // begins accepting
@@ -62,23 +72,45 @@ class HttpServer : public std::enable_shared_from_this<HttpServer> {
   uint16_t port() const { return port_; }
   const ServerOptions& options() const { return opts_; }
   size_t inflight() const { return inflight_.load(); }
+  size_t connections() const { return connections_.load(); }
   bool draining() const { return draining_.load(); }
   std::string url() const;
 
-  // Used by sessions.
+  // Used by connections.
   const Router& router() const { return *router_; }
   std::atomic<size_t>& inflight_counter() { return inflight_; }
+  void ConnectionClosed() { connections_.fetch_sub(1, std::memory_order_relaxed); }
+  // Takes `bytes` of the body budget: held while the returned lease lives; null when the budget
+  // is spent (the request is then refused without reading its body).
+  std::shared_ptr<void> ReserveBody(uint64_t bytes);
+  // Counts a response body piece read on the I/O pool because it was not in the page cache.
+  void CountColdRead() { cold_reads_->fetch_add(1, std::memory_order_relaxed); }
 
  private:
-  void Accept();
+  struct Acceptor;
+  void Accept(size_t i);
+  void OnAcceptError(size_t i, const boost::system::error_code& ec);
+  // Answers a connection that will not be served (503, Connection: close) and closes it.
+  void Shed(int fd, const char* reason);
 
   IoLoops& loops_;
   ServerOptions opts_;
   std::shared_ptr<const Router> router_;
-  boost::asio::ip::tcp::acceptor acceptor_;
+  std::vector<std::unique_ptr<Acceptor>> acceptors_;  // one per loop, sharing one socket
   uint16_t port_ = 0;
   std::atomic<size_t> inflight_{0};
+  std::atomic<size_t> connections_{0};
+  std::atomic<uint64_t> buffered_{0};
   std::atomic<bool> draining_{false};
+  // Kept open to be closed when accept fails for want of descriptors: it frees one, so that
+  // the connection at the head of the queue can be answered instead of left hanging.
+  std::mutex spare_mu_;
+  UniqueFd spare_fd_;
+  std::atomic<uint64_t>* shed_limit_;
+  std::atomic<uint64_t>* shed_fds_;
+  std::atomic<uint64_t>* shed_budget_;
+  std::atomic<uint64_t>* accept_errors_;
+  std::atomic<uint64_t>* cold_reads_;
 };
 
 }  // namespace sluice::api

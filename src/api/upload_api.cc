@@ -65,15 +65,22 @@ struct Resolved {
   std::optional<HttpResponse> refusal;
 };
 
-Resolved Resolve(const HttpRequest& req, const UploadService& uploads, const std::string& secret,
-                 uint64_t max_upload_size) {
+// The authenticator of the tus routes: the upload token's claims go into the request's
+// context. Refusals carry Tus-Resumable like every tus answer.
+Authenticator UploadTokenAuth(std::string secret) {
+  return [secret = std::move(secret)](HttpRequest& req) -> std::optional<HttpResponse> {
+    auto claims = VerifySessionToken(req, secret, "op", "upload");
+    if (!claims.ok()) return TusError(claims.status());
+    req.ctx.principal.kind = "token";
+    req.ctx.principal.grant = std::make_shared<const nlohmann::json>(std::move(claims).value());
+    return std::nullopt;
+  };
+}
+
+Resolved Resolve(const HttpRequest& req, const UploadService& uploads, uint64_t max_upload_size) {
   Resolved out;
-  auto claims = VerifySessionToken(req, secret, "op", "upload");
-  if (!claims.ok()) {
-    out.refusal = TusError(claims.status());
-    return out;
-  }
-  auto t = uploads.ResolveClaims(*claims, DstDir(req));
+  const auto& claims = *static_cast<const nlohmann::json*>(req.ctx.principal.grant.get());
+  auto t = uploads.ResolveClaims(claims, DstDir(req));
   if (!t.ok()) {
     out.refusal = TusError(t.status());
     return out;
@@ -112,6 +119,12 @@ class TusSink : public BodySink {
                  w_->durable_offset());
   }
 
+  // A failed write (EDQUOT, ENOSPC, EIO): the client learns the durable offset to resume from.
+  HttpResponse Fail(const Status& error) override {
+    Abort(error);
+    return TusError(error, w_->durable_offset());
+  }
+
  private:
   std::unique_ptr<UploadWriter> w_;
   bool finished_ = false;
@@ -121,12 +134,11 @@ class TusSink : public BodySink {
 
 void AddUploadRoutes(Router& router, StorageService* service) {
   auto uploads = std::make_shared<UploadService>(service);
-  const std::string secret = service->config().secret;
   const uint64_t max_size = service->config().max_upload_size;
+  RouteGroup tus = router.Group(UploadTokenAuth(service->config().secret));
 
   router.Add(http::verb::options, "/upload",
-             Route{.name = "/upload",
-                   .handler =
+             Route{.handler =
                        [max_size](const HttpRequest&) {
                          HttpResponse r = HttpResponse::NoContent();
                          AddTus(r);
@@ -139,93 +151,88 @@ void AddUploadRoutes(Router& router, StorageService* service) {
                          return r;
                        },
                    .blocking = false,
-                   .needs_auth = false});
+                   .body_limit = 0});
 
-  router.Add(http::verb::head, "/upload",
-             Route{.name = "/upload",
-                   .handler =
-                       [uploads, secret, max_size](const HttpRequest& req) {
-                         Resolved r = Resolve(req, *uploads, secret, max_size);
-                         if (r.refusal) return std::move(*r.refusal);
-                         auto p = uploads->Query(r.target);
-                         if (!p.ok()) return TusError(p.status());
-                         HttpResponse res = HttpResponse::NoContent();
-                         res.status = 200;
-                         AddTus(res);
-                         res.headers.emplace_back("Upload-Offset", std::to_string(p->offset));
-                         res.headers.emplace_back("Upload-Length", std::to_string(p->size));
-                         res.headers.emplace_back("Cache-Control", "no-store");
-                         return res;
-                       },
-                   .needs_auth = false});
+  tus.Add(http::verb::head, "/upload",
+          Route{.handler =
+                    [uploads, max_size](const HttpRequest& req) {
+                      Resolved r = Resolve(req, *uploads, max_size);
+                      if (r.refusal) return std::move(*r.refusal);
+                      auto p = uploads->Query(r.target);
+                      if (!p.ok()) return TusError(p.status());
+                      HttpResponse res = HttpResponse::NoContent();
+                      res.status = 200;
+                      AddTus(res);
+                      res.headers.emplace_back("Upload-Offset", std::to_string(p->offset));
+                      res.headers.emplace_back("Upload-Length", std::to_string(p->size));
+                      res.headers.emplace_back("Cache-Control", "no-store");
+                      return res;
+                    },
+                .body_limit = 0});
 
-  router.Add(
+  tus.Add(
       http::verb::patch, "/upload",
-      Route{.name = "/upload",
-            .needs_auth = false,
-            .stream = [uploads, secret, max_size](const HttpRequest& req) -> StreamStart {
-              // Protocol checks first: they need no disk access.
-              auto resumable = SingleHeader(req, "Tus-Resumable");
-              if (!resumable.ok()) return TusError(resumable.status());
-              if (!*resumable || **resumable != kTusVersion) {
-                HttpResponse r = Problem(
-                    412, "PreconditionFailed",
-                    *resumable ? fmt::format("Tus-Resumable {} is not supported", **resumable)
-                               : std::string("the Tus-Resumable header is required"));
-                r.headers.emplace_back("Tus-Version", kTusVersion);
-                return r;
-              }
-              auto ctype = SingleHeader(req, "Content-Type");
-              if (!ctype.ok()) return TusError(ctype.status());
-              std::string_view media =
-                  *ctype ? TrimOws((*ctype)->substr(0, (*ctype)->find(';'))) : std::string_view();
-              if (!boost::beast::iequals(media, kOffsetType))
-                return Problem(415, "UnsupportedMediaType",
-                               fmt::format("Content-Type must be {}", kOffsetType));
-              auto off_h = SingleHeader(req, "Upload-Offset");
-              if (!off_h.ok()) return TusError(off_h.status());
-              if (!*off_h)
-                return TusError(
-                    Status(Code::kInvalidArgument, "the Upload-Offset header is required"));
-              auto offset = ParseCount(**off_h, "Upload-Offset");
-              if (!offset.ok()) return TusError(offset.status());
-              std::optional<uint64_t> body_len;
-              if (req.msg.find(http::field::content_length) != req.msg.end()) {
-                auto cl = SingleHeader(req, "Content-Length");
-                if (!cl.ok()) return TusError(cl.status());
-                auto n = ParseCount(**cl, "Content-Length");
-                if (!n.ok()) return TusError(n.status());
-                body_len = *n;
-              }
+      Route{.stream = [uploads, max_size](const HttpRequest& req) -> StreamStart {
+        // Protocol checks first: they need no disk access.
+        auto resumable = SingleHeader(req, "Tus-Resumable");
+        if (!resumable.ok()) return TusError(resumable.status());
+        if (!*resumable || **resumable != kTusVersion) {
+          HttpResponse r =
+              Problem(412, "PreconditionFailed",
+                      *resumable ? fmt::format("Tus-Resumable {} is not supported", **resumable)
+                                 : std::string("the Tus-Resumable header is required"));
+          r.headers.emplace_back("Tus-Version", kTusVersion);
+          return r;
+        }
+        auto ctype = SingleHeader(req, "Content-Type");
+        if (!ctype.ok()) return TusError(ctype.status());
+        std::string_view media =
+            *ctype ? TrimOws((*ctype)->substr(0, (*ctype)->find(';'))) : std::string_view();
+        if (!boost::beast::iequals(media, kOffsetType))
+          return Problem(415, "UnsupportedMediaType",
+                         fmt::format("Content-Type must be {}", kOffsetType));
+        auto off_h = SingleHeader(req, "Upload-Offset");
+        if (!off_h.ok()) return TusError(off_h.status());
+        if (!*off_h)
+          return TusError(Status(Code::kInvalidArgument, "the Upload-Offset header is required"));
+        auto offset = ParseCount(**off_h, "Upload-Offset");
+        if (!offset.ok()) return TusError(offset.status());
+        std::optional<uint64_t> body_len;
+        if (req.msg.find(http::field::content_length) != req.msg.end()) {
+          auto cl = SingleHeader(req, "Content-Length");
+          if (!cl.ok()) return TusError(cl.status());
+          auto n = ParseCount(**cl, "Content-Length");
+          if (!n.ok()) return TusError(n.status());
+          body_len = *n;
+        }
 
-              Resolved r = Resolve(req, *uploads, secret, max_size);
-              if (r.refusal) return std::move(*r.refusal);
-              const UploadTarget& t = r.target;
-              auto len_h = SingleHeader(req, "Upload-Length");
-              if (!len_h.ok()) return TusError(len_h.status());
-              if (*len_h) {
-                auto len = ParseCount(**len_h, "Upload-Length");
-                if (!len.ok()) return TusError(len.status());
-                if (*len != t.size)
-                  return TusError(
-                      Status(Code::kInvalidArgument,
-                             fmt::format("Upload-Length {} differs from the session's length {}",
-                                         *len, t.size)));
-              }
-              if (*offset > t.size || (body_len && *body_len > t.size - *offset))
-                return TusError(
-                    Status(Code::kTooLarge,
-                           fmt::format("{} bytes at offset {} run past the upload's length {}",
-                                       body_len.value_or(0), *offset, t.size)));
+        Resolved r = Resolve(req, *uploads, max_size);
+        if (r.refusal) return std::move(*r.refusal);
+        const UploadTarget& t = r.target;
+        auto len_h = SingleHeader(req, "Upload-Length");
+        if (!len_h.ok()) return TusError(len_h.status());
+        if (*len_h) {
+          auto len = ParseCount(**len_h, "Upload-Length");
+          if (!len.ok()) return TusError(len.status());
+          if (*len != t.size)
+            return TusError(
+                Status(Code::kInvalidArgument,
+                       fmt::format("Upload-Length {} differs from the session's length {}", *len,
+                                   t.size)));
+        }
+        if (*offset > t.size || (body_len && *body_len > t.size - *offset))
+          return TusError(Status(
+              Code::kTooLarge, fmt::format("{} bytes at offset {} run past the upload's length {}",
+                                           body_len.value_or(0), *offset, t.size)));
 
-              constexpr uint64_t kUnknown = std::numeric_limits<uint64_t>::max();
-              uint64_t current = kUnknown;
-              auto w = uploads->BeginWrite(t, *offset, &current);
-              if (!w.ok())
-                return TusError(w.status(), current != kUnknown ? std::optional<uint64_t>(current)
-                                                                : std::nullopt);
-              return std::unique_ptr<BodySink>(new TusSink(std::move(w).value()));
-            }});
+        constexpr uint64_t kUnknown = std::numeric_limits<uint64_t>::max();
+        uint64_t current = kUnknown;
+        auto w = uploads->BeginWrite(t, *offset, &current);
+        if (!w.ok())
+          return TusError(w.status(),
+                          current != kUnknown ? std::optional<uint64_t>(current) : std::nullopt);
+        return std::unique_ptr<BodySink>(new TusSink(std::move(w).value()));
+      }});
 }
 
 }  // namespace sluice::api

@@ -239,6 +239,8 @@ void ParseSluice(Section& s, Config& c) {
     c.log_level = *v;
   }
   if (auto v = s.Size("max-request-body")) c.max_request_body = *v;
+  if (auto v = s.Size("max-buffered-request-bodies")) c.max_buffered_request_bodies = *v;
+  if (auto v = s.Int("max-connections", 1, 10000000)) c.max_connections = static_cast<size_t>(*v);
   if (auto v = s.Duration("request-timeout")) c.request_timeout = *v;
   if (auto v = s.Duration("keepalive-timeout")) c.keepalive_timeout = *v;
   if (auto v = s.Duration("drain-timeout")) c.drain_timeout = *v;
@@ -477,8 +479,14 @@ task-threads = 4
 scan-threads = 8
 # One of trace, debug, info, warning, error, critical.
 log-level = "info"
-# Largest request body the manager API accepts.
+# Largest request body the manager API accepts (decided from Content-Length: 413 before any
+# of it is read). Uploads stream and have their own limit (max-upload-size).
 max-request-body = "1m"
+# Request bodies buffered at once per listener, all connections together; requests beyond it
+# are answered 503 with Retry-After before their bodies are read.
+max-buffered-request-bodies = "64m"
+# Open connections per listener; more are answered 503 and closed.
+max-connections = 10000
 # A request must arrive in full within this time.
 request-timeout = "60s"
 # Idle keep-alive connections are closed after this time.

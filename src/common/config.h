@@ -65,6 +65,8 @@ struct Config {
   size_t scan_threads = 8;  // parallel tree walks
   std::string log_level = "info";
   uint64_t max_request_body = 1 << 20;
+  uint64_t max_buffered_request_bodies = 64 << 20;
+  size_t max_connections = 10000;
   std::chrono::seconds request_timeout{60};
   std::chrono::seconds keepalive_timeout{75};
   std::chrono::seconds drain_timeout{30};

@@ -5,6 +5,8 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include "common/json.h"
+
 namespace sluice {
 
 namespace {
@@ -126,16 +128,17 @@ Result<nlohmann::json> JwtDecode(std::string_view token, std::string_view secret
   if (token.substr(0, d1) != CanonicalHeader()) {
     auto header_raw = Base64UrlDecode(token.substr(0, d1));
     if (!header_raw.ok()) return Invalid("bad encoding");
-    auto header = nlohmann::json::parse(*header_raw, nullptr, false);
-    if (header.is_discarded() || !header.is_object() || !header.contains("alg") ||
-        header["alg"] != "HS256")
+    auto header = ParseJson(*header_raw, "JWT header");
+    if (!header.ok() || !header->is_object() || !header->contains("alg") ||
+        (*header)["alg"] != "HS256")
       return Invalid("algorithm must be HS256");
   }
   std::string expect = HmacSha256(secret, token.substr(0, d2));
   if (sig->size() != expect.size() || CRYPTO_memcmp(sig->data(), expect.data(), expect.size()) != 0)
     return Invalid("bad signature");
-  auto claims = nlohmann::json::parse(*claims_raw, nullptr, false);
-  if (claims.is_discarded() || !claims.is_object()) return Invalid("claims are not a JSON object");
+  auto parsed = ParseJson(*claims_raw, "JWT claims");
+  if (!parsed.ok() || !parsed->is_object()) return Invalid("claims are not a JSON object");
+  nlohmann::json claims = std::move(parsed).value();
   if (claims.contains("exp")) {
     if (!claims["exp"].is_number()) return Invalid("exp is not a number");
     if (claims["exp"].get<double>() <= static_cast<double>(now))

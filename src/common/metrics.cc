@@ -75,6 +75,19 @@ void Metrics::SetGauge(const std::string& name, const std::string& help, double 
   gauges_[name] = {help, value};
 }
 
+std::atomic<uint64_t>& Metrics::Counter(std::string_view name, std::string_view help,
+                                        std::string_view labels) {
+  std::lock_guard lk(mu_);
+  auto fit = counters_.find(name);
+  if (fit == counters_.end()) fit = counters_.emplace(std::string(name), CounterFamily{}).first;
+  if (fit->second.help.empty()) fit->second.help = help;
+  auto& series = fit->second.series;
+  auto sit = series.find(labels);
+  if (sit == series.end())
+    sit = series.emplace(std::string(labels), std::make_unique<std::atomic<uint64_t>>(0)).first;
+  return *sit->second;
+}
+
 std::string Metrics::RenderPrometheus() const {
   std::lock_guard lk(mu_);
   // The shards merged, in label order.
@@ -133,6 +146,13 @@ std::string Metrics::RenderPrometheus() const {
     for (const auto& [name, st] : volumes_)
       out += fmt::format("{}{{volume=\"{}\"}} {}\n", m.name, Escape(name),
                          ((*st).*(m.field)).load(std::memory_order_relaxed));
+  }
+  for (const auto& [name, family] : counters_) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} counter\n", name, family.help, name);
+    for (const auto& [labels, v] : family.series)
+      out += labels.empty()
+                 ? fmt::format("{} {}\n", name, v->load(std::memory_order_relaxed))
+                 : fmt::format("{}{{{}}} {}\n", name, labels, v->load(std::memory_order_relaxed));
   }
   for (const auto& [name, hv] : gauges_)
     out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{} {}\n", name, hv.first, name, name,

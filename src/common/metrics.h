@@ -42,6 +42,11 @@ class Metrics {
                       int status, double seconds);
   VolumeIoStats& Volume(const std::string& name);
   void SetGauge(const std::string& name, const std::string& help, double value);
+  // A counter of metric `name` with the label set `labels` (already formatted: `a="x",b="y"`),
+  // created at 0 on first use; the reference stays valid for the process's life. Callers pass
+  // labels from a fixed set (listener names, reasons), never from requests.
+  std::atomic<uint64_t>& Counter(std::string_view name, std::string_view help,
+                                 std::string_view labels);
 
   std::string RenderPrometheus() const;
 
@@ -90,6 +95,11 @@ class Metrics {
   std::vector<std::unique_ptr<RequestShard>> shards_;
   std::map<std::string, std::unique_ptr<VolumeIoStats>> volumes_;
   std::map<std::string, std::pair<std::string, double>> gauges_;
+  struct CounterFamily {
+    std::string help;
+    std::map<std::string, std::unique_ptr<std::atomic<uint64_t>>, std::less<>> series;
+  };
+  std::map<std::string, CounterFamily, std::less<>> counters_;
 };
 
 }  // namespace sluice

@@ -11,24 +11,26 @@
 namespace sluice {
 
 // X(name, http_status, s3_code, default_errno)
-#define SLUICE_STATUS_CODES(X)                          \
-  X(kOk, 200, "", 0)                                    \
-  X(kInvalidArgument, 400, "InvalidArgument", EINVAL)   \
-  X(kInvalidPath, 400, "InvalidArgument", EINVAL)       \
-  X(kNotFound, 404, "NoSuchKey", ENOENT)                \
-  X(kAlreadyExists, 409, "BucketAlreadyExists", EEXIST) \
-  X(kConflict, 409, "OperationAborted", EBUSY)          \
-  X(kNotEmpty, 409, "BucketNotEmpty", ENOTEMPTY)        \
-  X(kPermissionDenied, 403, "AccessDenied", EACCES)     \
-  X(kUnauthenticated, 403, "AccessDenied", EACCES)      \
-  X(kQuotaExceeded, 413, "QuotaExceeded", EDQUOT)       \
-  X(kNoSpace, 507, "InsufficientStorage", ENOSPC)       \
-  X(kTooLarge, 413, "EntityTooLarge", EFBIG)            \
-  X(kUnprocessable, 422, "InvalidRequest", EINVAL)      \
-  X(kUnsupported, 501, "NotImplemented", ENOTSUP)       \
-  X(kDeprecated, 400, "InvalidRequest", ENOTSUP)        \
-  X(kUnavailable, 503, "ServiceUnavailable", EAGAIN)    \
-  X(kIoError, 500, "InternalError", EIO)                \
+#define SLUICE_STATUS_CODES(X)                                   \
+  X(kOk, 200, "", 0)                                             \
+  X(kInvalidArgument, 400, "InvalidArgument", EINVAL)            \
+  X(kInvalidPath, 400, "InvalidArgument", EINVAL)                \
+  X(kNotFound, 404, "NoSuchKey", ENOENT)                         \
+  X(kAlreadyExists, 409, "BucketAlreadyExists", EEXIST)          \
+  X(kConflict, 409, "OperationAborted", EBUSY)                   \
+  X(kNotEmpty, 409, "BucketNotEmpty", ENOTEMPTY)                 \
+  X(kPermissionDenied, 403, "AccessDenied", EACCES)              \
+  X(kUnauthenticated, 403, "AccessDenied", EACCES)               \
+  X(kQuotaExceeded, 413, "QuotaExceeded", EDQUOT)                \
+  X(kNoSpace, 507, "InsufficientStorage", ENOSPC)                \
+  X(kTooLarge, 413, "EntityTooLarge", EFBIG)                     \
+  X(kUriTooLong, 414, "KeyTooLongError", ENAMETOOLONG)           \
+  X(kHeaderTooLarge, 431, "RequestHeaderSectionTooLarge", E2BIG) \
+  X(kUnprocessable, 422, "InvalidRequest", EINVAL)               \
+  X(kUnsupported, 501, "NotImplemented", ENOTSUP)                \
+  X(kDeprecated, 400, "InvalidRequest", ENOTSUP)                 \
+  X(kUnavailable, 503, "ServiceUnavailable", EAGAIN)             \
+  X(kIoError, 500, "InternalError", EIO)                         \
   X(kInternal, 500, "InternalError", EIO)
 
 enum class Code {

@@ -3,6 +3,7 @@
 #include <grp.h>
 #include <pwd.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include "api/server.h"
 #include "common/log.h"
 #include "common/secrets.h"
+#include "service/health.h"
 #include "service/storage_service.h"
 #include "service/task_store.h"
 #include "service/upload.h"
@@ -77,6 +79,18 @@ Status DropPrivileges(const Config& cfg) {
   if (::setuid(uid) != 0) return Status::FromErrno(errno, fmt::format("setuid({})", uid));
   spdlog::info("dropped privileges to uid {} gid {}", uid, gid);
   return Status::Ok();
+}
+
+// Connections, open files and walks all take descriptors: use what the hard limit allows.
+void RaiseFdLimit() {
+  struct rlimit rl;
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlim_t was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &rl) == 0)
+      spdlog::info("open-file limit raised from {} to {}", was, rl.rlim_cur);
+  }
 }
 
 }  // namespace
@@ -139,6 +153,7 @@ int RunDaemon(Config cfg) {
 
   InitLogging(cfg.log_level);
   for (const auto& w : cfg.warnings) spdlog::warn("config: {}", w);
+  RaiseFdLimit();
 
   Status st = PrepareConfig(cfg);
   if (!st.ok()) {
@@ -167,6 +182,9 @@ int RunDaemon(Config cfg) {
     volumes.push_back(std::move(v).value());
   }
   StorageService service(cfg, std::move(volumes), &task_pool);
+  // Probes answer from this, kept current in the background.
+  HealthMonitor health_monitor(&service);
+  health_monitor.Start();
   // Removes upload sessions abandoned for longer than session-expire: now, then periodically.
   UploadJanitor upload_janitor(&service);
   upload_janitor.Start();
@@ -176,7 +194,7 @@ int RunDaemon(Config cfg) {
   api::IoLoops loops(nloops);
   std::vector<std::shared_ptr<api::HttpServer>> servers;
   std::atomic<bool> draining{false};
-  api::HealthSource health{&service, [&draining] { return draining.load(); }};
+  api::HealthSource health{&health_monitor, cfg.node_id, [&draining] { return draining.load(); }};
 
   auto make_server = [&](const std::string& name, const ListenerConfig& lc,
                          std::shared_ptr<api::Router> router) -> Status {
@@ -184,6 +202,8 @@ int RunDaemon(Config cfg) {
     o.name = name;
     o.addr = lc.addr;
     o.body_limit = cfg.max_request_body;
+    o.body_budget = cfg.max_buffered_request_bodies;
+    o.max_connections = cfg.max_connections;
     o.request_timeout = cfg.request_timeout;
     o.keepalive_timeout = cfg.keepalive_timeout;
     if (lc.ssl_enabled) {

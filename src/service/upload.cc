@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/json.h"
 #include "common/path.h"
 #include "service/storage_service.h"
 #include "volume/posix_volume.h"
@@ -71,9 +72,9 @@ Result<std::optional<Sidecar>> ReadSidecar(int updir, const std::string& session
     }
     got += static_cast<size_t>(n);
   }
-  auto j = nlohmann::json::parse(std::string_view(buf, got), nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("offset") ||
-      !j["offset"].is_number_unsigned())
+  auto parsed = ParseJson(std::string_view(buf, got), "upload offset file");
+  nlohmann::json j = parsed.ok() ? std::move(parsed).value() : nlohmann::json();
+  if (!j.is_object() || !j.contains("offset") || !j["offset"].is_number_unsigned())
     return Status(Code::kIoError,
                   fmt::format("the offset file of upload session {} is corrupt", session));
   Sidecar s;

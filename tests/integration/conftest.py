@@ -158,6 +158,14 @@ def terminate(proc, log_path=None, timeout=STOP_TIMEOUT):
         )
 
 
+def rss_kib(pid):
+    """The resident set size of process `pid`, in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
 def run_sluiced(*args, cwd=None, timeout=15):
     """Runs sluiced to completion (for --help, --check-config, failing starts)."""
     return subprocess.run(
@@ -334,13 +342,15 @@ class Daemon:
 
     # ---- lifecycle
 
-    def start(self, args=(), cwd=None):
+    def start(self, args=(), cwd=None, preexec_fn=None):
+        """preexec_fn runs in the child before sluiced starts (resource limits, say)."""
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [str(SLUICED), "--config", str(self.config_path), *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=cwd or self.root,
+                preexec_fn=preexec_fn,
             )
         wait_http_ok(self.url("/health"), self.proc, self.log_path)
         return self
@@ -423,10 +433,11 @@ class Daemon:
         return tree_state(self.root, exclude=(LOG_NAME,))
 
 
-def start_daemon(root, **kw):
+def start_daemon(root, start_kw=None, **kw):
+    """A started Daemon(root, **kw); start_kw goes to Daemon.start."""
     d = Daemon(root, **kw)
     try:
-        d.start()
+        d.start(**(start_kw or {}))
     except BaseException:
         d.kill()
         raise

@@ -29,6 +29,7 @@ from conftest import (
     new_qsid,
     new_vfid,
     problem,
+    rss_kib,
     sha256_file,
     tree_state,
 )
@@ -590,7 +591,10 @@ def test_enospc_mid_upload_keeps_the_durable_prefix(tmp_path):
         r = patch(d, token, 2 * MiB, data[2 * MiB :])
         assert r.status_code == 507, (r.status_code, r.text)
         assert "out of space" in problem(r)["msg"]
+        # A tus client resumes from the answer itself: it carries the protocol and the offset.
+        assert r.headers.get("Tus-Resumable") == "1.0.0"
         off = offset_of(d, token)
+        assert int(r.headers["Upload-Offset"]) == off
         assert 2 * MiB <= off < len(data)
         # Every byte written before ENOSPC was synced and recorded: the offset record is
         # overwritten in place, which needs no room.
@@ -932,13 +936,6 @@ def test_tus_js_client_gets_409_from_a_busy_session(daemon, vfid, tmp_path):
 
 
 # --------------------------------------------------------------------------- memory
-
-
-def rss_kib(pid):
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def test_resident_size_does_not_grow_with_the_upload(daemon, vfid):

@@ -40,5 +40,22 @@ TEST(Metrics, RequestsFromManyThreadsAreSummed) {
       << text;
 }
 
+TEST(Metrics, CountersKeepOneSeriesPerLabelSet) {
+  Metrics m;
+  auto& a = m.Counter("sluice_x_total", "Things.", "listener=\"a\"");
+  auto& b = m.Counter("sluice_x_total", "Things.", "listener=\"b\"");
+  auto& none = m.Counter("sluice_y_total", "Other things.", "");
+  a += 2;
+  b += 1;
+  m.Counter("sluice_x_total", "Things.", "listener=\"a\"") += 3;  // the same series
+  none += 7;
+  std::string text = m.RenderPrometheus();
+  EXPECT_NE(text.find("# TYPE sluice_x_total counter\nsluice_x_total{listener=\"a\"} 5\n"
+                      "sluice_x_total{listener=\"b\"} 1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("sluice_y_total 7\n"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace sluice

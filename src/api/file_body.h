@@ -1,0 +1,34 @@
+// The body pump's file side: event loops send file data only when it is already in the page
+// cache, so that no loop ever waits on a disk; what is not resident is read on the I/O pool.
+// (A cold 300 MB download from a slow disk used to stall every connection on its loop.)
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/status.h"
+
+namespace sluice::api {
+
+enum class Residency {
+  kResident,  // every page of the range is in the page cache
+  kCold,      // some page is not: reading it may wait on the disk
+  kUnknown,   // the kernel cannot say (no cachestat): probe by reading with RWF_NOWAIT
+};
+
+// Whether [off, off + len) of `fd` is in the page cache: one cachestat(2) call (Linux 6.5+),
+// no copy and no I/O.
+Residency ProbeResidency(int fd, uint64_t off, uint64_t len);
+
+// preadv2(RWF_NOWAIT): reads what is resident from `off` without waiting on a disk. Returns the
+// bytes read (possibly fewer than `len`, 0 at end of file), or -1 with errno EAGAIN when the
+// first page is not resident (EOPNOTSUPP where the filesystem cannot tell).
+ssize_t ReadNoWait(int fd, char* buf, size_t len, uint64_t off);
+
+// pread until `len` bytes or end of file, for the I/O pool. kIoError when the file ends before
+// `len` bytes (it shrank while being sent).
+Status ReadExactly(int fd, char* buf, size_t len, uint64_t off);
+
+}  // namespace sluice::api

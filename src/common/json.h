@@ -1,0 +1,28 @@
+// JSON from untrusted text. nlohmann's parser recurses once per nesting level, so a body of a
+// few hundred kilobytes of '[' overflows a thread's stack; every JSON that comes from outside
+// (request bodies, token claims, files others can write) is parsed through here, which refuses
+// nesting deeper than a limit before the parser sees the text.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace sluice {
+
+// Nesting depth allowed in every JSON body (objects and arrays together).
+inline constexpr size_t kMaxJsonDepth = 400;
+
+// The deepest nesting of arrays and objects in `text` (strings and escapes skipped), stopping as
+// soon as it passes `stop_after`. Linear, no allocation.
+size_t JsonNestingDepth(std::string_view text, size_t stop_after = kMaxJsonDepth);
+
+// Parses `text`; kInvalidArgument naming `what` when it is not valid JSON or nests deeper than
+// `max_depth`.
+Result<nlohmann::json> ParseJson(std::string_view text, std::string_view what,
+                                 size_t max_depth = kMaxJsonDepth);
+
+}  // namespace sluice

@@ -1,0 +1,99 @@
+#include "service/health.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+namespace sluice {
+
+HealthMonitor::HealthMonitor(StorageService* svc, Options opts) : svc_(svc), opts_(opts) {}
+
+HealthMonitor::~HealthMonitor() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void HealthMonitor::Start() {
+  CheckAll();
+  thread_ = std::thread([this] { Loop(); });
+  pthread_setname_np(thread_.native_handle(), "health");
+}
+
+VolumeHealth HealthMonitor::Judge(const HwInfo& hw, const Result<FsUsage>& fs) {
+  VolumeHealth h;
+  h.status = hw.status;
+  h.info = hw.status_info;
+  h.checked_at = std::chrono::system_clock::now();
+  if (h.status == "unavailable") return h;
+  if (!fs.ok()) {
+    h.status = "degraded";
+    h.info = fmt::format("cannot read the file system's usage: {}", fs.status().message());
+    return h;
+  }
+  h.fs = *fs;
+  const uint64_t reserve = std::min<uint64_t>(fs->capacity_bytes / 100, 1ull << 30);
+  if (fs->capacity_bytes > 0 && fs->available_bytes < reserve) {
+    h.status = "degraded";
+    h.info = fmt::format("the file system is full: {} bytes free of {}", fs->available_bytes,
+                         fs->capacity_bytes);
+  }
+  return h;
+}
+
+void HealthMonitor::CheckAll() {
+  for (Volume* v : svc_->Volumes()) {
+    {
+      std::lock_guard lk(mu_);
+      checking_ = v->name();
+      check_started_ = std::chrono::steady_clock::now();
+    }
+    VolumeHealth h = Judge(v->GetHwInfo(), v->GetFsUsage());
+    std::lock_guard lk(mu_);
+    auto& prev = results_[v->name()];
+    if (prev.status != h.status)
+      spdlog::log(h.status == "healthy" ? spdlog::level::info : spdlog::level::warn,
+                  "volume {} is {}{}{}", v->name(), h.status, h.info.empty() ? "" : ": ", h.info);
+    prev = std::move(h);
+    checking_.clear();
+  }
+}
+
+void HealthMonitor::Loop() {
+  std::unique_lock lk(mu_);
+  while (!stop_) {
+    cv_.wait_for(lk, opts_.interval, [this] { return stop_; });
+    if (stop_) break;
+    lk.unlock();
+    CheckAll();
+    lk.lock();
+  }
+}
+
+HealthSnapshot HealthMonitor::Snapshot() const {
+  HealthSnapshot s;
+  {
+    std::lock_guard lk(mu_);
+    s.volumes = results_;
+    if (!checking_.empty()) {
+      auto stalled = std::chrono::steady_clock::now() - check_started_;
+      if (stalled > opts_.stall_after) {
+        auto& v = s.volumes[checking_];
+        v.status = "unavailable";
+        v.info = fmt::format("the volume has not answered a health check for {} s",
+                             std::chrono::duration_cast<std::chrono::seconds>(stalled).count());
+      }
+    }
+  }
+  for (const auto& [name, v] : s.volumes) {
+    if (v.status == "unavailable")
+      s.overall = "unhealthy";
+    else if (v.status == "degraded" && s.overall == "healthy")
+      s.overall = "degraded";
+  }
+  return s;
+}
+
+}  // namespace sluice

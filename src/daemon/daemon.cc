@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "common/secrets.h"
 #include "service/health.h"
+#include "service/janitor.h"
 #include "service/storage_service.h"
 #include "service/task_store.h"
 #include "service/upload.h"
@@ -185,9 +186,10 @@ int RunDaemon(Config cfg) {
   // Probes answer from this, kept current in the background.
   HealthMonitor health_monitor(&service);
   health_monitor.Start();
-  // Removes upload sessions abandoned for longer than session-expire: now, then periodically.
-  UploadJanitor upload_janitor(&service);
-  upload_janitor.Start();
+  // Empties the volumes' trash and removes upload sessions abandoned for longer than
+  // session-expire: now, then periodically.
+  Janitor janitor(&service);
+  janitor.Start();
 
   size_t nloops = cfg.num_proc > 0 ? static_cast<size_t>(cfg.num_proc)
                                    : std::max(1u, std::thread::hardware_concurrency());

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/dir_reader.h"
 #include "common/json.h"
 #include "common/path.h"
 #include "service/storage_service.h"
@@ -641,19 +642,10 @@ UploadService::SweepStats SweepUploadDir(int updir, const std::string& vfolder,
                                          std::chrono::seconds age, QuotaReservations* res) {
   UploadService::SweepStats stats;
   std::string where = vfolder + "/" + UploadService::kUploadDir;
-  int dfd = ::openat(updir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return stats;
-  DIR* d = ::fdopendir(dfd);
-  if (!d) {
-    ::close(dfd);
-    return stats;
-  }
+  auto entries = ReadDirEntries(updir, where);
+  if (!entries.ok()) return stats;
   std::vector<std::string> names;
-  while (struct dirent* e = ::readdir(d)) {
-    std::string_view n = e->d_name;
-    if (n != "." && n != "..") names.emplace_back(n);
-  }
-  ::closedir(d);
+  for (auto& e : *entries) names.push_back(std::move(e.name));
 
   auto remove = [&](const std::string& name) {
     struct stat gone;
@@ -735,20 +727,11 @@ UploadService::SweepStats SweepVFolderDir(int vfdir, const std::string& where,
 // Calls `fn(fd, name)` for each subdirectory of `dirfd` whose name passes `accept`.
 template <typename Accept, typename Fn>
 void ForEachSubdir(int dirfd, Accept accept, Fn fn) {
-  int dfd = ::openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return;
-  DIR* d = ::fdopendir(dfd);
-  if (!d) {
-    ::close(dfd);
-    return;
-  }
-  std::vector<std::string> names;
-  while (struct dirent* e = ::readdir(d)) {
-    std::string_view n = e->d_name;
-    if (n != "." && n != ".." && accept(n)) names.emplace_back(n);
-  }
-  ::closedir(d);
-  for (const auto& n : names) {
+  auto entries = ReadDirEntries(dirfd, ".");
+  if (!entries.ok()) return;
+  for (const auto& e : *entries) {
+    const std::string& n = e.name;
+    if (!accept(std::string_view(n))) continue;
     int fd = ::openat(dirfd, n.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) continue;
     UniqueFd f(fd);
@@ -809,39 +792,5 @@ UploadService::SweepStats UploadService::SweepAll() {
 }
 
 // ------------------------------------------------------------------------------ UploadJanitor
-
-UploadJanitor::UploadJanitor(StorageService* svc) : uploads_(svc) {
-  auto expire = std::chrono::duration_cast<std::chrono::milliseconds>(svc->config().session_expire);
-  interval_ = std::clamp(expire / 4, std::chrono::milliseconds(1000),
-                         std::chrono::milliseconds(std::chrono::minutes(10)));
-}
-
-UploadJanitor::~UploadJanitor() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
-
-void UploadJanitor::Start() {
-  thread_ = std::thread([this] { Loop(); });
-  pthread_setname_np(thread_.native_handle(), "upload-sweep");
-}
-
-void UploadJanitor::Loop() {
-  std::unique_lock<std::mutex> lk(mu_);
-  while (!stop_) {
-    lk.unlock();
-    try {
-      uploads_.SweepAll();
-    } catch (const std::exception& e) {
-      spdlog::error("upload sweep failed: {}", e.what());
-    }
-    lk.lock();
-    cv_.wait_for(lk, interval_, [this] { return stop_; });
-  }
-}
 
 }  // namespace sluice

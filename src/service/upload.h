@@ -22,14 +22,12 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -166,26 +164,6 @@ class UploadService {
   Status ReserveQuota(const UploadTarget& t, uint64_t more_bytes) const;
 
   StorageService* svc_;
-};
-
-// Runs UploadService::SweepAll at start and then periodically on its own thread, until
-// destroyed.
-class UploadJanitor {
- public:
-  explicit UploadJanitor(StorageService* svc);
-  ~UploadJanitor();
-  void Start();
-  std::chrono::milliseconds interval() const { return interval_; }
-
- private:
-  void Loop();
-
-  UploadService uploads_;
-  std::chrono::milliseconds interval_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::thread thread_;
 };
 
 }  // namespace sluice

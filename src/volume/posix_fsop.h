@@ -1,16 +1,19 @@
-// FSOpModel over POSIX calls: parallel tree walk for usage, parallel copy that reflinks
-// (FICLONE) or uses copy_file_range where the filesystem allows, fd-relative delete.
+// FSOpModel over POSIX calls, by descriptor (common/tree_walk.h): usage walks, copies that
+// reflink (FICLONE) or use copy_file_range where the file system allows, deletes. The subtrees
+// below a root run in parallel on the scan pool, each walked iteratively with a bounded number
+// of descriptors.
 #pragma once
 
 #include "common/fd.h"
 #include "common/thread_pool.h"
+#include "common/tree_walk.h"
 #include "volume/volume.h"
 
 namespace sluice {
 
 class PosixFSOpModel : public FSOpModel {
  public:
-  // `pool` runs the per-directory work of walks and copies; the caller blocks until done.
+  // `pool` runs the per-subtree work of walks and copies; the caller blocks until done.
   // It must not be the pool the caller itself runs on.
   explicit PosixFSOpModel(ThreadPool* pool) : pool_(pool) {}
 
@@ -18,6 +21,10 @@ class PosixFSOpModel : public FSOpModel {
   Status MoveTree(const std::string& src, const std::string& dst) override;
   Status DeleteTree(const std::string& path) override;
   Result<TreeUsage> ScanTree(const std::string& path) override;
+
+  // The same, from open directories (any descriptor of them, O_PATH included).
+  Result<TreeCount> ScanTreeAt(int root);
+  Status CopyTreeAt(int src, int dst);
 
  private:
   ThreadPool* pool_;
@@ -30,13 +37,5 @@ struct PathParent {
   std::string name;
 };
 Result<PathParent> OpenPathParent(const std::string& path, int flags);
-
-// Removes `name` (file, symlink or whole directory tree) inside `dirfd` without following
-// symlinks. `removed`, when given, receives what went (entries and bytes of non-directories),
-// also when it stops at an error part way.
-Status RemoveTreeAt(int dirfd, const std::string& name, TreeUsage* removed = nullptr);
-
-// Copies one regular file's contents: FICLONE, then copy_file_range, then read/write.
-Status CopyFileContents(int src_fd, int dst_fd, uint64_t size);
 
 }  // namespace sluice

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/dir_reader.h"
 #include "common/fs_util.h"
 #include "common/path.h"
 #include "common/secrets.h"
@@ -96,14 +97,13 @@ Status PosixVolume::MakeScopeDir(const QuotaScopeId& qsid) const {
 }
 
 Status PosixVolume::CheckScopeEmpty(const QuotaScopeId& qsid, std::string_view bookkeeping) const {
-  DIR* d = ::opendir(ScopeDir(qsid).c_str());
-  if (!d) return Status::FromErrno(errno, fmt::format("open quota scope {}", qsid.ToString()));
+  int fd = ::open(ScopeDir(qsid).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, fmt::format("open quota scope {}", qsid.ToString()));
+  UniqueFd scope(fd);
+  SLUICE_ASSIGN_OR_RETURN(auto entries, ReadDirEntries(scope.get(), ScopeDir(qsid)));
   size_t others = 0;
-  while (struct dirent* e = ::readdir(d)) {
-    std::string_view n = e->d_name;
-    if (n != "." && n != ".." && n != bookkeeping) ++others;
-  }
-  ::closedir(d);
+  for (const auto& e : entries)
+    if (e.name != bookkeeping) ++others;
   if (others)
     return Status(
         Code::kNotEmpty,
@@ -131,25 +131,35 @@ Status PosixVolume::Init() {
   } else {
     // Backend.AI reads a missing version.txt as layout 2. A new, empty volume starts at 3.
     bool empty = true;
-    if (DIR* d = ::opendir(cfg_.path.c_str())) {
-      while (struct dirent* e = ::readdir(d)) {
-        std::string_view n = e->d_name;
-        if (n != "." && n != ".." && n != ".sluice-trash") {
-          empty = false;
-          break;
-        }
-      }
-      ::closedir(d);
+    int fd = ::open(cfg_.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+      UniqueFd dir(fd);
+      auto entries = ReadDirEntries(dir.get(), cfg_.path);
+      if (entries.ok())
+        for (const auto& e : *entries)
+          if (e.name != ".sluice-trash") empty = false;
     }
     layout_version_ = empty ? 3 : 2;
     if (empty) SLUICE_RETURN_IF_ERROR(WriteFileAtomic(version_file, "3\n", 0644));
   }
-  // Leftovers of deletes interrupted by a crash.
-  struct stat tb;
-  if (::stat(TrashDir().c_str(), &tb) == 0) {
-    SLUICE_RETURN_IF_ERROR(fsop_.DeleteTree(TrashDir()).WithContext("clean trash"));
-  }
   return Status::Ok();
+}
+
+Status PosixVolume::EmptyTrash() {
+  // Each detached vfolder separately: one that cannot go does not keep the others.
+  int fd = ::open(TrashDir().c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return Status::Ok();
+    return Status::FromErrno(errno, fmt::format("open trash '{}'", TrashDir()));
+  }
+  UniqueFd trash(fd);
+  SLUICE_ASSIGN_OR_RETURN(auto entries, ReadDirEntries(trash.get(), TrashDir()));
+  Status first;
+  for (const auto& e : entries) {
+    Status st = fsop().DeleteTree(TrashDir() + "/" + e.name);
+    if (!st.ok() && first.ok()) first = st;
+  }
+  return first;
 }
 
 std::string PosixVolume::VFolderPath(const VFolderId& vfid) const {
@@ -332,24 +342,19 @@ Result<std::vector<DirEntry>> PosixVolume::ListDir(const VFolderId& vfid, std::s
                                                    uint64_t limit) {
   SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
   SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, OpenBeneath(root.get(), relpath, O_RDONLY | O_DIRECTORY));
-  int dfd = ::dup(dir.get());
-  DIR* d = dfd >= 0 ? ::fdopendir(dfd) : nullptr;
-  if (!d) {
-    int err = errno;
-    if (dfd >= 0) ::close(dfd);
-    return Status::FromErrno(err, fmt::format("list '{}'", relpath));
-  }
+  SLUICE_ASSIGN_OR_RETURN(DirReader reader, DirReader::Open(dir.get(), relpath));
   std::vector<DirEntry> out;
-  while (struct dirent* e = ::readdir(d)) {
-    std::string_view n = e->d_name;
-    if (n == "." || n == "..") continue;
+  for (;;) {
+    SLUICE_ASSIGN_OR_RETURN(auto e, reader.Next());
+    if (!e) break;
     if (limit && out.size() >= limit) break;
+    std::string name(e->name);
     struct statx sx;
-    if (::statx(dir.get(), e->d_name, AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS | STATX_BTIME, &sx) !=
-        0)
+    if (::statx(dir.get(), name.c_str(), AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS | STATX_BTIME,
+                &sx) != 0)
       continue;  // vanished meanwhile
     DirEntry de;
-    de.name = e->d_name;
+    de.name = std::move(name);
     de.mode = sx.stx_mode;
     de.size = sx.stx_size;
     de.modified = ToTimePoint(sx.stx_mtime);
@@ -360,7 +365,7 @@ Result<std::vector<DirEntry>> PosixVolume::ListDir(const VFolderId& vfid, std::s
     } else if (S_ISLNK(sx.stx_mode)) {
       de.type = EntryType::kSymlink;
       std::string target(PATH_MAX, '\0');
-      ssize_t len = ::readlinkat(dir.get(), e->d_name, target.data(), target.size());
+      ssize_t len = ::readlinkat(dir.get(), de.name.c_str(), target.data(), target.size());
       if (len >= 0) {
         target.resize(static_cast<size_t>(len));
         de.symlink_target = std::move(target);
@@ -370,7 +375,6 @@ Result<std::vector<DirEntry>> PosixVolume::ListDir(const VFolderId& vfid, std::s
     }
     out.push_back(std::move(de));
   }
-  ::closedir(d);
   return out;
 }
 
@@ -436,18 +440,8 @@ Status PosixVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::st
       return Status::FromErrno(errno, fmt::format("delete '{}'", rel));
     if (S_ISDIR(sb.st_mode) && !recursive) {
       // Only an empty directory may go without recursive=true.
-      int fd = ::openat(ref.dir.get(), ref.name.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      if (fd < 0) return Status::FromErrno(errno, fmt::format("delete '{}'", rel));
-      DIR* d = ::fdopendir(fd);
-      bool empty = true;
-      while (struct dirent* e = d ? ::readdir(d) : nullptr) {
-        std::string_view n = e->d_name;
-        if (n != "." && n != "..") {
-          empty = false;
-          break;
-        }
-      }
-      if (d) ::closedir(d);
+      SLUICE_ASSIGN_OR_RETURN(DirReader dir, DirReader::OpenAt(ref.dir.get(), ref.name, rel));
+      SLUICE_ASSIGN_OR_RETURN(bool empty, dir.Empty());
       if (!empty)
         return Status(
             Code::kNotEmpty,
@@ -457,10 +451,10 @@ Status PosixVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::st
     targets.push_back(std::move(ref));
   }
   for (auto& t : targets) {
-    TreeUsage removed;
+    TreeCount removed;
     Status st = RemoveTreeAt(t.dir.get(), t.name, &removed);
-    AccountWrite(vfid, -static_cast<int64_t>(removed.used_bytes),
-                 -static_cast<int64_t>(removed.file_count));
+    AccountWrite(vfid, -static_cast<int64_t>(removed.bytes),
+                 -static_cast<int64_t>(removed.entries));
     SLUICE_RETURN_IF_ERROR(st);
   }
   return Status::Ok();

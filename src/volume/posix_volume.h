@@ -22,6 +22,7 @@ class PosixVolume : public Volume {
   const std::string& fsprefix() const override { return cfg_.fsprefix; }
 
   Status Init() override;
+  Status EmptyTrash() override;
   FSOpModel& fsop() override { return fsop_; }
   VolumeIoStats& io_stats() override { return *io_stats_; }
   int layout_version() const override { return layout_version_; }

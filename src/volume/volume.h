@@ -106,8 +106,11 @@ class Volume {
   virtual const std::string& fsprefix() const = 0;
   virtual std::set<std::string> capabilities() const = 0;
 
-  // Prepares the volume (layout version, leftovers of interrupted deletes). Called once at start.
+  // Prepares the volume (layout version). Called once at start.
   virtual Status Init() = 0;
+  // Removes what deletes cut short by a crash left behind. Called at start and periodically, off
+  // the request path; a failure is logged and retried, never fatal.
+  virtual Status EmptyTrash() { return Status::Ok(); }
 
   virtual QuotaModel& quota() = 0;
   virtual FSOpModel& fsop() = 0;

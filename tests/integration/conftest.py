@@ -376,6 +376,9 @@ class Daemon:
     def url(self, path):
         return f"{self.scheme}://127.0.0.1:{self.manager_port}{path}"
 
+    def client_url(self, path):
+        return f"{self.client_scheme}://127.0.0.1:{self.client_port}{path}"
+
     def internal_url(self, path):
         return f"http://127.0.0.1:{self.internal_port}{path}"
 
@@ -466,6 +469,78 @@ def problem(r):
         f"{r.status_code} with Content-Type {r.headers.get('Content-Type')!r}: {r.text[:300]}"
     )
     return r.json()
+
+
+# --------------------------------------------------------------------------- loop file systems
+
+
+class LoopMount:
+    """A file system on a loop device: `mnt` its mount point, `dev` the device (/dev/loopN)."""
+
+    def __init__(self, mnt, dev):
+        self.mnt = Path(mnt)
+        self.dev = dev
+
+
+@contextlib.contextmanager
+def loop_mount(kind, size=None):
+    """A throw-away loop-mounted file system made by tests/tools/<kind>-loop.sh (btrfs, xfs,
+    ext4), always unmounted and detached at the end; leftovers of crashed runs are swept first."""
+    tool = REPO / "tests" / "tools" / f"{kind}-loop.sh"
+    subprocess.run([str(tool), "sweep"], capture_output=True, check=False)
+    d = tempfile.mkdtemp(prefix=f"sluice-{kind}-{os.getpid()}-", dir="/tmp")
+    try:
+        r = subprocess.run(
+            [str(tool), "up", d, *([size] if size else [])],
+            capture_output=True,
+            text=True,
+            env={**os.environ, f"SLUICE_{kind.upper()}_OWNER": str(os.getpid())},
+        )
+        if r.returncode != 0:
+            pytest.fail(f"{kind}-loop.sh up failed ({r.returncode}):\n{r.stdout}{r.stderr}")
+        yield LoopMount(r.stdout.strip().splitlines()[-1], Path(d, "loopdev").read_text().strip())
+    finally:
+        subprocess.run([str(tool), "down", d], check=False)
+
+
+@contextlib.contextmanager
+def read_throttle(dev, bytes_per_second):
+    """A cgroup whose processes read block device `dev` (/dev/loopN) at most this fast: cgroup
+    v2's io.max where the io controller is enabled, else v1's blkio throttle. Yields the file a
+    process writes its pid to to join (see join_cgroup); removes the cgroup at the end."""
+    st = os.stat(dev)
+    majmin = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+    name = f"sluice-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    v2 = Path("/sys/fs/cgroup")
+    v1 = Path("/sys/fs/cgroup/blkio")
+    if (v2 / "cgroup.controllers").exists() and "io" in (v2 / "cgroup.subtree_control").read_text():
+        cg = v2 / name
+        cg.mkdir()
+        (cg / "io.max").write_text(f"{majmin} rbps={bytes_per_second}\n")
+    elif (v1 / "blkio.throttle.read_bps_device").exists():
+        cg = v1 / name
+        cg.mkdir()
+        (cg / "blkio.throttle.read_bps_device").write_text(f"{majmin} {bytes_per_second}\n")
+    else:
+        pytest.fail("no cgroup I/O throttle here (neither v2 io.max nor v1 blkio)")
+    try:
+        yield cg / "cgroup.procs"
+    finally:
+        # Processes that joined must be gone before the group can go.
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def join_cgroup(procs_file):
+    """A preexec_fn: the child process joins the cgroup before it runs."""
+    def join():
+        with open(procs_file, "w") as f:
+            f.write(str(os.getpid()))
+    return join
 
 
 # --------------------------------------------------------------------------- CephFS

@@ -4,34 +4,20 @@ loop-mounted btrfs image with qgroups (made and removed by tests/tools/btrfs-loo
 import errno
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, content_manifest, new_qsid, new_vfid, running_daemon, toml_section
+from conftest import content_manifest, loop_mount, new_qsid, new_vfid, running_daemon, toml_section
 
-TOOL = REPO / "tests" / "tools" / "btrfs-loop.sh"
 MiB = 1 << 20
 ROOT_INO = 256  # every btrfs subvolume's root directory
 
 
 @pytest.fixture(scope="module")
 def btrfs_mount():
-    subprocess.run([str(TOOL), "sweep"], capture_output=True, check=False)
-    d = tempfile.mkdtemp(prefix=f"sluice-btrfs-{os.getpid()}-", dir="/tmp")
-    try:
-        r = subprocess.run(
-            [str(TOOL), "up", d],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "SLUICE_BTRFS_OWNER": str(os.getpid())},
-        )
-        if r.returncode != 0:
-            pytest.fail(f"btrfs-loop.sh up failed ({r.returncode}):\n{r.stdout}{r.stderr}")
-        yield Path(r.stdout.strip().splitlines()[-1])
-    finally:
-        subprocess.run([str(TOOL), "down", d], check=False)
+    with loop_mount("btrfs") as m:
+        yield m.mnt
 
 
 @pytest.fixture(scope="module")

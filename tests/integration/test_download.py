@@ -48,11 +48,11 @@ def claims_of(token):
     return json.loads(base64.urlsafe_b64decode(p + "=" * (-len(p) % 4)))
 
 
-def download_token(d, vfid, relpath, archive=False):
+def download_token(d, vfid, relpath, archive=False, volume="local"):
     r = d.mgr(
         "POST",
         "/folder/file/download",
-        json={"volume": "local", "vfid": vfid, "relpath": relpath, "archive": archive},
+        json={"volume": volume, "vfid": vfid, "relpath": relpath, "archive": archive},
     )
     assert r.status_code == 200, r.text
     return r.json()["token"]

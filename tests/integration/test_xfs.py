@@ -7,14 +7,12 @@ import fcntl
 import os
 import struct
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, content_manifest, new_qsid, new_vfid, running_daemon, toml_section
+from conftest import content_manifest, loop_mount, new_qsid, new_vfid, running_daemon, toml_section
 
-TOOL = REPO / "tests" / "tools" / "xfs-loop.sh"
 MiB = 1 << 20
 FS_IOC_FSGETXATTR = 0x801C581F  # _IOR('X', 31, struct fsxattr), 28 bytes
 FS_XFLAG_PROJINHERIT = 0x200
@@ -22,20 +20,8 @@ FS_XFLAG_PROJINHERIT = 0x200
 
 @pytest.fixture(scope="module")
 def xfs_mount():
-    subprocess.run([str(TOOL), "sweep"], capture_output=True, check=False)
-    d = tempfile.mkdtemp(prefix=f"sluice-xfs-{os.getpid()}-", dir="/tmp")
-    try:
-        r = subprocess.run(
-            [str(TOOL), "up", d],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "SLUICE_XFS_OWNER": str(os.getpid())},
-        )
-        if r.returncode != 0:
-            pytest.fail(f"xfs-loop.sh up failed ({r.returncode}):\n{r.stdout}{r.stderr}")
-        yield Path(r.stdout.strip().splitlines()[-1])
-    finally:
-        subprocess.run([str(TOOL), "down", d], check=False)
+    with loop_mount("xfs") as m:
+        yield m.mnt
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/dir_reader.h"
 #include "common/fs_util.h"
 #include "common/secrets.h"
 
@@ -31,23 +32,10 @@ Result<UniqueFd> OpenDir(int dirfd, const std::string& name, const std::string& 
 
 // Names in a directory, without "." and "..".
 Result<std::vector<std::string>> ListNames(int dirfd, const std::string& what) {
-  int fd = ::openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, fmt::format("open '{}'", what));
-  DIR* d = ::fdopendir(fd);
-  if (!d) {
-    int err = errno;
-    ::close(fd);
-    return Status::FromErrno(err, fmt::format("opendir '{}'", what));
-  }
+  SLUICE_ASSIGN_OR_RETURN(auto entries, ReadDirEntries(dirfd, what));
   std::vector<std::string> out;
-  errno = 0;
-  while (struct dirent* e = ::readdir(d)) {
-    std::string_view n = e->d_name;
-    if (n != "." && n != "..") out.emplace_back(n);
-  }
-  int err = errno;
-  ::closedir(d);
-  if (err != 0) return Status::FromErrno(err, fmt::format("readdir '{}'", what));
+  out.reserve(entries.size());
+  for (auto& e : entries) out.push_back(std::move(e.name));
   return out;
 }
 
@@ -83,13 +71,15 @@ void StaleQgroups::Remove(uint64_t q) {
 
 std::vector<uint64_t> StaleQgroups::List() const {
   std::vector<uint64_t> out;
-  DIR* d = ::opendir(dir_.c_str());
-  if (!d) return out;
-  while (struct dirent* e = ::readdir(d)) {
-    auto q = btrfs::ParseQgroupName(e->d_name);
+  int fd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return out;
+  UniqueFd dir(fd);
+  auto names = ListNames(dir.get(), dir_);
+  if (!names.ok()) return out;
+  for (const auto& n : *names) {
+    auto q = btrfs::ParseQgroupName(n);
     if (q.ok()) out.push_back(*q);
   }
-  ::closedir(d);
   std::sort(out.begin(), out.end());  // level 0 before the level-1 groups they belong to
   return out;
 }
@@ -366,39 +356,25 @@ Status BtrfsQuotaModel::DeleteScope(const QuotaScopeId& qsid) {
 
 // ------------------------------------------------------------------------------ BtrfsFSOpModel
 
-Status BtrfsFSOpModel::RemoveAt(int dirfd, const std::string& name, const std::string& where) {
-  struct stat sb;
-  if (::fstatat(dirfd, name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) != 0) {
-    if (errno == ENOENT) return Status::Ok();
-    return Status::FromErrno(errno, fmt::format("stat '{}'", where));
-  }
-  if (!S_ISDIR(sb.st_mode)) {
-    if (::unlinkat(dirfd, name.c_str(), 0) != 0 && errno != ENOENT)
-      return Status::FromErrno(errno, fmt::format("unlink '{}'", where));
-    return Status::Ok();
-  }
-  SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(dirfd, name, where));
-  if (btrfs::IsSubvolumeRoot(sb)) {
-    // One ioctl, whatever the size; nested subvolumes go with it.
-    auto id = btrfs::SubvolumeId(dir.get());
-    dir.reset();
-    if (id.ok()) (void)vol_->stale_.Add(Qgroup(0, *id));
-    return btrfs::DeleteSubvolume(dirfd, name).WithContext(fmt::format("delete '{}'", where));
-  }
-  for (;;) {  // re-read until empty: entries created concurrently go too
-    SLUICE_ASSIGN_OR_RETURN(auto names, ListNames(dir.get(), where));
-    if (names.empty()) break;
-    for (const auto& n : names) SLUICE_RETURN_IF_ERROR(RemoveAt(dir.get(), n, where + "/" + n));
-  }
-  if (::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT)
-    return Status::FromErrno(errno, fmt::format("rmdir '{}'", where));
-  return Status::Ok();
-}
-
 Status BtrfsFSOpModel::DeleteTree(const std::string& path) {
   SLUICE_ASSIGN_OR_RETURN(PathParent p, OpenPathParent(path, O_RDONLY));
   if (!p.dir.valid()) return Status::Ok();  // already gone
-  Status s = RemoveAt(p.dir.get(), p.name, path);
+  // A subvolume (a vfolder, a snapshot) goes in one ioctl, whatever its size; nested subvolumes
+  // go with it.
+  auto subvolumes = [this](int parent, const std::string& name) -> Result<bool> {
+    struct stat sb;
+    if (::fstatat(parent, name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !btrfs::IsSubvolumeRoot(sb))
+      return false;
+    SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(parent, name, name));
+    auto id = btrfs::SubvolumeId(dir.get());
+    dir.reset();
+    if (id.ok()) (void)vol_->stale_.Add(Qgroup(0, *id));
+    SLUICE_RETURN_IF_ERROR(
+        btrfs::DeleteSubvolume(parent, name).WithContext(fmt::format("delete '{}'", name)));
+    return true;
+  };
+  Status s = RemoveTreeAt(p.dir.get(), p.name, nullptr, subvolumes).WithContext(path);
   if (vol_->mount_fd_.valid()) vol_->stale_.Reap(vol_->mount_fd_.get(), vol_->sysfs_);
   return s;
 }
@@ -462,10 +438,7 @@ Status BtrfsVolume::Init() {
     spdlog::warn(
         "volume {}: btrfs qgroup accounting is inconsistent; run `btrfs quota rescan -w {}`",
         cfg_.name, cfg_.path);
-  // Leftovers of interrupted deletes go as subvolumes (PosixVolume::Init would empty them).
-  struct stat sb;
-  if (::stat(TrashDir().c_str(), &sb) == 0)
-    SLUICE_RETURN_IF_ERROR(btrfs_fsop_.DeleteTree(TrashDir()).WithContext("clean trash"));
+  // (Leftovers of interrupted deletes go as subvolumes: EmptyTrash uses this volume's fsop.)
   SLUICE_RETURN_IF_ERROR(PosixVolume::Init());
   stale_.Reap(mount_fd_.get(), sysfs_);
   return Status::Ok();

@@ -77,7 +77,6 @@ class BtrfsFSOpModel : public PosixFSOpModel {
   Status DeleteTree(const std::string& path) override;
 
  private:
-  Status RemoveAt(int dirfd, const std::string& name, const std::string& where);
   BtrfsVolume* vol_;
 };
 

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/dir_reader.h"
 #include "common/fs_util.h"
 
 namespace sluice {
@@ -20,22 +21,23 @@ namespace {
 // Names of the subdirectories of `dir` (not following symlinks), skipping dot entries.
 Result<std::vector<std::string>> ListSubdirs(const std::string& dir) {
   std::vector<std::string> out;
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
     if (errno == ENOENT) return out;
     return Status::FromErrno(errno, fmt::format("list '{}'", dir));
   }
-  while (struct dirent* e = ::readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    bool is_dir = e->d_type == DT_DIR;
-    if (e->d_type == DT_UNKNOWN) {
+  UniqueFd d(fd);
+  SLUICE_ASSIGN_OR_RETURN(auto entries, ReadDirEntries(d.get(), dir));
+  for (auto& e : entries) {
+    if (e.name[0] == '.') continue;
+    bool is_dir = e.type == DT_DIR;
+    if (e.type == DT_UNKNOWN) {
       struct stat sb;
       is_dir =
-          ::fstatat(::dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(sb.st_mode);
+          ::fstatat(d.get(), e.name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(sb.st_mode);
     }
-    if (is_dir) out.emplace_back(e->d_name);
+    if (is_dir) out.push_back(std::move(e.name));
   }
-  ::closedir(d);
   return out;
 }
 

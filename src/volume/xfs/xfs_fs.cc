@@ -18,6 +18,7 @@
 
 #include "common/fd.h"
 #include "common/secrets.h"
+#include "common/tree_walk.h"
 
 namespace sluice::xfs {
 
@@ -71,37 +72,23 @@ Status SetProject(int fd, uint32_t project_id, bool inherit) {
 
 Status SetProjectTree(int dirfd, uint32_t project_id, const std::string& where) {
   SLUICE_RETURN_IF_ERROR(SetProject(dirfd, project_id, true).WithContext(where));
-  int fd = ::openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, fmt::format("open '{}'", where));
-  DIR* d = ::fdopendir(fd);
-  if (!d) {
-    int err = errno;
-    ::close(fd);
-    return Status::FromErrno(err, fmt::format("opendir '{}'", where));
-  }
-  std::vector<std::pair<std::string, unsigned char>> names;
-  while (struct dirent* e = ::readdir(d)) {
-    std::string_view n = e->d_name;
-    if (n != "." && n != "..") names.emplace_back(n, e->d_type);
-  }
-  ::closedir(d);
-  for (auto& [name, type] : names) {
-    std::string sub = where + "/" + name;
-    int cfd = ::openat(dirfd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (cfd < 0) {
-      if (errno == ENOENT || errno == ELOOP || errno == ENXIO) continue;  // gone, symlink, socket
-      return Status::FromErrno(errno, fmt::format("open '{}'", sub));
+  TreeVisitor v;
+  v.entry = [project_id](const WalkEntry& e) -> Result<WalkAction> {
+    if (e.type == DT_DIR) return WalkAction::kDescend;  // set on entering
+    if (e.type != DT_REG) return WalkAction::kSkip;     // symlinks, sockets: no project id
+    int fd = ::openat(e.dirfd, e.name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT || errno == ELOOP || errno == ENXIO) return WalkAction::kSkip;
+      return Status::FromErrno(errno, fmt::format("open '{}'", e.name));
     }
-    UniqueFd child(cfd);
-    struct stat sb;
-    if (::fstat(cfd, &sb) != 0) return Status::FromErrno(errno, fmt::format("stat '{}'", sub));
-    if (S_ISDIR(sb.st_mode)) {
-      SLUICE_RETURN_IF_ERROR(SetProjectTree(cfd, project_id, sub));
-    } else if (S_ISREG(sb.st_mode)) {
-      SLUICE_RETURN_IF_ERROR(SetProject(cfd, project_id, false).WithContext(sub));
-    }
-  }
-  return Status::Ok();
+    UniqueFd file(fd);
+    SLUICE_RETURN_IF_ERROR(SetProject(file.get(), project_id, false).WithContext(e.name));
+    return WalkAction::kSkip;
+  };
+  v.enter = [project_id](const WalkEntry& e, int fd) -> Status {
+    return SetProject(fd, project_id, true).WithContext(e.name);
+  };
+  return WalkTree(dirfd, v).WithContext(where);
 }
 
 Result<std::string> BlockDevice(const std::string& path) {

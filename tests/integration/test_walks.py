@@ -1,0 +1,172 @@
+"""Tree walks (clone, usage, delete, archive) go by descriptor: racing symlink swaps cannot lead
+them out of a vfolder, and trees deeper than PATH_MAX or than the descriptor limit work."""
+
+import os
+import resource
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import new_qsid, new_vfid
+from test_upload import new_session, patch
+
+DEPTH = 10000
+
+
+def make_chain(root, depth, leaf=b"bottom"):
+    """root/d/d/.../d/leaf, `depth` directories deep, built by descriptor (the path is far past
+    PATH_MAX)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            os.mkdir("d", dir_fd=fd)
+            nfd = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        lf = os.open("leaf", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd)
+        os.write(lf, leaf)
+        os.close(lf)
+    finally:
+        os.close(fd)
+
+
+def chain_depth(root):
+    """How deep root/d/d/... goes, and the leaf's content at the bottom."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    n = 0
+    try:
+        while True:
+            try:
+                nfd = os.open("d", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                break
+            os.close(fd)
+            fd = nfd
+            n += 1
+        lf = os.open("leaf", os.O_RDONLY, dir_fd=fd)
+        data = os.read(lf, 100)
+        os.close(lf)
+        return n, data
+    finally:
+        os.close(fd)
+
+
+def test_clone_under_racing_symlink_swaps(daemon, tmp_path):
+    """Swapping a directory for a symlink while a clone ran put an outside file into 361 of 400
+    cloned directories, and the task said "completed"."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"outside the vfolder")
+    src = daemon.create_vfolder()
+    root = daemon.vfolder_path(src)
+    for i in range(400):
+        (root / f"d{i}" / "sub").mkdir(parents=True)
+        (root / f"d{i}" / "sub" / "own").write_bytes(b"own")
+    stop = threading.Event()
+
+    def swapper():
+        i = 0
+        while not stop.is_set():
+            d = root / f"d{i % 400}" / "sub"
+            try:
+                d.rename(d.with_name("sub.away"))
+                d.symlink_to(outside)
+                time.sleep(0)
+                d.unlink()
+                d.with_name("sub.away").rename(d)
+            except OSError:
+                pass
+            i += 1
+
+    t = threading.Thread(target=swapper)
+    t.start()
+    try:
+        results = []
+        for _ in range(3):
+            dst = new_vfid()
+            r = daemon.mgr("POST", "/folder/clone", json={
+                "src_volume": "local", "src_vfid": src, "dst_volume": "local", "dst_vfid": dst})
+            assert r.status_code == 200, r.text
+            task = daemon.wait_task(r.json()["bgtask_id"], timeout=120)
+            results.append(task["status"])
+            if task["status"] == "completed":
+                clone = daemon.vfolder_path(dst)
+                leaked = [p for p in clone.rglob("secret")]
+                assert not leaked, f"outside files in the clone: {leaked[:5]}"
+                for p in clone.rglob("*"):
+                    if p.is_symlink():
+                        assert os.readlink(p) == str(outside)  # copied as the link it was
+    finally:
+        stop.set()
+        t.join()
+    assert set(results) <= {"completed", "failed"}
+
+
+def low_fds():
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+
+def test_deep_tree_under_a_low_descriptor_limit(make_daemon):
+    """A tree 10,000 levels deep (20,000 bytes of path) under `ulimit -n 256`: usage, clone,
+    uploads into its scope and deletes all work; before, they failed with ENAMETOOLONG or
+    EMFILE (or a worker's stack overflowed), for the whole quota scope."""
+    d = make_daemon(start_kw={"preexec_fn": low_fds})
+    qsid = new_qsid()
+    vfid = d.create_vfolder(new_vfid(qsid))
+    make_chain(d.vfolder_path(vfid), DEPTH)
+
+    r = d.mgr("GET", "/folder/usage", json={"volume": "local", "vfid": vfid, "fresh": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["file_count"] == DEPTH + 1
+    assert r.json()["used_bytes"] == len(b"bottom")
+
+    # Uploads into the same scope check its usage first.
+    token = new_session(d, vfid, "up.bin", 4)
+    assert patch(d, token, 0, b"abcd").status_code == 204
+
+    dst = new_vfid(qsid)
+    r = d.mgr("POST", "/folder/clone", json={
+        "src_volume": "local", "src_vfid": vfid, "dst_volume": "local", "dst_vfid": dst})
+    assert r.status_code == 200, r.text
+    task = d.wait_task(r.json()["bgtask_id"], timeout=300)
+    assert task["status"] == "completed", task
+    assert chain_depth(d.vfolder_path(dst)) == (DEPTH, b"bottom")
+
+    r = d.mgr("POST", "/folder/file/delete",
+              json={"volume": "local", "vfid": dst, "relpaths": ["d"], "recursive": True})
+    assert r.status_code in (200, 204), r.text
+    assert not (d.vfolder_path(dst) / "d").exists()
+    for v in (vfid, dst):
+        assert d.delete_vfolder(v)["status"] == "completed"
+        assert not d.vfolder_path(v).exists()
+    assert d.proc.poll() is None
+
+
+def test_trash_that_cannot_be_emptied_is_not_fatal(make_daemon, tmp_path):
+    """A vfolder left in the trash by a crash, which cannot be removed (a mount point inside
+    it here): the daemon starts anyway, says why, and empties it once it can."""
+    d0 = make_daemon(storage_proxy={"session-expire": "4s"})  # janitor rounds every second
+    vol = d0.vol
+    d0.stop()
+    stuck = vol / ".sluice-trash" / ("a" * 32 + "-00000000")
+    (stuck / "deep").mkdir(parents=True)
+    make_chain(stuck, 300)
+    (tmp_path / "empty").mkdir()
+    subprocess.run(["mount", "--bind", str(tmp_path / "empty"), str(stuck / "deep")], check=True)
+    try:
+        d0.start()  # the same daemon, same volume
+        deadline = time.monotonic() + 10
+        while "cannot empty the trash" not in d0.log() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "cannot empty the trash" in d0.log()
+        assert d0.mgr("GET", "/volumes").status_code == 200
+    finally:
+        subprocess.run(["umount", str(stuck / "deep")], check=False)
+    # The next rounds retry; the janitor's interval is at least a second.
+    deadline = time.monotonic() + 30
+    while stuck.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not stuck.exists()

@@ -21,6 +21,7 @@
 #include "api/response_head.h"
 #include "api/server.h"
 #include "common/clock.h"
+#include "volume/volume.h"
 
 namespace sluice::api {
 
@@ -636,18 +637,19 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
       file_.reset();
       return AfterWrite({}, close);
     }
+    const int fd = file_->native_fd();
     if constexpr (!kTls) {
       // Zero-copy for what the page cache holds: the kernel moves its pages straight to the
       // socket (non-blocking since Run).
-      while (file_left_ > 0) {
+      while (fd >= 0 && file_left_ > 0) {
         const uint64_t chunk = std::min<uint64_t>(file_left_, kSendfileChunk);
         if (resident_until_ < file_off_ + chunk) {
-          Residency res = ProbeResidency(file_->get(), file_off_, chunk);
+          Residency res = ProbeResidency(fd, file_off_, chunk);
           if (res != Residency::kResident) return SendCold(close, res);
           resident_until_ = file_off_ + chunk;
         }
         off_t off = static_cast<off_t>(file_off_);
-        ssize_t n = ::sendfile(Sock().native_handle(), file_->get(), &off, chunk);
+        ssize_t n = ::sendfile(Sock().native_handle(), fd, &off, chunk);
         if (n > 0) {
           file_off_ += static_cast<uint64_t>(n);
           file_left_ -= static_cast<uint64_t>(n);
@@ -667,30 +669,38 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
         // The file shrank under us or the peer went away: the length promised cannot be kept.
         return AfterWrite(beast::error_code(n < 0 ? errno : EIO, beast::system_category()), true);
       }
-      file_.reset();
-      AfterWrite({}, close);
-    } else {
-      SendCold(close, Residency::kUnknown);  // TLS copies anyway: read what is resident
+      if (file_left_ == 0) {
+        file_.reset();
+        return AfterWrite({}, close);
+      }
     }
+    // TLS copies anyway, and a file that is not local has no page cache to send from.
+    SendCold(close, Residency::kUnknown);
   }
 
-  // Sends the next piece of the file from io_buf_: read here when the page cache has it
-  // (RWF_NOWAIT), else on the I/O pool.
+  // Sends the next piece of the file from io_buf_: read here when it is in memory (the page
+  // cache: RWF_NOWAIT), else on the I/O pool.
   void SendCold(bool close, Residency residency) {
     if (io_buf_.empty()) io_buf_.resize(kIoChunk);
     const size_t want = static_cast<size_t>(std::min<uint64_t>(file_left_, io_buf_.size()));
     if (residency != Residency::kCold) {
-      ssize_t n = ReadNoWait(file_->get(), io_buf_.data(), want, file_off_);
-      if (n > 0) return SendBuffered(static_cast<size_t>(n), close);
-      if (n == 0)  // the file shrank: the length promised cannot be kept
+      auto n = file_->ReadAtNoWait(file_off_, io_buf_.data(), want);
+      if (n.ok() && *n > 0) return SendBuffered(*n, close);
+      if (n.ok())  // the file shrank: the length promised cannot be kept
         return AfterWrite(beast::error_code(EIO, beast::system_category()), true);
-      // EAGAIN (not resident), EOPNOTSUPP (cannot tell): the pool reads it.
+      if (n.status().code() != Code::kUnavailable)
+        return AfterWrite(beast::error_code(n.status().sys_errno(), beast::system_category()),
+                          true);
+      // Not in memory: the pool reads it.
     }
     srv_->CountColdRead();
     ExpireNever();  // the disk, not the client, is slow now
     auto self = this->shared_from_this();
     bool queued = router().pool()->Submit([self, want, close] {
-      Status st = ReadExactly(self->file_->get(), self->io_buf_.data(), want, self->file_off_);
+      auto got = self->file_->ReadAt(self->file_off_, self->io_buf_.data(), want);
+      Status st = !got.ok()      ? got.status()
+                  : *got != want ? Status(Code::kIoError, "the file shrank while being sent")
+                                 : Status::Ok();
       asio::post(self->Sock().get_executor(), [self, st, want, close] {
         if (!st.ok()) {
           spdlog::warn("{} listener: file body failed midway: {}", self->opts().name,
@@ -849,7 +859,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
   bool chunked_ = true;
   unsigned version_ = 11;
   std::unique_ptr<BodySink> sink_;
-  std::shared_ptr<UniqueFd> file_;
+  std::shared_ptr<FileReader> file_;
   uint64_t file_off_ = 0, file_left_ = 0;
   uint64_t resident_until_ = 0;  // [file_off_, resident_until_) was found in the page cache
   std::function<Result<size_t>(char*, size_t)> gen_;

@@ -8,16 +8,13 @@
 //     claims {operation: "download", volume, virtual_folder_id, files[], filename?, exp}: one ZIP
 //     of the named files and directories, names relative to the vfolder root.
 //
-// Every path is resolved beneath the vfolder root fd (openat2 RESOLVE_BENEATH); nothing here
-// writes to the volume.
-#include <fcntl.h>
-#include <linux/openat2.h>
+// Files and directories are opened through the Volume interface (readers, directory handles),
+// which resolves every path beneath the vfolder; nothing here touches the file system itself
+// or writes to the volume.
 #include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/sysmacros.h>
-#include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <ctime>
 #include <random>
 #include <set>
@@ -63,22 +60,6 @@ Result<bool> QueryBool(const HttpRequest& req, const char* key) {
                 fmt::format("query parameter '{}' must be true or false", key));
 }
 
-struct Folder {
-  Volume* volume = nullptr;
-  VFolderId vfid;
-  std::shared_ptr<UniqueFd> root;  // O_PATH
-};
-
-Result<Folder> OpenFolder(StorageService* svc, const std::string& volume, VFolderId vfid,
-                          Lookup lookup = Lookup::kMayBlock) {
-  Folder f;
-  f.vfid = std::move(vfid);
-  SLUICE_ASSIGN_OR_RETURN(f.volume, svc->GetVolume(volume));
-  SLUICE_ASSIGN_OR_RETURN(UniqueFd root, f.volume->OpenVFolderRoot(f.vfid, lookup));
-  f.root = std::make_shared<UniqueFd>(std::move(root));
-  return f;
-}
-
 Result<VFolderId> ParseTokenVFolderId(const std::string& text) {
   auto vfid = VFolderId::Parse(text);
   if (!vfid.ok())
@@ -87,10 +68,17 @@ Result<VFolderId> ParseTokenVFolderId(const std::string& text) {
   return vfid;
 }
 
-Result<Folder> OpenFolder(StorageService* svc, const std::string& volume,
-                          const std::string& vfid_text) {
-  SLUICE_ASSIGN_OR_RETURN(VFolderId vfid, ParseTokenVFolderId(vfid_text));
-  return OpenFolder(svc, volume, std::move(vfid));
+// A strong validator from the version a reader saw: the backend's own entity tag, or
+// "<ino>-<size>-<mtime ns>" in hex (quotes included) written into `buf` (kMaxETagSize bytes).
+std::string_view ETagOf(const DirEntry& e, char* buf) {
+  if (!e.etag.empty()) return e.etag;
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(e.modified.time_since_epoch());
+  return MakeETag(e.ino, e.size, static_cast<uint64_t>(ns.count()), buf);
+}
+
+std::time_t MtimeOf(const DirEntry& e) {
+  return std::chrono::system_clock::to_time_t(
+      std::chrono::time_point_cast<std::chrono::seconds>(e.modified));
 }
 
 std::string RandomBoundary() {
@@ -101,7 +89,7 @@ std::string RandomBoundary() {
 // The body of a multipart/byteranges answer: each part's header, then its bytes read with pread.
 class MultipartBody {
  public:
-  MultipartBody(std::shared_ptr<UniqueFd> file, uint64_t size, std::vector<ByteRange> ranges,
+  MultipartBody(std::shared_ptr<FileReader> file, uint64_t size, std::vector<ByteRange> ranges,
                 std::string boundary)
       : file_(std::move(file)),
         size_(size),
@@ -135,13 +123,11 @@ class MultipartBody {
         continue;
       }
       size_t want = static_cast<size_t>(std::min<uint64_t>(cap - n, r.length - done_in_part_));
-      ssize_t got =
-          ::pread(file_->get(), buf + n, want, static_cast<off_t>(r.first + done_in_part_));
-      if (got < 0 && errno == EINTR) continue;
-      if (got < 0) return Status::FromErrno(errno, "read for a byte range");
-      if (got == 0) return Status(Code::kIoError, "the file shrank while being sent");
-      n += static_cast<size_t>(got);
-      done_in_part_ += static_cast<uint64_t>(got);
+      auto got = file_->ReadAt(r.first + done_in_part_, buf + n, want);
+      if (!got.ok()) return got.status().WithContext("read for a byte range");
+      if (*got == 0) return Status(Code::kIoError, "the file shrank while being sent");
+      n += *got;
+      done_in_part_ += *got;
       if (done_in_part_ == r.length) {
         ++part_;
         part_started_ = false;
@@ -156,7 +142,7 @@ class MultipartBody {
     pending_pos_ = 0;
   }
 
-  std::shared_ptr<UniqueFd> file_;
+  std::shared_ptr<FileReader> file_;
   uint64_t size_;
   std::vector<ByteRange> ranges_;
   std::string boundary_;
@@ -179,11 +165,13 @@ HttpResponse Problem(unsigned status, const std::string& title, const std::strin
   return r;
 }
 
-HttpResponse ServeFile(const HttpRequest& req, Volume* volume, UniqueFd fd, const struct stat& st,
+HttpResponse ServeFile(const HttpRequest& req, Volume* volume, std::shared_ptr<FileReader> file,
                        const std::string& disposition, bool no_cache) {
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  const DirEntry& st = file->info();
+  const uint64_t size = st.size;
+  const std::time_t mtime = MtimeOf(st);
   char etag_buf[kMaxETagSize], date_buf[kHttpDateSize];
-  const std::string_view etag = MakeETag(st, etag_buf);
+  const std::string_view etag = ETagOf(st, etag_buf);
   // The header lines every answer here carries, formatted in one piece: this runs for every
   // small file.
   std::string lines;
@@ -193,7 +181,7 @@ HttpResponse ServeFile(const HttpRequest& req, Volume* volume, UniqueFd fd, cons
   };
   line("Accept-Ranges", "bytes");
   line("ETag", etag);
-  line("Last-Modified", FormatHttpDate(st.st_mtim.tv_sec, date_buf));
+  line("Last-Modified", FormatHttpDate(mtime, date_buf));
   if (no_cache) line("Cache-Control", "no-store");
   const auto& h = req.msg;
 
@@ -203,7 +191,7 @@ HttpResponse ServeFile(const HttpRequest& req, Volume* volume, UniqueFd fd, cons
     not_modified = IfNoneMatchMatches(inm->value(), etag);
   } else if (auto ims = h.find(http::field::if_modified_since); ims != h.end()) {
     auto t = ParseHttpDate(ims->value());
-    not_modified = t && st.st_mtim.tv_sec <= *t;
+    not_modified = t && mtime <= *t;
   }
   if (not_modified) {
     HttpResponse r;
@@ -217,7 +205,7 @@ HttpResponse ServeFile(const HttpRequest& req, Volume* volume, UniqueFd fd, cons
   if (auto range = h.find(http::field::range); range != h.end()) {
     rr = ParseRange(range->value(), size);
     auto if_range = h.find(http::field::if_range);
-    if (if_range != h.end() && !IfRangeMatches(if_range->value(), etag, st.st_mtim.tv_sec))
+    if (if_range != h.end() && !IfRangeMatches(if_range->value(), etag, mtime))
       rr = RangeRequest{};  // the client's copy is stale: send the whole file
   }
   if (rr.kind == RangeRequest::Kind::kUnsatisfiable) {
@@ -231,7 +219,6 @@ HttpResponse ServeFile(const HttpRequest& req, Volume* volume, UniqueFd fd, cons
   HttpResponse r;
   r.content_type = "application/octet-stream";
   line("Content-Disposition", disposition);
-  auto file = std::make_shared<UniqueFd>(std::move(fd));
   uint64_t sent = size;
   if (rr.kind == RangeRequest::Kind::kSatisfiable && rr.ranges.size() == 1) {
     const ByteRange& br = rr.ranges.front();
@@ -263,9 +250,8 @@ HttpResponse ServeFile(const HttpRequest& req, Volume* volume, UniqueFd fd, cons
 
 // Owns one archive being streamed; says how it went when the response is done with it.
 struct ArchiveJob {
-  ArchiveJob(Volume* v, std::shared_ptr<UniqueFd> root, std::vector<ZipSource> sources,
-             std::string label)
-      : volume(v), label(label), stream(std::move(root), std::move(sources), label) {}
+  ArchiveJob(Volume* v, VFolderId vfid, std::vector<ZipSource> sources, std::string label)
+      : volume(v), label(label), stream(v, std::move(vfid), std::move(sources), label) {}
   ~ArchiveJob() {
     if (!used) return;  // HEAD, or the client left before the first byte
     if (stream.bytes_read() > 0) volume->io_stats().AddRead(stream.bytes_read(), 0);
@@ -281,38 +267,19 @@ struct ArchiveJob {
   bool used = false;
 };
 
-HttpResponse ServeArchive(Volume* volume, std::shared_ptr<UniqueFd> root,
-                          std::vector<ZipSource> sources, const std::string& filename,
-                          std::string label, bool no_cache) {
+HttpResponse ServeArchive(Volume* volume, const VFolderId& vfid, std::vector<ZipSource> sources,
+                          const std::string& filename, std::string label, bool no_cache) {
   HttpResponse r;
   r.status = 200;
   r.content_type = "application/zip";
   r.headers.emplace_back("Content-Disposition", ContentDisposition(filename));
   if (no_cache) r.headers.emplace_back("Cache-Control", "no-store");
-  auto job =
-      std::make_shared<ArchiveJob>(volume, std::move(root), std::move(sources), std::move(label));
+  auto job = std::make_shared<ArchiveJob>(volume, vfid, std::move(sources), std::move(label));
   r.generator = [job](char* buf, size_t cap) {
     job->used = true;
     return job->stream.Read(buf, cap);
   };
   return r;
-}
-
-// fstat, or on an event loop statx(AT_STATX_DONT_SYNC): the attributes the kernel has, without
-// asking a network filesystem's server again.
-bool StatOpenFile(int fd, Lookup lookup, struct stat* st) {
-  if (lookup == Lookup::kMayBlock) return ::fstat(fd, st) == 0;
-  struct statx sx;
-  if (::statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_BASIC_STATS, &sx) != 0)
-    return false;
-  *st = {};
-  st->st_dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
-  st->st_ino = sx.stx_ino;
-  st->st_mode = sx.stx_mode;
-  st->st_size = static_cast<off_t>(sx.stx_size);
-  st->st_mtim.tv_sec = sx.stx_mtime.tv_sec;
-  st->st_mtim.tv_nsec = sx.stx_mtime.tv_nsec;
-  return true;
 }
 
 HttpResponse NotInFolder(const std::string& rel, const VFolderId& vfid, const Status& why) {
@@ -335,15 +302,9 @@ struct DownloadGrant {
   bool archive = false;                                                       // the `archive` claim
   bool unmanaged = false;   // a non-null `unmanaged_path` claim (refused)
   std::string disposition;  // Content-Disposition for the file's name
-  // The file's whole path (the vfolder's directory on `path_volume`, then rel), for OpenDirect.
-  const Volume* path_volume = nullptr;
-  std::string file_path;
-  // Set once that path turned out to hold a symbolic link: OpenDirect is not tried again.
-  struct Flag {
-    Flag() = default;
-    Flag(Flag&& o) noexcept : set(o.set.load()) {}
-    mutable std::atomic<bool> set{false};
-  } has_symlink;
+  // The volume's own shortcut to the file (PrepareLookup), for the volume it was made by.
+  const Volume* hint_volume = nullptr;
+  std::shared_ptr<const LookupHint> hint;
 };
 
 using GrantCache = VerifiedTokenCache<DownloadGrant>;
@@ -381,8 +342,8 @@ std::optional<HttpResponse> AuthenticateDownload(StorageService* svc, GrantCache
       g.disposition = ContentDisposition(g.parts->empty() ? g.vfid->hex : g.parts->back());
       auto v = svc->GetVolume(g.volume);
       if (v.ok() && !g.parts->empty()) {
-        g.path_volume = *v;
-        g.file_path = (*v)->VFolderPath(*g.vfid) + "/" + JoinComponents(*g.parts, g.parts->size());
+        g.hint_volume = *v;
+        g.hint = (*v)->PrepareLookup(*g.vfid, g.rel);
       }
     }
     std::optional<double> exp;
@@ -394,32 +355,15 @@ std::optional<HttpResponse> AuthenticateDownload(StorageService* svc, GrantCache
   return std::nullopt;
 }
 
-// Opens the granted file with one lookup of its whole path that may not pass a symbolic link.
-// Plain directories below the vfolder's directory, with no "..", cannot lead out of it, so this
-// opens exactly what OpenVFolderRoot + OpenBeneath would, with one path walk and no root fd.
-// Any failure (a symlink on the way, a missing vfolder or file) is left to that general path,
-// which gives the authoritative answer.
-std::optional<UniqueFd> OpenDirect(const DownloadGrant& g, const Volume* volume, Lookup lookup) {
-  if (g.file_path.empty() || volume != g.path_volume || g.has_symlink.set.load())
-    return std::nullopt;
-  struct open_how how {};
-  how.flags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
-  how.resolve = RESOLVE_NO_SYMLINKS | (lookup == Lookup::kCachedOnly ? RESOLVE_CACHED : 0);
-  long fd = ::syscall(SYS_openat2, AT_FDCWD, g.file_path.c_str(), &how, sizeof(how));
-  if (fd >= 0) return UniqueFd(static_cast<int>(fd));
-  if (errno == ELOOP) g.has_symlink.set = true;
-  return std::nullopt;
-}
-
 // One /download request. With Lookup::kCachedOnly (on an event loop) it answers only what needs
 // no I/O, token errors and regular files whose whole path is in the dentry cache, and returns
 // nullopt for everything else, which the worker pool then answers with Lookup::kMayBlock.
 std::optional<HttpResponse> Download(StorageService* svc, const HttpRequest& req, Lookup lookup) {
   const bool inline_only = lookup == Lookup::kCachedOnly;
   const DownloadGrant& g = **static_cast<const GrantCache::Ref*>(req.ctx.principal.grant.get());
-  // A cached grant is seldom in the CPU caches (one of many tokens): start fetching the strings
-  // the file's answer needs while the query is checked.
-  __builtin_prefetch(g.file_path.data());
+  // A cached grant is seldom in the CPU caches (one of many tokens): start fetching what the
+  // file's answer needs while the query is checked.
+  __builtin_prefetch(g.hint.get());
   __builtin_prefetch(g.disposition.data());
   const std::string& rel = g.rel;
   DL_ASSIGN_OR_RESPOND(bool archive, QueryBool(req, "archive"));
@@ -433,40 +377,21 @@ std::optional<HttpResponse> Download(StorageService* svc, const HttpRequest& req
                                 "unmanaged_path is not supported: downloads stay inside "
                                 "vfolders"));
   if (!g.vfid.ok()) return ErrorResponse(g.vfid.status());
-  if (auto v = svc->GetVolume(g.volume); v.ok()) {
-    if (auto fd = OpenDirect(g, *v, lookup)) {
-      struct stat st;
-      if (StatOpenFile(fd->get(), lookup, &st) && S_ISREG(st.st_mode))
-        return ServeFile(req, *v, std::move(*fd), st, g.disposition, no_cache);
-    }
-  }
-  auto folder = OpenFolder(svc, g.volume, *g.vfid, lookup);
-  if (!folder.ok() && inline_only) return std::nullopt;
-  if (!folder.ok()) return ErrorResponse(folder.status());
-  Folder f = std::move(folder).value();
-
+  DL_ASSIGN_OR_RESPOND(Volume * volume, svc->GetVolume(g.volume));
+  const VFolderId& vfid = *g.vfid;
   // Escapes (.., absolute paths, symlinks out) answer like a missing file (the contract's 404).
-  if (!g.parts.ok()) return NotInFolder(rel, f.vfid, g.parts.status());
-  auto fd = OpenBeneath(f.root->get(), rel, O_RDONLY | O_NONBLOCK | O_NOCTTY, 0, lookup);
-  if (!fd.ok() && inline_only) return std::nullopt;
-  if (!fd.ok()) {
-    Code c = fd.status().code();
-    if (c == Code::kInvalidPath || c == Code::kNotFound || fd.status().sys_errno() == ENOTDIR)
-      return NotInFolder(rel, f.vfid, fd.status());
-    return ErrorResponse(fd.status(), {rel});
+  if (!g.parts.ok()) return NotInFolder(rel, vfid, g.parts.status());
+  auto file =
+      volume->OpenReader(vfid, rel, lookup, g.hint_volume == volume ? g.hint.get() : nullptr);
+  if (file.ok()) return ServeFile(req, volume, std::move(file).value(), g.disposition, no_cache);
+  if (inline_only) return std::nullopt;  // the pool looks again, and may block
+  const Status& why = file.status();
+  if (why.sys_errno() != EISDIR) {
+    Code c = why.code();
+    if (c == Code::kInvalidPath || c == Code::kNotFound || why.sys_errno() == ENOTDIR)
+      return NotInFolder(rel, vfid, why);
+    return ErrorResponse(why, {rel});
   }
-  struct stat st;
-  if (!StatOpenFile(fd->get(), lookup, &st)) {
-    if (inline_only) return std::nullopt;
-    return ErrorResponse(Status::FromErrno(errno, fmt::format("stat '{}'", rel)), {rel});
-  }
-
-  if (S_ISREG(st.st_mode))
-    return ServeFile(req, f.volume, std::move(fd).value(), st, g.disposition, no_cache);
-  if (inline_only) return std::nullopt;
-  if (!S_ISDIR(st.st_mode))
-    return ErrorResponse(
-        Status(Code::kInvalidArgument, fmt::format("'{}' is not a regular file", rel)), {rel});
   if (!archive)
     return ErrorResponse(Status(Code::kInvalidArgument,
                                 fmt::format("'{}' is a directory: add archive=true to download it "
@@ -474,17 +399,20 @@ std::optional<HttpResponse> Download(StorageService* svc, const HttpRequest& req
                                             rel),
                                 EISDIR),
                          {rel});
+  DL_ASSIGN_OR_RESPOND(std::unique_ptr<DirHandle> dir, volume->OpenDir(vfid, rel));
   // The vfolder root's upload staging directory holds partial uploads: never archived.
-  struct stat root_st;
-  bool is_root = ::fstat(f.root->get(), &root_st) == 0 && root_st.st_dev == st.st_dev &&
-                 root_st.st_ino == st.st_ino;
+  bool is_root = g.parts->empty();
+  if (auto root = volume->Stat(vfid, ""); root.ok() && root->ino != 0)
+    is_root = root->ino == dir->info().ino;
   std::vector<ZipSource> sources(1);
-  sources[0].member.fd = std::move(fd).value();
-  sources[0].member.st = st;
+  ArchiveMember m;
+  m.info = dir->info();
+  m.dir = std::move(dir);
+  sources[0].member = std::move(m);
   sources[0].skip_upload_dir = is_root;
-  const std::string name = g.parts->empty() ? f.vfid.hex : g.parts->back();
-  return ServeArchive(f.volume, f.root, std::move(sources), name + ".zip",
-                      fmt::format("{}:{}:{}", g.volume, f.vfid.ToString(), rel), no_cache);
+  const std::string name = g.parts->empty() ? vfid.hex : g.parts->back();
+  return ServeArchive(volume, vfid, std::move(sources), name + ".zip",
+                      fmt::format("{}:{}:{}", g.volume, vfid.ToString(), rel), no_cache);
 }
 
 HttpResponse DownloadArchive(StorageService* svc, const HttpRequest& req) {
@@ -499,7 +427,9 @@ HttpResponse DownloadArchive(StorageService* svc, const HttpRequest& req) {
   std::optional<std::string> filename;
   if (auto fn = claims.find("filename"); fn != claims.end() && fn->is_string())
     filename = fn->get<std::string>();
-  DL_ASSIGN_OR_RESPOND(Folder f, OpenFolder(svc, volume, vfid_text));
+  DL_ASSIGN_OR_RESPOND(VFolderId vfid, ParseTokenVFolderId(vfid_text));
+  DL_ASSIGN_OR_RESPOND(Volume * v, svc->GetVolume(volume));
+  if (Status st = v->CheckVFolder(vfid); !st.ok()) return ErrorResponse(st);
 
   // Every named path is checked before the first byte goes out: escapes, symlinks and special
   // files are refused (400), missing ones are 404.
@@ -524,7 +454,7 @@ HttpResponse DownloadArchive(StorageService* svc, const HttpRequest& req) {
           Status(Code::kInvalidPath, "'files' must name paths inside the vfolder, not its root"),
           {raw});
     std::string norm = JoinComponents(*parts, parts->size());
-    auto m = OpenArchiveMember(f.root->get(), norm);
+    auto m = OpenArchiveMember(*v, vfid, norm);
     if (!m.ok()) {
       if (m.status().code() == Code::kNotFound)
         return ErrorResponse(
@@ -532,7 +462,7 @@ HttpResponse DownloadArchive(StorageService* svc, const HttpRequest& req) {
       return ErrorResponse(m.status(), {raw});
     }
     if (!seen.insert(norm).second) continue;
-    bool dir = S_ISDIR(m->st.st_mode);
+    bool dir = m->is_dir();
     if (dir) dirs.insert(norm);
     members.push_back({norm, dir});
   }
@@ -556,8 +486,8 @@ HttpResponse DownloadArchive(StorageService* svc, const HttpRequest& req) {
     zip_name = members.front().rel.substr(members.front().rel.rfind('/') + 1) + ".zip";
   else
     zip_name = "archive.zip";
-  return ServeArchive(f.volume, f.root, std::move(sources), zip_name,
-                      fmt::format("{}:{}:[{} paths]", volume, f.vfid.ToString(), members.size()),
+  return ServeArchive(v, vfid, std::move(sources), zip_name,
+                      fmt::format("{}:{}:[{} paths]", volume, vfid.ToString(), members.size()),
                       no_cache);
 }
 

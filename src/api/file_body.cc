@@ -1,13 +1,10 @@
 #include "api/file_body.h"
 
 #include <sys/syscall.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
-
-#include <fmt/format.h>
 
 namespace sluice::api {
 
@@ -44,29 +41,6 @@ Residency ProbeResidency(int fd, uint64_t off, uint64_t len) {
   static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t pages = (off + len - 1) / page - off / page + 1;
   return cs.nr_cache >= pages ? Residency::kResident : Residency::kCold;
-}
-
-ssize_t ReadNoWait(int fd, char* buf, size_t len, uint64_t off) {
-  struct iovec iov {
-    buf, len
-  };
-  for (;;) {
-    ssize_t n = ::preadv2(fd, &iov, 1, static_cast<off_t>(off), RWF_NOWAIT);
-    if (n < 0 && errno == EINTR) continue;
-    return n;
-  }
-}
-
-Status ReadExactly(int fd, char* buf, size_t len, uint64_t off) {
-  size_t done = 0;
-  while (done < len) {
-    ssize_t n = ::pread(fd, buf + done, len - done, static_cast<off_t>(off + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Status::FromErrno(errno, "read for a response body");
-    if (n == 0) return Status(Code::kIoError, "the file shrank while being sent");
-    done += static_cast<size_t>(n);
-  }
-  return Status::Ok();
 }
 
 }  // namespace sluice::api

@@ -1,6 +1,7 @@
 // The body pump's file side: event loops send file data only when it is already in the page
-// cache, so that no loop ever waits on a disk; what is not resident is read on the I/O pool.
-// (A cold 300 MB download from a slow disk used to stall every connection on its loop.)
+// cache, so that no loop ever waits on a disk; what is not resident is read on the I/O pool
+// (FileReader::ReadAt). A cold 300 MB download from a slow disk used to stall every connection
+// on its loop.
 #pragma once
 
 #include <sys/types.h>
@@ -21,14 +22,5 @@ enum class Residency {
 // Whether [off, off + len) of `fd` is in the page cache: one cachestat(2) call (Linux 6.5+),
 // no copy and no I/O.
 Residency ProbeResidency(int fd, uint64_t off, uint64_t len);
-
-// preadv2(RWF_NOWAIT): reads what is resident from `off` without waiting on a disk. Returns the
-// bytes read (possibly fewer than `len`, 0 at end of file), or -1 with errno EAGAIN when the
-// first page is not resident (EOPNOTSUPP where the filesystem cannot tell).
-ssize_t ReadNoWait(int fd, char* buf, size_t len, uint64_t off);
-
-// pread until `len` bytes or end of file, for the I/O pool. kIoError when the file ends before
-// `len` bytes (it shrank while being sent).
-Status ReadExactly(int fd, char* buf, size_t len, uint64_t off);
 
 }  // namespace sluice::api

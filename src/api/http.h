@@ -22,6 +22,10 @@
 #include "common/status.h"
 #include "common/thread_pool.h"
 
+namespace sluice {
+class FileReader;  // volume/volume.h
+}
+
 namespace sluice::api {
 
 namespace http = boost::beast::http;
@@ -72,9 +76,10 @@ struct HttpResponse {
   // More header lines, already formatted ("Name: value\r\n" each) and written after `headers`:
   // lets a hot path build its header in one piece.
   std::string header_lines;
-  // When valid, the response body is [file_offset, file_offset + file_length) of this file,
-  // sent zero-copy where the transport allows; `body` is ignored.
-  std::shared_ptr<UniqueFd> file;
+  // When set, the response body is [file_offset, file_offset + file_length) of this file, sent
+  // zero-copy where the file is local and the transport allows (from the page cache on the event
+  // loop, the rest read on the I/O pool); `body` is ignored.
+  std::shared_ptr<FileReader> file;
   uint64_t file_offset = 0;
   uint64_t file_length = 0;
   // When set (and `file` is not), the body is produced by calls to `generator` on the worker

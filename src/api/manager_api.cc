@@ -1,6 +1,6 @@
 #include "api/manager_api.h"
 
-#include <sys/stat.h>
+#include <cstring>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -69,6 +69,73 @@ nlohmann::json OptJson(const std::optional<uint64_t>& v) {
 HttpResponse TaskAccepted(unsigned status, const std::string& id) {
   return HttpResponse::Json(status, {{"bgtask_id", id}});
 }
+
+// The body of /folder/file/list: {"items": [...]}, one entry at a time from an open directory.
+// An entry that vanishes between its name and its attributes is left out; an error part way
+// cuts the (chunked) body short, so the client sees a broken listing, never a wrong one.
+class ListingBody {
+ public:
+  ListingBody(std::unique_ptr<DirHandle> dir, uint64_t limit)
+      : dir_(std::move(dir)), limit_(limit) {}
+
+  Result<size_t> Fill(char* buf, size_t cap) {
+    size_t n = 0;
+    while (n < cap) {
+      if (pos_ < pending_.size()) {
+        size_t k = std::min(cap - n, pending_.size() - pos_);
+        std::memcpy(buf + n, pending_.data() + pos_, k);
+        pos_ += k;
+        n += k;
+        continue;
+      }
+      pending_.clear();
+      pos_ = 0;
+      if (done_) break;
+      if (!started_) {
+        started_ = true;
+        pending_ = "{\"items\":[";
+        continue;
+      }
+      SLUICE_RETURN_IF_ERROR(NextItem());
+    }
+    return n;
+  }
+
+ private:
+  Status NextItem() {
+    for (;;) {
+      if (limit_ && count_ >= limit_) break;
+      SLUICE_ASSIGN_OR_RETURN(auto name, dir_->Next());
+      if (!name) break;
+      auto e = dir_->StatEntry(name->name);
+      if (!e.ok()) {
+        if (e.status().code() == Code::kNotFound) continue;  // vanished meanwhile
+        return e.status();
+      }
+      nlohmann::json item = {{"name", e->name},
+                             {"type", EntryTypeName(e->type)},
+                             {"stat",
+                              {{"mode", e->mode},
+                               {"size", e->size},
+                               {"created", FormatIso8601(e->created)},
+                               {"modified", FormatIso8601(e->modified)}}},
+                             {"symlink_target", e->symlink_target.value_or("")}};
+      if (count_++) pending_ += ',';
+      pending_ += item.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      return Status::Ok();
+    }
+    pending_ = "]}";
+    done_ = true;
+    return Status::Ok();
+  }
+
+  std::unique_ptr<DirHandle> dir_;
+  uint64_t limit_;
+  uint64_t count_ = 0;
+  std::string pending_;
+  size_t pos_ = 0;
+  bool started_ = false, done_ = false;
+};
 
 class ManagerApi {
  public:
@@ -326,20 +393,14 @@ class ManagerApi {
   HttpResponse List(const Params& p) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     std::string rel = p.OptStr("relpath").value_or(".");
-    API_ASSIGN_OR_RESPOND(auto entries,
-                          t.volume->ListDir(t.vfid, rel, svc_->config().scandir_limit));
-    nlohmann::json items = nlohmann::json::array();
-    for (const auto& e : entries) {
-      items.push_back({{"name", e.name},
-                       {"type", EntryTypeName(e.type)},
-                       {"stat",
-                        {{"mode", e.mode},
-                         {"size", e.size},
-                         {"created", FormatIso8601(e.created)},
-                         {"modified", FormatIso8601(e.modified)}}},
-                       {"symlink_target", e.symlink_target.value_or("")}});
-    }
-    return HttpResponse::Json(200, {{"items", items}});
+    API_ASSIGN_OR_RESPOND(std::unique_ptr<DirHandle> dir, t.volume->OpenDir(t.vfid, rel));
+    // Streamed as it is read: memory stays flat whatever the size of the directory (with
+    // scandir-limit = 0, 16 listings of 200k entries once took 4 GB).
+    auto listing = std::make_shared<ListingBody>(std::move(dir), svc_->config().scandir_limit);
+    HttpResponse r;
+    r.status = 200;
+    r.generator = [listing](char* buf, size_t cap) { return listing->Fill(buf, cap); };
+    return r;
   }
 
   HttpResponse Rename(const Params& p) {
@@ -363,13 +424,13 @@ class ManagerApi {
   HttpResponse Fetch(const Params& p) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     API_ASSIGN_OR_RESPOND(std::string rel, p.Str("relpath"));
-    auto f = t.volume->OpenForRead(t.vfid, rel);
+    auto f = t.volume->OpenReader(t.vfid, rel);
     if (!f.ok()) return ErrorResponse(f.status(), {rel});
     HttpResponse r;
     r.status = 200;
     r.content_type = "application/octet-stream";
-    r.file_length = f->size;
-    r.file = std::make_shared<UniqueFd>(std::move(f->fd));
+    r.file_length = (*f)->size();
+    r.file = std::move(f).value();
     t.volume->io_stats().AddRead(r.file_length, 0);
     return r;
   }
@@ -394,10 +455,7 @@ class ManagerApi {
           Status(Code::kInvalidArgument,
                  "unmanaged_path is not supported: downloads stay inside vfolders"));
     // The path must exist now; the client API checks it again when the token is used.
-    API_ASSIGN_OR_RESPOND(std::string abs, t.volume->MountPath(t.vfid, rel));
-    struct stat sb;
-    if (::lstat(abs.c_str(), &sb) != 0)
-      return ErrorResponse(Status(Code::kNotFound, fmt::format("'{}' does not exist", rel)), {rel});
+    if (auto st = t.volume->Stat(t.vfid, rel); !st.ok()) return ErrorResponse(st.status(), {rel});
     nlohmann::json claims = {{"op", "download"},          {"volume", t.volume->name()},
                              {"vfid", t.vfid.ToString()}, {"relpath", rel},
                              {"archive", archive},        {"exp", Expiry()}};

@@ -240,11 +240,15 @@ std::optional<std::time_t> ParseHttpDate(std::string_view sv) {
 std::string_view MakeETag(const struct stat& st, char* buf) {
   uint64_t ns = static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000000000ull +
                 static_cast<uint64_t>(st.st_mtim.tv_nsec);
+  return MakeETag(static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_size), ns, buf);
+}
+
+std::string_view MakeETag(uint64_t ino, uint64_t size, uint64_t ns, char* buf) {
   char* p = buf;
   *p++ = '"';
-  p = std::to_chars(p, buf + kMaxETagSize, static_cast<uint64_t>(st.st_ino), 16).ptr;
+  p = std::to_chars(p, buf + kMaxETagSize, ino, 16).ptr;
   *p++ = '-';
-  p = std::to_chars(p, buf + kMaxETagSize, static_cast<uint64_t>(st.st_size), 16).ptr;
+  p = std::to_chars(p, buf + kMaxETagSize, size, 16).ptr;
   *p++ = '-';
   p = std::to_chars(p, buf + kMaxETagSize, ns, 16).ptr;
   *p++ = '"';

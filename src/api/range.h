@@ -55,6 +55,7 @@ std::string MakeETag(const struct stat& st);
 // The same into `buf`, which must hold kMaxETagSize bytes; returns the tag.
 inline constexpr size_t kMaxETagSize = 2 + 3 * 16 + 2;
 std::string_view MakeETag(const struct stat& st, char* buf);
+std::string_view MakeETag(uint64_t ino, uint64_t size, uint64_t mtime_ns, char* buf);
 
 // If-Range (RFC 9110 §13.1.5): true when the range may be honoured. An entity tag must match
 // `etag` strongly (weak tags never match); a date must equal `mtime` exactly.

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -12,6 +13,7 @@
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/ssl.hpp>
 
@@ -212,18 +214,76 @@ std::shared_ptr<void> HttpServer::ReserveBody(uint64_t bytes) {
   });
 }
 
-void HttpServer::Shed(int fd, const char* reason) {
-  // Best effort and never blocking: the client learns why instead of seeing a reset.
+namespace {
+
+// The answer to a connection that will not be served.
+std::string ShedResponse(const char* reason) {
   const std::string msg = fmt::format("the server is at its limit ({}); retry shortly", reason);
   const std::string body = fmt::format(
       R"({{"type":"https://api.backend.ai/probs/storage/Unavailable","title":"Unavailable",)"
       R"("status":503,"msg":"{}"}})",
       msg);
-  const std::string resp = fmt::format(
+  return fmt::format(
       "HTTP/1.1 503 Service Unavailable\r\nServer: sluice\r\nContent-Type: "
       "application/problem+json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: "
       "{}\r\n\r\n{}",
       body.size(), body);
+}
+
+// A shed connection that can afford a descriptor for a moment (over the connection limit):
+// answered, then read and discarded for up to a second before closing, so that the client's
+// request arriving after the answer does not turn the close into a reset that destroys it.
+class Shedding : public std::enable_shared_from_this<Shedding> {
+ public:
+  Shedding(Socket&& sock, const char* reason, std::shared_ptr<std::atomic<size_t>> live)
+      : sock_(std::move(sock)),
+        timer_(sock_.get_executor()),
+        resp_(ShedResponse(reason)),
+        live_(std::move(live)) {}
+  ~Shedding() { live_->fetch_sub(1, std::memory_order_relaxed); }
+  void Run() {
+    timer_.expires_after(std::chrono::seconds(1));
+    timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (!ec) self->sock_.close(ec);
+    });
+    asio::async_write(sock_, asio::buffer(resp_),
+                      [self = shared_from_this()](beast::error_code ec, size_t) {
+                        if (ec) return self->Done();
+                        self->sock_.shutdown(tcp::socket::shutdown_send, ec);
+                        self->Drain();
+                      });
+  }
+
+ private:
+  void Drain() {
+    sock_.async_read_some(asio::buffer(buf_),
+                          [self = shared_from_this()](beast::error_code ec, size_t n) {
+                            self->left_ -= std::min(self->left_, n);
+                            if (ec || self->left_ == 0) return self->Done();
+                            self->Drain();
+                          });
+  }
+  void Done() {
+    beast::error_code ec;
+    timer_.cancel();
+    sock_.close(ec);
+  }
+  Socket sock_;
+  Timer timer_;
+  std::string resp_;
+  std::array<char, 4096> buf_;
+  size_t left_ = 64 << 10;
+  std::shared_ptr<std::atomic<size_t>> live_;
+};
+
+// At most this many shed connections linger at once; more are closed at once.
+constexpr size_t kMaxLingeringSheds = 256;
+
+}  // namespace
+
+void HttpServer::Shed(int fd, const char* reason) {
+  // Best effort and never blocking: the client learns why instead of seeing a reset.
+  const std::string resp = ShedResponse(reason);
   char drain[4096];
   (void)::recv(fd, drain, sizeof(drain), MSG_DONTWAIT);  // what already came, so close sends FIN
   (void)::send(fd, resp.data(), resp.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -245,7 +305,12 @@ void HttpServer::Accept(size_t i) {
     if (self->connections_.fetch_add(1, std::memory_order_relaxed) >= self->opts_.max_connections) {
       self->connections_.fetch_sub(1, std::memory_order_relaxed);
       self->shed_limit_->fetch_add(1, std::memory_order_relaxed);
-      self->Shed(sock->release(ec), "connection limit");
+      if (self->shedding_->fetch_add(1, std::memory_order_relaxed) < kMaxLingeringSheds) {
+        std::make_shared<Shedding>(std::move(*sock), "connection limit", self->shedding_)->Run();
+      } else {
+        self->shedding_->fetch_sub(1, std::memory_order_relaxed);
+        self->Shed(sock->release(ec), "connection limit");
+      }
     } else {
       sock->set_option(tcp::no_delay(true), ec);
       ServeConnection(std::move(*sock), self);

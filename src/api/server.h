@@ -101,6 +101,8 @@ class HttpServer : public std::enable_shared_from_this<HttpServer> {
   std::atomic<size_t> inflight_{0};
   std::atomic<size_t> connections_{0};
   std::atomic<uint64_t> buffered_{0};
+  // Shed connections lingering until their client has read the 503.
+  std::shared_ptr<std::atomic<size_t>> shedding_ = std::make_shared<std::atomic<size_t>>(0);
   std::atomic<bool> draining_{false};
   // Kept open to be closed when accept fails for want of descriptors: it frees one, so that
   // the connection at the head of the queue can be answered instead of left hanging.

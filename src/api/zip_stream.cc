@@ -2,10 +2,9 @@
 
 #include <archive.h>
 #include <archive_entry.h>
-#include <dirent.h>
-#include <fcntl.h>
-#include <unistd.h>
+#include <sys/stat.h>
 
+#include <chrono>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -21,52 +20,52 @@ constexpr size_t kReadChunk = 128 << 10;
 // Log lines for skipped entries per archive; the rest are only counted.
 constexpr uint64_t kSkipLogLines = 5;
 
-bool IsSpecialType(unsigned char d_type) {
-  return d_type == DT_LNK || d_type == DT_FIFO || d_type == DT_SOCK || d_type == DT_CHR ||
-         d_type == DT_BLK;
-}
-
-const char* TypeName(mode_t m) {
-  if (S_ISLNK(m)) return "a symbolic link";
-  if (S_ISFIFO(m)) return "a FIFO";
-  if (S_ISSOCK(m)) return "a socket";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
+const char* TypeName(const DirEntry& e) {
+  if (e.type == EntryType::kSymlink) return "a symbolic link";
+  if (S_ISFIFO(e.mode)) return "a FIFO";
+  if (S_ISSOCK(e.mode)) return "a socket";
+  if (S_ISCHR(e.mode)) return "a character device";
+  if (S_ISBLK(e.mode)) return "a block device";
   return "not a regular file or directory";
 }
 
-// Opens the single component `name` of the directory `dirfd` without following a symlink:
-// a regular file or a directory, else kInvalidPath. `shown` names it in messages.
-Result<ArchiveMember> OpenChild(int dirfd, const char* name, std::string_view shown) {
-  ArchiveMember m;
-  if (::fstatat(dirfd, name, &m.st, AT_SYMLINK_NOFOLLOW) != 0) {
-    int err = errno;
-    if (err == ENOENT || err == ENOTDIR)
-      return Status(Code::kNotFound, fmt::format("'{}' does not exist", shown), err);
-    return Status::FromErrno(err, fmt::format("stat '{}'", shown));
-  }
-  bool dir = S_ISDIR(m.st.st_mode);
-  if (!dir && !S_ISREG(m.st.st_mode))
+// Opens the member `info` describes through `open_file` / `open_dir`, checking that it is still
+// the same kind of thing (a swap between the stat and the open is refused, not followed).
+template <typename OpenFile, typename OpenDir>
+Result<ArchiveMember> OpenMember(DirEntry info, std::string_view shown, OpenFile open_file,
+                                 OpenDir open_dir) {
+  if (info.type != EntryType::kFile && info.type != EntryType::kDirectory)
     return Status(Code::kInvalidPath,
                   fmt::format("'{}' is {}: archives hold only regular files and directories", shown,
-                              TypeName(m.st.st_mode)));
-  // O_NONBLOCK: should the name have become a FIFO meanwhile, open must not wait for a writer.
-  int flags = O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (dir ? O_DIRECTORY : 0);
-  int fd = ::openat(dirfd, name, flags);
-  if (fd < 0) {
-    int err = errno;
-    if (err == ELOOP || err == ENOTDIR)
-      return Status(Code::kInvalidPath, fmt::format("'{}' changed while being archived", shown),
-                    err);
-    if (err == ENOENT) return Status(Code::kNotFound, fmt::format("'{}' does not exist", shown));
-    return Status::FromErrno(err, fmt::format("open '{}'", shown));
+                              TypeName(info)));
+  ArchiveMember m;
+  Status opened;
+  if (info.type == EntryType::kDirectory) {
+    auto d = open_dir();
+    if (d.ok())
+      m.dir = std::move(d).value();
+    else
+      opened = d.status();
+  } else {
+    auto f = open_file();
+    if (f.ok())
+      m.file = std::move(f).value();
+    else
+      opened = f.status();
   }
-  m.fd = UniqueFd(fd);
-  struct stat now;
-  if (::fstat(fd, &now) != 0) return Status::FromErrno(errno, fmt::format("stat '{}'", shown));
-  if ((now.st_mode & S_IFMT) != (m.st.st_mode & S_IFMT))
+  if (!opened.ok()) {
+    if (opened.code() == Code::kNotFound)
+      return Status(Code::kNotFound, fmt::format("'{}' does not exist", shown));
+    if (opened.code() == Code::kInvalidPath || opened.sys_errno() == ENOTDIR ||
+        opened.sys_errno() == EISDIR || opened.code() == Code::kInvalidArgument)
+      return Status(Code::kInvalidPath, fmt::format("'{}' changed while being archived", shown),
+                    opened.sys_errno());
+    return opened;
+  }
+  const DirEntry& now = m.dir ? m.dir->info() : m.file->info();
+  if (now.type != info.type || (info.ino && now.ino != info.ino))
     return Status(Code::kInvalidPath, fmt::format("'{}' changed while being archived", shown));
-  m.st = now;
+  m.info = now;
   return m;
 }
 
@@ -101,32 +100,35 @@ std::string SanitizeUtf8(std::string_view s) {
 
 }  // namespace
 
-Result<ArchiveMember> OpenArchiveMember(int rootfd, std::string_view rel) {
+Result<ArchiveMember> OpenArchiveMember(Volume& volume, const VFolderId& vfid,
+                                        std::string_view rel) {
   SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(rel));
   if (parts.empty())
     return Status(Code::kInvalidPath, "an archive member must name a path below the vfolder root");
-  auto parent = OpenParentBeneath(rootfd, rel);
-  if (!parent.ok()) {
+  auto info = volume.Stat(vfid, rel);
+  if (!info.ok()) {
     // A missing or non-directory parent means the member does not exist.
-    if (parent.status().sys_errno() == ENOTDIR || parent.status().code() == Code::kNotFound)
+    if (info.status().sys_errno() == ENOTDIR || info.status().code() == Code::kNotFound)
       return Status(Code::kNotFound, fmt::format("'{}' does not exist", rel));
-    return parent.status();
+    return info.status();
   }
-  return OpenChild(parent->dir.get(), parent->name.c_str(), rel);
+  return OpenMember(
+      std::move(info).value(), rel, [&] { return volume.OpenReader(vfid, rel); },
+      [&] { return volume.OpenDir(vfid, rel); });
 }
 
 struct ZipStream::Frame {
-  struct Closer {
-    void operator()(DIR* d) const { ::closedir(d); }
-  };
-  std::unique_ptr<DIR, Closer> dir;
+  std::unique_ptr<DirHandle> dir;
   std::string prefix;  // archive name of this directory plus '/', or "" at the archive's top
   bool skip_upload_dir = false;
 };
 
-ZipStream::ZipStream(std::shared_ptr<UniqueFd> root, std::vector<ZipSource> sources,
+ZipStream::ZipStream(Volume* volume, VFolderId vfid, std::vector<ZipSource> sources,
                      std::string label)
-    : root_(std::move(root)), sources_(std::move(sources)), label_(std::move(label)) {}
+    : volume_(volume),
+      vfid_(std::move(vfid)),
+      sources_(std::move(sources)),
+      label_(std::move(label)) {}
 
 ZipStream::~ZipStream() {
   if (ar_) {
@@ -165,33 +167,36 @@ Status ZipStream::Start() {
   return Status::Ok();
 }
 
-Status ZipStream::WriteHeader(const std::string& arcname, const struct stat& st) {
+Status ZipStream::WriteHeader(const std::string& arcname, const DirEntry& info) {
   if (++entries_ > kMaxZipEntries)
     return Status(Code::kTooLarge,
                   fmt::format("archive {}: more than {} entries", label_, kMaxZipEntries));
   archive_entry_clear(entry_);
   std::string name = SanitizeUtf8(arcname);
   archive_entry_set_pathname_utf8(entry_, name.c_str());
-  bool dir = S_ISDIR(st.st_mode);
+  bool dir = info.type == EntryType::kDirectory;
   archive_entry_set_filetype(entry_, dir ? AE_IFDIR : AE_IFREG);
-  archive_entry_set_perm(entry_, st.st_mode & 07777);
-  archive_entry_set_size(entry_, dir ? 0 : st.st_size);
-  archive_entry_set_mtime(entry_, st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+  archive_entry_set_perm(entry_, info.mode & 07777);
+  archive_entry_set_size(entry_, dir ? 0 : static_cast<la_int64_t>(info.size));
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(info.modified.time_since_epoch())
+                .count();
+  archive_entry_set_mtime(entry_, ns / 1000000000, ns % 1000000000);
   if (archive_write_header(ar_, entry_) < ARCHIVE_WARN)
     return ArchiveError(fmt::format("add '{}'", arcname));
   return Status::Ok();
 }
 
 Status ZipStream::BeginFile(std::string arcname, ArchiveMember m) {
-  SLUICE_RETURN_IF_ERROR(WriteHeader(arcname, m.st));
-  if (m.st.st_size == 0) {
+  SLUICE_RETURN_IF_ERROR(WriteHeader(arcname, m.info));
+  if (m.info.size == 0) {
     ++files_;
     if (archive_write_finish_entry(ar_) < ARCHIVE_WARN)
       return ArchiveError(fmt::format("finish '{}'", arcname));
     return Status::Ok();
   }
-  file_ = std::move(m.fd);
-  file_left_ = static_cast<uint64_t>(m.st.st_size);
+  file_ = std::move(m.file);
+  file_off_ = 0;
+  file_left_ = m.info.size;
   file_name_ = std::move(arcname);
   return Status::Ok();
 }
@@ -200,12 +205,9 @@ Status ZipStream::BeginDir(std::string arcname, ArchiveMember m, bool skip_uploa
   if (stack_.size() >= kMaxZipDepth)
     return Status(Code::kTooLarge, fmt::format("archive {}: '{}' is nested deeper than {} levels",
                                                label_, arcname, kMaxZipDepth));
-  if (!arcname.empty()) SLUICE_RETURN_IF_ERROR(WriteHeader(arcname, m.st));
-  DIR* d = ::fdopendir(m.fd.get());
-  if (!d) return Status::FromErrno(errno, fmt::format("list '{}'", arcname));
-  m.fd.release();  // owned by the DIR now
+  if (!arcname.empty()) SLUICE_RETURN_IF_ERROR(WriteHeader(arcname, m.info));
   Frame f;
-  f.dir.reset(d);
+  f.dir = std::move(m.dir);
   f.prefix = arcname.empty() ? std::string() : arcname + "/";
   f.skip_upload_dir = skip_upload_dir;
   stack_.push_back(std::move(f));
@@ -214,18 +216,17 @@ Status ZipStream::BeginDir(std::string arcname, ArchiveMember m, bool skip_uploa
 
 Status ZipStream::FileData() {
   size_t want = static_cast<size_t>(std::min<uint64_t>(file_left_, in_.size()));
-  ssize_t n;
-  do {
-    n = ::read(file_.get(), in_.data(), want);
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) return Status::FromErrno(errno, fmt::format("read '{}'", file_name_));
+  auto got = file_->ReadAt(file_off_, in_.data(), want);
+  if (!got.ok()) return got.status().WithContext(fmt::format("read '{}'", file_name_));
+  const size_t n = *got;
   if (n == 0)
     return Status(Code::kIoError,
                   fmt::format("archive {}: '{}' shrank while being archived", label_, file_name_));
-  if (archive_write_data(ar_, in_.data(), static_cast<size_t>(n)) < 0)
+  if (archive_write_data(ar_, in_.data(), n) < 0)
     return ArchiveError(fmt::format("compress '{}'", file_name_));
-  bytes_read_ += static_cast<uint64_t>(n);
-  file_left_ -= static_cast<uint64_t>(n);
+  bytes_read_ += n;
+  file_off_ += n;
+  file_left_ -= n;
   if (file_left_ == 0) {
     file_.reset();
     ++files_;
@@ -238,52 +239,59 @@ Status ZipStream::FileData() {
 Status ZipStream::NextFromSource() {
   ZipSource& src = sources_[next_source_++];
   ArchiveMember m;
-  if (src.member.fd.valid()) {
-    m = std::move(src.member);
+  if (src.member) {
+    m = std::move(*src.member);
   } else {
-    auto r = OpenArchiveMember(root_->get(), src.rel);
+    auto r = OpenArchiveMember(*volume_, vfid_, src.rel);
     if (!r.ok()) return r.status().WithContext(fmt::format("archive {}", label_));
     m = std::move(r).value();
   }
-  if (S_ISDIR(m.st.st_mode)) return BeginDir(src.arcname, std::move(m), src.skip_upload_dir);
+  if (m.is_dir()) return BeginDir(src.arcname, std::move(m), src.skip_upload_dir);
   return BeginFile(src.arcname, std::move(m));
 }
 
 Status ZipStream::NextFromDir() {
   Frame& f = stack_.back();
-  errno = 0;
-  struct dirent* e = ::readdir(f.dir.get());
-  if (!e) {
-    if (errno != 0)
-      return Status::FromErrno(errno, fmt::format("archive {}: list '{}'", label_, f.prefix));
+  auto next = f.dir->Next();
+  if (!next.ok())
+    return next.status().WithContext(fmt::format("archive {}: list '{}'", label_, f.prefix));
+  if (!*next) {
     stack_.pop_back();
     return Status::Ok();
   }
-  std::string_view name = e->d_name;
-  if (name == "." || name == "..") return Status::Ok();
+  const std::string& name = (*next)->name;
   if (f.skip_upload_dir && name == ".upload") return Status::Ok();  // partial uploads
-  std::string arcname = f.prefix + std::string(name);
+  std::string arcname = f.prefix + name;
   auto skip = [&](const std::string& why) {
     if (++skipped_ <= kSkipLogLines)
       spdlog::info("archive {}: skipped '{}': {}", label_, arcname, why);
     return Status::Ok();
   };
-  if (IsSpecialType(e->d_type))
-    return skip(e->d_type == DT_LNK ? "a symbolic link" : "a special file");
-  auto m = OpenChild(dirfd(f.dir.get()), e->d_name, arcname);
+  EntryType type = (*next)->type;
+  if (type == EntryType::kSymlink) return skip("a symbolic link");
+  if (type == EntryType::kOther) return skip("a special file");
+  auto info = f.dir->StatEntry(name);
+  if (!info.ok()) {
+    if (info.status().code() == Code::kNotFound) return skip("removed while being archived");
+    return info.status();
+  }
+  DirHandle* dir = f.dir.get();
+  auto m = OpenMember(
+      std::move(info).value(), arcname, [&] { return dir->OpenFile(name); },
+      [&] { return dir->OpenSubdir(name); });
   if (!m.ok()) {
     Code c = m.status().code();
     if (c == Code::kInvalidPath || c == Code::kNotFound || c == Code::kPermissionDenied)
       return skip(m.status().message());
     return m.status();
   }
-  if (S_ISDIR(m->st.st_mode)) return BeginDir(std::move(arcname), std::move(m).value(), false);
+  if (m->is_dir()) return BeginDir(std::move(arcname), std::move(m).value(), false);
   return BeginFile(std::move(arcname), std::move(m).value());
 }
 
 Status ZipStream::Step() {
   if (!started_) return Start();
-  if (file_.valid()) return FileData();
+  if (file_) return FileData();
   if (!stack_.empty()) return NextFromDir();
   if (next_source_ < sources_.size()) return NextFromSource();
   if (archive_write_close(ar_) != ARCHIVE_OK) return ArchiveError("finish the archive");

@@ -2,20 +2,21 @@
 // client reads it (libarchive writing into a small buffer), never built in memory or on disk.
 //
 // Memory does not grow with the data: one read chunk of file data, its compressed form, one
-// directory stream per level of the walk (at most kMaxZipDepth levels), and the central
+// open directory per level of the walk (at most kMaxZipDepth levels), and the central
 // directory that ZIP needs at the end (about 100 bytes per entry, at most kMaxZipEntries).
 // Inside walked directories, symbolic links and special files are skipped (with a log line).
+// Everything is read through the Volume interface (directory handles, file readers): any
+// backend can be archived.
 #pragma once
 
-#include <sys/stat.h>
-
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "common/fd.h"
 #include "common/status.h"
+#include "volume/volume.h"
 
 struct archive;
 struct archive_entry;
@@ -29,22 +30,25 @@ inline constexpr size_t kMaxZipDepth = 256;
 // bounds that memory (to about 100 MiB).
 inline constexpr uint64_t kMaxZipEntries = 1000000;
 
-// A regular file or directory opened beneath the vfolder root for archiving.
+// A regular file or directory of a vfolder, opened for archiving.
 struct ArchiveMember {
-  UniqueFd fd;  // O_RDONLY (a directory: O_DIRECTORY)
-  struct stat st {};
+  DirEntry info;
+  std::shared_ptr<FileReader> file;  // a regular file
+  std::unique_ptr<DirHandle> dir;    // or a directory
+  bool is_dir() const { return dir != nullptr; }
 };
 
-// Opens `rel` beneath `rootfd` for an archive: intermediate components may be symlinks that stay
+// Opens `rel` of the vfolder for an archive: intermediate components may be symlinks that stay
 // inside the vfolder, but the last component must be a regular file or a directory itself.
 // kInvalidPath for escapes, symlinks and special files; kNotFound when missing.
-Result<ArchiveMember> OpenArchiveMember(int rootfd, std::string_view rel);
+Result<ArchiveMember> OpenArchiveMember(Volume& volume, const VFolderId& vfid,
+                                        std::string_view rel);
 
 struct ZipSource {
   // Name in the archive: "" puts a directory's contents at the top of the archive.
   std::string arcname;
-  // Either an open member (fd valid) or a path beneath the root to open when its turn comes.
-  ArchiveMember member;
+  // Either an open member or a path of the vfolder to open when its turn comes.
+  std::optional<ArchiveMember> member;
   std::string rel;
   // Skip the upload staging directory (".upload") directly inside this directory: set when the
   // source is the vfolder root.
@@ -53,9 +57,8 @@ struct ZipSource {
 
 class ZipStream {
  public:
-  // `root`: the vfolder root (an O_PATH directory fd is enough); `label` names the download in
-  // log lines.
-  ZipStream(std::shared_ptr<UniqueFd> root, std::vector<ZipSource> sources, std::string label);
+  // Sources are paths of `vfid` on `volume`; `label` names the download in log lines.
+  ZipStream(Volume* volume, VFolderId vfid, std::vector<ZipSource> sources, std::string label);
   ~ZipStream();
   ZipStream(const ZipStream&) = delete;
   ZipStream& operator=(const ZipStream&) = delete;
@@ -77,21 +80,22 @@ class ZipStream {
   Status NextFromDir();
   Status BeginFile(std::string arcname, ArchiveMember m);
   Status BeginDir(std::string arcname, ArchiveMember m, bool skip_upload_dir);
-  Status WriteHeader(const std::string& arcname, const struct stat& st);
+  Status WriteHeader(const std::string& arcname, const DirEntry& info);
   Status FileData();
   Status ArchiveError(std::string_view what);
   static ssize_t OnWrite(struct archive* a, void* self, const void* buf, size_t n);
 
-  std::shared_ptr<UniqueFd> root_;
+  Volume* volume_;
+  VFolderId vfid_;
   std::vector<ZipSource> sources_;
   std::string label_;
   size_t next_source_ = 0;
   struct archive* ar_ = nullptr;
   struct archive_entry* entry_ = nullptr;
   std::vector<Frame> stack_;
-  UniqueFd file_;  // the file whose data is being written
+  std::shared_ptr<FileReader> file_;  // the file whose data is being written
   std::string file_name_;
-  uint64_t file_left_ = 0;
+  uint64_t file_off_ = 0, file_left_ = 0;
   std::string out_;  // archive bytes produced but not yet handed out
   size_t out_pos_ = 0;
   std::vector<char> in_;

@@ -8,6 +8,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <random>
 
@@ -18,15 +20,11 @@
 #include "common/fs_util.h"
 #include "common/path.h"
 #include "common/secrets.h"
+#include "volume/posix_files.h"
 
 namespace sluice {
 
 namespace {
-
-std::chrono::system_clock::time_point ToTimePoint(const struct statx_timestamp& ts) {
-  return std::chrono::system_clock::time_point(std::chrono::seconds(ts.tv_sec) +
-                                               std::chrono::nanoseconds(ts.tv_nsec));
-}
 
 std::string RandomHex(size_t n) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -348,32 +346,9 @@ Result<std::vector<DirEntry>> PosixVolume::ListDir(const VFolderId& vfid, std::s
     SLUICE_ASSIGN_OR_RETURN(auto e, reader.Next());
     if (!e) break;
     if (limit && out.size() >= limit) break;
-    std::string name(e->name);
-    struct statx sx;
-    if (::statx(dir.get(), name.c_str(), AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS | STATX_BTIME,
-                &sx) != 0)
-      continue;  // vanished meanwhile
-    DirEntry de;
-    de.name = std::move(name);
-    de.mode = sx.stx_mode;
-    de.size = sx.stx_size;
-    de.modified = ToTimePoint(sx.stx_mtime);
-    de.created =
-        (sx.stx_mask & STATX_BTIME) ? ToTimePoint(sx.stx_btime) : ToTimePoint(sx.stx_ctime);
-    if (S_ISDIR(sx.stx_mode)) {
-      de.type = EntryType::kDirectory;
-    } else if (S_ISLNK(sx.stx_mode)) {
-      de.type = EntryType::kSymlink;
-      std::string target(PATH_MAX, '\0');
-      ssize_t len = ::readlinkat(dir.get(), de.name.c_str(), target.data(), target.size());
-      if (len >= 0) {
-        target.resize(static_cast<size_t>(len));
-        de.symlink_target = std::move(target);
-      }
-    } else if (S_ISREG(sx.stx_mode)) {
-      de.type = EntryType::kFile;
-    }
-    out.push_back(std::move(de));
+    auto entry = StatAt(dir.get(), std::string(e->name));
+    if (!entry.ok()) continue;  // vanished meanwhile
+    out.push_back(std::move(entry).value());
   }
   return out;
 }
@@ -411,22 +386,92 @@ Status PosixVolume::Move(const VFolderId& vfid, std::string_view src, std::strin
   return Status::Ok();
 }
 
-Result<Volume::OpenFile> PosixVolume::OpenForRead(const VFolderId& vfid, std::string_view relpath) {
+namespace {
+
+// The whole path of a file below a vfolder, for one openat2 that may not pass a symbolic link:
+// plain directories below the vfolder's directory, with no "..", cannot lead out of it, so this
+// opens exactly what the vfolder root plus OpenBeneath would, with one path walk and no root fd.
+// Once the path turns out to hold a symbolic link, it is not tried again.
+struct PosixLookupHint : LookupHint {
+  std::string path;
+  mutable std::atomic<bool> via_symlink{false};
+};
+
+}  // namespace
+
+std::shared_ptr<const LookupHint> PosixVolume::PrepareLookup(const VFolderId& vfid,
+                                                             std::string_view relpath) const {
+  auto parts = SplitRelPath(relpath);
+  if (!parts.ok() || parts->empty()) return nullptr;
+  auto h = std::make_shared<PosixLookupHint>();
+  h->path = VFolderPath(vfid) + "/" + JoinComponents(*parts, parts->size());
+  return h;
+}
+
+Result<std::shared_ptr<FileReader>> PosixVolume::OpenReader(const VFolderId& vfid,
+                                                            std::string_view relpath, Lookup lookup,
+                                                            const LookupHint* hint) {
+  const bool cached = lookup == Lookup::kCachedOnly;
+  // O_NONBLOCK: opening a FIFO must not park a thread until a writer shows up (it is refused
+  // below as not a regular file; for regular files the flag changes nothing).
+  constexpr int kFlags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
+  if (const auto* h = static_cast<const PosixLookupHint*>(hint); h && !h->via_symlink.load()) {
+    struct open_how how {};
+    how.flags = kFlags;
+    how.resolve = RESOLVE_NO_SYMLINKS | (cached ? RESOLVE_CACHED : 0);
+    long fd = ::syscall(SYS_openat2, AT_FDCWD, h->path.c_str(), &how, sizeof(how));
+    if (fd >= 0) {
+      auto r = PosixFileReader::FromFd(UniqueFd(static_cast<int>(fd)), relpath, cached);
+      if (r.ok()) return r;
+      // Not a regular file: the general path below gives the authoritative answer.
+    } else if (errno == ELOOP) {
+      h->via_symlink = true;
+    }
+  }
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid, lookup));
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd fd, OpenBeneath(root.get(), relpath, kFlags, 0, lookup));
+  return PosixFileReader::FromFd(std::move(fd), relpath, cached);
+}
+
+Result<DirEntry> PosixVolume::Stat(const VFolderId& vfid, std::string_view relpath) {
+  SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
   SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
-  // O_NONBLOCK: opening a FIFO must not park a worker thread until a writer shows up (the fd
-  // is refused below as not a regular file; for regular files the flag changes nothing).
-  SLUICE_ASSIGN_OR_RETURN(UniqueFd fd, OpenBeneath(root.get(), relpath, O_RDONLY | O_NONBLOCK));
-  struct stat sb;
-  if (::fstat(fd.get(), &sb) != 0) return Status::FromErrno(errno, "fstat");
-  if (!S_ISREG(sb.st_mode))
-    return Status(Code::kInvalidArgument, fmt::format("'{}' is not a regular file", relpath),
-                  S_ISDIR(sb.st_mode) ? EISDIR : EINVAL);
-  OpenFile f;
-  f.fd = std::move(fd);
-  f.size = static_cast<uint64_t>(sb.st_size);
-  f.modified = std::chrono::system_clock::time_point(std::chrono::seconds(sb.st_mtim.tv_sec) +
-                                                     std::chrono::nanoseconds(sb.st_mtim.tv_nsec));
-  return f;
+  if (parts.empty()) return StatAt(root.get(), "");
+  SLUICE_ASSIGN_OR_RETURN(ParentRef parent, OpenParentBeneath(root.get(), relpath));
+  auto e = StatAt(parent.dir.get(), parent.name);
+  if (!e.ok() && e.status().code() == Code::kNotFound)
+    return Status(Code::kNotFound, fmt::format("'{}' does not exist", relpath), ENOENT);
+  return e;
+}
+
+Result<std::unique_ptr<DirHandle>> PosixVolume::OpenDir(const VFolderId& vfid,
+                                                        std::string_view relpath) {
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, OpenBeneath(root.get(), relpath, O_RDONLY | O_DIRECTORY));
+  return PosixDirHandle::FromFd(std::move(dir), relpath);
+}
+
+Result<std::vector<DirEntry>> PosixVolume::ListSorted(const VFolderId& vfid,
+                                                      std::string_view relpath,
+                                                      std::string_view start_after, size_t max) {
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, OpenBeneath(root.get(), relpath, O_RDONLY | O_DIRECTORY));
+  SLUICE_ASSIGN_OR_RETURN(auto entries, ReadDirEntries(dir.get(), relpath));
+  std::vector<std::string> names;
+  for (auto& e : entries)
+    if (e.name > start_after) names.push_back(std::move(e.name));
+  std::sort(names.begin(), names.end());
+  std::vector<DirEntry> out;
+  for (const auto& n : names) {
+    if (out.size() >= max) break;
+    auto e = StatAt(dir.get(), n);
+    if (!e.ok()) {
+      if (e.status().code() == Code::kNotFound) continue;  // removed meanwhile
+      return e.status();
+    }
+    out.push_back(std::move(e).value());
+  }
+  return out;
 }
 
 Status PosixVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::string>& relpaths,

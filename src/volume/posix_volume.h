@@ -46,7 +46,16 @@ class PosixVolume : public Volume {
   Status Rename(const VFolderId& vfid, std::string_view relpath,
                 std::string_view new_name) override;
   Status Move(const VFolderId& vfid, std::string_view src, std::string_view dst) override;
-  Result<OpenFile> OpenForRead(const VFolderId& vfid, std::string_view relpath) override;
+  Result<std::shared_ptr<FileReader>> OpenReader(const VFolderId& vfid, std::string_view relpath,
+                                                 Lookup lookup = Lookup::kMayBlock,
+                                                 const LookupHint* hint = nullptr) override;
+  std::shared_ptr<const LookupHint> PrepareLookup(const VFolderId& vfid,
+                                                  std::string_view relpath) const override;
+  Result<DirEntry> Stat(const VFolderId& vfid, std::string_view relpath) override;
+  Result<std::unique_ptr<DirHandle>> OpenDir(const VFolderId& vfid,
+                                             std::string_view relpath) override;
+  Result<std::vector<DirEntry>> ListSorted(const VFolderId& vfid, std::string_view relpath,
+                                           std::string_view start_after, size_t max) override;
   Result<UniqueFd> OpenVFolderRoot(const VFolderId& vfid,
                                    Lookup lookup = Lookup::kMayBlock) const override;
   Status DeleteFiles(const VFolderId& vfid, const std::vector<std::string>& relpaths,

@@ -60,6 +60,55 @@ struct DirEntry {
   std::chrono::system_clock::time_point created;
   std::chrono::system_clock::time_point modified;
   std::optional<std::string> symlink_target;
+  // What identifies this version of the content, with size and modified: the inode where the
+  // backend has one, and the backend's own entity tag where it keeps one (an origin's ETag).
+  // The API derives validators (ETag, Last-Modified) from these.
+  uint64_t ino = 0;
+  std::string etag;
+};
+
+// An open file of a volume: its attributes when opened, and its bytes.
+class FileReader {
+ public:
+  virtual ~FileReader() = default;
+  virtual const DirEntry& info() const = 0;
+  uint64_t size() const { return info().size; }
+  // Reads up to `n` bytes at `offset`; fewer only at the end of the file (0 there). Blocks.
+  virtual Result<size_t> ReadAt(uint64_t offset, char* buf, size_t n) = 0;
+  // The same, from what is in memory now: kUnavailable (EAGAIN) when some of it would have to
+  // come from a device or an origin. For event loops, which must never wait.
+  virtual Result<size_t> ReadAtNoWait(uint64_t offset, char* buf, size_t n) {
+    return Status(Code::kUnavailable, "this file cannot be read without waiting", EAGAIN);
+  }
+  // The file's descriptor where its data is a local file, for zero-copy sends (sendfile) and
+  // page-cache probes; -1 otherwise (a remote object).
+  virtual int native_fd() const { return -1; }
+};
+
+// An open directory of a volume: its entries in directory order, and its children opened
+// relative to it (never following a symbolic link), so that a walk never resolves a path.
+class DirHandle {
+ public:
+  virtual ~DirHandle() = default;
+  virtual const DirEntry& info() const = 0;  // the directory itself
+  struct Name {
+    std::string name;
+    EntryType type = EntryType::kOther;
+  };
+  // The next entry; nullopt at the end.
+  virtual Result<std::optional<Name>> Next() = 0;
+  // The attributes of entry `name` (a symbolic link is described, not followed).
+  virtual Result<DirEntry> StatEntry(const std::string& name) = 0;
+  // kInvalidPath for a symbolic link, kInvalidArgument for anything but a regular file.
+  virtual Result<std::shared_ptr<FileReader>> OpenFile(const std::string& name) = 0;
+  // kInvalidPath for a symbolic link, kInvalidArgument (ENOTDIR) for a non-directory.
+  virtual Result<std::unique_ptr<DirHandle>> OpenSubdir(const std::string& name) = 0;
+};
+
+// A volume's precomputed route to a path it will be asked to open again and again (the file of
+// a download token): opaque to callers, given back to the volume that made it.
+struct LookupHint {
+  virtual ~LookupHint() = default;
 };
 
 struct HwInfo {
@@ -161,12 +210,30 @@ class Volume {
   virtual Status Rename(const VFolderId& vfid, std::string_view relpath,
                         std::string_view new_name) = 0;
   virtual Status Move(const VFolderId& vfid, std::string_view src, std::string_view dst) = 0;
-  struct OpenFile {
-    UniqueFd fd;
-    uint64_t size = 0;
-    std::chrono::system_clock::time_point modified;
-  };
-  virtual Result<OpenFile> OpenForRead(const VFolderId& vfid, std::string_view relpath) = 0;
+
+  // --- the data path: what every protocol reads through ---
+  // Opens the regular file at `relpath` for reading (symbolic links are followed while they stay
+  // inside the vfolder). kNotFound when missing, kInvalidPath when it escapes, kInvalidArgument
+  // (EISDIR for a directory) when it is not a regular file. With Lookup::kCachedOnly it does no
+  // I/O: kUnavailable when it would need some. `hint` must come from this volume's
+  // PrepareLookup for the same vfolder and path.
+  virtual Result<std::shared_ptr<FileReader>> OpenReader(const VFolderId& vfid,
+                                                         std::string_view relpath,
+                                                         Lookup lookup = Lookup::kMayBlock,
+                                                         const LookupHint* hint = nullptr) = 0;
+  virtual std::shared_ptr<const LookupHint> PrepareLookup(const VFolderId& vfid,
+                                                          std::string_view relpath) const {
+    return nullptr;
+  }
+  // The attributes of `relpath` (a symbolic link at its end is described, not followed).
+  virtual Result<DirEntry> Stat(const VFolderId& vfid, std::string_view relpath) = 0;
+  // Opens the directory at `relpath` (symbolic links followed while they stay inside).
+  virtual Result<std::unique_ptr<DirHandle>> OpenDir(const VFolderId& vfid,
+                                                     std::string_view relpath) = 0;
+  // Up to `max` entries of the directory at `relpath` whose names sort after `start_after`
+  // (byte order), in that order, with their attributes: a listing that pages.
+  virtual Result<std::vector<DirEntry>> ListSorted(const VFolderId& vfid, std::string_view relpath,
+                                                   std::string_view start_after, size_t max) = 0;
   // The vfolder's root directory, opened O_PATH: the directory fd that paths inside the vfolder
   // are resolved beneath (OpenBeneath). kNotFound naming the vfolder when it is missing. With
   // Lookup::kCachedOnly it does no I/O: kUnavailable when the lookup would need some.

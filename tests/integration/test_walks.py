@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import new_qsid, new_vfid
+from conftest import new_qsid, new_vfid, rss_kib
 from test_upload import new_session, patch
 
 DEPTH = 10000
@@ -170,3 +170,47 @@ def test_trash_that_cannot_be_emptied_is_not_fatal(make_daemon, tmp_path):
     while stuck.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not stuck.exists()
+
+
+def test_listings_stream_with_bounded_memory(make_daemon):
+    """With scandir-limit = 0, 16 listings of a 200k-entry directory left RSS at 4 GB: the
+    listing was built whole, as JSON objects, per request. It now streams as it is read."""
+    d = make_daemon(storage_proxy={"scandir-limit": 0})
+    vfid = d.create_vfolder()
+    big = d.vfolder_path(vfid) / "big"
+    big.mkdir()
+    n = 100000
+    for i in range(n):
+        os.close(os.open(big / f"entry-with-a-longish-name-{i:07d}", os.O_CREAT | os.O_WRONLY,
+                         0o644))
+    peak = [rss_kib(d.proc.pid)]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], rss_kib(d.proc.pid))
+            time.sleep(0.01)
+
+    counts = []
+
+    def listing():
+        r = d.mgr("POST", "/folder/file/list",
+                  json={"volume": "local", "vfid": vfid, "relpath": "big"}, timeout=300)
+        assert r.status_code == 200, r.text[:200]
+        items = r.json()["items"]
+        counts.append(len(items))
+        assert items[0]["type"] == "FILE" and items[0]["stat"]["size"] == 0
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        threads = [threading.Thread(target=listing) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        stop.set()
+        sampler.join()
+    assert counts == [n] * 16
+    assert peak[0] < 128 * 1024, f"sluiced RSS peaked at {peak[0] / 1024:.0f} MiB"

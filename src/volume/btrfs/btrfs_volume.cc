@@ -24,7 +24,7 @@ using btrfs::QgroupName;
 namespace {
 
 // A directory opened for ioctls (O_PATH descriptors do not take ioctls).
-Result<UniqueFd> OpenDir(int dirfd, const std::string& name, const std::string& what) {
+Result<UniqueFd> OpenDirAt(int dirfd, const std::string& name, const std::string& what) {
   int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno(errno, fmt::format("open '{}'", what));
   return UniqueFd(fd);
@@ -213,7 +213,7 @@ Status BtrfsQuotaModel::CreateScope(const QuotaScopeId& qsid, std::optional<uint
     vol_->stale_.Reap(mfd, vol_->sysfs_);
     return st.WithContext(fmt::format("create quota scope {}", qsid.ToString()));
   };
-  auto scope = OpenDir(mfd, qsid.hex, ScopePath(qsid));
+  auto scope = OpenDirAt(mfd, qsid.hex, ScopePath(qsid));
   if (!scope.ok()) return fail(scope.status());
   auto id = btrfs::SubvolumeId(scope->get());
   if (!id.ok()) return fail(id.status());
@@ -239,7 +239,7 @@ Result<std::optional<uint64_t>> BtrfsQuotaModel::ScopeQgroup(const QuotaScopeId&
   if (q) return q;
   SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
   int mfd = vol_->mount_fd_.get();
-  SLUICE_ASSIGN_OR_RETURN(UniqueFd scope, OpenDir(mfd, qsid.hex, ScopePath(qsid)));
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd scope, OpenDirAt(mfd, qsid.hex, ScopePath(qsid)));
   struct stat sb;
   if (::fstat(scope.get(), &sb) != 0)
     return Status::FromErrno(errno, fmt::format("stat quota scope {}", qsid.ToString()));
@@ -316,7 +316,7 @@ Status BtrfsQuotaModel::DeleteScope(const QuotaScopeId& qsid) {
   std::lock_guard lk(mu_);
   SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
   int mfd = vol_->mount_fd_.get();
-  SLUICE_ASSIGN_OR_RETURN(UniqueFd scope, OpenDir(mfd, qsid.hex, ScopePath(qsid)));
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd scope, OpenDirAt(mfd, qsid.hex, ScopePath(qsid)));
   SLUICE_ASSIGN_OR_RETURN(auto names, ListNames(scope.get(), ScopePath(qsid)));
   std::string tmp_file = std::string(kQgroupFile) + ".tmp";
   for (const auto& n : names) {
@@ -366,7 +366,7 @@ Status BtrfsFSOpModel::DeleteTree(const std::string& path) {
     if (::fstatat(parent, name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) != 0 ||
         !btrfs::IsSubvolumeRoot(sb))
       return false;
-    SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(parent, name, name));
+    SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, OpenDirAt(parent, name, name));
     auto id = btrfs::SubvolumeId(dir.get());
     dir.reset();
     if (id.ok()) (void)vol_->stale_.Add(Qgroup(0, *id));
@@ -503,7 +503,7 @@ Status BtrfsVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_
   std::string l2 = l1 + "/" + h.substr(2, 2);
   SLUICE_RETURN_IF_ERROR(EnsureDir(l1, 0755));
   SLUICE_RETURN_IF_ERROR(EnsureDir(l2, 0755));
-  SLUICE_ASSIGN_OR_RETURN(UniqueFd parent, OpenDir(AT_FDCWD, l2, l2));
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd parent, OpenDirAt(AT_FDCWD, l2, l2));
   std::string name = h.substr(4);
   auto exists = [&] {
     return Status(Code::kAlreadyExists, fmt::format("vfolder {} already exists on volume {}",
@@ -527,7 +527,7 @@ Status BtrfsVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_
   if (::fchmodat(parent.get(), tmp.c_str(), mode, 0) != 0)
     return fail(Status::FromErrno(errno, ctx + ": chmod"));
   if (scope_q) {
-    auto sub = OpenDir(parent.get(), tmp, l2 + "/" + tmp);
+    auto sub = OpenDirAt(parent.get(), tmp, l2 + "/" + tmp);
     if (!sub.ok()) return fail(sub.status().WithContext(ctx));
     auto id = btrfs::SubvolumeId(sub->get());
     if (!id.ok()) return fail(id.status().WithContext(ctx));
@@ -604,8 +604,8 @@ Status BtrfsVolume::SnapshotInto(int src_fd, const VFolderId& dst,
   size_t slash = path.rfind('/');
   std::string parent_path = path.substr(0, slash);
   std::string name = path.substr(slash + 1);
-  SLUICE_ASSIGN_OR_RETURN(UniqueFd parent, OpenDir(AT_FDCWD, parent_path, parent_path));
-  SLUICE_ASSIGN_OR_RETURN(UniqueFd placeholder, OpenDir(parent.get(), name, path));
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd parent, OpenDirAt(AT_FDCWD, parent_path, parent_path));
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd placeholder, OpenDirAt(parent.get(), name, path));
   SLUICE_ASSIGN_OR_RETURN(uint64_t placeholder_id, btrfs::SubvolumeId(placeholder.get()));
   placeholder.reset();
   // Snapshot beside the (empty) destination, then swap the two atomically: the vfolder never

@@ -19,7 +19,7 @@ namespace sluice {
 
 namespace {
 
-Result<UniqueFd> OpenDir(const std::string& p) {
+Result<UniqueFd> OpenDirByPath(const std::string& p) {
   int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno(errno, fmt::format("open '{}'", p));
   return UniqueFd(fd);
@@ -72,7 +72,7 @@ Result<uint32_t> XfsQuotaModel::ScopeProject(const QuotaScopeId& qsid) {
   if (id) return *id;
   SLUICE_ASSIGN_OR_RETURN(uint32_t fresh, vol_->AllocateProjectId());
   std::string p = ScopePath(qsid);
-  SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(p));
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, OpenDirByPath(p));
   // The id on every entry first, the file last: a crash midway is redone at the next use.
   SLUICE_RETURN_IF_ERROR(xfs::SetProjectTree(dir.get(), fresh, p)
                              .WithContext(fmt::format("adopt quota scope {}", qsid.ToString())));
@@ -90,7 +90,7 @@ Status XfsQuotaModel::CreateScope(const QuotaScopeId& qsid, std::optional<uint64
   auto setup = [&]() -> Status {
     if (!vol_->projects_) return Status::Ok();
     SLUICE_ASSIGN_OR_RETURN(uint32_t id, vol_->AllocateProjectId());
-    SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, OpenDir(p));
+    SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, OpenDirByPath(p));
     SLUICE_RETURN_IF_ERROR(xfs::SetProject(dir.get(), id, true).WithContext(p));
     if (limit) SLUICE_RETURN_IF_ERROR(xfs::SetProjectLimit(vol_->device(), id, *limit));
     return WriteIdFile(qsid, id);
@@ -230,7 +230,7 @@ Status XfsVolume::Init() {
                               cfg_.name, cfg_.path, FsName(), static_cast<uint64_t>(sf.f_type)));
   // Project ids must work: they are what a limit would apply to.
   {
-    SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenDir(cfg_.path));
+    SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenDirByPath(cfg_.path));
     auto attr = xfs::GetProject(root.get());
     if (!attr.ok())
       return attr.status().WithContext(
@@ -241,7 +241,7 @@ Status XfsVolume::Init() {
   if (kind_ == Kind::kExt4) {
     std::string probe = cfg_.path + "/.sluice-probe-XXXXXX";
     if (::mkdtemp(probe.data())) {
-      auto fd = OpenDir(probe);
+      auto fd = OpenDirByPath(probe);
       Status set = fd.ok() ? xfs::SetProject(fd->get(), 1, false) : fd.status();
       if (set.ok()) (void)xfs::SetProject(fd->get(), 0, false);
       if (!set.ok() && set.sys_errno() == EOPNOTSUPP) projects_ = false;

@@ -254,13 +254,13 @@ TEST_P(Conformance, FileOperations) {
   ASSERT_TRUE(vol_->Move(vf_, "x/g.txt", "x/y").ok());  // into an existing directory
   EXPECT_TRUE(fs::exists(VfPath() + "/x/y/g.txt"));
   ASSERT_TRUE(vol_->Move(vf_, "x/y/g.txt", "h.txt").ok());
-  auto f = vol_->OpenForRead(vf_, "h.txt");
+  auto f = vol_->OpenReader(vf_, "h.txt");
   ASSERT_TRUE(f.ok());
-  EXPECT_EQ(f->size, 4u);
-  EXPECT_EQ(vol_->OpenForRead(vf_, "x").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ((*f)->size(), 4u);
+  EXPECT_EQ(vol_->OpenReader(vf_, "x").status().code(), Code::kInvalidArgument);
   // A FIFO is refused at once instead of blocking the reader until a writer appears.
   ASSERT_EQ(::mkfifo((VfPath() + "/fifo").c_str(), 0644), 0);
-  EXPECT_EQ(vol_->OpenForRead(vf_, "fifo").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(vol_->OpenReader(vf_, "fifo").status().code(), Code::kInvalidArgument);
   ASSERT_EQ(::unlink((VfPath() + "/fifo").c_str()), 0);
   EXPECT_EQ(vol_->DeleteFiles(vf_, {"x"}, false).code(), Code::kNotEmpty);
   EXPECT_TRUE(fs::exists(VfPath() + "/x/y/z"));
@@ -276,8 +276,8 @@ TEST_P(Conformance, HostilePathsChangeNothing) {
   auto before = Snapshot(base_);
   EXPECT_EQ(vol_->Mkdir(vf_, "../evil", true, false).code(), Code::kInvalidPath);
   EXPECT_EQ(vol_->Mkdir(vf_, "out/evil", true, false).code(), Code::kInvalidPath);
-  EXPECT_EQ(vol_->OpenForRead(vf_, "out/outside.txt").status().code(), Code::kInvalidPath);
-  EXPECT_EQ(vol_->OpenForRead(vf_, "/etc/passwd").status().code(), Code::kInvalidPath);
+  EXPECT_EQ(vol_->OpenReader(vf_, "out/outside.txt").status().code(), Code::kInvalidPath);
+  EXPECT_EQ(vol_->OpenReader(vf_, "/etc/passwd").status().code(), Code::kInvalidPath);
   EXPECT_EQ(vol_->ListDir(vf_, "out", 0).status().code(), Code::kInvalidPath);
   EXPECT_EQ(vol_->DeleteFiles(vf_, {"in.txt", "out/outside.txt"}, true).code(), Code::kInvalidPath);
   EXPECT_EQ(vol_->Move(vf_, "in.txt", "out/moved.txt").code(), Code::kInvalidPath);

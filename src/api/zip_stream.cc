@@ -260,7 +260,7 @@ Status ZipStream::NextFromDir() {
     return Status::Ok();
   }
   const std::string& name = (*next)->name;
-  if (f.skip_upload_dir && name == ".upload") return Status::Ok();  // partial uploads
+  if (f.skip_upload_dir && name == kStagingDirName) return Status::Ok();  // partial uploads
   std::string arcname = f.prefix + name;
   auto skip = [&](const std::string& why) {
     if (++skipped_ <= kSkipLogLines)

@@ -81,9 +81,8 @@ Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
   SLUICE_RETURN_IF_ERROR(sv->CheckVFolder(src));
   if (src_volume == dst_volume && src == dst)
     return Status(Code::kInvalidArgument, "source and destination of a clone are the same vfolder");
-  struct stat sb;
   mode_t mode = 0755;
-  if (::stat(sv->VFolderPath(src).c_str(), &sb) == 0) mode = sb.st_mode & 07777;
+  if (auto root = sv->Stat(src, ""); root.ok()) mode = root->mode & 07777;
   // Destination scope is created on demand, as Backend.AI does for clones.
   SLUICE_RETURN_IF_ERROR(dv->CreateVFolder(dst, mode, true, std::nullopt));
   nlohmann::json params = {{"src_volume", src_volume},
@@ -112,12 +111,7 @@ Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
                           *q.limit_bytes));
       }
       // Within one volume the backend may clone faster (snapshot, reflink).
-      Status st = sv == dv ? dv->CloneVFolderInto(src, dst)
-                           : sv->fsop().CopyTree(sv->VFolderPath(src), dv->VFolderPath(dst));
-      if (st.ok())
-        dv->AccountWrite(dst, static_cast<int64_t>(need.used_bytes),
-                         static_cast<int64_t>(need.file_count));
-      return st;
+      return dv->CopyVFolderFrom(*sv, src, dst);
     };
     Status st = copy();
     if (!st.ok()) {

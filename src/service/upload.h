@@ -1,24 +1,16 @@
-// Resumable uploads (the storage side of tus 1.0.0), backend-agnostic over any volume whose
-// vfolders are directories (PosixVolume and its subclasses).
+// Resumable uploads (the storage side of tus 1.0.0), backend-agnostic: sessions are the
+// staging files of the Volume interface (StagingWriter; on directory volumes
+// volume/posix_staging.h says how they lie on disk), this layer keeps the protocol.
 //
-// On disk, inside the vfolder, an upload session is:
-//   .upload/<session>         the staging file: the bytes received so far
-//   .upload/<session>.offset  the sidecar: {"offset": N, ...}, N bytes of the staging file are
-//                             durable (fdatasync'ed before N was written). Replaced atomically
-//                             (temp file, fsync, rename). Missing means 0.
 // The durable offset is what HEAD reports and what PATCH must continue from; bytes past it
-// (left by a writer that crashed between two syncs) are truncated by the next writer.
+// (left by a writer that crashed between two syncs) are cut off when the next writer opens the
+// session. One writer at a time (the volume's lock).
 //
-// One writer at a time: a writer holds an OFD lock (fcntl F_OFD_SETLK) on the staging file for
-// as long as it writes. The lock belongs to the open file, so every process on the host (and
-// every NFS client, through the server's lock manager) sees it, and it vanishes with the process
-// that held it.
-//
-// Completion: when the durable offset reaches the session's size, the sidecar says so first,
-// then the staging file is renamed onto its final path (parents created beneath the vfolder).
-// A session whose sidecar says "size" and whose staging file is gone is complete; one whose
-// staging file is still there is finished by the next HEAD or PATCH (a crash between the two
-// steps loses nothing).
+// Completion: when the durable offset reaches the session's size, the record says so first,
+// then the staging file is committed under its final path (parents created beneath the
+// vfolder). A session whose record says "size" and whose staging file is gone is complete; one
+// whose staging file is still there is finished by the next HEAD or PATCH (a crash between the
+// two steps loses nothing).
 #pragma once
 
 #include <chrono>
@@ -32,7 +24,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/fd.h"
 #include "common/status.h"
 #include "service/reservations.h"
 #include "volume/ids.h"
@@ -95,15 +86,12 @@ class UploadWriter {
   UploadWriter() = default;
 
   Status Sync();
-  void Release();
 
   UploadTarget target_;
   QuotaReservations* reservations_ = nullptr;
   std::string reservation_key_;
-  UniqueFd root_;       // the vfolder root (O_PATH)
-  UniqueFd updir_;      // .upload (O_RDONLY directory)
-  UniqueFd fd_;         // the staging file, locked
-  uint64_t start_ = 0;  // the offset this PATCH started at
+  std::unique_ptr<StagingWriter> staging_;  // holds the session's lock; null once complete
+  uint64_t start_ = 0;                      // the offset this PATCH started at
   uint64_t durable_ = 0;
   uint64_t written_ = 0;
   bool overlong_ = false;
@@ -118,7 +106,7 @@ class UploadService {
   explicit UploadService(StorageService* svc) : svc_(svc) {}
 
   // The staging directory inside every vfolder.
-  static constexpr const char* kUploadDir = ".upload";
+  static constexpr const char* kUploadDir = kStagingDirName;
 
   // Validates the claims of a verified upload token (volume, vfid, relpath, session, size) and
   // the optional `dst_dir` query parameter (a directory below the vfolder that `relpath` is
@@ -144,11 +132,7 @@ class UploadService {
   Result<std::unique_ptr<UploadWriter>> BeginWrite(const UploadTarget& t, uint64_t client_offset,
                                                    uint64_t* current);
 
-  struct SweepStats {
-    uint64_t removed = 0;  // files removed
-    uint64_t removed_bytes = 0;
-    uint64_t kept_locked = 0;
-  };
+  using SweepStats = StagingSweep;
   // Removes the staging files, sidecars and leftovers of sessions abandoned for longer than
   // session-expire (plus a grace for clock skew) from one vfolder, or from every vfolder of
   // every volume. Sessions that a writer holds are kept.
@@ -157,6 +141,9 @@ class UploadService {
 
   // Age after which a session's files count as abandoned.
   std::chrono::seconds AbandonAge() const;
+
+  // The key of a session's bytes in QuotaReservations.
+  static std::string ReservationKey(const UploadTarget& t);
 
  private:
   // Refuses `more_bytes` that do not fit the scope's limit, counting what other sessions of the

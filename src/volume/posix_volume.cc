@@ -21,6 +21,7 @@
 #include "common/path.h"
 #include "common/secrets.h"
 #include "volume/posix_files.h"
+#include "volume/posix_staging.h"
 
 namespace sluice {
 
@@ -505,24 +506,124 @@ Status PosixVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::st
   return Status::Ok();
 }
 
-Result<std::string> PosixVolume::PrepareUpload(const VFolderId& vfid) {
+Status PosixVolume::CloneVFolderInto(const VFolderId& src, const VFolderId& dst) {
+  return fsop().CopyTree(VFolderPath(src), VFolderPath(dst));
+}
+
+Status PosixVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst) {
+  auto* other = dynamic_cast<PosixVolume*>(&from);
+  if (!other)
+    return Status(Code::kUnsupported,
+                  fmt::format("volume {} cannot copy from volume {} (backend {})", name(),
+                              from.name(), from.backend()));
+  SLUICE_ASSIGN_OR_RETURN(TreeUsage copied, from.GetFreshUsage(src));
+  Status st = other == this ? CloneVFolderInto(src, dst)
+                            : fsop().CopyTree(other->VFolderPath(src), VFolderPath(dst));
+  if (st.ok())
+    AccountWrite(dst, static_cast<int64_t>(copied.used_bytes),
+                 static_cast<int64_t>(copied.file_count));
+  return st;
+}
+
+// ----------------------------------------------------------------------------------- staging
+
+Result<std::string> PosixVolume::CreateStaging(const VFolderId& vfid) {
   SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
-  if (::mkdirat(root.get(), kUploadDir, 0700) == 0)
-    AccountWrite(vfid, 0, 1);
-  else if (errno != EEXIST)
-    return Status::FromErrno(errno, "create upload staging directory");
-  int dfd = ::openat(root.get(), kUploadDir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (dfd < 0)
-    return Status(Code::kInvalidPath,
-                  fmt::format("'{}' in vfolder {} is not a directory", kUploadDir, vfid.ToString()),
-                  errno);
-  UniqueFd dir(dfd);
-  std::string session = RandomHexString(16);
-  int fd = ::openat(dir.get(), session.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::FromErrno(errno, "create upload staging file");
-  ::close(fd);
-  AccountWrite(vfid, 0, 1);
-  return session;
+  return CreateStagingAt(root.get(),
+                         [this, vfid](int64_t b, int64_t e) { AccountWrite(vfid, b, e); });
+}
+
+Status PosixVolume::DiscardStaging(const VFolderId& vfid, const std::string& session) {
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
+  return DiscardStagingAt(root.get(), session,
+                          [this, vfid](int64_t b, int64_t e) { AccountWrite(vfid, b, e); });
+}
+
+Result<StagingState> PosixVolume::InspectStaging(const VFolderId& vfid,
+                                                 const std::string& session) {
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
+  return InspectStagingAt(root.get(), session);
+}
+
+Result<std::unique_ptr<StagingWriter>> PosixVolume::OpenStaging(const VFolderId& vfid,
+                                                                const std::string& session,
+                                                                std::chrono::milliseconds wait) {
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
+  return OpenStagingAt(std::move(root), session, wait,
+                       [this, vfid](int64_t b, int64_t e) { AccountWrite(vfid, b, e); });
+}
+
+namespace {
+
+bool IsLowerHex(std::string_view s, size_t n) {
+  return s.size() == n && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+// Calls `fn(fd, name)` for each subdirectory of `dirfd` whose name is `n` lower-case hex digits.
+template <typename Fn>
+void ForEachHexSubdir(int dirfd, size_t n, Fn fn) {
+  auto entries = ReadDirEntries(dirfd, ".");
+  if (!entries.ok()) return;
+  for (const auto& e : *entries) {
+    if (!IsLowerHex(e.name, n)) continue;
+    int fd = ::openat(dirfd, e.name.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) continue;
+    UniqueFd f(fd);
+    fn(f.get(), e.name);
+  }
+}
+
+}  // namespace
+
+void PosixVolume::ForEachVFolder(const std::function<void(int vfdir, const std::string& scope_hex,
+                                                          const std::string& vf_hex)>& fn) const {
+  int mfd = ::open(cfg_.path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (mfd < 0) return;
+  UniqueFd mount(mfd);
+  // <ab>/<cd>/<rest> below `base`: the one place besides VFolderPath that knows the layout.
+  auto walk_hash = [&](int base, const std::string& scope) {
+    ForEachHexSubdir(base, 2, [&](int ab, const std::string& abn) {
+      ForEachHexSubdir(ab, 2, [&](int cd, const std::string& cdn) {
+        ForEachHexSubdir(cd, 28,
+                         [&](int vf, const std::string& rest) { fn(vf, scope, abn + cdn + rest); });
+      });
+    });
+  };
+  walk_hash(mount.get(), "");  // legacy (v2) vfolders
+  ForEachHexSubdir(mount.get(), 32,
+                   [&](int scope, const std::string& sn) { walk_hash(scope, sn); });
+}
+
+StagingSweep PosixVolume::SweepStaging(const std::optional<VFolderId>& vfid,
+                                       std::chrono::seconds age, const StagingRemoved& removed) {
+  StagingSweep total;
+  auto one = [&](int vfdir, const std::string& scope_hex, const std::string& vf_hex,
+                 const std::optional<VFolderId>& id) {
+    std::string where =
+        fmt::format("{}/{}{}", cfg_.path, scope_hex.empty() ? "" : scope_hex + "/", vf_hex);
+    StagingSweep st = SweepStagingAt(vfdir, where, age, [&](const std::string& session) {
+      if (removed) removed(scope_hex, vf_hex, session);
+    });
+    // Staging files and records (entries are approximate: a staging dir may go too; the next
+    // reconcile of a maintained figure corrects that). Vfolders found by the walk catch up at
+    // their next reconcile.
+    if (st.removed && id)
+      AccountWrite(*id, -static_cast<int64_t>(st.removed_bytes), -static_cast<int64_t>(st.removed));
+    total.removed += st.removed;
+    total.removed_bytes += st.removed_bytes;
+    total.kept_locked += st.kept_locked;
+  };
+  if (vfid) {
+    auto root = OpenVFolderRoot(*vfid);
+    if (root.ok()) one(root->get(), vfid->scope ? vfid->scope->hex : "", vfid->hex, vfid);
+    return total;
+  }
+  ForEachVFolder([&](int vfdir, const std::string& scope_hex, const std::string& vf_hex) {
+    one(vfdir, scope_hex, vf_hex, std::nullopt);
+  });
+  return total;
 }
 
 }  // namespace sluice

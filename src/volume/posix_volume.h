@@ -52,18 +52,37 @@ class PosixVolume : public Volume {
   std::shared_ptr<const LookupHint> PrepareLookup(const VFolderId& vfid,
                                                   std::string_view relpath) const override;
   Result<DirEntry> Stat(const VFolderId& vfid, std::string_view relpath) override;
+  Status CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst) override;
+  Result<std::string> CreateStaging(const VFolderId& vfid) override;
+  Status DiscardStaging(const VFolderId& vfid, const std::string& session) override;
+  Result<StagingState> InspectStaging(const VFolderId& vfid, const std::string& session) override;
+  Result<std::unique_ptr<StagingWriter>> OpenStaging(const VFolderId& vfid,
+                                                     const std::string& session,
+                                                     std::chrono::milliseconds wait) override;
+  StagingSweep SweepStaging(const std::optional<VFolderId>& vfid, std::chrono::seconds age,
+                            const StagingRemoved& removed) override;
   Result<std::unique_ptr<DirHandle>> OpenDir(const VFolderId& vfid,
                                              std::string_view relpath) override;
   Result<std::vector<DirEntry>> ListSorted(const VFolderId& vfid, std::string_view relpath,
                                            std::string_view start_after, size_t max) override;
-  Result<UniqueFd> OpenVFolderRoot(const VFolderId& vfid,
-                                   Lookup lookup = Lookup::kMayBlock) const override;
+  // The vfolder's root directory, opened O_PATH: the directory fd that paths inside the vfolder
+  // are resolved beneath (OpenBeneath). kNotFound naming the vfolder when it is missing. With
+  // Lookup::kCachedOnly it does no I/O: kUnavailable when the lookup would need some.
+  Result<UniqueFd> OpenVFolderRoot(const VFolderId& vfid, Lookup lookup = Lookup::kMayBlock) const;
+
+  // What a write through this volume changed in a vfolder. Backends that maintain usage
+  // figures (vfs) or check limits ahead of a lazy kernel (cephfs) keep count; the others ignore
+  // it. Every write path of the volume calls it: nothing outside the volume writes.
+  virtual void AccountWrite(const VFolderId& vfid, int64_t bytes, int64_t entries) {}
+  // Same-volume clone: backends with a faster way (snapshot, reflink) override it.
+  virtual Status CloneVFolderInto(const VFolderId& src, const VFolderId& dst);
   Status DeleteFiles(const VFolderId& vfid, const std::vector<std::string>& relpaths,
                      bool recursive) override;
-  Result<std::string> PrepareUpload(const VFolderId& vfid) override;
 
-  // The staging directory of uploads, inside each vfolder.
-  static constexpr const char* kUploadDir = ".upload";
+  // Calls `fn` with every vfolder directory of the volume (opened O_PATH), its scope's hex
+  // ("" for legacy vfolders) and its own hex.
+  void ForEachVFolder(const std::function<void(int vfdir, const std::string& scope_hex,
+                                               const std::string& vf_hex)>& fn) const;
 
   // Where detached vfolders wait for deletion: <mount>/.sluice-trash.
   std::string TrashDir() const;

@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -105,6 +107,51 @@ class DirHandle {
   virtual Result<std::unique_ptr<DirHandle>> OpenSubdir(const std::string& name) = 0;
 };
 
+// The name reserved in every vfolder's root for upload staging: never a target of uploads,
+// never archived.
+inline constexpr const char* kStagingDirName = ".upload";
+
+// Where an upload session stands on its volume.
+struct StagingState {
+  bool staged = false;         // the staging file is there: the session is in progress
+  bool recorded = false;       // an offset record is there
+  uint64_t durable = 0;        // bytes recorded as durable
+  bool quota_checked = false;  // a writer checked the session against its scope's quota
+  uint64_t staged_size = 0;    // bytes in the staging file (more than durable after a crash)
+};
+
+// The staging file of an upload session, opened by its one writer: the lock is held for as
+// long as this object lives, and dies with the process that holds it.
+class StagingWriter {
+ public:
+  virtual ~StagingWriter() = default;
+  // As found when opened, after bytes past the durable offset were cut off.
+  virtual const StagingState& state() const = 0;
+  // Writes `n` bytes at `offset`; `*written` receives how many went in, also on an error.
+  virtual Status WriteAt(uint64_t offset, const char* data, size_t n, size_t* written) = 0;
+  // Starts writing [from, to) back so that the next Sync waits only for what follows.
+  virtual void Writeback(uint64_t from, uint64_t to) {}
+  // Makes the bytes up to `offset` durable, then records `offset` (and `quota_checked`).
+  virtual Status Sync(uint64_t offset, bool quota_checked) = 0;
+  // Records `offset` (at most the durable offset) and cuts the file there: what came after
+  // it never counts.
+  virtual Status Rollback(uint64_t offset, bool quota_checked) = 0;
+  // Renames the whole file onto `final_parts` below the vfolder: parents are created (beneath
+  // the vfolder: a symlink out is refused), an existing file is replaced atomically, a
+  // directory is refused (kConflict).
+  virtual Status Commit(const std::vector<std::string>& final_parts) = 0;
+};
+
+struct StagingSweep {
+  uint64_t removed = 0;  // files removed
+  uint64_t removed_bytes = 0;
+  uint64_t kept_locked = 0;  // old sessions kept because a writer holds them
+};
+// Called for each session a sweep removes: its vfolder (scope hex, "" for a legacy vfolder;
+// vfolder hex) and session id.
+using StagingRemoved = std::function<void(
+    const std::string& scope_hex, const std::string& vfolder_hex, const std::string& session)>;
+
 // A volume's precomputed route to a path it will be asked to open again and again (the file of
 // a download token): opaque to callers, given back to the volume that made it.
 struct LookupHint {
@@ -189,15 +236,11 @@ class Volume {
   virtual HwInfo GetHwInfo() = 0;
   // Absolute path of `subpath` inside the vfolder, checked to stay inside it.
   virtual Result<std::string> MountPath(const VFolderId& vfid, std::string_view subpath) = 0;
-  // Fills the existing, empty vfolder `dst` with a copy of `src`, both on this volume. Backends
-  // with a faster way (snapshot, reflink) override it; the default copies the tree.
-  virtual Status CloneVFolderInto(const VFolderId& src, const VFolderId& dst) {
-    return fsop().CopyTree(VFolderPath(src), VFolderPath(dst));
-  }
-  // A write that did not go through this interface (the upload service writes staging files
-  // itself) changed the vfolder by these amounts. Backends that maintain usage figures (vfs)
-  // or check limits ahead of a lazy kernel (cephfs) account it; the others ignore it.
-  virtual void AccountWrite(const VFolderId& vfid, int64_t bytes, int64_t entries) {}
+  // Fills the existing, empty vfolder `dst` of this volume with a copy of vfolder `src` of
+  // `from` (this volume, or another one), accounting what it wrote. Within one volume backends
+  // use their faster ways (snapshot, reflink). kUnsupported when this volume cannot read
+  // `from`'s vfolders.
+  virtual Status CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst) = 0;
 
   // --- file operations inside a vfolder; every path is resolved beneath the vfolder root ---
   // kInvalidPath when `relpath` is hostile as text or when the part of it that exists resolves
@@ -234,14 +277,24 @@ class Volume {
   // (byte order), in that order, with their attributes: a listing that pages.
   virtual Result<std::vector<DirEntry>> ListSorted(const VFolderId& vfid, std::string_view relpath,
                                                    std::string_view start_after, size_t max) = 0;
-  // The vfolder's root directory, opened O_PATH: the directory fd that paths inside the vfolder
-  // are resolved beneath (OpenBeneath). kNotFound naming the vfolder when it is missing. With
-  // Lookup::kCachedOnly it does no I/O: kUnavailable when the lookup would need some.
-  virtual Result<UniqueFd> OpenVFolderRoot(const VFolderId& vfid,
-                                           Lookup lookup = Lookup::kMayBlock) const = 0;
-  // Creates an upload session: an empty staging file in the vfolder's ".upload" directory,
-  // named by the returned session id.
-  virtual Result<std::string> PrepareUpload(const VFolderId& vfid) = 0;
+
+  // --- uploads: staging files with a durable offset, one writer at a time, atomic commit ---
+  // Creates an empty staging file for a new session; returns the session id.
+  virtual Result<std::string> CreateStaging(const VFolderId& vfid) = 0;
+  // Removes a session's staging file (a session refused right after creation).
+  virtual Status DiscardStaging(const VFolderId& vfid, const std::string& session) = 0;
+  // kNotFound when the vfolder has no staging area, or the session neither a file nor a record.
+  virtual Result<StagingState> InspectStaging(const VFolderId& vfid,
+                                              const std::string& session) = 0;
+  // Takes the session's one writer, waiting up to `wait` for another to let go (kConflict
+  // after that). kNotFound when there is no staging file (any more).
+  virtual Result<std::unique_ptr<StagingWriter>> OpenStaging(
+      const VFolderId& vfid, const std::string& session,
+      std::chrono::milliseconds wait = std::chrono::milliseconds(0)) = 0;
+  // Removes sessions untouched for longer than `age` (and their records) from one vfolder, or
+  // from every vfolder of the volume; sessions a writer holds are kept.
+  virtual StagingSweep SweepStaging(const std::optional<VFolderId>& vfid, std::chrono::seconds age,
+                                    const StagingRemoved& removed) = 0;
   // Validates every path first, so one bad path deletes nothing.
   virtual Status DeleteFiles(const VFolderId& vfid, const std::vector<std::string>& relpaths,
                              bool recursive) = 0;

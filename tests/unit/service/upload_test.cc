@@ -203,7 +203,7 @@ TEST_F(UploadTest, QuotaIsReservedAtCreationAndCheckedAgainAfterARestart) {
 
   // After a restart (reservations are in memory) the session is checked again before it
   // writes: the disk filled up meanwhile behind Sluice's back.
-  svc_->reservations().Release(vol()->VFolderPath(vfid_) + "/" + t.session);
+  svc_->reservations().Release(UploadService::ReservationKey(t));
   {
     std::ofstream out(vf() / "filler", std::ios::binary);
     out << std::string(500, 'x');

@@ -324,38 +324,37 @@ TEST_P(Conformance, DetachHidesAtOnce) {
   EXPECT_EQ(vol_->DetachVFolder(vf_).status().code(), Code::kNotFound);
 }
 
-// Downloads resolve paths beneath the vfolder root fd; with Lookup::kCachedOnly they must do so
-// without I/O, and say so (kUnavailable) rather than block when the lookup is not cached.
-TEST_P(Conformance, OpenVFolderRootForLookups) {
-  EXPECT_EQ(vol_->OpenVFolderRoot(vf_).status().code(), Code::kNotFound);
+// Downloads open files with Lookup::kCachedOnly on event loops: without I/O, saying so
+// (kUnavailable) rather than blocking when the lookup is not cached, and with a hint as well.
+TEST_P(Conformance, OpenReaderForLookups) {
+  EXPECT_EQ(vol_->OpenReader(vf_, "f.txt").status().code(), Code::kNotFound);
   MakeVFolder();
   std::ofstream(VfPath() + "/f.txt") << "data";
-  for (Lookup lookup : {Lookup::kMayBlock, Lookup::kCachedOnly}) {
-    auto root = vol_->OpenVFolderRoot(vf_, lookup);
-    if (lookup == Lookup::kCachedOnly && !root.ok()) {
-      // Nothing cached yet is allowed, but only as kUnavailable.
-      EXPECT_EQ(root.status().code(), Code::kUnavailable) << root.status().ToString();
-      continue;
-    }
-    ASSERT_TRUE(root.ok()) << root.status().ToString();
-    struct stat a, b;
-    ASSERT_EQ(::fstat(root->get(), &a), 0);
-    ASSERT_EQ(::stat(VfPath().c_str(), &b), 0);
-    EXPECT_TRUE(S_ISDIR(a.st_mode));
-    EXPECT_EQ(a.st_ino, b.st_ino);
-    auto f = OpenBeneath(root->get(), "f.txt", O_RDONLY, 0, lookup);
-    ASSERT_TRUE(f.ok() || f.status().code() == Code::kUnavailable) << f.status().ToString();
-    if (f.ok()) {
+  auto hint = vol_->PrepareLookup(vf_, "f.txt");
+  for (const LookupHint* h : {static_cast<const LookupHint*>(nullptr), hint.get()}) {
+    for (Lookup lookup : {Lookup::kMayBlock, Lookup::kCachedOnly}) {
+      auto f = vol_->OpenReader(vf_, "f.txt", lookup, h);
+      if (lookup == Lookup::kCachedOnly && !f.ok()) {
+        // Nothing cached yet is allowed, but only as kUnavailable.
+        EXPECT_EQ(f.status().code(), Code::kUnavailable) << f.status().ToString();
+        continue;
+      }
+      ASSERT_TRUE(f.ok()) << f.status().ToString();
+      struct stat b;
+      ASSERT_EQ(::stat((VfPath() + "/f.txt").c_str(), &b), 0);
+      EXPECT_EQ((*f)->info().ino, b.st_ino);
+      EXPECT_EQ((*f)->size(), 4u);
       char buf[8] = {};
-      EXPECT_EQ(::read(f->get(), buf, sizeof buf), 4);
+      auto n = (*f)->ReadAt(0, buf, sizeof buf);
+      ASSERT_TRUE(n.ok());
+      EXPECT_EQ(*n, 4u);
       EXPECT_STREQ(buf, "data");
+      EXPECT_EQ(vol_->OpenReader(vf_, "../x", lookup, nullptr).status().code(), Code::kInvalidPath);
     }
-    EXPECT_EQ(OpenBeneath(root->get(), "../x", O_RDONLY, 0, lookup).status().code(),
-              Code::kInvalidPath);
   }
   // The path was just used: it is in the dentry cache now. (FUSE dentries always need the
   // daemon to revalidate them, so there a cached-only lookup is never possible.)
-  auto cached = vol_->OpenVFolderRoot(vf_, Lookup::kCachedOnly);
+  auto cached = vol_->OpenReader(vf_, "f.txt", Lookup::kCachedOnly, hint.get());
   if (GetParam().cached_lookups)
     EXPECT_TRUE(cached.ok()) << cached.status().ToString();
   else
@@ -363,7 +362,7 @@ TEST_P(Conformance, OpenVFolderRootForLookups) {
   auto trash = vol_->DetachVFolder(vf_);
   ASSERT_TRUE(trash.ok());
   for (Lookup lookup : {Lookup::kMayBlock, Lookup::kCachedOnly}) {
-    Code c = vol_->OpenVFolderRoot(vf_, lookup).status().code();
+    Code c = vol_->OpenReader(vf_, "f.txt", lookup, nullptr).status().code();
     EXPECT_TRUE(c == Code::kNotFound || (lookup == Lookup::kCachedOnly && c == Code::kUnavailable))
         << CodeName(c);
   }

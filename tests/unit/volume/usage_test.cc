@@ -210,7 +210,7 @@ TEST_F(VfsUsageTest, FileOperationsThroughTheVolumeKeepTheFigureExact) {
   { std::ofstream(vol_->VFolderPath(vf_) + "/a/b/c/f") << std::string(4000, 'x'); }
   vol_->AccountWrite(vf_, 4000, 1);  // what the upload service reports for its writes
   ExpectMatchesWalk();
-  auto session = vol_->PrepareUpload(vf_);
+  auto session = vol_->CreateStaging(vf_);
   ASSERT_TRUE(session.ok());
   ExpectMatchesWalk();
   ASSERT_TRUE(vol_->DeleteFiles(vf_, {"a"}, true).ok());

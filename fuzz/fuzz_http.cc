@@ -56,7 +56,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (mode == 2) p.BodyDiscard();
       sluice::api::HttpRequest req;
       sluice::api::ParseTarget(p.header().target(), req.path, req.query);
-      req.msg.method(p.header().method());
+      req.msg.base() = p.header();
       (void)TheRouter().Find(req);
     }
     if (ec == boost::beast::http::error::need_buffer) {

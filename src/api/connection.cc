@@ -632,11 +632,15 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     WriteHeadThen([self = this->shared_from_this(), close] { self->SendFileBody(close); });
   }
 
+  // Done with the file body: what went out zero-copy is accounted to the file's volume.
+  void ReleaseFile() {
+    if (file_ && file_sent_) file_->CountSent(file_sent_);
+    file_sent_ = 0;
+    file_.reset();
+  }
+
   void SendFileBody(bool close) {
-    if (file_left_ == 0) {
-      file_.reset();
-      return AfterWrite({}, close);
-    }
+    if (file_left_ == 0) return AfterWrite({}, close);
     const int fd = file_->native_fd();
     if constexpr (!kTls) {
       // Zero-copy for what the page cache holds: the kernel moves its pages straight to the
@@ -653,6 +657,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
         if (n > 0) {
           file_off_ += static_cast<uint64_t>(n);
           file_left_ -= static_cast<uint64_t>(n);
+          file_sent_ += static_cast<uint64_t>(n);
           continue;
         }
         if (n < 0 && errno == EINTR) continue;
@@ -669,10 +674,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
         // The file shrank under us or the peer went away: the length promised cannot be kept.
         return AfterWrite(beast::error_code(n < 0 ? errno : EIO, beast::system_category()), true);
       }
-      if (file_left_ == 0) {
-        file_.reset();
-        return AfterWrite({}, close);
-      }
+      if (file_left_ == 0) return AfterWrite({}, close);
     }
     // TLS copies anyway, and a file that is not local has no page cache to send from.
     SendCold(close, Residency::kUnknown);
@@ -770,7 +772,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
   void AfterWrite(beast::error_code ec, bool close) {
     EndRequest();
     gen_ = nullptr;
-    file_.reset();
+    ReleaseFile();
     if (linger_ && !ec) return LingerClose();
     if (ec || close || srv_->draining()) return Close();
     ReadHeader();
@@ -862,6 +864,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
   std::shared_ptr<FileReader> file_;
   uint64_t file_off_ = 0, file_left_ = 0;
   uint64_t resident_until_ = 0;  // [file_off_, resident_until_) was found in the page cache
+  uint64_t file_sent_ = 0;       // bytes of file_ sent zero-copy
   std::function<Result<size_t>(char*, size_t)> gen_;
   std::string chunk_head_;
   std::string head_;  // the response header being written

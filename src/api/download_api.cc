@@ -244,7 +244,6 @@ HttpResponse ServeFile(const HttpRequest& req, Volume* volume, std::shared_ptr<F
     r.file_length = size;
   }
   r.header_lines = std::move(lines);
-  if (h.method() != http::verb::head) volume->io_stats().AddRead(sent, 0);
   return r;
 }
 
@@ -254,7 +253,6 @@ struct ArchiveJob {
       : volume(v), label(label), stream(v, std::move(vfid), std::move(sources), label) {}
   ~ArchiveJob() {
     if (!used) return;  // HEAD, or the client left before the first byte
-    if (stream.bytes_read() > 0) volume->io_stats().AddRead(stream.bytes_read(), 0);
     if (stream.finished())
       spdlog::info("archive {}: sent, {} files ({} bytes of file data)", label,
                    stream.files_written(), stream.bytes_read());

@@ -431,7 +431,6 @@ class ManagerApi {
     r.content_type = "application/octet-stream";
     r.file_length = (*f)->size();
     r.file = std::move(f).value();
-    t.volume->io_stats().AddRead(r.file_length, 0);
     return r;
   }
 

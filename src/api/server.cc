@@ -143,6 +143,7 @@ HttpServer::HttpServer(IoLoops& loops, ServerOptions opts, std::shared_ptr<const
   shed_budget_ = &m.Counter("sluice_http_shed_total", shed_help, l + ",reason=\"body-budget\"");
   accept_errors_ = &m.Counter("sluice_http_accept_errors_total",
                               "Failed accepts (descriptors exhausted, network errors).", l);
+  open_gauge_ = &m.Gauge("sluice_http_connections", "Open connections being served.", l);
   cold_reads_ = &m.Counter("sluice_http_cold_reads_total",
                            "Response body pieces read on the I/O pool because they were not in "
                            "the page cache (event loops never wait on a disk).",
@@ -312,6 +313,7 @@ void HttpServer::Accept(size_t i) {
         self->Shed(sock->release(ec), "connection limit");
       }
     } else {
+      self->open_gauge_->fetch_add(1, std::memory_order_relaxed);
       sock->set_option(tcp::no_delay(true), ec);
       ServeConnection(std::move(*sock), self);
     }

@@ -79,7 +79,10 @@ class HttpServer : public std::enable_shared_from_this<HttpServer> {
   // Used by connections.
   const Router& router() const { return *router_; }
   std::atomic<size_t>& inflight_counter() { return inflight_; }
-  void ConnectionClosed() { connections_.fetch_sub(1, std::memory_order_relaxed); }
+  void ConnectionClosed() {
+    connections_.fetch_sub(1, std::memory_order_relaxed);
+    open_gauge_->fetch_sub(1, std::memory_order_relaxed);
+  }
   // Takes `bytes` of the body budget: held while the returned lease lives; null when the budget
   // is spent (the request is then refused without reading its body).
   std::shared_ptr<void> ReserveBody(uint64_t bytes);
@@ -113,6 +116,7 @@ class HttpServer : public std::enable_shared_from_this<HttpServer> {
   std::atomic<uint64_t>* shed_budget_;
   std::atomic<uint64_t>* accept_errors_;
   std::atomic<uint64_t>* cold_reads_;
+  std::atomic<int64_t>* open_gauge_;
 };
 
 }  // namespace sluice::api

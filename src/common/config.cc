@@ -292,6 +292,11 @@ void ParseVolumes(const toml::value& vols, Config& c) {
       if (!o->is_table()) throw ConfigError(fmt::format("{} must be a table", s.Key("options")));
       vc.options = TomlToJson(*o);
     }
+    if (const auto* f = s.Take("faults")) {
+      if (!f->is_array())
+        throw ConfigError(fmt::format("{} must be an array of tables", s.Key("faults")));
+      vc.faults = TomlToJson(*f);
+    }
     s.RejectUnknown();
     c.volumes.push_back(std::move(vc));
   }

@@ -36,6 +36,8 @@ struct VolumeConfig {
   std::string path;
   std::string fsprefix;
   nlohmann::json options = nlohmann::json::object();
+  // Fault injection rules (volume/fault_volume.h): tests and drills only.
+  nlohmann::json faults = nlohmann::json::array();
 };
 
 struct Config {

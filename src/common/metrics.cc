@@ -88,6 +88,20 @@ std::atomic<uint64_t>& Metrics::Counter(std::string_view name, std::string_view 
   return *sit->second;
 }
 
+std::atomic<int64_t>& Metrics::Gauge(std::string_view name, std::string_view help,
+                                     std::string_view labels) {
+  std::lock_guard lk(mu_);
+  auto fit = live_gauges_.find(name);
+  if (fit == live_gauges_.end())
+    fit = live_gauges_.emplace(std::string(name), GaugeFamily{}).first;
+  if (fit->second.help.empty()) fit->second.help = help;
+  auto& series = fit->second.series;
+  auto sit = series.find(labels);
+  if (sit == series.end())
+    sit = series.emplace(std::string(labels), std::make_unique<std::atomic<int64_t>>(0)).first;
+  return *sit->second;
+}
+
 std::string Metrics::RenderPrometheus() const {
   std::lock_guard lk(mu_);
   // The shards merged, in label order.
@@ -149,6 +163,13 @@ std::string Metrics::RenderPrometheus() const {
   }
   for (const auto& [name, family] : counters_) {
     out += fmt::format("# HELP {} {}\n# TYPE {} counter\n", name, family.help, name);
+    for (const auto& [labels, v] : family.series)
+      out += labels.empty()
+                 ? fmt::format("{} {}\n", name, v->load(std::memory_order_relaxed))
+                 : fmt::format("{}{{{}}} {}\n", name, labels, v->load(std::memory_order_relaxed));
+  }
+  for (const auto& [name, family] : live_gauges_) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n", name, family.help, name);
     for (const auto& [labels, v] : family.series)
       out += labels.empty()
                  ? fmt::format("{} {}\n", name, v->load(std::memory_order_relaxed))

@@ -47,6 +47,9 @@ class Metrics {
   // labels from a fixed set (listener names, reasons), never from requests.
   std::atomic<uint64_t>& Counter(std::string_view name, std::string_view help,
                                  std::string_view labels);
+  // The same for a gauge: a value that goes up and down (open connections, say).
+  std::atomic<int64_t>& Gauge(std::string_view name, std::string_view help,
+                              std::string_view labels);
 
   std::string RenderPrometheus() const;
 
@@ -100,6 +103,11 @@ class Metrics {
     std::map<std::string, std::unique_ptr<std::atomic<uint64_t>>, std::less<>> series;
   };
   std::map<std::string, CounterFamily, std::less<>> counters_;
+  struct GaugeFamily {
+    std::string help;
+    std::map<std::string, std::unique_ptr<std::atomic<int64_t>>, std::less<>> series;
+  };
+  std::map<std::string, GaugeFamily, std::less<>> live_gauges_;
 };
 
 }  // namespace sluice

@@ -137,7 +137,7 @@ Status PrepareConfig(Config& cfg) {
 Status CheckVolumeConfigs(const Config& cfg) {
   ThreadPool scan_pool("check", 1);
   for (const auto& vc : cfg.volumes) {
-    auto v = VolumeRegistry::Builtin().Create(vc, VolumeDeps{&scan_pool});
+    auto v = VolumeRegistry::Builtin().CreateServed(vc, VolumeDeps{&scan_pool});
     if (!v.ok()) return v.status();
   }
   return Status::Ok();
@@ -168,7 +168,7 @@ int RunDaemon(Config cfg) {
 
   std::vector<std::unique_ptr<Volume>> volumes;
   for (const auto& vc : cfg.volumes) {
-    auto v = VolumeRegistry::Builtin().Create(vc, VolumeDeps{&scan_pool});
+    auto v = VolumeRegistry::Builtin().CreateServed(vc, VolumeDeps{&scan_pool});
     if (!v.ok()) {
       spdlog::critical("{}", v.status().message());
       return 2;

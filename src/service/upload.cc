@@ -46,12 +46,6 @@ std::string SessionKey(const std::string& volume, const std::string& scope_hex,
   return fmt::format("{}/{}/{}/{}", volume, scope_hex, vf_hex, session);
 }
 
-uint64_t MicrosSince(std::chrono::steady_clock::time_point t0) {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
-          .count());
-}
-
 }  // namespace
 
 std::string UploadTarget::final_relpath() const {
@@ -95,11 +89,9 @@ Status UploadWriter::Write(const char* data, size_t n) {
                               n, written_, target_.size));
   }
   if (n == 0) return Status::Ok();
-  auto t0 = std::chrono::steady_clock::now();
   size_t done = 0;
   Status st = staging_->WriteAt(written_, data, n, &done);
   written_ += done;
-  target_.volume->io_stats().AddWrite(done, MicrosSince(t0));
   if (!st.ok()) {
     int err = st.sys_errno();
     std::string what;

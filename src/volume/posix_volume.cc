@@ -20,6 +20,7 @@
 #include "common/fs_util.h"
 #include "common/path.h"
 #include "common/secrets.h"
+#include "volume/forwarding_volume.h"
 #include "volume/posix_files.h"
 #include "volume/posix_staging.h"
 
@@ -511,7 +512,7 @@ Status PosixVolume::CloneVFolderInto(const VFolderId& src, const VFolderId& dst)
 }
 
 Status PosixVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst) {
-  auto* other = dynamic_cast<PosixVolume*>(&from);
+  auto* other = dynamic_cast<PosixVolume*>(&ForwardingVolume::Innermost(from));
   if (!other)
     return Status(Code::kUnsupported,
                   fmt::format("volume {} cannot copy from volume {} (backend {})", name(),

@@ -4,6 +4,8 @@
 #include <fmt/ranges.h>
 
 #include "volume/btrfs/btrfs_volume.h"
+#include "volume/fault_volume.h"
+#include "volume/metrics_volume.h"
 #include "volume/cephfs/cephfs_volume.h"
 #include "volume/vfs/vfs_volume.h"
 #include "volume/xfs/xfs_volume.h"
@@ -127,6 +129,14 @@ Result<std::unique_ptr<Volume>> VolumeRegistry::Create(const VolumeConfig& cfg,
                               "backends: {}",
                               cfg.name, cfg.backend, fmt::join(Names(), ", ")));
   return it->second(cfg, deps);
+}
+
+Result<std::unique_ptr<Volume>> VolumeRegistry::CreateServed(const VolumeConfig& cfg,
+                                                             const VolumeDeps& deps) const {
+  SLUICE_ASSIGN_OR_RETURN(auto rules, ParseFaultRules(cfg.name, cfg.faults));
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<Volume> v, Create(cfg, deps));
+  if (!rules.empty()) v = std::make_unique<FaultVolume>(std::move(v), std::move(rules));
+  return std::unique_ptr<Volume>(std::make_unique<MetricsVolume>(std::move(v)));
 }
 
 }  // namespace sluice

@@ -29,6 +29,10 @@ class VolumeRegistry {
   std::vector<std::string> Names() const;
   // Creates (does not Init) a volume; kInvalidArgument naming the known backends otherwise.
   Result<std::unique_ptr<Volume>> Create(const VolumeConfig& cfg, const VolumeDeps& deps) const;
+  // Creates a volume as the daemon serves it: the backend, under fault injection when the
+  // config has faults, under metrics always.
+  Result<std::unique_ptr<Volume>> CreateServed(const VolumeConfig& cfg,
+                                               const VolumeDeps& deps) const;
 
  private:
   std::map<std::string, VolumeFactory> factories_;

@@ -85,6 +85,8 @@ class FileReader {
   // The file's descriptor where its data is a local file, for zero-copy sends (sendfile) and
   // page-cache probes; -1 otherwise (a remote object).
   virtual int native_fd() const { return -1; }
+  // Bytes of this file sent from native_fd() without ReadAt (zero-copy), for accounting.
+  virtual void CountSent(uint64_t bytes) {}
 };
 
 // An open directory of a volume: its entries in directory order, and its children opened

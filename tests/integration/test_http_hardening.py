@@ -299,9 +299,18 @@ def test_deep_json_is_400(daemon):
 
 def test_connection_limit_sheds_politely(make_daemon):
     d = make_daemon(sluice={"max-connections": 5})
+
+    def open_connections():
+        return metric(d, "sluice_http_connections", listener="manager")
+
+    # The start-up health checks' connections are gone first.
+    deadline = time.monotonic() + 10
+    while open_connections() > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
     held = [socket.create_connection(("127.0.0.1", d.manager_port), timeout=5) for _ in range(5)]
     try:
-        time.sleep(0.2)  # all five accepted
+        while open_connections() < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)  # all five accepted
         status, headers, body = exchange(d.manager_port, b"GET /livez HTTP/1.1\r\n\r\n")
         assert status == 503
         assert headers.get("retry-after") == "1"

@@ -1,0 +1,210 @@
+#include "volume/metrics_volume.h"
+
+#include <fmt/format.h>
+
+namespace sluice {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t MicrosSince(Clock::time_point t0) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
+}
+
+// Reads (positional, and zero-copy sends) counted into the volume's statistics.
+class MeteredReader : public ForwardingFileReader {
+ public:
+  MeteredReader(std::shared_ptr<FileReader> inner, VolumeIoStats* stats)
+      : ForwardingFileReader(std::move(inner)), stats_(stats) {}
+  Result<size_t> ReadAt(uint64_t offset, char* buf, size_t n) override {
+    auto t0 = Clock::now();
+    auto r = inner_->ReadAt(offset, buf, n);
+    if (r.ok()) stats_->AddRead(*r, MicrosSince(t0));
+    return r;
+  }
+  Result<size_t> ReadAtNoWait(uint64_t offset, char* buf, size_t n) override {
+    auto r = inner_->ReadAtNoWait(offset, buf, n);
+    if (r.ok()) stats_->AddRead(*r, 0);
+    return r;
+  }
+  void CountSent(uint64_t bytes) override {
+    stats_->AddRead(bytes, 0);
+    inner_->CountSent(bytes);
+  }
+
+ private:
+  VolumeIoStats* stats_;
+};
+
+class MeteredDir : public ForwardingDirHandle {
+ public:
+  MeteredDir(std::unique_ptr<DirHandle> inner, VolumeIoStats* stats)
+      : ForwardingDirHandle(std::move(inner)), stats_(stats) {}
+  Result<std::shared_ptr<FileReader>> OpenFile(const std::string& name) override {
+    SLUICE_ASSIGN_OR_RETURN(auto f, inner_->OpenFile(name));
+    return std::shared_ptr<FileReader>(std::make_shared<MeteredReader>(std::move(f), stats_));
+  }
+  Result<std::unique_ptr<DirHandle>> OpenSubdir(const std::string& name) override {
+    SLUICE_ASSIGN_OR_RETURN(auto d, inner_->OpenSubdir(name));
+    return std::unique_ptr<DirHandle>(new MeteredDir(std::move(d), stats_));
+  }
+
+ private:
+  VolumeIoStats* stats_;
+};
+
+class MeteredWriter : public ForwardingStagingWriter {
+ public:
+  MeteredWriter(std::unique_ptr<StagingWriter> inner, VolumeIoStats* stats)
+      : ForwardingStagingWriter(std::move(inner)), stats_(stats) {}
+  Status WriteAt(uint64_t offset, const char* data, size_t n, size_t* written) override {
+    auto t0 = Clock::now();
+    Status st = inner_->WriteAt(offset, data, n, written);
+    stats_->AddWrite(*written, MicrosSince(t0));
+    return st;
+  }
+
+ private:
+  VolumeIoStats* stats_;
+};
+
+}  // namespace
+
+const char* MetricsVolume::OpName(Op op) {
+  switch (op) {
+    case Op::kOpen:
+      return "open";
+    case Op::kStat:
+      return "stat";
+    case Op::kList:
+      return "list";
+    case Op::kMkdir:
+      return "mkdir";
+    case Op::kRename:
+      return "rename";
+    case Op::kMove:
+      return "move";
+    case Op::kDelete:
+      return "delete";
+    case Op::kStage:
+      return "stage";
+    case Op::kVFolder:
+      return "vfolder";
+    case Op::kUsage:
+      return "usage";
+    case Op::kCount:
+      break;
+  }
+  return "other";
+}
+
+MetricsVolume::MetricsVolume(std::unique_ptr<Volume> inner)
+    : ForwardingVolume(std::move(inner)), stats_(&Metrics::Global().Volume(name())) {
+  auto& m = Metrics::Global();
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    const char* op = OpName(static_cast<Op>(i));
+    const std::string labels = fmt::format("volume=\"{}\",op=\"{}\"", name(), op);
+    const char* help = "Volume operations by kind and outcome.";
+    ops_[i].ok = &m.Counter("sluice_volume_operations_total", help, labels + ",result=\"ok\"");
+    ops_[i].failed =
+        &m.Counter("sluice_volume_operations_total", help, labels + ",result=\"error\"");
+    ops_[i].usec = &m.Counter("sluice_volume_operation_microseconds_total",
+                              "Time spent in volume operations, by kind.", labels);
+  }
+}
+
+void MetricsVolume::Count(Op op, Clock::time_point t0, const Status& st) {
+  OpCounters& c = ops_[static_cast<size_t>(op)];
+  (st.ok() ? c.ok : c.failed)->fetch_add(1, std::memory_order_relaxed);
+  c.usec->fetch_add(MicrosSince(t0), std::memory_order_relaxed);
+}
+
+Status MetricsVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_scope,
+                                    std::optional<uint64_t> initial_limit) {
+  return Timed(Op::kVFolder, Clock::now(),
+               ForwardingVolume::CreateVFolder(vfid, mode, auto_scope, initial_limit));
+}
+
+Result<std::string> MetricsVolume::DetachVFolder(const VFolderId& vfid) {
+  return Timed(Op::kVFolder, Clock::now(), ForwardingVolume::DetachVFolder(vfid));
+}
+
+Status MetricsVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst) {
+  return Timed(Op::kVFolder, Clock::now(), ForwardingVolume::CopyVFolderFrom(from, src, dst));
+}
+
+Result<TreeUsage> MetricsVolume::GetUsage(const VFolderId& vfid) {
+  return Timed(Op::kUsage, Clock::now(), ForwardingVolume::GetUsage(vfid));
+}
+
+Result<TreeUsage> MetricsVolume::GetFreshUsage(const VFolderId& vfid) {
+  return Timed(Op::kUsage, Clock::now(), ForwardingVolume::GetFreshUsage(vfid));
+}
+
+Status MetricsVolume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool parents,
+                            bool exist_ok) {
+  return Timed(Op::kMkdir, Clock::now(),
+               ForwardingVolume::Mkdir(vfid, relpath, parents, exist_ok));
+}
+
+Status MetricsVolume::Rename(const VFolderId& vfid, std::string_view relpath,
+                             std::string_view new_name) {
+  return Timed(Op::kRename, Clock::now(), ForwardingVolume::Rename(vfid, relpath, new_name));
+}
+
+Status MetricsVolume::Move(const VFolderId& vfid, std::string_view src, std::string_view dst) {
+  return Timed(Op::kMove, Clock::now(), ForwardingVolume::Move(vfid, src, dst));
+}
+
+Status MetricsVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::string>& relpaths,
+                                  bool recursive) {
+  return Timed(Op::kDelete, Clock::now(),
+               ForwardingVolume::DeleteFiles(vfid, relpaths, recursive));
+}
+
+Result<std::shared_ptr<FileReader>> MetricsVolume::OpenReader(const VFolderId& vfid,
+                                                              std::string_view relpath,
+                                                              Lookup lookup,
+                                                              const LookupHint* hint) {
+  auto t0 = Clock::now();
+  auto f = ForwardingVolume::OpenReader(vfid, relpath, lookup, hint);
+  // A cached-only lookup that would need I/O is not a failure: the pool tries again.
+  if (f.ok() || f.status().code() != Code::kUnavailable || lookup != Lookup::kCachedOnly)
+    Count(Op::kOpen, t0, f.status());
+  if (!f.ok()) return f.status();
+  return std::shared_ptr<FileReader>(std::make_shared<MeteredReader>(std::move(f).value(), stats_));
+}
+
+Result<DirEntry> MetricsVolume::Stat(const VFolderId& vfid, std::string_view relpath) {
+  return Timed(Op::kStat, Clock::now(), ForwardingVolume::Stat(vfid, relpath));
+}
+
+Result<std::unique_ptr<DirHandle>> MetricsVolume::OpenDir(const VFolderId& vfid,
+                                                          std::string_view relpath) {
+  auto d = Timed(Op::kList, Clock::now(), ForwardingVolume::OpenDir(vfid, relpath));
+  if (!d.ok()) return d.status();
+  return std::unique_ptr<DirHandle>(new MeteredDir(std::move(d).value(), stats_));
+}
+
+Result<std::vector<DirEntry>> MetricsVolume::ListSorted(const VFolderId& vfid,
+                                                        std::string_view relpath,
+                                                        std::string_view start_after, size_t max) {
+  return Timed(Op::kList, Clock::now(),
+               ForwardingVolume::ListSorted(vfid, relpath, start_after, max));
+}
+
+Result<std::string> MetricsVolume::CreateStaging(const VFolderId& vfid) {
+  return Timed(Op::kStage, Clock::now(), ForwardingVolume::CreateStaging(vfid));
+}
+
+Result<std::unique_ptr<StagingWriter>> MetricsVolume::OpenStaging(const VFolderId& vfid,
+                                                                  const std::string& session,
+                                                                  std::chrono::milliseconds wait) {
+  auto w = Timed(Op::kStage, Clock::now(), ForwardingVolume::OpenStaging(vfid, session, wait));
+  if (!w.ok()) return w.status();
+  return std::unique_ptr<StagingWriter>(new MeteredWriter(std::move(w).value(), stats_));
+}
+
+}  // namespace sluice

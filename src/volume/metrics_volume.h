@@ -1,0 +1,85 @@
+// Per-volume accounting as a decorator: operations (count, failures, time spent) and bytes read
+// and written, for /metrics and /volume/performance-metric. The daemon wraps every volume in
+// one, so no API or service counts I/O itself; a read through any protocol, zero-copy sends
+// included (FileReader::CountSent), and every staged write are counted here.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <memory>
+
+#include "volume/forwarding_volume.h"
+
+namespace sluice {
+
+class MetricsVolume : public ForwardingVolume {
+ public:
+  enum class Op {
+    kOpen,
+    kStat,
+    kList,
+    kMkdir,
+    kRename,
+    kMove,
+    kDelete,
+    kStage,  // staging: create, open, commit
+    kVFolder,  // create, detach, clone
+    kUsage,
+    kCount,
+  };
+  static const char* OpName(Op op);
+
+  explicit MetricsVolume(std::unique_ptr<Volume> inner);
+
+  VolumeIoStats& io_stats() override { return *stats_; }
+
+  Status CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_scope,
+                       std::optional<uint64_t> initial_limit) override;
+  Result<std::string> DetachVFolder(const VFolderId& vfid) override;
+  Status CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst) override;
+  Result<TreeUsage> GetUsage(const VFolderId& vfid) override;
+  Result<TreeUsage> GetFreshUsage(const VFolderId& vfid) override;
+  Status Mkdir(const VFolderId& vfid, std::string_view relpath, bool parents,
+               bool exist_ok) override;
+  Status Rename(const VFolderId& vfid, std::string_view relpath,
+                std::string_view new_name) override;
+  Status Move(const VFolderId& vfid, std::string_view src, std::string_view dst) override;
+  Status DeleteFiles(const VFolderId& vfid, const std::vector<std::string>& relpaths,
+                     bool recursive) override;
+  Result<std::shared_ptr<FileReader>> OpenReader(const VFolderId& vfid, std::string_view relpath,
+                                                 Lookup lookup = Lookup::kMayBlock,
+                                                 const LookupHint* hint = nullptr) override;
+  Result<DirEntry> Stat(const VFolderId& vfid, std::string_view relpath) override;
+  Result<std::unique_ptr<DirHandle>> OpenDir(const VFolderId& vfid,
+                                             std::string_view relpath) override;
+  Result<std::vector<DirEntry>> ListSorted(const VFolderId& vfid, std::string_view relpath,
+                                           std::string_view start_after, size_t max) override;
+  Result<std::string> CreateStaging(const VFolderId& vfid) override;
+  Result<std::unique_ptr<StagingWriter>> OpenStaging(
+      const VFolderId& vfid, const std::string& session,
+      std::chrono::milliseconds wait = std::chrono::milliseconds(0)) override;
+
+  // Counts one operation of kind `op` that started at `t0` and ended with `st`.
+  void Count(Op op, std::chrono::steady_clock::time_point t0, const Status& st);
+
+ private:
+  struct OpCounters {
+    std::atomic<uint64_t>* ok;
+    std::atomic<uint64_t>* failed;
+    std::atomic<uint64_t>* usec;
+  };
+  template <typename R>
+  R Timed(Op op, std::chrono::steady_clock::time_point t0, R r) {
+    if constexpr (std::is_same_v<R, Status>)
+      Count(op, t0, r);
+    else
+      Count(op, t0, r.status());
+    return r;
+  }
+
+  VolumeIoStats* stats_;
+  std::array<OpCounters, static_cast<size_t>(Op::kCount)> ops_;
+};
+
+}  // namespace sluice

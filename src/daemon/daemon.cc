@@ -117,6 +117,7 @@ Status PrepareConfig(Config& cfg) {
     spdlog::info("token secret {} {}", created ? "generated in" : "read from", p);
   }
   for (auto& v : cfg.volumes) {
+    if (v.backend == "mem") continue;  // in memory: its path names nothing on disk
     fs::path p = fs::absolute(v.path, ec).lexically_normal();
     v.path = p.string();
     while (v.path.size() > 1 && v.path.back() == '/') v.path.pop_back();

@@ -4,9 +4,10 @@
 #include <fmt/ranges.h>
 
 #include "volume/btrfs/btrfs_volume.h"
-#include "volume/fault_volume.h"
-#include "volume/metrics_volume.h"
 #include "volume/cephfs/cephfs_volume.h"
+#include "volume/fault_volume.h"
+#include "volume/mem/mem_volume.h"
+#include "volume/metrics_volume.h"
 #include "volume/vfs/vfs_volume.h"
 #include "volume/xfs/xfs_volume.h"
 
@@ -89,6 +90,21 @@ VolumeRegistry& VolumeRegistry::Builtin() {
             SLUICE_ASSIGN_OR_RETURN(window, OptionDuration(cfg, key, value, true));
           }
           return std::unique_ptr<Volume>(new CephfsVolume(cfg, deps.scan_pool, window));
+        });
+    reg->Register(
+        "mem", [](const VolumeConfig& cfg, const VolumeDeps&) -> Result<std::unique_ptr<Volume>> {
+          uint64_t capacity = 1ull << 30;
+          for (const auto& [key, value] : cfg.options.items()) {
+            auto size = value.is_string() ? ParseBinarySize(value.get<std::string>())
+                                          : Result<uint64_t>(Status(Code::kInvalidArgument, ""));
+            if (key != "capacity" || !size.ok())
+              return Status(Code::kInvalidArgument,
+                            fmt::format("volume.{}.options: the mem backend takes capacity = "
+                                        "\"<size>\" (got {} = {})",
+                                        cfg.name, key, value.dump()));
+            capacity = *size;
+          }
+          return std::unique_ptr<Volume>(new MemVolume(cfg, capacity));
         });
     // Project quotas; one class for both filesystems.
     for (auto [backend, kind] :

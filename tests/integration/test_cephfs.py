@@ -65,11 +65,11 @@ def eventually(fn, timeout=RSTAT_WAIT):
 
 
 def test_conformance_suite_on_cephfs(cephfs_mount):
-    """The shared Volume/QuotaModel/FSOpModel conformance suite, its cephfs instance."""
+    """The interface and POSIX layout suites (tests/unit/volume), their cephfs instances."""
     scratch = cephfs_mount / f"conformance-{uuid.uuid4().hex[:8]}"
     scratch.mkdir()
     r = subprocess.run(
-        [str(BIN_DIR / "sluice_unit_tests"), "--gtest_filter=Backends/Conformance.*/cephfs"],
+        [str(BIN_DIR / "sluice_unit_tests"), "--gtest_filter=Backends/VolumeInterface.*/cephfs:Backends/PosixLayout.*/cephfs"],
         env={**os.environ, "SLUICE_TEST_CEPHFS": str(scratch)},
         capture_output=True,
         text=True,

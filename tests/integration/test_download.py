@@ -58,8 +58,8 @@ def download_token(d, vfid, relpath, archive=False, volume="local"):
     return r.json()["token"]
 
 
-def archive_token(d, vfid, files, filename=None):
-    body = {"volume": "local", "virtual_folder_id": vfid, "files": files}
+def archive_token(d, vfid, files, filename=None, volume="local"):
+    body = {"volume": volume, "virtual_folder_id": vfid, "files": files}
     if filename is not None:
         body["filename"] = filename
     r = d.mgr("POST", "/folder/file/archive-download-token", json=body)

@@ -97,8 +97,8 @@ def offset_of(d, token):
     return int(r.headers["Upload-Offset"])
 
 
-def staging(d, vfid, token):
-    return d.vfolder_path(vfid) / ".upload" / claims_of(token)["session"]
+def staging(d, vfid, token, volume="local"):
+    return d.vfolder_path(vfid, volume) / ".upload" / claims_of(token)["session"]
 
 
 def upload_whole(d, token, data, piece=None):

@@ -20,7 +20,7 @@
 #include <gtest/gtest.h>
 
 #include "common/thread_pool.h"
-#include "loop_fs.h"
+#include "support/loop_fs.h"
 #include "volume/btrfs/btrfs_fs.h"
 #include "volume/btrfs/btrfs_volume.h"
 #include "volume/registry.h"

@@ -19,7 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "common/thread_pool.h"
-#include "loop_fs.h"
+#include "support/loop_fs.h"
 #include "volume/registry.h"
 #include "volume/xfs/xfs_fs.h"
 #include "volume/xfs/xfs_volume.h"

@@ -1,4 +1,4 @@
-#include "loop_fs.h"
+#include "support/loop_fs.h"
 
 #include <stdlib.h>
 #include <sys/wait.h>

@@ -1,0 +1,131 @@
+// The volume decorators over the in-memory volume: what they forward, count and inject.
+#include <gtest/gtest.h>
+
+#include "support/assert_status.h"
+#include "volume/fault_volume.h"
+#include "volume/mem/mem_volume.h"
+#include "volume/metrics_volume.h"
+#include "volume/registry.h"
+
+namespace sluice {
+namespace {
+
+class DecoratorTest : public ::testing::Test {
+ protected:
+  static std::unique_ptr<Volume> Mem(const std::string& name) {
+    VolumeConfig c;
+    c.name = name;
+    c.backend = "mem";
+    c.path = "mem";
+    return std::make_unique<MemVolume>(c, 1 << 20);
+  }
+  static MemVolume& MemOf(Volume& v) {
+    return dynamic_cast<MemVolume&>(ForwardingVolume::Innermost(v));
+  }
+  void MakeVFolder(Volume& v) { ASSERT_OK(v.CreateVFolder(vf_, 0755, true, std::nullopt)); }
+  VFolderId vf_ = VFolderId::Parse(
+                      "user:11111111111111111111111111111111/"
+                      "abcdef0123456789abcdef0123456789")
+                      .value();
+};
+
+TEST_F(DecoratorTest, MetricsCountOperationsAndBytesWithoutChangingResults) {
+  MetricsVolume v(Mem("metered"));
+  MakeVFolder(v);
+  ASSERT_OK(MemOf(v).PutFile(vf_, "f", std::string(1000, 'x')));
+  auto before = v.io_stats().read_bytes.load();
+  auto f = v.OpenReader(vf_, "f");
+  ASSERT_OK(f);
+  char buf[600];
+  ASSERT_EQ(*(*f)->ReadAt(0, buf, sizeof buf), 600u);
+  (*f)->CountSent(400);  // the rest, sent zero-copy
+  EXPECT_EQ(v.io_stats().read_bytes.load() - before, 1000u);
+  EXPECT_ERROR(v.OpenReader(vf_, "missing"), Code::kNotFound);
+  auto session = v.CreateStaging(vf_);
+  ASSERT_OK(session);
+  auto w = v.OpenStaging(vf_, *session);
+  ASSERT_OK(w);
+  size_t written = 0;
+  ASSERT_OK((*w)->WriteAt(0, "abc", 3, &written));
+  EXPECT_EQ(v.io_stats().write_bytes.load(), 3u);
+  std::string text = Metrics::Global().RenderPrometheus();
+  EXPECT_NE(text.find("sluice_volume_operations_total{volume=\"metered\",op=\"open\","
+                      "result=\"ok\"} 1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("sluice_volume_operations_total{volume=\"metered\",op=\"open\","
+                      "result=\"error\"} 1\n"),
+            std::string::npos);
+}
+
+TEST_F(DecoratorTest, FaultRulesParseWithClearErrors) {
+  auto ok = ParseFaultRules("v", nlohmann::json::parse(R"([
+      {"op": "write", "error": "ENOSPC", "after": "1k"},
+      {"op": "read", "path": "slow/*", "latency": "20ms", "times": 2}])"));
+  ASSERT_OK(ok);
+  ASSERT_EQ(ok->size(), 2u);
+  EXPECT_EQ((*ok)[0].error, ENOSPC);
+  EXPECT_EQ((*ok)[0].after, 1024u);
+  EXPECT_EQ((*ok)[1].latency, std::chrono::milliseconds(20));
+  for (const char* bad : {R"([{"op": "explode", "error": "EIO"}])", R"([{"op": "read"}])",
+                          R"([{"op": "read", "error": "EWHATEVER"}])",
+                          R"([{"op": "read", "error": "EIO", "colour": "red"}])", R"({"op": 1})"}) {
+    auto r = ParseFaultRules("v", nlohmann::json::parse(bad));
+    ASSERT_ERROR(r, Code::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("volume.v.faults"), std::string::npos)
+        << r.status().message();
+  }
+}
+
+TEST_F(DecoratorTest, FaultsFailChosenOperationsAndPathsOnly) {
+  auto rules = ParseFaultRules("v", nlohmann::json::parse(R"([
+      {"op": "open", "path": "bad/*", "error": "EIO"},
+      {"op": "write", "error": "ENOSPC", "after": 5},
+      {"op": "mkdir", "error": "EACCES", "times": 1}])"));
+  ASSERT_OK(rules);
+  FaultVolume v(Mem("faulty"), std::move(rules).value());
+  MakeVFolder(v);
+  ASSERT_OK(MemOf(v).PutFile(vf_, "bad/f", "x"));
+  ASSERT_OK(MemOf(v).PutFile(vf_, "good/f", "y"));
+  auto bad = v.OpenReader(vf_, "bad/f");
+  ASSERT_ERROR(bad, Code::kIoError);
+  EXPECT_EQ(bad.status().sys_errno(), EIO);
+  EXPECT_NE(bad.status().message().find("injected fault"), std::string::npos);
+  EXPECT_OK(v.OpenReader(vf_, "good/f"));
+  // Through a directory handle too.
+  auto dir = v.OpenDir(vf_, "bad");
+  ASSERT_OK(dir);
+  EXPECT_ERROR((*dir)->OpenFile("f"), Code::kIoError);
+  // An event loop's lookup of a ruled path goes to the pool, never sleeps or fails there.
+  EXPECT_ERROR(v.OpenReader(vf_, "bad/f", Lookup::kCachedOnly), Code::kUnavailable);
+  // Writes: what fits before the fault goes through.
+  auto session = v.CreateStaging(vf_);
+  ASSERT_OK(session);
+  auto w = v.OpenStaging(vf_, *session);
+  ASSERT_OK(w);
+  size_t written = 0;
+  Status st = (*w)->WriteAt(0, "0123456789", 10, &written);
+  EXPECT_EQ(st.code(), Code::kNoSpace);
+  EXPECT_EQ(written, 5u);
+  // `times`: once, then through.
+  EXPECT_ERROR(v.Mkdir(vf_, "d", true, false), Code::kPermissionDenied);
+  EXPECT_OK(v.Mkdir(vf_, "d", true, false));
+}
+
+TEST_F(DecoratorTest, TheDaemonsVolumeIsMeteredAndFaultedFromConfig) {
+  VolumeConfig c;
+  c.name = "served";
+  c.backend = "mem";
+  c.path = "mem";
+  c.faults = nlohmann::json::parse(R"([{"op": "fs-usage", "error": "EIO"}])");
+  auto v = VolumeRegistry::Builtin().CreateServed(c, VolumeDeps{});
+  ASSERT_OK(v);
+  EXPECT_NE(dynamic_cast<MetricsVolume*>(v->get()), nullptr);
+  EXPECT_ERROR((*v)->GetFsUsage(), Code::kIoError);
+  EXPECT_NE(dynamic_cast<MemVolume*>(&ForwardingVolume::Innermost(**v)), nullptr);
+  c.faults = nlohmann::json::parse(R"([{"op": "nope"}])");
+  EXPECT_ERROR(VolumeRegistry::Builtin().CreateServed(c, VolumeDeps{}), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace sluice

@@ -18,6 +18,7 @@
 #include "api/internal_api.h"
 #include "api/manager_api.h"
 #include "api/server.h"
+#include "common/fs_util.h"
 #include "common/log.h"
 #include "common/secrets.h"
 #include "service/health.h"
@@ -229,6 +230,15 @@ int RunDaemon(Config cfg) {
     return st.code() == Code::kInvalidArgument ? 2 : 1;
   }
 
+  // Where each listener is bound (the kernel chooses ports configured as 0): tools and test
+  // harnesses read this instead of guessing free ports. Written while still privileged, like
+  // the pid file.
+  {
+    nlohmann::json bound = nlohmann::json::object();
+    for (auto& s : servers) bound[s->options().name] = s->url();
+    Status wrote = WriteFileAtomic(cfg.state_dir + "/listeners.json", bound.dump(2) + "\n", 0644);
+    if (!wrote.ok()) spdlog::warn("cannot record the bound addresses: {}", wrote.message());
+  }
   // The pid file is written while still privileged: its directory (/run) usually belongs to root.
   if (!cfg.pid_file.empty()) {
     std::ofstream pf(cfg.pid_file);

@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -286,7 +287,9 @@ class Daemon:
     ):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.client_port, self.manager_port, self.internal_port = free_ports(3)
+        # Port 0: the kernel picks; sluiced records what it bound in <state>/listeners.json,
+        # read at start (no race for a port that looked free).
+        self.client_port = self.manager_port = self.internal_port = 0
         self.state = self.root / "state"
         self.volumes = {"local": self.root / "vol"}
         for name in extra_volumes:
@@ -344,6 +347,10 @@ class Daemon:
 
     def start(self, args=(), cwd=None, preexec_fn=None):
         """preexec_fn runs in the child before sluiced starts (resource limits, say)."""
+        m = re.search(r'^state-dir\s*=\s*"([^"]+)"', self.config_path.read_text(), re.M)
+        state = Path(m.group(1) if m else "var")  # sluiced's default: ./var
+        bound = (state if state.is_absolute() else Path(cwd or self.root) / state) / "listeners.json"
+        bound.unlink(missing_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [str(SLUICED), "--config", str(self.config_path), *args],
@@ -352,8 +359,29 @@ class Daemon:
                 cwd=cwd or self.root,
                 preexec_fn=preexec_fn,
             )
+        self._read_bound(bound)
         wait_http_ok(self.url("/health"), self.proc, self.log_path)
         return self
+
+    def _read_bound(self, bound):
+        """Waits for sluiced to record its listeners' addresses and takes their ports."""
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"sluiced exited with {self.proc.returncode} before listening\n"
+                            f"--- log tail ---\n{tail(self.log_path)}")
+            try:
+                urls = json.loads(bound.read_text())
+                break
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                self.kill()
+                pytest.fail(f"sluiced did not write {bound}\n--- log tail ---\n{tail(self.log_path)}")
+            time.sleep(0.02)
+        port = lambda name: int(urls[name].rsplit(":", 1)[1])  # noqa: E731
+        self.manager_port, self.client_port, self.internal_port = (
+            port("manager"), port("client"), port("internal"))
 
     def stop(self):
         """SIGTERM; asserts a clean exit (code 0) within STOP_TIMEOUT."""

@@ -15,12 +15,6 @@ namespace sluice::api {
 std::shared_ptr<Router> MakeClientRouter(StorageService* service, ThreadPool* io_pool,
                                          const HealthSource& health);
 
-// The claims of the `token` query parameter, verified with [storage-proxy] secret: signature,
-// expiry, and `claim` == `value` (op == "download", say). A missing, forged, expired or wrongly
-// scoped token is kUnauthenticated with a message that says which.
-Result<nlohmann::json> VerifySessionToken(const HttpRequest& req, const std::string& secret,
-                                          std::string_view claim, std::string_view value);
-
 // Registered by download_api.cc and upload_api.cc.
 void AddDownloadRoutes(Router& router, StorageService* service);
 void AddUploadRoutes(Router& router, StorageService* service);

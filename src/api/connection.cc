@@ -16,11 +16,11 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/ssl.hpp>
 
-#include "api/file_body.h"
 #include "api/http_parser.h"
 #include "api/response_head.h"
 #include "api/server.h"
 #include "common/clock.h"
+#include "common/residency.h"
 #include "volume/volume.h"
 
 namespace sluice::api {

@@ -1,7 +1,7 @@
 // One HTTP/1.1 connection: reads requests through the parser front (http_parser.h), routes and
 // authenticates each on its header, buffers small bodies within the listener's budget or
 // streams large ones to a BodySink, runs handlers, and writes responses (response_head.h; file
-// bodies through the page-cache-aware pump of file_body.h). Keep-alive, pipelining, timeouts,
+// bodies sent from the page cache only, common/residency.h). Keep-alive, pipelining, timeouts,
 // TLS.
 #pragma once
 

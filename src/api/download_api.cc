@@ -11,8 +11,6 @@
 // Files and directories are opened through the Volume interface (readers, directory handles),
 // which resolves every path beneath the vfolder; nothing here touches the file system itself
 // or writes to the volume.
-#include <sys/stat.h>
-
 #include <atomic>
 #include <chrono>
 #include <ctime>
@@ -32,20 +30,6 @@
 namespace sluice::api {
 
 namespace {
-
-#define DL_ASSIGN_OR_RESPOND(lhs, expr)                          \
-  auto SLUICE_CONCAT(_r_, __LINE__) = (expr);                    \
-  if (!SLUICE_CONCAT(_r_, __LINE__).ok())                        \
-    return ErrorResponse(SLUICE_CONCAT(_r_, __LINE__).status()); \
-  lhs = std::move(SLUICE_CONCAT(_r_, __LINE__)).value()
-
-Result<std::string> StrClaim(const nlohmann::json& claims, const char* key) {
-  auto it = claims.find(key);
-  if (it == claims.end() || !it->is_string())
-    return Status(Code::kInvalidArgument,
-                  fmt::format("the token has no claim '{}' (a string)", key));
-  return it->get<std::string>();
-}
 
 // Query flags as Backend.AI reads them (trafaret ToBool); a bare `?no_cache` means true.
 Result<bool> QueryBool(const HttpRequest& req, const char* key) {
@@ -292,7 +276,7 @@ HttpResponse NotInFolder(const std::string& rel, const VFolderId& vfid, const St
 // token's text: every check here depends on the token alone, so a repeat download with the same
 // token (a data loader reading a dataset, say) skips them along with the HMAC and JSON parse.
 // Errors found here are kept too and answered in the same order as for a fresh token.
-struct DownloadGrant {
+struct ServedDownload {
   std::string volume;
   std::string rel;
   Result<VFolderId> vfid = Status(Code::kInternal, "unset");
@@ -305,7 +289,7 @@ struct DownloadGrant {
   std::shared_ptr<const LookupHint> hint;
 };
 
-using GrantCache = VerifiedTokenCache<DownloadGrant>;
+using GrantCache = VerifiedTokenCache<ServedDownload>;
 
 // 16 Ki verified tokens, a few hundred bytes each: a dataset's worth of per-file tokens.
 constexpr size_t kGrantCacheSize = 16384;
@@ -319,22 +303,14 @@ std::optional<HttpResponse> AuthenticateDownload(StorageService* svc, GrantCache
   GrantCache::Ref ref;
   if (tok != req.query.end()) ref = cache.Find(tok->second, now);
   if (!ref) {
-    auto claims = VerifySessionToken(req, svc->config().secret, "op", "download");
-    if (!claims.ok()) return ErrorResponse(claims.status());
-    DownloadGrant g;
-    auto volume = StrClaim(*claims, "volume");
-    if (!volume.ok()) return ErrorResponse(volume.status());
-    auto vfid = StrClaim(*claims, "vfid");
-    if (!vfid.ok()) return ErrorResponse(vfid.status());
-    auto rel = StrClaim(*claims, "relpath");
-    if (!rel.ok()) return ErrorResponse(rel.status());
-    g.volume = std::move(volume).value();
-    g.vfid = ParseTokenVFolderId(*vfid);
-    g.rel = std::move(rel).value();
-    if (auto a = claims->find("archive"); a != claims->end() && a->is_boolean() && a->get<bool>())
-      g.archive = true;
-    if (auto u = claims->find("unmanaged_path"); u != claims->end() && !u->is_null())
-      g.unmanaged = true;
+    auto grant = svc->tokens().VerifyDownload(tok == req.query.end() ? "" : tok->second);
+    if (!grant.ok()) return ErrorResponse(grant.status());
+    ServedDownload g;
+    g.volume = grant->volume;
+    g.vfid = ParseTokenVFolderId(grant->vfid);
+    g.rel = grant->relpath;
+    g.archive = grant->archive;
+    g.unmanaged = grant->unmanaged;
     g.parts = SplitRelPath(g.rel);
     if (g.parts.ok() && g.vfid.ok()) {
       g.disposition = ContentDisposition(g.parts->empty() ? g.vfid->hex : g.parts->back());
@@ -344,9 +320,7 @@ std::optional<HttpResponse> AuthenticateDownload(StorageService* svc, GrantCache
         g.hint = (*v)->PrepareLookup(*g.vfid, g.rel);
       }
     }
-    std::optional<double> exp;
-    if (auto e = claims->find("exp"); e != claims->end() && e->is_number()) exp = e->get<double>();
-    ref = cache.Insert(tok->second, std::move(g), exp);
+    ref = cache.Insert(tok->second, std::move(g), grant->exp);
   }
   req.ctx.principal.kind = "token";
   req.ctx.principal.grant = std::make_shared<const GrantCache::Ref>(std::move(ref));
@@ -358,14 +332,14 @@ std::optional<HttpResponse> AuthenticateDownload(StorageService* svc, GrantCache
 // nullopt for everything else, which the worker pool then answers with Lookup::kMayBlock.
 std::optional<HttpResponse> Download(StorageService* svc, const HttpRequest& req, Lookup lookup) {
   const bool inline_only = lookup == Lookup::kCachedOnly;
-  const DownloadGrant& g = **static_cast<const GrantCache::Ref*>(req.ctx.principal.grant.get());
+  const ServedDownload& g = **static_cast<const GrantCache::Ref*>(req.ctx.principal.grant.get());
   // A cached grant is seldom in the CPU caches (one of many tokens): start fetching what the
   // file's answer needs while the query is checked.
   __builtin_prefetch(g.hint.get());
   __builtin_prefetch(g.disposition.data());
   const std::string& rel = g.rel;
-  DL_ASSIGN_OR_RESPOND(bool archive, QueryBool(req, "archive"));
-  DL_ASSIGN_OR_RESPOND(bool no_cache, QueryBool(req, "no_cache"));
+  API_ASSIGN_OR_RESPOND(bool archive, QueryBool(req, "archive"));
+  API_ASSIGN_OR_RESPOND(bool no_cache, QueryBool(req, "no_cache"));
   archive = archive || g.archive;
   if (req.query.count("dst_dir"))
     return ErrorResponse(Status(Code::kInvalidArgument,
@@ -375,7 +349,7 @@ std::optional<HttpResponse> Download(StorageService* svc, const HttpRequest& req
                                 "unmanaged_path is not supported: downloads stay inside "
                                 "vfolders"));
   if (!g.vfid.ok()) return ErrorResponse(g.vfid.status());
-  DL_ASSIGN_OR_RESPOND(Volume * volume, svc->GetVolume(g.volume));
+  API_ASSIGN_OR_RESPOND(Volume * volume, svc->GetVolume(g.volume));
   const VFolderId& vfid = *g.vfid;
   // Escapes (.., absolute paths, symlinks out) answer like a missing file (the contract's 404).
   if (!g.parts.ok()) return NotInFolder(rel, vfid, g.parts.status());
@@ -397,7 +371,7 @@ std::optional<HttpResponse> Download(StorageService* svc, const HttpRequest& req
                                             rel),
                                 EISDIR),
                          {rel});
-  DL_ASSIGN_OR_RESPOND(std::unique_ptr<DirHandle> dir, volume->OpenDir(vfid, rel));
+  API_ASSIGN_OR_RESPOND(std::unique_ptr<DirHandle> dir, volume->OpenDir(vfid, rel));
   // The vfolder root's upload staging directory holds partial uploads: never archived.
   bool is_root = g.parts->empty();
   if (auto root = volume->Stat(vfid, ""); root.ok() && root->ino != 0)
@@ -414,19 +388,12 @@ std::optional<HttpResponse> Download(StorageService* svc, const HttpRequest& req
 }
 
 HttpResponse DownloadArchive(StorageService* svc, const HttpRequest& req) {
-  const auto& claims = *static_cast<const nlohmann::json*>(req.ctx.principal.grant.get());
-  DL_ASSIGN_OR_RESPOND(std::string volume, StrClaim(claims, "volume"));
-  DL_ASSIGN_OR_RESPOND(std::string vfid_text, StrClaim(claims, "virtual_folder_id"));
-  DL_ASSIGN_OR_RESPOND(bool no_cache, QueryBool(req, "no_cache"));
-  auto files_it = claims.find("files");
-  if (files_it == claims.end() || !files_it->is_array() || files_it->empty())
-    return ErrorResponse(Status(Code::kInvalidArgument,
-                                "the token has no claim 'files' (a non-empty list of paths)"));
-  std::optional<std::string> filename;
-  if (auto fn = claims.find("filename"); fn != claims.end() && fn->is_string())
-    filename = fn->get<std::string>();
-  DL_ASSIGN_OR_RESPOND(VFolderId vfid, ParseTokenVFolderId(vfid_text));
-  DL_ASSIGN_OR_RESPOND(Volume * v, svc->GetVolume(volume));
+  const auto& grant = *static_cast<const ArchiveGrant*>(req.ctx.principal.grant.get());
+  const std::string& volume = grant.volume;
+  API_ASSIGN_OR_RESPOND(bool no_cache, QueryBool(req, "no_cache"));
+  const std::optional<std::string>& filename = grant.filename;
+  API_ASSIGN_OR_RESPOND(VFolderId vfid, ParseTokenVFolderId(grant.vfid));
+  API_ASSIGN_OR_RESPOND(Volume * v, svc->GetVolume(volume));
   if (Status st = v->CheckVFolder(vfid); !st.ok()) return ErrorResponse(st);
 
   // Every named path is checked before the first byte goes out: escapes, symlinks and special
@@ -437,11 +404,7 @@ HttpResponse DownloadArchive(StorageService* svc, const HttpRequest& req) {
   };
   std::vector<Member> members;
   std::set<std::string> seen, dirs;
-  for (const auto& item : *files_it) {
-    if (!item.is_string())
-      return ErrorResponse(
-          Status(Code::kInvalidArgument, "the token's 'files' must be a list of strings"));
-    std::string raw = item.get<std::string>();
+  for (const std::string& raw : grant.files) {
     auto parts = SplitRelPath(raw);
     if (!parts.ok())
       return ErrorResponse(Status(Code::kInvalidPath, fmt::format("path escapes the vfolder: {}",
@@ -497,10 +460,11 @@ void AddDownloadRoutes(Router& router, StorageService* service) {
   RouteGroup files = router.Group(
       [service, cache](HttpRequest& req) { return AuthenticateDownload(service, *cache, req); });
   RouteGroup archives = router.Group([service](HttpRequest& req) -> std::optional<HttpResponse> {
-    auto claims = VerifySessionToken(req, service->config().secret, "operation", "download");
-    if (!claims.ok()) return ErrorResponse(claims.status());
+    auto tok = req.query.find("token");
+    auto grant = service->tokens().VerifyArchive(tok == req.query.end() ? "" : tok->second);
+    if (!grant.ok()) return ErrorResponse(grant.status());
     req.ctx.principal.kind = "token";
-    req.ctx.principal.grant = std::make_shared<const nlohmann::json>(std::move(claims).value());
+    req.ctx.principal.grant = std::make_shared<const ArchiveGrant>(std::move(grant).value());
     return std::nullopt;
   });
   for (auto verb : {http::verb::get, http::verb::head}) {

@@ -197,14 +197,6 @@ Result<std::vector<std::string>> Params::StrList(const std::string& key) const {
                 fmt::format("parameter '{}' must be a string or a list of strings", key));
 }
 
-Status RequestContext::Check() const {
-  if (cancelled && cancelled->load(std::memory_order_relaxed))
-    return Status(Code::kUnavailable, "the client went away");
-  if (std::chrono::steady_clock::now() > deadline)
-    return Status(Code::kUnavailable, "the request ran past its deadline");
-  return Status::Ok();
-}
-
 std::string_view HttpRequest::Param(std::string_view name) const {
   for (const auto& [k, v] : params)
     if (k == name) return v;

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/fd.h"
+#include "common/request_context.h"
 #include "common/status.h"
 #include "common/thread_pool.h"
 
@@ -29,29 +30,6 @@ class FileReader;  // volume/volume.h
 namespace sluice::api {
 
 namespace http = boost::beast::http;
-
-// Who sent a request, as the route group's authenticator found: what logs name and what the
-// handler may rely on (what a token grants, say).
-struct Principal {
-  std::string kind = "anonymous";  // "manager", "token", "anonymous"
-  // What the credential grants, in the type its route group's handlers expect (a download grant,
-  // an upload token's claims); null when it grants nothing beyond the route.
-  std::shared_ptr<const void> grant;
-};
-
-// Travels with a request from the listener down to the services: its id (for logs), who sent
-// it, by when it must be done, and whether its client is still there.
-struct RequestContext {
-  std::string id;  // the client's X-Request-ID when it sent a sane one, else generated
-  Principal principal;
-  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
-  // Set by the listener when the connection goes away: long work can stop early.
-  std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
-
-  // kUnavailable once the client has gone or the deadline has passed: work for this request can
-  // stop.
-  Status Check() const;
-};
 
 struct HttpRequest {
   http::request<http::string_body> msg;
@@ -95,6 +73,20 @@ struct HttpResponse {
 
 // The problem+json answer for a failed Status. Filesystem errors carry errno and paths.
 HttpResponse ErrorResponse(const Status& st, const std::vector<std::string>& paths = {});
+
+// In handlers: declares `lhs` from a Result, or returns its error as the problem+json answer.
+#define API_ASSIGN_OR_RESPOND(lhs, expr)                                        \
+  auto SLUICE_CONCAT(_r_, __LINE__) = (expr);                                   \
+  if (!SLUICE_CONCAT(_r_, __LINE__).ok())                                       \
+    return ::sluice::api::ErrorResponse(SLUICE_CONCAT(_r_, __LINE__).status()); \
+  lhs = std::move(SLUICE_CONCAT(_r_, __LINE__)).value()
+
+// In handlers: returns a failed Status as the problem+json answer.
+#define API_RETURN_IF_ERROR(expr)                          \
+  do {                                                     \
+    ::sluice::Status _s = (expr);                          \
+    if (!_s.ok()) return ::sluice::api::ErrorResponse(_s); \
+  } while (0)
 
 std::string PercentDecode(std::string_view s, bool plus_is_space);
 // Splits "/a/b?x=1&y=2" into path and query.

@@ -9,7 +9,7 @@
 #include "common/jwt.h"
 #include "common/path.h"
 #include "common/secrets.h"
-#include "service/upload.h"
+#include "service/files.h"
 
 #ifndef SLUICE_VERSION
 #define SLUICE_VERSION "0.0.0"
@@ -24,19 +24,6 @@ std::string SluiceVersion() {
 namespace {
 
 constexpr const char* kAuthHeader = "X-BackendAI-Storage-Auth-Token";
-constexpr size_t kMaxMkdirBatch = 50;
-
-#define API_ASSIGN_OR_RESPOND(lhs, expr)                         \
-  auto SLUICE_CONCAT(_r_, __LINE__) = (expr);                    \
-  if (!SLUICE_CONCAT(_r_, __LINE__).ok())                        \
-    return ErrorResponse(SLUICE_CONCAT(_r_, __LINE__).status()); \
-  lhs = std::move(SLUICE_CONCAT(_r_, __LINE__)).value()
-
-#define API_RETURN_IF_ERROR(expr)           \
-  do {                                      \
-    ::sluice::Status _s = (expr);           \
-    if (!_s.ok()) return ErrorResponse(_s); \
-  } while (0)
 
 Result<VFolderId> GetVfid(const Params& p, const std::string& key) {
   SLUICE_ASSIGN_OR_RETURN(std::string s, p.Str(key));
@@ -139,15 +126,16 @@ class ListingBody {
 
 class ManagerApi {
  public:
-  explicit ManagerApi(StorageService* svc) : svc_(svc) {}
+  explicit ManagerApi(StorageService* svc) : svc_(svc), files_(svc) {}
 
   // The routes share ownership of the API object.
   static void Register(RouteGroup& r, const std::shared_ptr<ManagerApi>& api) {
     using V = http::verb;
-    auto add = [&](V verb, const std::string& path, HttpResponse (ManagerApi::*fn)(const Params&)) {
+    auto add = [&](V verb, const std::string& path,
+                   HttpResponse (ManagerApi::*fn)(const Params&, const RequestContext&)) {
       r.Add(verb, path, Route{.handler = [api, fn](const HttpRequest& req) -> HttpResponse {
               API_ASSIGN_OR_RESPOND(Params p, Params::From(req));
-              return (api.get()->*fn)(p);
+              return (api.get()->*fn)(p, req.ctx);
             }});
     };
     add(V::get, "/volumes", &ManagerApi::Volumes);
@@ -185,7 +173,7 @@ class ManagerApi {
   }
 
  private:
-  HttpResponse Volumes(const Params&) {
+  HttpResponse Volumes(const Params&, const RequestContext&) {
     nlohmann::json vols = nlohmann::json::array();
     for (Volume* v : svc_->Volumes()) {
       vols.push_back({{"name", v->name()},
@@ -197,7 +185,7 @@ class ManagerApi {
     return HttpResponse::Json(200, {{"volumes", vols}});
   }
 
-  HttpResponse HwInfoRoute(const Params& p) {
+  HttpResponse HwInfoRoute(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
     API_ASSIGN_OR_RESPOND(Volume * v, svc_->GetVolume(vol));
     HwInfo h = v->GetHwInfo();
@@ -208,7 +196,7 @@ class ManagerApi {
               {"metadata", h.metadata}});
   }
 
-  HttpResponse PerformanceMetric(const Params& p) {
+  HttpResponse PerformanceMetric(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
     API_ASSIGN_OR_RESPOND(Volume * v, svc_->GetVolume(vol));
     const VolumeIoStats& s = v->io_stats();
@@ -224,7 +212,7 @@ class ManagerApi {
                                {"observed_at", FormatIso8601(std::chrono::system_clock::now())}});
   }
 
-  HttpResponse CreateQuotaScope(const Params& p) {
+  HttpResponse CreateQuotaScope(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
     API_ASSIGN_OR_RESPOND(QuotaScopeId qsid, GetQsid(p));
     API_ASSIGN_OR_RESPOND(auto limit, GetLimit(p));
@@ -232,7 +220,7 @@ class ManagerApi {
     return HttpResponse::NoContent();
   }
 
-  HttpResponse GetQuotaScope(const Params& p) {
+  HttpResponse GetQuotaScope(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
     API_ASSIGN_OR_RESPOND(QuotaScopeId qsid, GetQsid(p));
     API_ASSIGN_OR_RESPOND(QuotaUsage u, svc_->DescribeQuotaScope(vol, qsid));
@@ -240,7 +228,7 @@ class ManagerApi {
         200, {{"used_bytes", u.used_bytes}, {"limit_bytes", OptJson(u.limit_bytes)}});
   }
 
-  HttpResponse UpdateQuotaScope(const Params& p) {
+  HttpResponse UpdateQuotaScope(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
     API_ASSIGN_OR_RESPOND(QuotaScopeId qsid, GetQsid(p));
     API_ASSIGN_OR_RESPOND(auto limit, GetLimit(p));
@@ -252,21 +240,21 @@ class ManagerApi {
     return HttpResponse::NoContent();
   }
 
-  HttpResponse UnsetQuota(const Params& p) {
+  HttpResponse UnsetQuota(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
     API_ASSIGN_OR_RESPOND(QuotaScopeId qsid, GetQsid(p));
     API_RETURN_IF_ERROR(svc_->UnsetQuota(vol, qsid));
     return HttpResponse::NoContent();
   }
 
-  HttpResponse DeleteQuotaScope(const Params& p) {
+  HttpResponse DeleteQuotaScope(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
     API_ASSIGN_OR_RESPOND(QuotaScopeId qsid, GetQsid(p));
     API_RETURN_IF_ERROR(svc_->DeleteQuotaScope(vol, qsid));
     return HttpResponse::NoContent();
   }
 
-  HttpResponse CreateFolder(const Params& p) {
+  HttpResponse CreateFolder(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
     API_ASSIGN_OR_RESPOND(VFolderId vfid, GetVfid(p, "vfid"));
     API_ASSIGN_OR_RESPOND(auto mode, p.OptUint("mode"));
@@ -292,7 +280,7 @@ class ManagerApi {
     return HttpResponse::NoContent();
   }
 
-  HttpResponse DeleteFolder(const Params& p) {
+  HttpResponse DeleteFolder(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
     API_ASSIGN_OR_RESPOND(VFolderId vfid, GetVfid(p, "vfid"));
     auto id = svc_->DeleteVFolder(vol, vfid);
@@ -306,7 +294,7 @@ class ManagerApi {
     return TaskAccepted(202, *id);
   }
 
-  HttpResponse CloneFolder(const Params& p) {
+  HttpResponse CloneFolder(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(std::string src_vol, p.Str("src_volume"));
     API_ASSIGN_OR_RESPOND(VFolderId src, GetVfid(p, "src_vfid"));
     std::string dst_vol = p.OptStr("dst_volume").value_or(src_vol);
@@ -327,14 +315,14 @@ class ManagerApi {
     return Target{v, vfid};
   }
 
-  HttpResponse Mount(const Params& p) {
+  HttpResponse Mount(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     std::string sub = p.OptStr("subpath").value_or(".");
     API_ASSIGN_OR_RESPOND(std::string path, t.volume->MountPath(t.vfid, sub));
     return HttpResponse::Json(200, {{"path", path}});
   }
 
-  HttpResponse Usage(const Params& p) {
+  HttpResponse Usage(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     // Sluice addition: fresh=true measures now instead of answering a maintained figure.
     API_ASSIGN_OR_RESPOND(bool fresh, p.Bool("fresh", false));
@@ -349,13 +337,13 @@ class ManagerApi {
     return HttpResponse::Json(200, body);
   }
 
-  HttpResponse UsedBytes(const Params& p) {
+  HttpResponse UsedBytes(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     API_ASSIGN_OR_RESPOND(uint64_t n, t.volume->GetUsedBytes(t.vfid));
     return HttpResponse::Json(200, {{"used_bytes", n}});
   }
 
-  HttpResponse FsUsageRoute(const Params& p) {
+  HttpResponse FsUsageRoute(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
     API_ASSIGN_OR_RESPOND(Volume * v, svc_->GetVolume(vol));
     API_ASSIGN_OR_RESPOND(FsUsage u, v->GetFsUsage());
@@ -363,37 +351,29 @@ class ManagerApi {
                               {{"capacity_bytes", u.capacity_bytes}, {"used_bytes", u.used_bytes}});
   }
 
-  HttpResponse Mkdir(const Params& p) {
+  HttpResponse Mkdir(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     API_ASSIGN_OR_RESPOND(std::vector<std::string> paths, p.StrList("relpath"));
-    if (paths.empty() || paths.size() > kMaxMkdirBatch)
-      return ErrorResponse(Status(
-          Code::kInvalidArgument,
-          fmt::format("relpath must name 1 to {} paths (got {})", kMaxMkdirBatch, paths.size())));
     API_ASSIGN_OR_RESPOND(bool parents, p.Bool("parents", true));
     API_ASSIGN_OR_RESPOND(bool exist_ok, p.Bool("exist_ok", false));
-    // Hostile paths (as text or through a symlink out) refuse the whole request before anything
-    // is created.
-    for (const auto& rel : paths) {
-      Status s = t.volume->ValidatePath(t.vfid, rel);
-      if (!s.ok()) return ErrorResponse(s, {rel});
-    }
+    auto results = files_.Mkdir(ctx, *t.volume, t.vfid, paths, parents, exist_ok);
+    if (!results.ok()) return ErrorResponse(results.status(), paths);
     nlohmann::json ok = nlohmann::json::array(), failed = nlohmann::json::array();
-    for (const auto& rel : paths) {
-      Status s = t.volume->Mkdir(t.vfid, rel, parents, exist_ok);
-      if (s.ok())
-        ok.push_back({{"item", rel}, {"msg", nullptr}});
+    for (const auto& r : *results) {
+      if (r.status.ok())
+        ok.push_back({{"item", r.item}, {"msg", nullptr}});
       else
-        failed.push_back({{"item", rel}, {"msg", s.message()}, {"errno", s.sys_errno()}});
+        failed.push_back(
+            {{"item", r.item}, {"msg", r.status.message()}, {"errno", r.status.sys_errno()}});
     }
     unsigned status = failed.empty() ? 200 : ok.empty() ? 422 : 207;
     return HttpResponse::Json(status, {{"results", {{"success", ok}, {"failed", failed}}}});
   }
 
-  HttpResponse List(const Params& p) {
+  HttpResponse List(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     std::string rel = p.OptStr("relpath").value_or(".");
-    API_ASSIGN_OR_RESPOND(std::unique_ptr<DirHandle> dir, t.volume->OpenDir(t.vfid, rel));
+    API_ASSIGN_OR_RESPOND(std::unique_ptr<DirHandle> dir, files_.List(ctx, *t.volume, t.vfid, rel));
     // Streamed as it is read: memory stays flat whatever the size of the directory (with
     // scandir-limit = 0, 16 listings of 200k entries once took 4 GB).
     auto listing = std::make_shared<ListingBody>(std::move(dir), svc_->config().scandir_limit);
@@ -403,28 +383,28 @@ class ManagerApi {
     return r;
   }
 
-  HttpResponse Rename(const Params& p) {
+  HttpResponse Rename(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     API_ASSIGN_OR_RESPOND(std::string rel, p.Str("relpath"));
     API_ASSIGN_OR_RESPOND(std::string new_name, p.Str("new_name"));
-    Status s = t.volume->Rename(t.vfid, rel, new_name);
+    Status s = files_.Rename(ctx, *t.volume, t.vfid, rel, new_name);
     if (!s.ok()) return ErrorResponse(s, {rel, new_name});
     return HttpResponse::NoContent();
   }
 
-  HttpResponse Move(const Params& p) {
+  HttpResponse Move(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     API_ASSIGN_OR_RESPOND(std::string src, p.Str("src_relpath"));
     API_ASSIGN_OR_RESPOND(std::string dst, p.Str("dst_relpath"));
-    Status s = t.volume->Move(t.vfid, src, dst);
+    Status s = files_.Move(ctx, *t.volume, t.vfid, src, dst);
     if (!s.ok()) return ErrorResponse(s, {src, dst});
     return HttpResponse::NoContent();
   }
 
-  HttpResponse Fetch(const Params& p) {
+  HttpResponse Fetch(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     API_ASSIGN_OR_RESPOND(std::string rel, p.Str("relpath"));
-    auto f = t.volume->OpenReader(t.vfid, rel);
+    auto f = files_.Fetch(ctx, *t.volume, t.vfid, rel);
     if (!f.ok()) return ErrorResponse(f.status(), {rel});
     HttpResponse r;
     r.status = 200;
@@ -434,18 +414,12 @@ class ManagerApi {
     return r;
   }
 
-  // Token lifetime: [storage-proxy] session-expire.
-  int64_t Expiry() const {
-    return std::chrono::duration_cast<std::chrono::seconds>(
-               std::chrono::system_clock::now().time_since_epoch())
-               .count() +
-           svc_->config().session_expire.count();
-  }
-  HttpResponse Token(const nlohmann::json& claims) {
-    return HttpResponse::Json(200, {{"token", JwtEncode(claims, svc_->config().secret)}});
+  HttpResponse Token(const Result<std::string>& token, const std::vector<std::string>& paths) {
+    if (!token.ok()) return ErrorResponse(token.status(), paths);
+    return HttpResponse::Json(200, {{"token", *token}});
   }
 
-  HttpResponse DownloadToken(const Params& p) {
+  HttpResponse DownloadToken(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     API_ASSIGN_OR_RESPOND(std::string rel, p.Str("relpath"));
     API_ASSIGN_OR_RESPOND(bool archive, p.Bool("archive", false));
@@ -453,88 +427,44 @@ class ManagerApi {
       return ErrorResponse(
           Status(Code::kInvalidArgument,
                  "unmanaged_path is not supported: downloads stay inside vfolders"));
-    // The path must exist now; the client API checks it again when the token is used.
-    if (auto st = t.volume->Stat(t.vfid, rel); !st.ok()) return ErrorResponse(st.status(), {rel});
-    nlohmann::json claims = {{"op", "download"},          {"volume", t.volume->name()},
-                             {"vfid", t.vfid.ToString()}, {"relpath", rel},
-                             {"archive", archive},        {"exp", Expiry()}};
-    return Token(claims);
+    return Token(files_.DownloadToken(ctx, *t.volume, t.vfid, rel, archive), {rel});
   }
 
-  HttpResponse ArchiveToken(const Params& p) {
+  HttpResponse ArchiveToken(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
     API_ASSIGN_OR_RESPOND(Volume * v, svc_->GetVolume(vol));
     API_ASSIGN_OR_RESPOND(VFolderId vfid, GetVfid(p, "virtual_folder_id"));
     API_ASSIGN_OR_RESPOND(std::vector<std::string> files, p.StrList("files"));
-    if (files.empty())
-      return ErrorResponse(Status(Code::kInvalidArgument, "parameter 'files' must not be empty"));
-    for (const auto& f : files) {
-      auto parts = SplitRelPath(f);
-      if (!parts.ok()) return ErrorResponse(parts.status(), {f});
-      if (parts->empty())
-        return ErrorResponse(
-            Status(Code::kInvalidPath, "'files' must name paths inside the vfolder"), {f});
-    }
-    API_RETURN_IF_ERROR(v->CheckVFolder(vfid));
-    nlohmann::json claims = {{"operation", "download"},
-                             {"volume", vol},
-                             {"virtual_folder_id", vfid.ToString()},
-                             {"files", files},
-                             {"exp", Expiry()}};
-    if (auto name = p.OptStr("filename")) claims["filename"] = *name;
-    return Token(claims);
+    return Token(files_.ArchiveToken(ctx, *v, vfid, files, p.OptStr("filename")), files);
   }
 
-  HttpResponse UploadToken(const Params& p) {
+  HttpResponse UploadToken(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     API_ASSIGN_OR_RESPOND(std::string rel, p.Str("relpath"));
     API_ASSIGN_OR_RESPOND(auto size, p.OptUint("size"));
     if (!size) return ErrorResponse(Status(Code::kInvalidArgument, "parameter 'size' is required"));
-    auto parts = SplitRelPath(rel);
-    if (!parts.ok()) return ErrorResponse(parts.status(), {rel});
-    if (parts->empty())
-      return ErrorResponse(Status(Code::kInvalidPath, "relpath must name a file"), {rel});
-    if (*size > svc_->config().max_upload_size)
-      return ErrorResponse(Status(
-          Code::kTooLarge, fmt::format("upload of {} bytes exceeds max-upload-size ({} bytes)",
-                                       *size, svc_->config().max_upload_size)));
-    // Sweeps abandoned sessions of the vfolder, checks the quota scope's room, creates the
-    // staging file.
-    auto session = UploadService(svc_).CreateSession(*t.volume, t.vfid, rel, *size);
-    if (!session.ok()) return ErrorResponse(session.status(), {rel});
-    nlohmann::json claims = {{"op", "upload"},
-                             {"volume", t.volume->name()},
-                             {"vfid", t.vfid.ToString()},
-                             {"relpath", rel},
-                             {"size", *size},
-                             {"session", *session},
-                             {"exp", Expiry()}};
-    return Token(claims);
+    return Token(files_.UploadToken(ctx, *t.volume, t.vfid, rel, *size), {rel});
   }
 
-  HttpResponse Delete(const Params& p) {
+  HttpResponse Delete(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     API_ASSIGN_OR_RESPOND(std::vector<std::string> paths, p.StrList("relpaths"));
     API_ASSIGN_OR_RESPOND(bool recursive, p.Bool("recursive", false));
-    Status s = t.volume->DeleteFiles(t.vfid, paths, recursive);
+    Status s = files_.Delete(ctx, *t.volume, t.vfid, paths, recursive);
     if (!s.ok()) return ErrorResponse(s, paths);
     return HttpResponse::Json(200, {{"status", "ok"}});
   }
 
-  HttpResponse DeleteAsync(const Params& p) {
+  HttpResponse DeleteAsync(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     API_ASSIGN_OR_RESPOND(std::vector<std::string> paths, p.StrList("relpaths"));
     API_ASSIGN_OR_RESPOND(bool recursive, p.Bool("recursive", false));
-    for (const auto& rel : paths) {
-      Status s = t.volume->ValidatePath(t.vfid, rel);
-      if (!s.ok()) return ErrorResponse(s, {rel});
-    }
-    API_ASSIGN_OR_RESPOND(std::string id, svc_->DeleteFilesAsync(t.volume->name(), t.vfid,
-                                                                 std::move(paths), recursive));
-    return TaskAccepted(202, id);
+    auto id = files_.DeleteAsync(ctx, *t.volume, t.vfid, paths, recursive);
+    if (!id.ok()) return ErrorResponse(id.status(), paths);
+    return TaskAccepted(202, *id);
   }
 
-  HttpResponse Task(const Params& p) {
+  HttpResponse Task(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(std::string id, p.Str("task_id"));
     auto info = svc_->tasks().Get(id);
     if (!info)
@@ -542,21 +472,26 @@ class ManagerApi {
     return HttpResponse::Json(200, info->ToJson());
   }
 
-  HttpResponse Tasks(const Params&) {
+  HttpResponse Tasks(const Params&, const RequestContext&) {
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& t : svc_->tasks().List()) arr.push_back(t.ToJson());
     return HttpResponse::Json(200, {{"tasks", arr}});
   }
 
   // Old managers call these; Backend.AI answers {"status": "ok"} and stores nothing.
-  HttpResponse MetadataGet(const Params&) { return HttpResponse::Json(200, {{"status", "ok"}}); }
-  HttpResponse MetadataSet(const Params&) { return HttpResponse::Json(200, {{"status", "ok"}}); }
-  HttpResponse Deprecated(const Params&) {
+  HttpResponse MetadataGet(const Params&, const RequestContext&) {
+    return HttpResponse::Json(200, {{"status", "ok"}});
+  }
+  HttpResponse MetadataSet(const Params&, const RequestContext&) {
+    return HttpResponse::Json(200, {{"status", "ok"}});
+  }
+  HttpResponse Deprecated(const Params&, const RequestContext&) {
     return ErrorResponse(
         Status(Code::kDeprecated, "this route is deprecated; use /quota-scope instead"));
   }
 
   StorageService* svc_;
+  FileService files_;
 };
 
 }  // namespace

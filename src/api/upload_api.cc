@@ -67,28 +67,23 @@ struct Resolved {
 
 // The authenticator of the tus routes: the upload token's claims go into the request's
 // context. Refusals carry Tus-Resumable like every tus answer.
-Authenticator UploadTokenAuth(std::string secret) {
-  return [secret = std::move(secret)](HttpRequest& req) -> std::optional<HttpResponse> {
-    auto claims = VerifySessionToken(req, secret, "op", "upload");
-    if (!claims.ok()) return TusError(claims.status());
+Authenticator UploadTokenAuth(const TokenService* tokens) {
+  return [tokens](HttpRequest& req) -> std::optional<HttpResponse> {
+    auto tok = req.query.find("token");
+    auto grant = tokens->VerifyUpload(tok == req.query.end() ? "" : tok->second);
+    if (!grant.ok()) return TusError(grant.status());
     req.ctx.principal.kind = "token";
-    req.ctx.principal.grant = std::make_shared<const nlohmann::json>(std::move(claims).value());
+    req.ctx.principal.grant = std::make_shared<const UploadGrant>(std::move(grant).value());
     return std::nullopt;
   };
 }
 
-Resolved Resolve(const HttpRequest& req, const UploadService& uploads, uint64_t max_upload_size) {
+Resolved Resolve(const HttpRequest& req, const UploadService& uploads) {
   Resolved out;
-  const auto& claims = *static_cast<const nlohmann::json*>(req.ctx.principal.grant.get());
-  auto t = uploads.ResolveClaims(claims, DstDir(req));
+  const auto& grant = *static_cast<const UploadGrant*>(req.ctx.principal.grant.get());
+  auto t = uploads.ResolveGrant(grant, DstDir(req));
   if (!t.ok()) {
     out.refusal = TusError(t.status());
-    return out;
-  }
-  if (t->size > max_upload_size) {
-    out.refusal = TusError(
-        Status(Code::kTooLarge, fmt::format("upload of {} bytes exceeds max-upload-size ({} bytes)",
-                                            t->size, max_upload_size)));
     return out;
   }
   out.target = std::move(t).value();
@@ -135,7 +130,7 @@ class TusSink : public BodySink {
 void AddUploadRoutes(Router& router, StorageService* service) {
   auto uploads = std::make_shared<UploadService>(service);
   const uint64_t max_size = service->config().max_upload_size;
-  RouteGroup tus = router.Group(UploadTokenAuth(service->config().secret));
+  RouteGroup tus = router.Group(UploadTokenAuth(&service->tokens()));
 
   router.Add(http::verb::options, "/upload",
              Route{.handler =
@@ -155,8 +150,8 @@ void AddUploadRoutes(Router& router, StorageService* service) {
 
   tus.Add(http::verb::head, "/upload",
           Route{.handler =
-                    [uploads, max_size](const HttpRequest& req) {
-                      Resolved r = Resolve(req, *uploads, max_size);
+                    [uploads](const HttpRequest& req) {
+                      Resolved r = Resolve(req, *uploads);
                       if (r.refusal) return std::move(*r.refusal);
                       auto p = uploads->Query(r.target);
                       if (!p.ok()) return TusError(p.status());
@@ -172,7 +167,7 @@ void AddUploadRoutes(Router& router, StorageService* service) {
 
   tus.Add(
       http::verb::patch, "/upload",
-      Route{.stream = [uploads, max_size](const HttpRequest& req) -> StreamStart {
+      Route{.stream = [uploads](const HttpRequest& req) -> StreamStart {
         // Protocol checks first: they need no disk access.
         auto resumable = SingleHeader(req, "Tus-Resumable");
         if (!resumable.ok()) return TusError(resumable.status());
@@ -206,7 +201,7 @@ void AddUploadRoutes(Router& router, StorageService* service) {
           body_len = *n;
         }
 
-        Resolved r = Resolve(req, *uploads, max_size);
+        Resolved r = Resolve(req, *uploads);
         if (r.refusal) return std::move(*r.refusal);
         const UploadTarget& t = r.target;
         auto len_h = SingleHeader(req, "Upload-Length");

@@ -24,4 +24,9 @@ double MonotonicSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+const TimeSource& TimeSource::Real() {
+  static const TimeSource real;
+  return real;
+}
+
 }  // namespace sluice

@@ -1,6 +1,7 @@
 // Time formatting shared by the APIs.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <string>
 
@@ -11,5 +12,25 @@ std::string FormatIso8601(std::chrono::system_clock::time_point tp);
 
 // Seconds on a monotonic clock, for durations.
 double MonotonicSeconds();
+
+// Monotonic time as a component sees it: the real clock, or in tests one moved by hand, so that
+// a test of a 10-second timeout does not sleep for 10 seconds.
+class TimeSource {
+ public:
+  virtual ~TimeSource() = default;
+  virtual std::chrono::steady_clock::time_point Now() const {
+    return std::chrono::steady_clock::now();
+  }
+  static const TimeSource& Real();
+};
+
+class ManualTime : public TimeSource {
+ public:
+  std::chrono::steady_clock::time_point Now() const override { return now_.load(); }
+  void Advance(std::chrono::steady_clock::duration d) { now_.store(now_.load() + d); }
+
+ private:
+  std::atomic<std::chrono::steady_clock::time_point> now_{std::chrono::steady_clock::now()};
+};
 
 }  // namespace sluice

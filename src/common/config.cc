@@ -499,8 +499,10 @@ keepalive-timeout = "75s"
 # On SIGTERM, in-flight requests get this long to finish.
 drain-timeout = "30s"
 
-# One section per volume. backend is one of: vfs, btrfs, xfs, ext4, cephfs
-# (docs/decisions.md says what each needs of its path).
+# One section per volume. backend is one of: vfs, btrfs, xfs, ext4, cephfs, mem (in memory, for
+# tests) (docs/decisions.md says what each needs of its path). For tests and drills only,
+# `faults = [{ op = "write", error = "ENOSPC", after = "1m" }]` injects failures (see
+# src/volume/fault_volume.h).
 [volume.local]
 backend = "vfs"
 path = "./var/volumes/local"

@@ -48,7 +48,7 @@ void HealthMonitor::CheckAll() {
     {
       std::lock_guard lk(mu_);
       checking_ = v->name();
-      check_started_ = std::chrono::steady_clock::now();
+      check_started_ = opts_.time->Now();
     }
     VolumeHealth h = Judge(v->GetHwInfo(), v->GetFsUsage());
     std::lock_guard lk(mu_);
@@ -78,7 +78,7 @@ HealthSnapshot HealthMonitor::Snapshot() const {
     std::lock_guard lk(mu_);
     s.volumes = results_;
     if (!checking_.empty()) {
-      auto stalled = std::chrono::steady_clock::now() - check_started_;
+      auto stalled = opts_.time->Now() - check_started_;
       if (stalled > opts_.stall_after) {
         auto& v = s.volumes[checking_];
         v.status = "unavailable";

@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 
+#include "common/clock.h"
 #include "service/storage_service.h"
 
 namespace sluice {
@@ -41,6 +42,7 @@ class HealthMonitor {
   struct Options {
     std::chrono::milliseconds interval{2000};
     std::chrono::milliseconds stall_after{10000};
+    const TimeSource* time = &TimeSource::Real();  // tests move a ManualTime instead
   };
   HealthMonitor(StorageService* svc, Options opts);
   explicit HealthMonitor(StorageService* svc) : HealthMonitor(svc, Options()) {}

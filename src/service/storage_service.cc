@@ -1,7 +1,5 @@
 #include "service/storage_service.h"
 
-#include <sys/stat.h>
-
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -9,7 +7,7 @@ namespace sluice {
 
 StorageService::StorageService(const Config& cfg, std::vector<std::unique_ptr<Volume>> volumes,
                                ThreadPool* task_pool)
-    : cfg_(cfg), tasks_(task_pool) {
+    : cfg_(cfg), tokens_(cfg.secret, cfg.session_expire), tasks_(task_pool) {
   for (auto& v : volumes) {
     std::string n = v->name();
     volumes_.emplace(std::move(n), std::move(v));

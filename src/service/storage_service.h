@@ -11,6 +11,7 @@
 #include "common/config.h"
 #include "service/bgtask.h"
 #include "service/reservations.h"
+#include "service/tokens.h"
 #include "volume/volume.h"
 
 namespace sluice {
@@ -22,6 +23,8 @@ class StorageService {
 
   const Config& config() const { return cfg_; }
   BgTaskManager& tasks() { return tasks_; }
+  // The client API's session tokens ([storage-proxy] secret and session-expire).
+  const TokenService& tokens() const { return tokens_; }
   // Bytes promised to upload sessions, per quota scope (see reservations.h).
   QuotaReservations& reservations() { return reservations_; }
 
@@ -53,6 +56,7 @@ class StorageService {
  private:
   Config cfg_;
   std::map<std::string, std::unique_ptr<Volume>> volumes_;
+  TokenService tokens_;
   QuotaReservations reservations_;  // before tasks_: running tasks use it
   BgTaskManager tasks_;
 };

@@ -1,22 +1,15 @@
 #include "service/task_store.h"
 
-#include <fcntl.h>
 #include <sqlite3.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <filesystem>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-
-#include "common/secrets.h"
 
 namespace sluice {
 
@@ -78,14 +71,8 @@ Status TaskStore::Exec(const char* sql, int* rc_out) {
 
 Result<std::unique_ptr<TaskStore>> TaskStore::Open(const std::string& path) {
   // Processes starting together open (and, when it is corrupt, replace) the file one at a time.
-  struct OpenLock {
-    int fd;
-    ~OpenLock() {
-      if (fd >= 0) ::close(fd);
-    }
-  } guard{::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600)};
-  if (guard.fd < 0 || ::flock(guard.fd, LOCK_EX) != 0)
-    return Status::FromErrno(errno, fmt::format("task history: lock '{}.lock'", path));
+  auto guard = LockFileExclusive(path + ".lock");
+  if (!guard.ok()) return guard.status().WithContext("task history");
   for (int attempt = 0;; ++attempt) {
     sqlite3* db = nullptr;
     int rc =
@@ -104,7 +91,9 @@ Result<std::unique_ptr<TaskStore>> TaskStore::Open(const std::string& path) {
     if (st.ok()) st = store->Exec(kSchema, &erc);
     if (st.ok()) st = store->Exec("SELECT count(*) FROM tasks", &erc);
     if (st.ok()) {
-      SLUICE_RETURN_IF_ERROR(store->TakeOwnership(path));
+      auto owners = OwnerLocks::Open(path + ".owners");
+      if (!owners.ok()) return owners.status().WithContext("task history");
+      store->owners_ = std::move(owners).value();
       return store;
     }
     if (!IsNotADatabase(erc) || attempt > 0)
@@ -113,51 +102,19 @@ Result<std::unique_ptr<TaskStore>> TaskStore::Open(const std::string& path) {
     std::string aside = fmt::format("{}.corrupt-{}", path, std::time(nullptr));
     spdlog::warn("task history '{}' is not a usable database ({}); moved to '{}', starting anew",
                  path, st.message(), aside);
-    if (std::rename(path.c_str(), aside.c_str()) != 0)
-      return Status::FromErrno(errno, fmt::format("move '{}' aside", path));
-    std::rename((path + "-wal").c_str(), (aside + "-wal").c_str());  // it goes with its file
-    std::remove((path + "-shm").c_str());
+    SLUICE_RETURN_IF_ERROR(MoveDatabaseAside(path, aside));
   }
 }
 
 TaskStore::~TaskStore() {
   sqlite3_close_v2(db_);
-  if (owner_fd_ >= 0) {
-    // A clean close: its tasks are all written as finished, nothing to find later.
-    ::unlink((owners_dir_ + "/" + owner_).c_str());
-    ::close(owner_fd_);
-  }
+  // owners_ goes after the database: a clean close removes this process's owner file.
 }
 
-Status TaskStore::TakeOwnership(const std::string& path) {
-  owners_dir_ = path + ".owners";
-  if (::mkdir(owners_dir_.c_str(), 0700) != 0 && errno != EEXIST)
-    return Status::FromErrno(errno, fmt::format("task history: create '{}'", owners_dir_));
-  owner_ = RandomHexString(16);
-  std::string lock = owners_dir_ + "/" + owner_;
-  owner_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (owner_fd_ < 0)
-    return Status::FromErrno(errno, fmt::format("task history: create '{}'", lock));
-  if (::flock(owner_fd_, LOCK_EX | LOCK_NB) != 0)
-    return Status::FromErrno(errno, fmt::format("task history: lock '{}'", lock));
-  return Status::Ok();
-}
-
-// Marks the unfinished tasks of `owner` failed, if its lock can be taken (its process is gone).
+// Marks the unfinished tasks of `owner` failed, if its process is gone.
 Status TaskStore::MarkInterrupted(const std::string& owner) {
-  std::string lock = owners_dir_ + "/" + owner;
-  int fd = owner.empty() ? -1 : ::open(lock.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0 && !owner.empty() && errno != ENOENT) {
-    // Cannot tell (another user's file, out of descriptors): leave its tasks as they are.
-    spdlog::warn("task history: cannot check owner '{}': {}", lock, std::strerror(errno));
-    return Status::Ok();
-  }
-  if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    int err = errno;
-    ::close(fd);
-    if (err == EWOULDBLOCK) return Status::Ok();  // alive: its tasks are its own business
-    return Status::FromErrno(err, fmt::format("task history: lock '{}'", lock));
-  }
+  SLUICE_ASSIGN_OR_RETURN(auto claim, owners_->ClaimIfGone(owner));
+  if (!claim) return Status::Ok();  // alive: its tasks are its own business
   // No lock file (removed after a clean close) or a lock taken (its process is gone).
   Stmt q;
   SLUICE_RETURN_IF_ERROR(Prepare(q,
@@ -178,11 +135,8 @@ Status TaskStore::MarkInterrupted(const std::string& owner) {
   q.Int(8, static_cast<int>(TaskState::kPending));
   q.Int(9, static_cast<int>(TaskState::kRunning));
   int rc = sqlite3_step(q.s);
-  if (fd >= 0) {
-    if (rc == SQLITE_DONE) ::unlink(lock.c_str());
-    ::close(fd);
-  }
   if (rc != SQLITE_DONE) return Error("mark interrupted tasks");
+  claim->Done();
   return Status::Ok();
 }
 
@@ -207,7 +161,7 @@ Status TaskStore::Put(const BgTaskInfo& t) {
   q.Int(8, ToMicros(t.created));
   q.Int(9, ToMicros(t.started));
   q.Int(10, ToMicros(t.finished));
-  q.Text(11, owner_);
+  q.Text(11, owners_->self());
   if (sqlite3_step(q.s) != SQLITE_DONE) return Error("insert");
   return Status::Ok();
 }
@@ -266,7 +220,7 @@ Result<std::vector<BgTaskInfo>> TaskStore::LoadAfterRestart() {
         q, "SELECT DISTINCT owner FROM tasks WHERE state IN (?, ?) AND owner != ?", "prepare"));
     q.Int(1, static_cast<int>(TaskState::kPending));
     q.Int(2, static_cast<int>(TaskState::kRunning));
-    q.Text(3, owner_);
+    q.Text(3, owners_->self());
     int rc;
     while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) {
       const unsigned char* p = sqlite3_column_text(q.s, 0);
@@ -276,12 +230,8 @@ Result<std::vector<BgTaskInfo>> TaskStore::LoadAfterRestart() {
   }
   // Owner files with no unfinished tasks too: those of processes that ended without closing
   // their store (sluiced exits with _Exit) are removed here rather than piling up.
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(owners_dir_, ec)) {
-    std::string name = e.path().filename().string();
-    if (name != owner_ && std::find(owners.begin(), owners.end(), name) == owners.end())
-      owners.push_back(name);
-  }
+  for (auto& name : owners_->Others())
+    if (std::find(owners.begin(), owners.end(), name) == owners.end()) owners.push_back(name);
   for (const auto& o : owners) SLUICE_RETURN_IF_ERROR(MarkInterrupted(o));
   // Finished tasks only: those of a live peer are read from the store when asked for (Get).
   Stmt q;

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/owner_locks.h"
 #include "common/status.h"
 #include "service/bgtask.h"
 
@@ -45,7 +46,7 @@ class TaskStore {
 
  private:
   explicit TaskStore(sqlite3* db) : db_(db) {}
-  Status TakeOwnership(const std::string& path);
+
   Status MarkInterrupted(const std::string& owner);
   Status Exec(const char* sql, int* rc = nullptr);
   struct Stmt;
@@ -54,9 +55,7 @@ class TaskStore {
 
   std::mutex mu_;  // one connection, used from task threads and the manager API
   sqlite3* db_;
-  std::string owners_dir_;  // <path>.owners
-  std::string owner_;       // this store's owner id
-  int owner_fd_ = -1;       // holds the lock on owners_dir_/owner_
+  std::unique_ptr<OwnerLocks> owners_;  // <path>.owners: this process's lock, its peers' files
 };
 
 }  // namespace sluice

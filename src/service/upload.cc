@@ -156,30 +156,22 @@ std::chrono::seconds UploadService::AbandonAge() const {
   return expire + std::min(expire, std::chrono::seconds(60));
 }
 
-Result<UploadTarget> UploadService::ResolveClaims(const nlohmann::json& claims,
-                                                  const std::optional<std::string>& dst_dir) const {
-  auto str = [&](const char* key) -> Result<std::string> {
-    auto it = claims.find(key);
-    if (it == claims.end() || !it->is_string())
-      return Status(Code::kInvalidArgument,
-                    fmt::format("upload token: claim '{}' is missing or not a string", key));
-    return it->get<std::string>();
-  };
+Status UploadService::CheckSize(uint64_t size) const {
+  if (size > svc_->config().max_upload_size)
+    return Status(Code::kTooLarge, fmt::format("upload of {} bytes exceeds max-upload-size ({} "
+                                               "bytes)",
+                                               size, svc_->config().max_upload_size));
+  return Status::Ok();
+}
+
+Result<UploadTarget> UploadService::ResolveGrant(const UploadGrant& g,
+                                                 const std::optional<std::string>& dst_dir) const {
   UploadTarget t;
-  SLUICE_ASSIGN_OR_RETURN(std::string vol, str("volume"));
-  SLUICE_ASSIGN_OR_RETURN(std::string vfid, str("vfid"));
-  SLUICE_ASSIGN_OR_RETURN(std::string rel, str("relpath"));
-  SLUICE_ASSIGN_OR_RETURN(t.session, str("session"));
-  auto size = claims.find("size");
-  if (size == claims.end() || !size->is_number_integer() ||
-      (!size->is_number_unsigned() && size->get<int64_t>() < 0))
-    return Status(Code::kInvalidArgument,
-                  "upload token: claim 'size' is missing or not a non-negative integer");
-  t.size = size->is_number_unsigned() ? size->get<uint64_t>()
-                                      : static_cast<uint64_t>(size->get<int64_t>());
+  t.session = g.session;
+  t.size = g.size;
   if (!ValidSession(t.session))
     return Status(Code::kInvalidArgument, "upload token: claim 'session' is not a session id");
-  auto parsed = VFolderId::Parse(vfid);
+  auto parsed = VFolderId::Parse(g.vfid);
   if (!parsed.ok()) return parsed.status().WithContext("upload token: claim 'vfid'");
   t.vfid = std::move(parsed).value();
   std::vector<std::string> parts;
@@ -188,7 +180,7 @@ Result<UploadTarget> UploadService::ResolveClaims(const nlohmann::json& claims,
     if (!d.ok()) return d.status().WithContext("dst_dir");
     parts = std::move(d).value();
   }
-  auto r = SplitRelPath(rel);
+  auto r = SplitRelPath(g.relpath);
   if (!r.ok()) return r.status().WithContext("upload token: claim 'relpath'");
   if (r->empty())
     return Status(Code::kInvalidPath, "upload token: claim 'relpath' does not name a file");
@@ -199,7 +191,8 @@ Result<UploadTarget> UploadService::ResolveClaims(const nlohmann::json& claims,
   t.final_parts = std::move(parts);
   if (t.final_relpath().size() >= PATH_MAX)
     return Status(Code::kInvalidPath, "the upload's path is too long");
-  SLUICE_ASSIGN_OR_RETURN(t.volume, svc_->GetVolume(vol));
+  SLUICE_ASSIGN_OR_RETURN(t.volume, svc_->GetVolume(g.volume));
+  SLUICE_RETURN_IF_ERROR(CheckSize(t.size));
   return t;
 }
 
@@ -231,10 +224,7 @@ Result<std::string> UploadService::CreateSession(Volume& volume, const VFolderId
   if (parts.front() == kUploadDir)
     return Status(Code::kInvalidPath,
                   fmt::format("uploads cannot go into the staging directory '{}'", kUploadDir));
-  if (size > svc_->config().max_upload_size)
-    return Status(Code::kTooLarge, fmt::format("upload of {} bytes exceeds max-upload-size ({} "
-                                               "bytes)",
-                                               size, svc_->config().max_upload_size));
+  SLUICE_RETURN_IF_ERROR(CheckSize(size));
   SLUICE_RETURN_IF_ERROR(volume.CheckVFolder(vfid));
   SweepVFolder(volume, vfid);
   UploadTarget t;

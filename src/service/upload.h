@@ -26,6 +26,7 @@
 
 #include "common/status.h"
 #include "service/reservations.h"
+#include "service/tokens.h"
 #include "volume/ids.h"
 #include "volume/volume.h"
 
@@ -108,12 +109,16 @@ class UploadService {
   // The staging directory inside every vfolder.
   static constexpr const char* kUploadDir = kStagingDirName;
 
-  // Validates the claims of a verified upload token (volume, vfid, relpath, session, size) and
-  // the optional `dst_dir` query parameter (a directory below the vfolder that `relpath` is
-  // relative to, as in Backend.AI). kInvalidArgument / kInvalidPath for hostile or malformed
-  // claims, kNotFound for an unknown volume.
-  Result<UploadTarget> ResolveClaims(const nlohmann::json& claims,
-                                     const std::optional<std::string>& dst_dir) const;
+  // Validates the grant of a verified upload token and the optional `dst_dir` query parameter
+  // (a directory below the vfolder that `relpath` is relative to, as in Backend.AI).
+  // kInvalidArgument / kInvalidPath for hostile or malformed claims, kNotFound for an unknown
+  // volume, kTooLarge for a size over max-upload-size.
+  Result<UploadTarget> ResolveGrant(const UploadGrant& grant,
+                                    const std::optional<std::string>& dst_dir) const;
+
+  // kTooLarge when an upload of `size` bytes exceeds max-upload-size: the one place it is
+  // checked (sessions, tokens).
+  Status CheckSize(uint64_t size) const;
 
   // The manager side: sweeps the vfolder's abandoned sessions, refuses an upload that would not
   // fit the quota scope's limit, and creates the staging file. Returns the session id.

@@ -96,6 +96,32 @@ Status PosixVolume::MakeScopeDir(const QuotaScopeId& qsid) const {
   return Status::Ok();
 }
 
+Result<std::optional<std::string>> PosixVolume::ReadScopeRecord(const QuotaScopeId& qsid,
+                                                                std::string_view name) const {
+  std::string file = fmt::format("{}/{}", ScopeDir(qsid), name);
+  int fd = ::open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return std::optional<std::string>();
+    return Status::FromErrno(errno, fmt::format("read '{}'", file));
+  }
+  UniqueFd f(fd);
+  std::string text(4096, '\0');
+  size_t got = 0;
+  for (;;) {
+    ssize_t n = ::read(f.get(), text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::FromErrno(errno, fmt::format("read '{}'", file));
+    if (n == 0 || (got += static_cast<size_t>(n)) == text.size()) break;
+  }
+  text.resize(got);
+  return std::optional<std::string>(std::move(text));
+}
+
+Status PosixVolume::WriteScopeRecord(const QuotaScopeId& qsid, std::string_view name,
+                                     std::string_view text, mode_t mode) const {
+  return WriteFileAtomic(fmt::format("{}/{}", ScopeDir(qsid), name), text, mode);
+}
+
 Status PosixVolume::CheckScopeEmpty(const QuotaScopeId& qsid, std::string_view bookkeeping) const {
   int fd = ::open(ScopeDir(qsid).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno(errno, fmt::format("open quota scope {}", qsid.ToString()));

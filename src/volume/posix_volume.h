@@ -97,6 +97,13 @@ class PosixVolume : public Volume {
   // own record, e.g. a stored limit).
   Status CheckScopeEmpty(const QuotaScopeId& qsid, std::string_view bookkeeping) const;
   static Status MissingScope(const QuotaScopeId& qsid, const std::string& volume);
+  // A quota scope's small bookkeeping file `name` (a stored limit, a qgroup id, a project id):
+  // its text (at most 4 KiB), or nullopt when there is none. Written atomically: a crash leaves
+  // the old record or the new one.
+  Result<std::optional<std::string>> ReadScopeRecord(const QuotaScopeId& qsid,
+                                                     std::string_view name) const;
+  Status WriteScopeRecord(const QuotaScopeId& qsid, std::string_view name, std::string_view text,
+                          mode_t mode = 0600) const;
 
  protected:
   VolumeConfig cfg_;

@@ -158,25 +158,19 @@ std::string BtrfsQuotaModel::ScopePath(const QuotaScopeId& qsid) const {
 }
 
 Result<std::optional<uint64_t>> BtrfsQuotaModel::ReadQgroupFile(const QuotaScopeId& qsid) const {
-  std::string file = ScopePath(qsid) + "/" + kQgroupFile;
-  std::ifstream in(file);
-  if (!in) {
-    struct stat sb;
-    if (::stat(file.c_str(), &sb) != 0 && errno == ENOENT) return std::optional<uint64_t>();
-    return Status(Code::kIoError, fmt::format("read '{}'", file));
-  }
-  std::string text;
-  in >> text;
+  SLUICE_ASSIGN_OR_RETURN(auto record, vol_->ReadScopeRecord(qsid, kQgroupFile));
+  if (!record) return std::optional<uint64_t>();
+  std::string text = record->substr(0, record->find_first_of(" \t\r\n"));
   auto q = btrfs::ParseQgroupName(text);
   if (!q.ok() || btrfs::QgroupLevel(*q) == 0)
-    return Status(Code::kIoError,
-                  fmt::format("'{}' is corrupt: '{}' is not a level-1 qgroup id", file, text));
+    return Status(Code::kIoError, fmt::format("'{}/{}' is corrupt: '{}' is not a level-1 qgroup id",
+                                              ScopePath(qsid), kQgroupFile, text));
   return std::optional<uint64_t>(*q);
 }
 
 Status BtrfsQuotaModel::WriteQgroupFile(const QuotaScopeId& qsid, uint64_t q) const {
   // A crash leaves no file (the scope is adopted again) or a whole one.
-  return WriteFileAtomic(ScopePath(qsid) + "/" + kQgroupFile, QgroupName(q) + "\n");
+  return vol_->WriteScopeRecord(qsid, kQgroupFile, QgroupName(q) + "\n");
 }
 
 Result<uint64_t> BtrfsQuotaModel::NewScopeQgroup(uint64_t subvol_id) {

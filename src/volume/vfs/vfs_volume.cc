@@ -13,6 +13,7 @@
 
 #include "common/dir_reader.h"
 #include "common/fs_util.h"
+#include "common/json.h"
 
 namespace sluice {
 
@@ -54,22 +55,18 @@ Status VfsQuotaModel::WriteLimit(const QuotaScopeId& qsid, std::optional<uint64_
       return Status::FromErrno(errno, fmt::format("remove '{}'", file));
     return Status::Ok();
   }
-  return WriteFileAtomic(file, nlohmann::json{{"limit_bytes", *limit}}.dump() + "\n");
+  return vol_->WriteScopeRecord(qsid, kLimitFile,
+                                nlohmann::json{{"limit_bytes", *limit}}.dump() + "\n");
 }
 
 Result<std::optional<uint64_t>> VfsQuotaModel::ReadLimit(const QuotaScopeId& qsid) const {
-  std::string file = ScopePath(qsid) + "/" + kLimitFile;
-  std::ifstream in(file);
-  if (!in) {
-    if (errno == ENOENT) return std::optional<uint64_t>();
-    return Status::FromErrno(errno, fmt::format("read '{}'", file));
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto j = nlohmann::json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded() || !j.contains("limit_bytes") || !j["limit_bytes"].is_number_unsigned())
-    return Status(Code::kIoError, fmt::format("'{}' is corrupt", file));
-  return std::optional<uint64_t>(j["limit_bytes"].get<uint64_t>());
+  SLUICE_ASSIGN_OR_RETURN(auto text, vol_->ReadScopeRecord(qsid, kLimitFile));
+  if (!text) return std::optional<uint64_t>();
+  auto j = ParseJson(*text, "a stored limit");
+  if (!j.ok() || !j->is_object() || !j->contains("limit_bytes") ||
+      !(*j)["limit_bytes"].is_number_unsigned())
+    return Status(Code::kIoError, fmt::format("'{}/{}' is corrupt", ScopePath(qsid), kLimitFile));
+  return std::optional<uint64_t>((*j)["limit_bytes"].get<uint64_t>());
 }
 
 Status VfsQuotaModel::CreateScope(const QuotaScopeId& qsid, std::optional<uint64_t> limit) {

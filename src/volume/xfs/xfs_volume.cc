@@ -44,22 +44,15 @@ std::string XfsQuotaModel::ScopePath(const QuotaScopeId& qsid) const {
 }
 
 Result<std::optional<uint32_t>> XfsQuotaModel::ReadIdFile(const QuotaScopeId& qsid) const {
-  std::string file = ScopePath(qsid) + "/" + kProjectIdFile;
-  int fd = ::open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return std::optional<uint32_t>();
-    return Status::FromErrno(errno, fmt::format("read '{}'", file));
-  }
-  UniqueFd f(fd);
-  char buf[32];
-  ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
-  if (n < 0) return Status::FromErrno(errno, fmt::format("read '{}'", file));
-  SLUICE_ASSIGN_OR_RETURN(uint32_t id, ParseId(std::string(buf, static_cast<size_t>(n)), file));
+  SLUICE_ASSIGN_OR_RETURN(auto text, vol_->ReadScopeRecord(qsid, kProjectIdFile));
+  if (!text) return std::optional<uint32_t>();
+  SLUICE_ASSIGN_OR_RETURN(uint32_t id,
+                          ParseId(text->substr(0, 31), ScopePath(qsid) + "/" + kProjectIdFile));
   return std::optional<uint32_t>(id);
 }
 
 Status XfsQuotaModel::WriteIdFile(const QuotaScopeId& qsid, uint32_t id) const {
-  return WriteFileAtomic(ScopePath(qsid) + "/" + kProjectIdFile, fmt::format("{}\n", id), 0644);
+  return vol_->WriteScopeRecord(qsid, kProjectIdFile, fmt::format("{}\n", id), 0644);
 }
 
 Result<uint32_t> XfsQuotaModel::ScopeProject(const QuotaScopeId& qsid) {

@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
+#include "support/assert_status.h"
+#include "volume/registry.h"
+
 namespace sluice {
 namespace {
 
@@ -37,6 +42,40 @@ TEST(Health, BackendVerdictAndFailedChecks) {
   VolumeHealth failing = HealthMonitor::Judge(HwInfo(), Status(Code::kIoError, "statvfs: EIO"));
   EXPECT_EQ(failing.status, "degraded");
   EXPECT_NE(failing.info.find("statvfs: EIO"), std::string::npos);
+}
+
+// A volume whose check hangs (a dead NFS server, say) shows as unavailable once the check has
+// been out for stall_after, with the reason; the monitor's clock is moved by hand, not slept.
+TEST(Health, AHungCheckMakesTheVolumeUnavailable) {
+  VolumeConfig vc;
+  vc.name = "hung";
+  vc.backend = "mem";
+  vc.path = "mem";
+  vc.faults = nlohmann::json::parse(R"([{"op": "fs-usage", "latency": "300ms"}])");
+  std::vector<std::unique_ptr<Volume>> vols;
+  auto v = VolumeRegistry::Builtin().CreateServed(vc, VolumeDeps{});
+  ASSERT_OK(v);
+  vols.push_back(std::move(v).value());
+  Config cfg;
+  ThreadPool tasks("t", 1);
+  StorageService svc(cfg, std::move(vols), &tasks);
+  ManualTime time;
+  HealthMonitor::Options o;
+  o.stall_after = std::chrono::seconds(10);
+  o.time = &time;
+  HealthMonitor m(&svc, o);
+  std::thread check([&] { m.CheckAll(); });  // takes 300 ms of real time
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(m.Snapshot().overall, "healthy");  // out for 0 s by the monitor's clock
+  time.Advance(std::chrono::seconds(11));
+  HealthSnapshot s = m.Snapshot();
+  EXPECT_EQ(s.overall, "unhealthy");
+  EXPECT_EQ(s.volumes["hung"].status, "unavailable");
+  EXPECT_NE(s.volumes["hung"].info.find("has not answered a health check for 11 s"),
+            std::string::npos)
+      << s.volumes["hung"].info;
+  check.join();
+  EXPECT_EQ(m.Snapshot().overall, "healthy");  // the check came back
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/jwt.h"
 #include "service/storage_service.h"
 #include "volume/registry.h"
 
@@ -32,6 +33,7 @@ class UploadTest : public ::testing::Test {
     base_ = mkdtemp(tmpl);
     fs::create_directories(base_ + "/vol");
     Config cfg;
+    cfg.secret = "upload-test-secret";
     cfg.session_expire = std::chrono::seconds(100);
     VolumeConfig vc;
     vc.name = "local";
@@ -55,6 +57,14 @@ class UploadTest : public ::testing::Test {
     fs::remove_all(base_);
   }
   Volume* vol() { return svc_->GetVolume("local").value(); }
+
+  // What the client API does with an upload token carrying `claims`: verify, then resolve.
+  Result<UploadTarget> ResolveClaims(nlohmann::json claims, std::optional<std::string> dst_dir) {
+    claims["op"] = "upload";
+    auto grant = svc_->tokens().VerifyUpload(JwtEncode(claims, svc_->config().secret));
+    if (!grant.ok()) return grant.status();
+    return up_->ResolveGrant(*grant, dst_dir);
+  }
   fs::path vf() { return vol()->VFolderPath(vfid_); }
 
   // A new session and the target its token would name.
@@ -66,7 +76,7 @@ class UploadTest : public ::testing::Test {
                              {"relpath", rel},
                              {"session", s.ok() ? *s : ""},
                              {"size", size}};
-    auto t = up_->ResolveClaims(claims, std::nullopt);
+    auto t = ResolveClaims(claims, std::nullopt);
     EXPECT_TRUE(t.ok()) << t.status().ToString();
     return t.ok() ? *t : UploadTarget{};
   }
@@ -175,14 +185,14 @@ TEST_F(UploadTest, RefusesHostileClaims) {
                                                            {"vfid", "nope"}}) {
     nlohmann::json c = base;
     c[k] = v;
-    auto t = up_->ResolveClaims(c, std::nullopt);
+    auto t = ResolveClaims(c, std::nullopt);
     EXPECT_FALSE(t.ok()) << k << "=" << v.dump();
     EXPECT_EQ(CodeHttpStatus(t.status().code()), 400) << k << "=" << v.dump();
   }
-  EXPECT_EQ(up_->ResolveClaims(base, std::string("../..")).status().code(), Code::kInvalidPath);
+  EXPECT_EQ(ResolveClaims(base, std::string("../..")).status().code(), Code::kInvalidPath);
   nlohmann::json c = base;
   c["volume"] = "nope";
-  EXPECT_EQ(up_->ResolveClaims(c, std::nullopt).status().code(), Code::kNotFound);
+  EXPECT_EQ(ResolveClaims(c, std::nullopt).status().code(), Code::kNotFound);
 }
 
 TEST_F(UploadTest, QuotaIsReservedAtCreationAndCheckedAgainAfterARestart) {

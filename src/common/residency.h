@@ -1,5 +1,5 @@
-// The body pump's file side: event loops send file data only when it is already in the page
-// cache, so that no loop ever waits on a disk; what is not resident is read on the I/O pool
+// Page-cache residency of file ranges: event loops send file data only when it is already in the
+// page cache, so that no loop ever waits on a disk; what is not resident is read on the I/O pool
 // (FileReader::ReadAt). A cold 300 MB download from a slow disk used to stall every connection
 // on its loop.
 #pragma once
@@ -11,7 +11,7 @@
 
 #include "common/status.h"
 
-namespace sluice::api {
+namespace sluice {
 
 enum class Residency {
   kResident,  // every page of the range is in the page cache
@@ -23,4 +23,4 @@ enum class Residency {
 // no copy and no I/O.
 Residency ProbeResidency(int fd, uint64_t off, uint64_t len);
 
-}  // namespace sluice::api
+}  // namespace sluice

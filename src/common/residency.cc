@@ -1,4 +1,4 @@
-#include "api/file_body.h"
+#include "common/residency.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -6,7 +6,7 @@
 #include <atomic>
 #include <cerrno>
 
-namespace sluice::api {
+namespace sluice {
 
 namespace {
 
@@ -43,4 +43,4 @@ Residency ProbeResidency(int fd, uint64_t off, uint64_t len) {
   return cs.nr_cache >= pages ? Residency::kResident : Residency::kCold;
 }
 
-}  // namespace sluice::api
+}  // namespace sluice

@@ -96,6 +96,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
         tick_(TickFor(srv_->options())) {}
 
   ~Connection() {
+    EndRequest();  // a connection dropped mid-request (an exception, a closed loop)
     if (cancel_) cancel_->store(true);
     srv_->ConnectionClosed();
   }
@@ -133,7 +134,11 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     return ec == http::error::end_of_stream || ec == beast::error::timeout ||
            ec == asio::error::operation_aborted || ec == asio::error::connection_reset ||
            ec == asio::error::eof || ec == asio::error::bad_descriptor ||
-           ec == asio::ssl::error::stream_truncated || ec == http::error::partial_message;
+           ec == asio::error::broken_pipe || ec == asio::error::not_connected ||
+           ec == asio::error::connection_aborted || ec == asio::error::network_reset ||
+           ec == asio::error::timed_out || ec == asio::error::host_unreachable ||
+           ec == asio::error::network_unreachable || ec == asio::ssl::error::stream_truncated ||
+           ec == http::error::partial_message;
   }
 
   // ---- deadlines
@@ -360,6 +365,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     pending_ = std::move(req);
     if (beast::iequals(pending_->msg[http::field::expect], "100-continue")) {
       static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      ExpireAfter(opts().request_timeout);
       asio::async_write(stream_, asio::buffer(kContinue.data(), kContinue.size()),
                         [self = this->shared_from_this()](beast::error_code ec, size_t) {
                           if (ec) return self->Close();
@@ -371,6 +377,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
   }
 
   void ReadBody() {
+    ExpireAfter(opts().request_timeout);
     http::async_read(
         stream_, buf_, *parser_,
         [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
@@ -463,8 +470,10 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     if (ec == http::error::need_buffer) ec = {};
     if (ec) {
       if (IsDisconnect(ec)) return AbortStream(ec);
-      // Bad framing mid-body: the sink settles, the client hears why.
+      // Bad framing mid-body: the sink settles, the client hears why (lingering: the client
+      // may still be sending).
       keep_alive_ = false;
+      linger_ = true;
       return FailStream(ParseFailureStatus(ec, 0));
     }
     piece_len_ = io_buf_.size() - parser_->buffer_left();
@@ -875,10 +884,23 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
 }  // namespace
 
 void ServeConnection(Socket&& sock, std::shared_ptr<HttpServer> srv) {
-  if (srv->options().tls)
-    std::make_shared<Connection<true>>(std::move(sock), std::move(srv))->Run();
-  else
-    std::make_shared<Connection<false>>(std::move(sock), std::move(srv))->Run();
+  // A connection that cannot be set up (out of memory, a TLS context failure) is dropped, never
+  // the listener: the counters taken for it are returned here when no Connection took them over.
+  std::shared_ptr<void> conn;
+  try {
+    if (srv->options().tls) {
+      auto c = std::make_shared<Connection<true>>(std::move(sock), srv);
+      conn = c;
+      c->Run();
+    } else {
+      auto c = std::make_shared<Connection<false>>(std::move(sock), srv);
+      conn = c;
+      c->Run();
+    }
+  } catch (const std::exception& e) {
+    spdlog::warn("{} listener: dropping a connection: {}", srv->options().name, e.what());
+    if (!conn) srv->ConnectionClosed();
+  }
 }
 
 }  // namespace sluice::api

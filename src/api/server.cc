@@ -303,6 +303,10 @@ void HttpServer::Accept(size_t i) {
       return self->OnAcceptError(i, ec);
     }
     a.backoff = std::chrono::milliseconds(0);
+    if (self->spare_missing_.load(std::memory_order_relaxed)) {
+      std::lock_guard lk(self->spare_mu_);
+      self->RefillSpare();
+    }
     if (self->connections_.fetch_add(1, std::memory_order_relaxed) >= self->opts_.max_connections) {
       self->connections_.fetch_sub(1, std::memory_order_relaxed);
       self->shed_limit_->fetch_add(1, std::memory_order_relaxed);
@@ -319,6 +323,11 @@ void HttpServer::Accept(size_t i) {
     }
     self->Accept(i);
   });
+}
+
+void HttpServer::RefillSpare() {
+  if (!spare_fd_.valid()) spare_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  spare_missing_.store(!spare_fd_.valid(), std::memory_order_relaxed);
 }
 
 void HttpServer::OnAcceptError(size_t i, const beast::error_code& ec) {
@@ -340,8 +349,8 @@ void HttpServer::OnAcceptError(size_t i, const beast::error_code& ec) {
         shed_fds_->fetch_add(1, std::memory_order_relaxed);
         Shed(fd, "out of file descriptors");
       }
-      spare_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     }
+    RefillSpare();
   }
   // Back off instead of retrying at once: the condition lasts until connections close.
   a.backoff = a.backoff.count() == 0

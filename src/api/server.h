@@ -111,6 +111,8 @@ class HttpServer : public std::enable_shared_from_this<HttpServer> {
   // the connection at the head of the queue can be answered instead of left hanging.
   std::mutex spare_mu_;
   UniqueFd spare_fd_;
+  std::atomic<bool> spare_missing_{false};  // set when re-opening the spare failed
+  void RefillSpare();                       // under spare_mu_
   std::atomic<uint64_t>* shed_limit_;
   std::atomic<uint64_t>* shed_fds_;
   std::atomic<uint64_t>* shed_budget_;

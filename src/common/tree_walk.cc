@@ -242,6 +242,19 @@ Status CopyFileContents(int src_fd, int dst_fd, uint64_t size) {
   return Status::Ok();
 }
 
+void CopyOwnerAndMode(int fd, const struct stat& sb) {
+  mode_t mode = sb.st_mode & 07777;
+  if (::fchown(fd, sb.st_uid, sb.st_gid) != 0) mode &= ~static_cast<mode_t>(S_ISUID | S_ISGID);
+  ::fchmod(fd, mode);
+}
+
+void CopyOwnerAndModeAt(int dirfd, const std::string& name, const struct stat& sb) {
+  mode_t mode = sb.st_mode & 07777;
+  if (::fchownat(dirfd, name.c_str(), sb.st_uid, sb.st_gid, AT_SYMLINK_NOFOLLOW) != 0)
+    mode &= ~static_cast<mode_t>(S_ISUID | S_ISGID);
+  ::fchmodat(dirfd, name.c_str(), mode, 0);
+}
+
 Status CopyOneFile(int sdir, int ddir, const std::string& name, const struct stat& sb) {
   int sfd = ::openat(sdir, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (sfd < 0) return Status::FromErrno(errno, fmt::format("open '{}'", name));
@@ -255,7 +268,7 @@ Status CopyOneFile(int sdir, int ddir, const std::string& name, const struct sta
   UniqueFd dst(dfd);
   SLUICE_RETURN_IF_ERROR(CopyFileContents(src.get(), dst.get(), static_cast<uint64_t>(now.st_size))
                              .WithContext(fmt::format("copy '{}'", name)));
-  ::fchmod(dst.get(), sb.st_mode & 07777);
+  CopyOwnerAndMode(dst.get(), now);
   struct timespec ts[2] = {now.st_atim, now.st_mtim};
   ::futimens(dst.get(), ts);
   return Status::Ok();
@@ -268,6 +281,7 @@ Status CopySymlink(int sdir, int ddir, const std::string& name, const struct sta
   target.resize(static_cast<size_t>(n));
   if (::symlinkat(target.c_str(), ddir, name.c_str()) != 0)
     return Status::FromErrno(errno, fmt::format("symlink copy of '{}'", name));
+  (void)::fchownat(ddir, name.c_str(), sb.st_uid, sb.st_gid, AT_SYMLINK_NOFOLLOW);
   return Status::Ok();
 }
 
@@ -307,7 +321,7 @@ Status CopyTreeInto(int src, int dst, size_t max_open) {
     SLUICE_RETURN_IF_ERROR(dstack.Pop());
     // Modes and times last: copying into a read-only directory must still work.
     const struct stat& sb = dir_attrs.back();
-    ::fchmodat(dstack.top(), name.c_str(), sb.st_mode & 07777, 0);
+    CopyOwnerAndModeAt(dstack.top(), name, sb);
     struct timespec ts[2] = {sb.st_atim, sb.st_mtim};
     ::utimensat(dstack.top(), name.c_str(), ts, AT_SYMLINK_NOFOLLOW);
     dir_attrs.pop_back();

@@ -103,6 +103,12 @@ Status CopyFileContents(int src_fd, int dst_fd, uint64_t size);
 // Copies the regular file `name` of `sdir` (described by `sb`) into `ddir` under the same name.
 Status CopyOneFile(int sdir, int ddir, const std::string& name, const struct stat& sb);
 
+// Gives a copy (open at `fd`, or `name` in `dirfd`) the source's owner where the process may
+// (as root) and its mode, the set-id bits only with the owner, as `cp -a` does: a copy never
+// turns a user's set-uid file into one of the daemon's.
+void CopyOwnerAndMode(int fd, const struct stat& sb);
+void CopyOwnerAndModeAt(int dirfd, const std::string& name, const struct stat& sb);
+
 // Copies the symbolic link `name` of `sdir` into `ddir`.
 Status CopySymlink(int sdir, int ddir, const std::string& name, const struct stat& sb);
 

@@ -15,21 +15,21 @@ namespace sluice {
 namespace {
 
 const std::set<std::string, std::less<>> kOps = {
-    "open", "read",   "write", "sync",   "commit", "stat",     "list",    "mkdir",
-    "rename", "move", "delete", "stage", "usage", "fs-usage", "vfolder", "*"};
+    "open",   "read", "write",  "sync",  "commit", "stat",     "list",    "mkdir",
+    "rename", "move", "delete", "stage", "usage",  "fs-usage", "vfolder", "*"};
 
 struct ErrnoName {
   const char* name;
   int value;
 };
 constexpr ErrnoName kErrnos[] = {
-    {"EIO", EIO},         {"ENOSPC", ENOSPC},   {"EDQUOT", EDQUOT},
-    {"EACCES", EACCES},   {"EPERM", EPERM},     {"EROFS", EROFS},
-    {"ENOENT", ENOENT},   {"EEXIST", EEXIST},   {"ENOTEMPTY", ENOTEMPTY},
-    {"ENOTDIR", ENOTDIR}, {"EISDIR", EISDIR},   {"EBUSY", EBUSY},
-    {"EAGAIN", EAGAIN},   {"ETIMEDOUT", ETIMEDOUT}, {"ESTALE", ESTALE},
-    {"ENOTCONN", ENOTCONN}, {"EFBIG", EFBIG},   {"ENAMETOOLONG", ENAMETOOLONG},
-    {"EINVAL", EINVAL},   {"EMFILE", EMFILE},   {"ENOMEM", ENOMEM},
+    {"EIO", EIO},           {"ENOSPC", ENOSPC},       {"EDQUOT", EDQUOT},
+    {"EACCES", EACCES},     {"EPERM", EPERM},         {"EROFS", EROFS},
+    {"ENOENT", ENOENT},     {"EEXIST", EEXIST},       {"ENOTEMPTY", ENOTEMPTY},
+    {"ENOTDIR", ENOTDIR},   {"EISDIR", EISDIR},       {"EBUSY", EBUSY},
+    {"EAGAIN", EAGAIN},     {"ETIMEDOUT", ETIMEDOUT}, {"ESTALE", ESTALE},
+    {"ENOTCONN", ENOTCONN}, {"EFBIG", EFBIG},         {"ENAMETOOLONG", ENAMETOOLONG},
+    {"EINVAL", EINVAL},     {"EMFILE", EMFILE},       {"ENOMEM", ENOMEM},
 };
 
 std::string Join(std::string_view dir, std::string_view name) {
@@ -45,8 +45,11 @@ class FaultReader : public ForwardingFileReader {
         path_(std::move(path)),
         ruled_(vol->HasRule("read", path_)) {}
   Result<size_t> ReadAt(uint64_t offset, char* buf, size_t n) override {
-    if (const FaultRule* r = vol_->Fire("read", path_); r && r->error &&
-                                                         (r->after == 0 || offset + n > r->after))
+    if (!ruled_) return inner_->ReadAt(offset, buf, n);
+    // A read across the cut is short: the bytes before it, then the error on the next read.
+    if (const FaultRule* r = vol_->CutInside("read", path_, offset, offset + n))
+      return inner_->ReadAt(offset, buf, static_cast<size_t>(r->after - offset));
+    if (const FaultRule* r = vol_->Fire("read", path_, offset + n); r && r->error)
       return FaultVolume::Failure(*r, "read", path_);
     return inner_->ReadAt(offset, buf, n);
   }
@@ -94,9 +97,8 @@ class FaultWriter : public ForwardingStagingWriter {
       : ForwardingStagingWriter(std::move(inner)), vol_(vol) {}
   Status WriteAt(uint64_t offset, const char* data, size_t n, size_t* written) override {
     *written = 0;
-    const FaultRule* r = vol_->Fire("write", "");
+    const FaultRule* r = vol_->Fire("write", "", offset + n);
     if (!r || !r->error) return inner_->WriteAt(offset, data, n, written);
-    if (r->after > offset + n) return inner_->WriteAt(offset, data, n, written);
     // What fits before the fault goes through, as a device that fills up part way.
     if (r->after > offset) {
       Status st = inner_->WriteAt(offset, data, static_cast<size_t>(r->after - offset), written);
@@ -150,8 +152,8 @@ Result<std::vector<FaultRule>> ParseFaultRules(const std::string& volume,
         std::string name = value.is_string() ? value.get<std::string>() : "";
         for (const auto& e : kErrnos)
           if (name == e.name) r.error = e.value;
-        if (!r.error) return bad(fmt::format("error must be an errno name such as EIO (got {})",
-                                             value.dump()));
+        if (!r.error)
+          return bad(fmt::format("error must be an errno name such as EIO (got {})", value.dump()));
       } else if (key == "latency") {
         std::string s = value.is_string() ? value.get<std::string>() : "";
         if (s.size() > 2 && s.ends_with("ms") &&
@@ -174,8 +176,8 @@ Result<std::vector<FaultRule>> ParseFaultRules(const std::string& volume,
         if (!value.is_number_unsigned()) return bad("times must be a positive count");
         r.times = value.get<int64_t>();
       } else {
-        return bad(fmt::format("unknown key '{}' (known: op, path, error, latency, after, times)",
-                               key));
+        return bad(
+            fmt::format("unknown key '{}' (known: op, path, error, latency, after, times)", key));
       }
     }
     if (r.op.empty()) return bad("op is required");
@@ -197,14 +199,27 @@ bool FaultVolume::HasRule(std::string_view op, std::string_view path) const {
   return false;
 }
 
-const FaultRule* FaultVolume::Fire(std::string_view op, std::string_view path, bool may_sleep) {
+const FaultRule* FaultVolume::Fire(std::string_view op, std::string_view path, uint64_t end) {
   std::string p(path);
   for (auto& r : rules_) {
     if (r.op != op && r.op != "*") continue;
     if (!r.path.empty() && ::fnmatch(r.path.c_str(), p.c_str(), 0) != 0) continue;
+    if (r.error && r.after > 0 && end <= r.after) continue;
     if (r.times >= 0 && r.fired->fetch_add(1) >= r.times) continue;
-    if (may_sleep && r.latency.count() > 0) std::this_thread::sleep_for(r.latency);
+    if (r.latency.count() > 0) std::this_thread::sleep_for(r.latency);
     return &r;
+  }
+  return nullptr;
+}
+
+const FaultRule* FaultVolume::CutInside(std::string_view op, std::string_view path, uint64_t start,
+                                        uint64_t end) const {
+  std::string p(path);
+  for (const auto& r : rules_) {
+    if (r.op != op && r.op != "*") continue;
+    if (!r.path.empty() && ::fnmatch(r.path.c_str(), p.c_str(), 0) != 0) continue;
+    if (r.times >= 0 && r.fired->load() >= r.times) continue;
+    if (r.error && r.after > start && r.after < end) return &r;
   }
   return nullptr;
 }
@@ -281,8 +296,7 @@ Status FaultVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::st
 }
 
 Result<std::shared_ptr<FileReader>> FaultVolume::OpenReader(const VFolderId& vfid,
-                                                            std::string_view relpath,
-                                                            Lookup lookup,
+                                                            std::string_view relpath, Lookup lookup,
                                                             const LookupHint* hint) {
   // An event loop never sleeps for a rule: the lookup goes to the pool.
   const bool cached = lookup == Lookup::kCachedOnly;

@@ -50,9 +50,14 @@ class FaultVolume : public ForwardingVolume {
  public:
   FaultVolume(std::unique_ptr<Volume> inner, std::vector<FaultRule> rules);
 
-  // The rule for `op` on `path` that fires now, if any (its latency already slept when
-  // `may_sleep`).
-  const FaultRule* Fire(std::string_view op, std::string_view path, bool may_sleep = true);
+  // The rule for `op` on `path` that fires now, if any, its latency slept. For reads and
+  // writes of bytes before `end`: an error rule whose `after` lies at or past `end` does not
+  // apply yet (and does not count against its `times`).
+  const FaultRule* Fire(std::string_view op, std::string_view path, uint64_t end = UINT64_MAX);
+  // An error rule for `op` on `path` that would cut a read or write inside [start, end) at its
+  // `after`, without firing it (the bytes before the cut go through first).
+  const FaultRule* CutInside(std::string_view op, std::string_view path, uint64_t start,
+                             uint64_t end) const;
   // The injected failure of `rule` for `op` on `path`.
   static Status Failure(const FaultRule& rule, std::string_view op, std::string_view path);
   // Whether any rule for `op` could apply to `path` (for handles that decide once).

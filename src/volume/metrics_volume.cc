@@ -123,45 +123,52 @@ void MetricsVolume::Count(Op op, Clock::time_point t0, const Status& st) {
 
 Status MetricsVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_scope,
                                     std::optional<uint64_t> initial_limit) {
-  return Timed(Op::kVFolder, Clock::now(),
+  auto t0 = Clock::now();
+  return Timed(Op::kVFolder, t0,
                ForwardingVolume::CreateVFolder(vfid, mode, auto_scope, initial_limit));
 }
 
 Result<std::string> MetricsVolume::DetachVFolder(const VFolderId& vfid) {
-  return Timed(Op::kVFolder, Clock::now(), ForwardingVolume::DetachVFolder(vfid));
+  auto t0 = Clock::now();
+  return Timed(Op::kVFolder, t0, ForwardingVolume::DetachVFolder(vfid));
 }
 
 Status MetricsVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst) {
-  return Timed(Op::kVFolder, Clock::now(), ForwardingVolume::CopyVFolderFrom(from, src, dst));
+  auto t0 = Clock::now();
+  return Timed(Op::kVFolder, t0, ForwardingVolume::CopyVFolderFrom(from, src, dst));
 }
 
 Result<TreeUsage> MetricsVolume::GetUsage(const VFolderId& vfid) {
-  return Timed(Op::kUsage, Clock::now(), ForwardingVolume::GetUsage(vfid));
+  auto t0 = Clock::now();
+  return Timed(Op::kUsage, t0, ForwardingVolume::GetUsage(vfid));
 }
 
 Result<TreeUsage> MetricsVolume::GetFreshUsage(const VFolderId& vfid) {
-  return Timed(Op::kUsage, Clock::now(), ForwardingVolume::GetFreshUsage(vfid));
+  auto t0 = Clock::now();
+  return Timed(Op::kUsage, t0, ForwardingVolume::GetFreshUsage(vfid));
 }
 
 Status MetricsVolume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool parents,
                             bool exist_ok) {
-  return Timed(Op::kMkdir, Clock::now(),
-               ForwardingVolume::Mkdir(vfid, relpath, parents, exist_ok));
+  auto t0 = Clock::now();
+  return Timed(Op::kMkdir, t0, ForwardingVolume::Mkdir(vfid, relpath, parents, exist_ok));
 }
 
 Status MetricsVolume::Rename(const VFolderId& vfid, std::string_view relpath,
                              std::string_view new_name) {
-  return Timed(Op::kRename, Clock::now(), ForwardingVolume::Rename(vfid, relpath, new_name));
+  auto t0 = Clock::now();
+  return Timed(Op::kRename, t0, ForwardingVolume::Rename(vfid, relpath, new_name));
 }
 
 Status MetricsVolume::Move(const VFolderId& vfid, std::string_view src, std::string_view dst) {
-  return Timed(Op::kMove, Clock::now(), ForwardingVolume::Move(vfid, src, dst));
+  auto t0 = Clock::now();
+  return Timed(Op::kMove, t0, ForwardingVolume::Move(vfid, src, dst));
 }
 
 Status MetricsVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::string>& relpaths,
                                   bool recursive) {
-  return Timed(Op::kDelete, Clock::now(),
-               ForwardingVolume::DeleteFiles(vfid, relpaths, recursive));
+  auto t0 = Clock::now();
+  return Timed(Op::kDelete, t0, ForwardingVolume::DeleteFiles(vfid, relpaths, recursive));
 }
 
 Result<std::shared_ptr<FileReader>> MetricsVolume::OpenReader(const VFolderId& vfid,
@@ -178,12 +185,14 @@ Result<std::shared_ptr<FileReader>> MetricsVolume::OpenReader(const VFolderId& v
 }
 
 Result<DirEntry> MetricsVolume::Stat(const VFolderId& vfid, std::string_view relpath) {
-  return Timed(Op::kStat, Clock::now(), ForwardingVolume::Stat(vfid, relpath));
+  auto t0 = Clock::now();
+  return Timed(Op::kStat, t0, ForwardingVolume::Stat(vfid, relpath));
 }
 
 Result<std::unique_ptr<DirHandle>> MetricsVolume::OpenDir(const VFolderId& vfid,
                                                           std::string_view relpath) {
-  auto d = Timed(Op::kList, Clock::now(), ForwardingVolume::OpenDir(vfid, relpath));
+  auto t0 = Clock::now();
+  auto d = Timed(Op::kList, t0, ForwardingVolume::OpenDir(vfid, relpath));
   if (!d.ok()) return d.status();
   return std::unique_ptr<DirHandle>(new MeteredDir(std::move(d).value(), stats_));
 }
@@ -191,18 +200,20 @@ Result<std::unique_ptr<DirHandle>> MetricsVolume::OpenDir(const VFolderId& vfid,
 Result<std::vector<DirEntry>> MetricsVolume::ListSorted(const VFolderId& vfid,
                                                         std::string_view relpath,
                                                         std::string_view start_after, size_t max) {
-  return Timed(Op::kList, Clock::now(),
-               ForwardingVolume::ListSorted(vfid, relpath, start_after, max));
+  auto t0 = Clock::now();
+  return Timed(Op::kList, t0, ForwardingVolume::ListSorted(vfid, relpath, start_after, max));
 }
 
 Result<std::string> MetricsVolume::CreateStaging(const VFolderId& vfid) {
-  return Timed(Op::kStage, Clock::now(), ForwardingVolume::CreateStaging(vfid));
+  auto t0 = Clock::now();
+  return Timed(Op::kStage, t0, ForwardingVolume::CreateStaging(vfid));
 }
 
 Result<std::unique_ptr<StagingWriter>> MetricsVolume::OpenStaging(const VFolderId& vfid,
                                                                   const std::string& session,
                                                                   std::chrono::milliseconds wait) {
-  auto w = Timed(Op::kStage, Clock::now(), ForwardingVolume::OpenStaging(vfid, session, wait));
+  auto t0 = Clock::now();
+  auto w = Timed(Op::kStage, t0, ForwardingVolume::OpenStaging(vfid, session, wait));
   if (!w.ok()) return w.status();
   return std::unique_ptr<StagingWriter>(new MeteredWriter(std::move(w).value(), stats_));
 }

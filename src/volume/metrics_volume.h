@@ -23,7 +23,7 @@ class MetricsVolume : public ForwardingVolume {
     kRename,
     kMove,
     kDelete,
-    kStage,  // staging: create, open, commit
+    kStage,    // staging: create, open, commit
     kVFolder,  // create, detach, clone
     kUsage,
     kCount,
@@ -69,6 +69,8 @@ class MetricsVolume : public ForwardingVolume {
     std::atomic<uint64_t>* failed;
     std::atomic<uint64_t>* usec;
   };
+  // `t0` must be read before the operation runs, in its own statement (the order in which a
+  // call's arguments are evaluated is unspecified).
   template <typename R>
   R Timed(Op op, std::chrono::steady_clock::time_point t0, R r) {
     if constexpr (std::is_same_v<R, Status>)

@@ -129,7 +129,7 @@ Status PosixFSOpModel::CopyTreeAt(int src, int dst) {
         UniqueFd d(dfd);
         SLUICE_RETURN_IF_ERROR(CopyTreeInto(s.get(), d.get()));
         // Modes and times last: copying into a read-only directory must still work.
-        ::fchmod(d.get(), sb.st_mode & 07777);
+        CopyOwnerAndMode(d.get(), sb);
         struct timespec ts[2] = {sb.st_atim, sb.st_mtim};
         ::futimens(d.get(), ts);
         return Status::Ok();
@@ -157,7 +157,7 @@ Status PosixFSOpModel::CopyTree(const std::string& src, const std::string& dst) 
   if (dfd < 0) return Status::FromErrno(errno, fmt::format("open '{}'", dst));
   UniqueFd d(dfd);
   SLUICE_RETURN_IF_ERROR(CopyTreeAt(s.get(), d.get()));
-  ::fchmod(d.get(), sb.st_mode & 07777);
+  CopyOwnerAndMode(d.get(), sb);
   struct timespec ts[2] = {sb.st_atim, sb.st_mtim};
   ::futimens(d.get(), ts);
   return Status::Ok();

@@ -115,13 +115,17 @@ Status WriteRecord(int updir, const std::string& session, const Record& r) {
   body.resize(std::max<size_t>(body.size(), kRecordSize - 1), ' ');
   body += '\n';
   SLUICE_RETURN_IF_ERROR(WriteRecordFile(updir, tmp, body));
-  if (::renameat2(updir, tmp.c_str(), updir, name.c_str(), RENAME_EXCHANGE) == 0)
+  // The directory is synced after each rename: the record's new name is what survives a crash.
+  if (::renameat2(updir, tmp.c_str(), updir, name.c_str(), RENAME_EXCHANGE) == 0) {
+    if (::fsync(updir) != 0) return Status::FromErrno(errno, "sync upload offset");
     return Status::Ok();
+  }
   if (errno != ENOENT && errno != EINVAL && errno != ENOSYS)
     return Status::FromErrno(errno, "swap upload offset into place");
   // The first record (none yet), or no exchange on this filesystem.
   if (::renameat(updir, tmp.c_str(), updir, name.c_str()) != 0)
     return Status::FromErrno(errno, "rename upload offset into place");
+  if (::fsync(updir) != 0) return Status::FromErrno(errno, "sync upload offset");
   // Make the spare now, while there is room, so later updates allocate nothing.
   (void)WriteRecordFile(updir, tmp, body);
   return Status::Ok();
@@ -230,6 +234,9 @@ class PosixStagingWriter : public StagingWriter {
     struct stat replaced;
     bool replaces = ::fstatat(parent.get(), name.c_str(), &replaced, AT_SYMLINK_NOFOLLOW) == 0 &&
                     !S_ISDIR(replaced.st_mode);
+    // Staged privately (0600); published with the mode an ordinary file gets (Backend.AI's
+    // uploads land 0644), so that the session containers reading the vfolder can open it.
+    if (::fchmod(fd_.get(), 0644) != 0) return Status::FromErrno(errno, "set upload mode");
     if (::renameat(updir_.get(), session_.c_str(), parent.get(), name.c_str()) != 0) {
       int err = errno;
       if (err == EISDIR || err == ENOTEMPTY || err == EEXIST)

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -219,6 +220,8 @@ def test_upload_in_pieces_then_rename_into_place(daemon, vfid):
     assert r.headers["Upload-Offset"] == str(len(data))
     assert final.read_bytes() == data
     assert not stage.exists()
+    # Staged privately, published readable by the session containers (as Backend.AI does).
+    assert stat.S_IMODE(final.stat().st_mode) == 0o644
     # A finished session still answers HEAD (a client that lost the last answer), and an
     # empty PATCH at the end is harmless; anything else is refused.
     r = head(daemon, token)

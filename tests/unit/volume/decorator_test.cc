@@ -112,6 +112,39 @@ TEST_F(DecoratorTest, FaultsFailChosenOperationsAndPathsOnly) {
   EXPECT_OK(v.Mkdir(vf_, "d", true, false));
 }
 
+TEST_F(DecoratorTest, ByteRangeFaultsCountOnlyWhenTheyCut) {
+  auto rules = ParseFaultRules("v", nlohmann::json::parse(R"([
+      {"op": "write", "error": "ENOSPC", "after": 8, "times": 1},
+      {"op": "read", "path": "f", "error": "EIO", "after": 6, "times": 1}])"));
+  ASSERT_OK(rules);
+  FaultVolume v(Mem("cut"), std::move(rules).value());
+  MakeVFolder(v);
+  // Writes below the cut neither fail nor use up the rule's one firing.
+  auto session = v.CreateStaging(vf_);
+  ASSERT_OK(session);
+  auto w = v.OpenStaging(vf_, *session);
+  ASSERT_OK(w);
+  size_t written = 0;
+  ASSERT_OK((*w)->WriteAt(0, "0123", 4, &written));
+  ASSERT_OK((*w)->WriteAt(4, "45", 2, &written));
+  Status st = (*w)->WriteAt(6, "6789", 4, &written);
+  EXPECT_EQ(st.code(), Code::kNoSpace);
+  EXPECT_EQ(written, 2u);
+  ASSERT_OK((*w)->WriteAt(8, "89", 2, &written));  // fired once: through
+  // A read across the cut is short, the next one fails, then the file reads whole.
+  ASSERT_OK(MemOf(v).PutFile(vf_, "f", "abcdefghij"));
+  auto r = v.OpenReader(vf_, "f");
+  ASSERT_OK(r);
+  char buf[16];
+  auto n = (*r)->ReadAt(0, buf, sizeof buf);
+  ASSERT_OK(n);
+  EXPECT_EQ(std::string(buf, *n), "abcdef");
+  EXPECT_ERROR((*r)->ReadAt(6, buf, sizeof buf), Code::kIoError);
+  n = (*r)->ReadAt(0, buf, sizeof buf);
+  ASSERT_OK(n);
+  EXPECT_EQ(*n, 10u);
+}
+
 TEST_F(DecoratorTest, TheDaemonsVolumeIsMeteredAndFaultedFromConfig) {
   VolumeConfig c;
   c.name = "served";

@@ -26,9 +26,15 @@ own) would be scheduled differently from sluiced. Each server first gets a --war
 not counted (page cache, dentries, Sluice's token cache); then each measurement is run --rounds
 times, alternating the servers, and every round is printed with the best of each.
 
+With --baseline BIN_DIR, a second sluiced (another build, e.g. the last release's) serves the
+same volume with the same secret, so the same token URLs; it runs in the same rounds as
+"sluice-baseline", and the medians of this build over it are printed: a change's effect on
+download speed, free of the drift between separate runs.
+
   /usr/bin/python3 bench/bench_download.py [--files 10000] [--file-size 4k] [--big 1g]
                                            [--conns 64] [--duration 10] [--rounds 3]
                                            [--warmup 3] [--only small,large] [--pin]
+                                           [--baseline BIN_DIR]
 """
 import argparse
 import concurrent.futures
@@ -140,6 +146,8 @@ UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
 
 # --pin: (CPUs for the servers, CPUs for wrk), as taskset lists; None when not pinning.
 PIN = None
+# --baseline: the other build's sluiced, serving the same volume.
+BASELINE = None
 
 
 def pinned(cpus):
@@ -238,6 +246,9 @@ def bench_small(s, root, args):
                 f.write("\n".join(lines) + "\n")
         threads = min(os.cpu_count(), args.conns)
         bases = {"nginx": ngx.base, "nginx-same-bytes": ngx_same.base, "sluice": s.client}
+        if BASELINE:
+            files["sluice-baseline"] = files["sluice"]
+            bases["sluice-baseline"] = BASELINE.client
         rps = alternating(args.rounds, args.warmup, {
             name: (lambda d, name=name: wrk(bases[name], files[name], lua, args.conns, threads,
                                             d or args.duration)[0])
@@ -256,6 +267,10 @@ def bench_small(s, root, args):
     med = {name: statistics.median(r) for name, r in rps.items()}
     print(f"small: medians: sluice/nginx {med['sluice'] / med['nginx']:.2f}x, "
           f"sluice/nginx-same-bytes {med['sluice'] / med['nginx-same-bytes']:.2f}x")
+    if BASELINE:
+        print(f"small: medians: sluice {med['sluice']:,.0f} req/s, baseline "
+              f"{med['sluice-baseline']:,.0f} req/s, ratio "
+              f"{med['sluice'] / med['sluice-baseline']:.2f}x")
 
 
 def bench_large(s, root, args):
@@ -269,19 +284,29 @@ def bench_large(s, root, args):
     url = download_urls(s, vfid, ["big.bin"])[0]
     ngx = Nginx(root, path, **nginx_pin())
     try:
-        bps = alternating(args.rounds, args.warmup, {
+        runs = {
             "nginx": lambda d: wrk(ngx.base, None, None, 1, 1, d or args.duration,
                                    "/big.bin")[1],
             "sluice": lambda d: wrk(s.client, None, None, 1, 1, d or args.duration, url)[1],
-        })
+        }
+        if BASELINE:
+            runs["sluice-baseline"] = lambda d: wrk(BASELINE.client, None, None, 1, 1,
+                                                    d or args.duration, url)[1]
+        bps = alternating(args.rounds, args.warmup, runs)
     finally:
         ngx.stop()
-    for name in ("nginx", "sluice"):
+    for name in bps:
         print(f"large: {name} rounds: {rounds_text(bps[name], 1e-9, 'GB/s')}")
     sl, ng = max(bps["sluice"]), max(bps["nginx"])
     print(f"large: one {args.big >> 20} MiB file over one connection (wrk -t1 -c1, "
           f"{args.duration} s, best of {args.rounds}): sluice {sl / 1e9:.2f} GB/s, "
           f"nginx {ng / 1e9:.2f} GB/s, ratio {sl / ng:.2f}x")
+    med = {name: statistics.median(r) for name, r in bps.items()}
+    print(f"large: medians: sluice/nginx {med['sluice'] / med['nginx']:.2f}x")
+    if BASELINE:
+        print(f"large: medians: sluice {med['sluice'] / 1e9:.2f} GB/s, baseline "
+              f"{med['sluice-baseline'] / 1e9:.2f} GB/s, ratio "
+              f"{med['sluice'] / med['sluice-baseline']:.2f}x")
 
 
 def main():
@@ -298,8 +323,10 @@ def main():
     ap.add_argument("--workdir", default=None, help="where to put data (default: a temp dir)")
     ap.add_argument("--pin", action="store_true",
                     help="servers on CPU 0 with one event loop each, wrk on the other CPUs")
+    ap.add_argument("--baseline", metavar="BIN_DIR",
+                    help="also run the sluiced in BIN_DIR (another build) in the same rounds")
     args = ap.parse_args()
-    global PIN
+    global PIN, BASELINE
     if args.pin:
         if os.cpu_count() < 2:
             sys.exit("--pin needs at least 2 CPUs")
@@ -310,12 +337,21 @@ def main():
     only = set(args.only.split(","))
     root = tempfile.mkdtemp(prefix="sluice-bench-dl-", dir=args.workdir)
     os.chmod(root, 0o755)
+    if args.baseline and not os.access(os.path.join(args.baseline, "sluiced"), os.X_OK):
+        sys.exit(f"no sluiced in {args.baseline}")
     s = Sluiced(root, storage_proxy="num-proc = 1" if PIN else "")
     try:
+        if args.baseline:
+            broot = os.path.join(root, "baseline")
+            os.makedirs(broot)
+            BASELINE = Sluiced(broot, storage_proxy="num-proc = 1" if PIN else "",
+                               bin_dir=args.baseline, vol=s.vol)
+        for server in (s, BASELINE):
+            if PIN and server:
+                # Every thread sluiced has started (loop, pools); later ones inherit the mask.
+                subprocess.run(["taskset", "-a", "-p", "-c", PIN[0], str(server.proc.pid)],
+                               check=True, capture_output=True)
         if PIN:
-            # Every thread sluiced has started (loop, pools); later ones inherit the mask.
-            subprocess.run(["taskset", "-a", "-p", "-c", PIN[0], str(s.proc.pid)], check=True,
-                           capture_output=True)
             print(f"machine: {os.cpu_count()} cores; servers on CPU {PIN[0]} (one event loop "
                   f"each), wrk on CPUs {PIN[1]}")
         else:
@@ -325,6 +361,8 @@ def main():
         if "large" in only:
             bench_large(s, root, args)
     finally:
+        if BASELINE:
+            BASELINE.stop()
         s.stop()
         shutil.rmtree(root, ignore_errors=True)
 

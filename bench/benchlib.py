@@ -44,12 +44,14 @@ def parse_size(s):
 class Sluiced:
     """sluiced with a vfs volume `local` under `root`. `storage_proxy` and `sluice` are extra
     TOML lines for those sections; `volumes` is TOML appended at the end (more `[volume.NAME]`
-    sections). `mgr` and `client` are the two listeners' base URLs."""
+    sections). `mgr` and `client` are the two listeners' base URLs. `bin_dir`: where sluiced
+    is (default: this build); `vol`: an existing volume directory to serve (another sluiced's,
+    to compare two builds on the same files with the same tokens)."""
 
-    def __init__(self, root, storage_proxy="", sluice="", volumes=""):
+    def __init__(self, root, storage_proxy="", sluice="", volumes="", bin_dir=None, vol=None):
         self.root = root
-        self.vol = os.path.join(root, "vol")
-        os.makedirs(self.vol)
+        self.vol = vol or os.path.join(root, "vol")
+        os.makedirs(self.vol, exist_ok=vol is not None)
         self.port = free_port()
         self.client_port = free_port()
         cfg = os.path.join(root, "sluice.toml")
@@ -75,7 +77,7 @@ path = "{self.vol}"
 """)
         self.log = os.path.join(root, "sluiced.log")
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen([os.path.join(BIN, "sluiced"), "--config", cfg],
+            self.proc = subprocess.Popen([os.path.join(bin_dir or BIN, "sluiced"), "--config", cfg],
                                          stdout=log, stderr=subprocess.STDOUT)
         self.mgr = f"http://127.0.0.1:{self.port}"
         self.client = f"http://127.0.0.1:{self.client_port}"

@@ -37,6 +37,8 @@ constexpr size_t kIoChunk = 256 << 10;
 constexpr size_t kMaxBuffered = 2 * kIoChunk;
 // sendfile moves at most this much per call, so that one large file does not hold the loop.
 constexpr uint64_t kSendfileChunk = 16 << 20;
+// File bodies up to this size are read and sent with their header in one send (SendSmallFile).
+constexpr size_t kSmallBody = 16 << 10;
 // A lingering close reads and discards at most this much, for at most this long.
 constexpr size_t kLingerBytes = 64 << 20;
 constexpr auto kLingerTime = std::chrono::seconds(10);
@@ -622,6 +624,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     file_left_ = r.file_length;
     resident_until_ = file_off_;
     if constexpr (!kTls) {
+      if (file_left_ > 0 && file_left_ <= kSmallBody && SendSmallFile(close)) return;
       // The header goes out with MSG_MORE so that it shares a segment with the first bytes of
       // the file (one packet for a small file instead of two). What the socket does not take at
       // once is written asynchronously before the body.
@@ -639,6 +642,50 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
       return;
     }
     WriteHeadThen([self = this->shared_from_this(), close] { self->SendFileBody(close); });
+  }
+
+  // A small file in the page cache goes out with its header in one send, read with RWF_NOWAIT
+  // (no probe needed: the read itself refuses to wait on the disk). Two system calls where the
+  // zero-copy path takes three (the residency probe, the header, sendfile) for the same packet.
+  // False when nothing could be read without waiting: the general path takes over.
+  bool SendSmallFile(bool close) {
+    thread_local std::array<char, kSmallBody> buf;
+    auto n = file_->ReadAtNoWait(file_off_, buf.data(), file_left_);
+    if (!n.ok() || *n == 0) return false;  // cold, unreadable or shrunk: the general path says
+    const size_t got = *n;
+    std::array<iovec, 2> iov{iovec{head_.data(), head_.size()}, iovec{buf.data(), got}};
+    msghdr msg{};
+    msg.msg_iov = iov.data();
+    msg.msg_iovlen = iov.size();
+    ssize_t sent = ::sendmsg(Sock().native_handle(), &msg,
+                             (got < file_left_ ? MSG_MORE : 0) | MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent < 0 && errno != EAGAIN && errno != EINTR) {
+      AfterWrite(beast::error_code(errno, beast::system_category()), true);
+      return true;
+    }
+    file_off_ += got;
+    file_left_ -= got;
+    resident_until_ = file_off_;
+    const size_t total = head_.size() + got;
+    const size_t done = sent > 0 ? static_cast<size_t>(sent) : 0;
+    if (done == total) {
+      SendFileBody(close);  // the rest of a file read short, or the end of the response
+      return true;
+    }
+    // The socket took only part: the rest is copied (the buffer is the loop's) and written
+    // asynchronously.
+    body_.clear();
+    if (done < head_.size()) body_.append(head_, done);
+    const size_t body_done = done > head_.size() ? done - head_.size() : 0;
+    body_.append(buf.data() + body_done, got - body_done);
+    ExpireAfter(opts().request_timeout);
+    asio::async_write(stream_, asio::buffer(body_),
+                      [self = this->shared_from_this(), close](beast::error_code ec, size_t) {
+                        self->body_.clear();
+                        if (ec) return self->AfterWrite(ec, true);
+                        self->SendFileBody(close);
+                      });
+    return true;
   }
 
   // Done with the file body: what went out zero-copy is accounted to the file's volume.

@@ -41,11 +41,12 @@ EntryType TypeOfDirent(unsigned char t) {
 
 }  // namespace
 
-Result<DirEntry> StatAt(int dirfd, const std::string& name, bool dont_sync) {
+Result<DirEntry> StatAt(int dirfd, const std::string& name, bool dont_sync, bool birth_time) {
   struct statx sx;
   int flags = AT_SYMLINK_NOFOLLOW | (name.empty() ? AT_EMPTY_PATH : 0) |
               (dont_sync ? AT_STATX_DONT_SYNC : 0);
-  if (::statx(dirfd, name.c_str(), flags, STATX_BASIC_STATS | STATX_BTIME, &sx) != 0)
+  unsigned mask = STATX_BASIC_STATS | (birth_time ? STATX_BTIME : 0);
+  if (::statx(dirfd, name.c_str(), flags, mask, &sx) != 0)
     return Status::FromErrno(errno, fmt::format("stat '{}'", name.empty() ? "." : name));
   DirEntry e;
   e.name = name;
@@ -94,7 +95,7 @@ Result<size_t> PosixFileReader::ReadAtNoWait(uint64_t offset, char* buf, size_t 
 
 Result<std::shared_ptr<FileReader>> PosixFileReader::FromFd(UniqueFd fd, std::string_view shown,
                                                             bool dont_sync) {
-  SLUICE_ASSIGN_OR_RETURN(DirEntry info, StatAt(fd.get(), "", dont_sync));
+  SLUICE_ASSIGN_OR_RETURN(DirEntry info, StatAt(fd.get(), "", dont_sync, false));
   if (info.type != EntryType::kFile)
     return Status(Code::kInvalidArgument, fmt::format("'{}' is not a regular file", shown),
                   info.type == EntryType::kDirectory ? EISDIR : EINVAL);

@@ -16,8 +16,10 @@ namespace sluice {
 
 // The attributes of `name` in `dirfd` (AT_SYMLINK_NOFOLLOW; "" with AT_EMPTY_PATH describes
 // dirfd itself), link target included. With `dont_sync` (event loops) a network file system's
-// cached attributes are used as they are.
-Result<DirEntry> StatAt(int dirfd, const std::string& name, bool dont_sync = false);
+// cached attributes are used as they are. Without `birth_time` (readers need only size, type
+// and mtime: on ext4 the birth time costs a lookup per call), `created` is the ctime.
+Result<DirEntry> StatAt(int dirfd, const std::string& name, bool dont_sync = false,
+                        bool birth_time = true);
 
 class PosixFileReader : public FileReader {
  public:

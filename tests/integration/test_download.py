@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import subprocess
+import threading
 import time
 import urllib.parse
 import zipfile
@@ -445,6 +446,28 @@ def test_pipelined_and_split_requests(daemon, files):
         assert read_responses(s, 1) == [(206, data[5:10])]
         s.sendall(b"GET /download HTTP/1.1\r\nHost x\r\n\r\n")
         assert read_responses(s, 1)[0][0] == 400
+
+
+def test_small_files_to_a_reader_that_lags(daemon, vfid):
+    """Small files go out with their header in one send; when the socket takes only part (a
+    client that reads slowly behind many pipelined requests), the rest follows intact."""
+    root = daemon.vfolder_path(vfid)
+    bodies = [os.urandom(n) for n in (1, 4096, 9000, 16 << 10)]  # all small: one send each
+    for i, b in enumerate(bodies):
+        (root / f"s{i}").write_bytes(b)
+    reqs = []
+    for i in range(len(bodies)):
+        token = urllib.parse.quote(download_token(daemon, vfid, f"s{i}"))
+        reqs.append(f"GET /download?token={token} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    order = [i % len(bodies) for i in range(800)]  # 6 MB: more than the socket holds
+    with socket.create_connection(("127.0.0.1", daemon.client_port), timeout=60) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)  # less than is sent
+        sender = threading.Thread(target=lambda: s.sendall(b"".join(reqs[i] for i in order)))
+        sender.start()
+        time.sleep(0.5)  # the server fills the socket while nothing is read
+        got = read_responses(s, len(order))
+        sender.join()
+    assert got == [(200, bodies[i]) for i in order]
 
 
 def test_head_on_directory_and_special_files(daemon, files):

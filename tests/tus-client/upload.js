@@ -5,7 +5,10 @@
 //
 //   node upload.js --url URL --file PATH [--stop-after N] [--chunk-size N] [--retries N]
 //
-// --stop-after N   abort the upload once N bytes have been sent (an interrupted upload)
+// --stop-after N   abort the upload once N bytes have been sent (an interrupted upload); the
+//                  file's bytes past N are held back, so the server never sees them (the
+//                  client's progress events are throttled to one per 100 ms, and over loopback
+//                  the rest of the file could otherwise go out before the abort)
 // --chunk-size N   bytes per PATCH (default: the whole rest of the file in one PATCH)
 // --retries N      let tus-js-client retry failed requests N times (default 0)
 //
@@ -16,7 +19,37 @@
 'use strict'
 
 const fs = require('fs')
+const { Transform } = require('stream')
 const tus = require('tus-js-client')
+
+// Makes the streams tus-js-client opens on `file` (one per PATCH, from its offset) stop
+// delivering at absolute offset `stopAt`: they stall there, and `onStall` is called once.
+function holdBackFrom(file, stopAt, onStall) {
+  let stalled = false
+  const open = fs.createReadStream
+  fs.createReadStream = function (path, opts) {
+    const src = open.call(fs, path, opts)
+    if (path !== file) return src
+    let pos = (opts && opts.start) || 0
+    const gate = new Transform({
+      transform(chunk, _enc, done) {
+        const room = stopAt - pos
+        if (room <= 0) {
+          // Never completes: the PATCH hangs here until aborted.
+          if (!stalled) {
+            stalled = true
+            onStall()
+          }
+          return
+        }
+        const part = room < chunk.length ? chunk.subarray(0, room) : chunk
+        pos += part.length
+        done(null, part)
+      },
+    })
+    return src.pipe(gate)
+  }
+}
 
 function parseArgs(argv) {
   const out = { stopAfter: null, chunkSize: Infinity, retries: 0 }
@@ -50,7 +83,6 @@ function main() {
   const size = fs.statSync(args.file).size
   let sent = 0
   let resumedFrom = null
-  let stopped = false
   const upload = new tus.Upload(fs.createReadStream(args.file), {
     uploadUrl: args.url,
     uploadSize: size,
@@ -61,11 +93,6 @@ function main() {
       // tus-js-client reports the absolute offset, first the one it starts a PATCH from.
       if (resumedFrom === null) resumedFrom = bytesSent
       sent = bytesSent
-      if (args.stopAfter !== null && !stopped && bytesSent >= args.stopAfter) {
-        stopped = true
-        // abort() cuts the running PATCH; the server keeps what it received.
-        upload.abort().then(() => report({ status: 'stopped', offset: upload._offset, sent, resumedFrom }, 0))
-      }
     },
     onSuccess() {
       report({ status: 'complete', offset: size, sent, resumedFrom }, 0)
@@ -85,6 +112,19 @@ function main() {
       )
     },
   })
+  if (args.stopAfter !== null) {
+    holdBackFrom(args.file, args.stopAfter, () => {
+      // What was handed to the socket drains first; then abort() cuts the running PATCH and
+      // the server keeps what it received.
+      setTimeout(() => {
+        upload
+          .abort()
+          .then(() =>
+            report({ status: 'stopped', offset: upload._offset, sent: args.stopAfter, resumedFrom }, 0),
+          )
+      }, 300)
+    })
+  }
   upload.start()
 }
 

@@ -484,11 +484,24 @@ Result<std::vector<DirEntry>> PosixVolume::ListSorted(const VFolderId& vfid,
                                                       std::string_view start_after, size_t max) {
   SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
   SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, OpenBeneath(root.get(), relpath, O_RDONLY | O_DIRECTORY));
-  SLUICE_ASSIGN_OR_RETURN(auto entries, ReadDirEntries(dir.get(), relpath));
+  SLUICE_ASSIGN_OR_RETURN(DirReader reader, DirReader::Open(dir.get(), relpath));
+  // The `max` smallest names after `start_after`, in a max-heap: a page of a huge directory
+  // costs memory for the page, not for the directory.
   std::vector<std::string> names;
-  for (auto& e : entries)
-    if (e.name > start_after) names.push_back(std::move(e.name));
-  std::sort(names.begin(), names.end());
+  for (;;) {
+    SLUICE_ASSIGN_OR_RETURN(auto e, reader.Next());
+    if (!e) break;
+    if (e->name <= start_after) continue;
+    if (names.size() < max) {
+      names.emplace_back(e->name);
+      std::push_heap(names.begin(), names.end());
+    } else if (max > 0 && e->name < names.front()) {
+      std::pop_heap(names.begin(), names.end());
+      names.back().assign(e->name);
+      std::push_heap(names.begin(), names.end());
+    }
+  }
+  std::sort_heap(names.begin(), names.end());
   std::vector<DirEntry> out;
   for (const auto& n : names) {
     if (out.size() >= max) break;

@@ -92,8 +92,7 @@ std::atomic<int64_t>& Metrics::Gauge(std::string_view name, std::string_view hel
                                      std::string_view labels) {
   std::lock_guard lk(mu_);
   auto fit = live_gauges_.find(name);
-  if (fit == live_gauges_.end())
-    fit = live_gauges_.emplace(std::string(name), GaugeFamily{}).first;
+  if (fit == live_gauges_.end()) fit = live_gauges_.emplace(std::string(name), GaugeFamily{}).first;
   if (fit->second.help.empty()) fit->second.help = help;
   auto& series = fit->second.series;
   auto sit = series.find(labels);

@@ -1,8 +1,8 @@
 #include "volume/mem/mem_volume.h"
 
 #include <algorithm>
-#include <cstring>
 #include <atomic>
+#include <cstring>
 #include <thread>
 
 #include <fmt/format.h>
@@ -64,8 +64,8 @@ struct MemVolume::State {
   std::atomic<uint64_t> next_ino{2};
   uint64_t capacity = 0;
   std::map<std::string, std::optional<uint64_t>> scopes;  // hex -> limit
-  std::map<std::string, std::shared_ptr<Node>> vfolders;   // vfid -> root
-  std::map<std::string, std::shared_ptr<Node>> trash;      // detached
+  std::map<std::string, std::shared_ptr<Node>> vfolders;  // vfid -> root
+  std::map<std::string, std::shared_ptr<Node>> trash;     // detached
   struct Staged {
     std::string vfid;
     std::shared_ptr<std::string> data = std::make_shared<std::string>();
@@ -219,8 +219,7 @@ class MemStagingWriter : public StagingWriter {
     auto* s = Find();
     if (!s) return Status(Code::kNotFound, "the upload session is gone");
     uint64_t grow = offset + n > s->data->size() ? offset + n - s->data->size() : 0;
-    if (st_->Used() + grow > st_->capacity)
-      return Status::FromErrno(ENOSPC, "write upload");
+    if (st_->Used() + grow > st_->capacity) return Status::FromErrno(ENOSPC, "write upload");
     if (s->data->size() < offset + n) s->data->resize(offset + n);
     std::memcpy(s->data->data() + offset, data, n);
     s->touched = Clock::now();
@@ -256,10 +255,10 @@ class MemStagingWriter : public StagingWriter {
       auto& slot = dir->children[parts[i]];
       if (!slot) slot = st_->NewNode(EntryType::kDirectory, 0755);
       if (slot->type != EntryType::kDirectory)
-        return Status(Code::kConflict,
-                      fmt::format("'{}' exists and is not a directory",
-                                  JoinComponents(parts, i + 1)),
-                      ENOTDIR);
+        return Status(
+            Code::kConflict,
+            fmt::format("'{}' exists and is not a directory", JoinComponents(parts, i + 1)),
+            ENOTDIR);
       dir = slot;
     }
     auto& slot = dir->children[parts.back()];
@@ -463,8 +462,8 @@ Result<std::string> MemVolume::MountPath(const VFolderId& vfid, std::string_view
 Status MemVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst) {
   auto* other = dynamic_cast<MemVolume*>(&ForwardingVolume::Innermost(from));
   if (!other)
-    return Status(Code::kUnsupported, fmt::format("volume {} cannot copy from volume {}", name(),
-                                                  from.name()));
+    return Status(Code::kUnsupported,
+                  fmt::format("volume {} cannot copy from volume {}", name(), from.name()));
   std::shared_ptr<Node> copy;
   {
     std::lock_guard lk(other->state_->mu);
@@ -548,8 +547,7 @@ Status MemVolume::Move(const VFolderId& vfid, std::string_view src, std::string_
     if (dp.empty()) return Status(Code::kInvalidPath, "the destination is the vfolder root");
     SLUICE_ASSIGN_OR_RETURN(to, state_->Walk(root, dp, dp.size() - 1));
     if (to->type != EntryType::kDirectory)
-      return Status(Code::kInvalidArgument, "the destination's parent is not a directory",
-                    ENOTDIR);
+      return Status(Code::kInvalidArgument, "the destination's parent is not a directory", ENOTDIR);
     to_name = dp.back();
   }
   if (to->children.count(to_name))
@@ -574,8 +572,7 @@ Status MemVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::stri
     auto it = dir->children.find(parts.back());
     if (it == dir->children.end())
       return Status(Code::kNotFound, fmt::format("delete '{}': does not exist", rel), ENOENT);
-    if (it->second->type == EntryType::kDirectory && !recursive &&
-        !it->second->children.empty())
+    if (it->second->type == EntryType::kDirectory && !recursive && !it->second->children.empty())
       return Status(
           Code::kNotEmpty,
           fmt::format("directory '{}' is not empty; pass recursive=true to delete it", rel),
@@ -625,16 +622,14 @@ Result<std::unique_ptr<DirHandle>> MemVolume::OpenDir(const VFolderId& vfid,
   return std::unique_ptr<DirHandle>(new MemDir(state_, std::move(n), std::move(e)));
 }
 
-Result<std::vector<DirEntry>> MemVolume::ListSorted(const VFolderId& vfid,
-                                                    std::string_view relpath,
+Result<std::vector<DirEntry>> MemVolume::ListSorted(const VFolderId& vfid, std::string_view relpath,
                                                     std::string_view start_after, size_t max) {
   SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
   std::lock_guard lk(state_->mu);
   SLUICE_ASSIGN_OR_RETURN(auto root, state_->Root(vfid, name()));
   SLUICE_ASSIGN_OR_RETURN(auto n, state_->Walk(root, parts, parts.size()));
   if (n->type != EntryType::kDirectory)
-    return Status(Code::kInvalidArgument, fmt::format("'{}' is not a directory", relpath),
-                  ENOTDIR);
+    return Status(Code::kInvalidArgument, fmt::format("'{}' is not a directory", relpath), ENOTDIR);
   std::vector<DirEntry> out;
   for (auto it = n->children.upper_bound(std::string(start_after));
        it != n->children.end() && out.size() < max; ++it)
@@ -705,8 +700,8 @@ Result<std::unique_ptr<StagingWriter>> MemVolume::OpenStaging(const VFolderId& v
   }
 }
 
-StagingSweep MemVolume::SweepStaging(const std::optional<VFolderId>& vfid,
-                                     std::chrono::seconds age, const StagingRemoved& removed) {
+StagingSweep MemVolume::SweepStaging(const std::optional<VFolderId>& vfid, std::chrono::seconds age,
+                                     const StagingRemoved& removed) {
   StagingSweep out;
   std::lock_guard lk(state_->mu);
   for (auto it = state_->staging.begin(); it != state_->staging.end();) {

@@ -92,6 +92,8 @@ path = "{self.vol}"
             except requests.ConnectionError:
                 pass
             time.sleep(0.025)
+        self.proc.kill()
+        self.proc.wait()
         raise RuntimeError("sluiced did not start; see " + self.log)
 
     def call(self, method, path, session=None, **body):

@@ -324,7 +324,8 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     req->msg.base() = std::move(hdr);
     req->remote = Remote();
     req->ctx.deadline = Clock::now() + opts().request_timeout;
-    cancel_ = req->ctx.cancelled;
+    if (!cancel_) cancel_ = std::make_shared<std::atomic<bool>>(false);
+    req->ctx.cancelled = cancel_;
 
     auto match = router().Find(*req);
     route_label_ = match.label;
@@ -333,8 +334,10 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     if (auto refusal = router().Authenticate(*route_, *req))
       return AnswerEarly(std::move(*refusal));
 
+    // An HTTP/1.0 client's expectation is ignored (RFC 9110 §10.1.1).
+    expect_continue_ =
+        version_ >= 11 && beast::iequals(req->msg[http::field::expect], "100-continue");
     if (route_->stream) {
-      expect_continue_ = beast::iequals(req->msg[http::field::expect], "100-continue");
       ExpireNever();
       router().OpenStream(*route_, req, [self = this->shared_from_this()](StreamStart start) {
         auto holder = std::make_shared<StreamStart>(std::move(start));
@@ -365,17 +368,23 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     body_limit_ = limit;
     parser_->BodyToString(&req->msg.body(), limit);
     pending_ = std::move(req);
-    if (beast::iequals(pending_->msg[http::field::expect], "100-continue")) {
-      static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-      ExpireAfter(opts().request_timeout);
-      asio::async_write(stream_, asio::buffer(kContinue.data(), kContinue.size()),
-                        [self = this->shared_from_this()](beast::error_code ec, size_t) {
-                          if (ec) return self->Close();
-                          self->ReadBody();
-                        });
-      return;
-    }
-    ReadBody();
+    ContinueThen([this] { ReadBody(); }, [this](beast::error_code) { Close(); });
+  }
+
+  // Sends "100 Continue" to a client that waits for it before sending its body, then runs
+  // `next`; `fail` when that write fails. (The callbacks run while the write's handler holds the
+  // connection.)
+  template <typename Next, typename Fail>
+  void ContinueThen(Next next, Fail fail) {
+    if (!expect_continue_ || parser_->is_done()) return next();
+    expect_continue_ = false;
+    static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+    ExpireAfter(opts().request_timeout);
+    asio::async_write(stream_, asio::buffer(kContinue.data(), kContinue.size()),
+                      [self = this->shared_from_this(), next, fail](beast::error_code ec, size_t) {
+                        if (ec) return fail(ec);
+                        next();
+                      });
   }
 
   void ReadBody() {
@@ -442,17 +451,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
   void OnStreamStart(StreamStart start) {
     if (auto* res = std::get_if<HttpResponse>(&start)) return AnswerEarly(std::move(*res));
     sink_ = std::move(std::get<std::unique_ptr<BodySink>>(start));
-    if (expect_continue_ && !parser_->is_done()) {
-      static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-      ExpireAfter(opts().request_timeout);
-      asio::async_write(stream_, asio::buffer(kContinue.data(), kContinue.size()),
-                        [self = this->shared_from_this()](beast::error_code ec, size_t) {
-                          if (ec) return self->AbortStream(ec);
-                          self->ReadBodyPiece();
-                        });
-      return;
-    }
-    ReadBodyPiece();
+    ContinueThen([this] { ReadBodyPiece(); }, [this](beast::error_code ec) { AbortStream(ec); });
   }
 
   void ReadBodyPiece() {
@@ -481,11 +480,14 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     piece_len_ = io_buf_.size() - parser_->buffer_left();
     if (piece_len_ == 0) return ReadBodyPiece();
     // Gather more while more is at hand, so that the sink gets large pieces (each one is a hop
-    // to the pool); what has arrived is handed over as soon as the socket runs dry.
-    // (Bytes left in buf_ do not count: they may be chunk framing that cannot be parsed until
-    // more arrives.)
+    // to the pool); what has arrived is handed over as soon as the socket runs dry. Bytes left
+    // in buf_ do not count, and in a chunked body neither do fewer than a chunk's framing can
+    // take: a read of framing alone would wait for the next chunk with this piece held back
+    // (a client pausing between chunks would see no progress).
     beast::error_code aec;
-    bool more_now = Sock().available(aec) > 0;
+    const size_t at_hand = Sock().available(aec);
+    const size_t framing = parser_->chunked() ? 2 + 16 + opts().parser_limits.chunk_extension + 2 : 0;
+    bool more_now = at_hand > framing;
     if (!parser_->is_done() && more_now && piece_len_ < io_buf_.size() / 2) return ReadBodyPiece();
     SubmitPiece();
   }
@@ -893,7 +895,8 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
   std::string_view route_label_ = "malformed";  // the metrics label of the request at hand
   std::shared_ptr<HttpRequest> pending_;        // a request whose body is being read
   uint64_t body_limit_ = 0;                     // of that body
-  std::shared_ptr<std::atomic<bool>> cancel_;   // the current request's cancellation flag
+  std::shared_ptr<std::atomic<bool>>
+      cancel_;                        // set when the connection goes; its requests share it
   std::shared_ptr<Connection> busy_;  // this connection, while Router::Dispatch has its request
   bool dispatching_ = false;
   std::optional<HttpResponse> answered_;  // given while dispatching_

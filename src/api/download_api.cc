@@ -149,7 +149,7 @@ HttpResponse Problem(unsigned status, const std::string& title, const std::strin
   return r;
 }
 
-HttpResponse ServeFile(const HttpRequest& req, Volume* volume, std::shared_ptr<FileReader> file,
+HttpResponse ServeFile(const HttpRequest& req, std::shared_ptr<FileReader> file,
                        const std::string& disposition, bool no_cache) {
   const DirEntry& st = file->info();
   const uint64_t size = st.size;
@@ -355,7 +355,7 @@ std::optional<HttpResponse> Download(StorageService* svc, const HttpRequest& req
   if (!g.parts.ok()) return NotInFolder(rel, vfid, g.parts.status());
   auto file =
       volume->OpenReader(vfid, rel, lookup, g.hint_volume == volume ? g.hint.get() : nullptr);
-  if (file.ok()) return ServeFile(req, volume, std::move(file).value(), g.disposition, no_cache);
+  if (file.ok()) return ServeFile(req, std::move(file).value(), g.disposition, no_cache);
   if (inline_only) return std::nullopt;  // the pool looks again, and may block
   const Status& why = file.status();
   if (why.sys_errno() != EISDIR) {

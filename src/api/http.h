@@ -218,7 +218,6 @@ class Router {
   // not define: every label set stays bounded whatever clients send.
   void Observe(http::verb method, std::string_view route, unsigned status, double started) const;
 
-  const std::string& listener() const { return listener_; }
   ThreadPool* pool() const { return pool_; }
 
  private:

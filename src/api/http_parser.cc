@@ -94,10 +94,6 @@ void RequestParser::BodyToBuffer(char* data, size_t size) {
   buf_left_ = size;
 }
 
-void RequestParser::BodyDiscard() {
-  mode_ = Mode::kDiscard;
-}
-
 void RequestParser::on_request_impl(http::verb method, boost::beast::string_view method_str,
                                     boost::beast::string_view target, int version,
                                     boost::beast::error_code& ec) {
@@ -171,8 +167,6 @@ size_t RequestParser::TakeBody(boost::beast::string_view body, boost::beast::err
       if (n < body.size()) ec = http::error::need_buffer;
       return n;
     }
-    case Mode::kDiscard:
-      return body.size();
     case Mode::kUnset:
       break;
   }

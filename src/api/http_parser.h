@@ -67,11 +67,9 @@ class RequestParser : public http::basic_parser<true> {
   // once it is full. Call again with a fresh buffer to go on.
   void BodyToBuffer(char* data, size_t size);
   size_t buffer_left() const { return buf_left_; }
-  // Counts and drops the body.
-  void BodyDiscard();
 
  private:
-  enum class Mode { kUnset, kString, kBuffer, kDiscard };
+  enum class Mode { kUnset, kString, kBuffer };
 
   void on_request_impl(http::verb method, boost::beast::string_view method_str,
                        boost::beast::string_view target, int version,

@@ -18,6 +18,7 @@
 #include <boost/beast/ssl.hpp>
 
 #include "api/connection.h"
+#include "api/response_head.h"
 #include "common/log.h"
 #include "common/metrics.h"
 
@@ -217,18 +218,18 @@ std::shared_ptr<void> HttpServer::ReserveBody(uint64_t bytes) {
 
 namespace {
 
-// The answer to a connection that will not be served.
+// The answer to a connection that will not be served: the usual problem+json 503, made by the
+// same writer as every other answer.
 std::string ShedResponse(const char* reason) {
-  const std::string msg = fmt::format("the server is at its limit ({}); retry shortly", reason);
-  const std::string body = fmt::format(
-      R"({{"type":"https://api.backend.ai/probs/storage/Unavailable","title":"Unavailable",)"
-      R"("status":503,"msg":"{}"}})",
-      msg);
-  return fmt::format(
-      "HTTP/1.1 503 Service Unavailable\r\nServer: sluice\r\nContent-Type: "
-      "application/problem+json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: "
-      "{}\r\n\r\n{}",
-      body.size(), body);
+  HttpResponse r = ErrorResponse(Status(
+      Code::kUnavailable, fmt::format("the server is at its limit ({}); retry shortly", reason)));
+  r.headers.emplace_back("Retry-After", "1");
+  HeadOptions o;
+  o.keep_alive = false;
+  o.length = r.body.size();
+  std::string out;
+  FormatResponseHead(out, r, o);
+  return out + r.body;
 }
 
 // A shed connection that can afford a descriptor for a moment (over the connection limit):
@@ -242,7 +243,13 @@ class Shedding : public std::enable_shared_from_this<Shedding> {
         resp_(ShedResponse(reason)),
         live_(std::move(live)) {}
   ~Shedding() { live_->fetch_sub(1, std::memory_order_relaxed); }
+  // Starts on the socket's own loop (the accepting loop is another one).
   void Run() {
+    asio::dispatch(sock_.get_executor(), [self = shared_from_this()] { self->Start(); });
+  }
+
+ private:
+  void Start() {
     timer_.expires_after(std::chrono::seconds(1));
     timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
       if (!ec) self->sock_.close(ec);
@@ -255,7 +262,6 @@ class Shedding : public std::enable_shared_from_this<Shedding> {
                       });
   }
 
- private:
   void Drain() {
     sock_.async_read_some(asio::buffer(buf_),
                           [self = shared_from_this()](beast::error_code ec, size_t n) {

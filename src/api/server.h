@@ -72,7 +72,6 @@ class HttpServer : public std::enable_shared_from_this<HttpServer> {
   uint16_t port() const { return port_; }
   const ServerOptions& options() const { return opts_; }
   size_t inflight() const { return inflight_.load(); }
-  size_t connections() const { return connections_.load(); }
   bool draining() const { return draining_.load(); }
   std::string url() const;
 

@@ -10,15 +10,7 @@ namespace sluice {
 Result<DirReader> DirReader::Open(int dirfd, std::string_view what) {
   // A fresh open of the same directory (not a dup, whose offset would be shared); works on
   // O_PATH descriptors too.
-  int fd = ::openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, fmt::format("open '{}'", what));
-  DIR* d = ::fdopendir(fd);
-  if (!d) {
-    int err = errno;
-    ::close(fd);
-    return Status::FromErrno(err, fmt::format("opendir '{}'", what));
-  }
-  return DirReader(d, std::string(what));
+  return OpenAt(dirfd, ".", what);
 }
 
 Result<DirReader> DirReader::OpenAt(int parent, const std::string& name, std::string_view what) {
@@ -59,10 +51,6 @@ Result<std::optional<DirReader::Ref>> DirReader::Next() {
     if (n[0] == '.' && (n[1] == 0 || (n[1] == '.' && n[2] == 0))) continue;
     return std::optional<Ref>(Ref{n, e->d_type, e->d_ino});
   }
-}
-
-void DirReader::Rewind() {
-  ::rewinddir(dir_);
 }
 
 Result<bool> DirReader::Empty() {

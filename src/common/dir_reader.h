@@ -42,8 +42,6 @@ class DirReader {
     ino_t ino;
   };
   Result<std::optional<Ref>> Next();
-  // Starts over (to see entries created since).
-  void Rewind();
   // Whether anything but "." and ".." is left.
   Result<bool> Empty();
   // The reader's own descriptor on the directory (for *at calls on its entries).

@@ -70,11 +70,6 @@ VolumeIoStats& Metrics::Volume(const std::string& name) {
   return *p;
 }
 
-void Metrics::SetGauge(const std::string& name, const std::string& help, double value) {
-  std::lock_guard lk(mu_);
-  gauges_[name] = {help, value};
-}
-
 std::atomic<uint64_t>& Metrics::Counter(std::string_view name, std::string_view help,
                                         std::string_view labels) {
   std::lock_guard lk(mu_);
@@ -174,9 +169,6 @@ std::string Metrics::RenderPrometheus() const {
                  ? fmt::format("{} {}\n", name, v->load(std::memory_order_relaxed))
                  : fmt::format("{}{{{}}} {}\n", name, labels, v->load(std::memory_order_relaxed));
   }
-  for (const auto& [name, hv] : gauges_)
-    out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{} {}\n", name, hv.first, name, name,
-                       hv.second);
   return out;
 }
 

@@ -41,7 +41,6 @@ class Metrics {
   void ObserveRequest(std::string_view listener, std::string_view method, std::string_view route,
                       int status, double seconds);
   VolumeIoStats& Volume(const std::string& name);
-  void SetGauge(const std::string& name, const std::string& help, double value);
   // A counter of metric `name` with the label set `labels` (already formatted: `a="x",b="y"`),
   // created at 0 on first use; the reference stays valid for the process's life. Callers pass
   // labels from a fixed set (listener names, reasons), never from requests.
@@ -97,7 +96,6 @@ class Metrics {
   mutable std::mutex mu_;  // the maps below, and the list of shards
   std::vector<std::unique_ptr<RequestShard>> shards_;
   std::map<std::string, std::unique_ptr<VolumeIoStats>> volumes_;
-  std::map<std::string, std::pair<std::string, double>> gauges_;
   struct CounterFamily {
     std::string help;
     std::map<std::string, std::unique_ptr<std::atomic<uint64_t>>, std::less<>> series;

@@ -26,8 +26,9 @@ struct RequestContext {
   std::string id;  // the client's X-Request-ID when it sent a short, plain one ("" otherwise)
   Principal principal;
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
-  // Set by the listener when the connection goes away: long work can stop early.
-  std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
+  // Set by the listener when the connection goes away: long work can stop early. One flag per
+  // connection, shared by its requests; null where no listener is behind the request.
+  std::shared_ptr<std::atomic<bool>> cancelled;
 
   // kUnavailable once the client has gone or the deadline has passed: work for this request can
   // stop.

@@ -255,15 +255,15 @@ void CopyOwnerAndModeAt(int dirfd, const std::string& name, const struct stat& s
   ::fchmodat(dirfd, name.c_str(), mode, 0);
 }
 
-Status CopyOneFile(int sdir, int ddir, const std::string& name, const struct stat& sb) {
+Status CopyOneFile(int sdir, int ddir, const std::string& name) {
   int sfd = ::openat(sdir, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (sfd < 0) return Status::FromErrno(errno, fmt::format("open '{}'", name));
   UniqueFd src(sfd);
   struct stat now;
   if (::fstat(src.get(), &now) != 0 || !S_ISREG(now.st_mode))
     return Status(Code::kConflict, fmt::format("'{}' changed while being copied", name), EBUSY);
-  int dfd =
-      ::openat(ddir, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, sb.st_mode & 07777);
+  // Private until the owner is set: a set-id mode goes on only where the owner could be kept.
+  int dfd = ::openat(ddir, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (dfd < 0) return Status::FromErrno(errno, fmt::format("create copy of '{}'", name));
   UniqueFd dst(dfd);
   SLUICE_RETURN_IF_ERROR(CopyFileContents(src.get(), dst.get(), static_cast<uint64_t>(now.st_size))
@@ -307,7 +307,7 @@ Status CopyTreeInto(int src, int dst, size_t max_open) {
       entering = sb;
       return WalkAction::kDescend;
     }
-    if (S_ISREG(sb.st_mode)) SLUICE_RETURN_IF_ERROR(CopyOneFile(e.dirfd, dstack.top(), e.name, sb));
+    if (S_ISREG(sb.st_mode)) SLUICE_RETURN_IF_ERROR(CopyOneFile(e.dirfd, dstack.top(), e.name));
     if (S_ISLNK(sb.st_mode)) SLUICE_RETURN_IF_ERROR(CopySymlink(e.dirfd, dstack.top(), e.name, sb));
     return WalkAction::kSkip;
   };

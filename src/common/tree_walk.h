@@ -100,8 +100,9 @@ Status CopyTreeInto(int src, int dst, size_t max_open = 8);
 // Copies one regular file's contents: FICLONE, then copy_file_range, then read/write.
 Status CopyFileContents(int src_fd, int dst_fd, uint64_t size);
 
-// Copies the regular file `name` of `sdir` (described by `sb`) into `ddir` under the same name.
-Status CopyOneFile(int sdir, int ddir, const std::string& name, const struct stat& sb);
+// Copies the regular file `name` of `sdir` into `ddir` under the same name, with its owner, mode
+// and times (as found on the file opened).
+Status CopyOneFile(int sdir, int ddir, const std::string& name);
 
 // Gives a copy (open at `fd`, or `name` in `dirfd`) the source's owner where the process may
 // (as root) and its mode, the set-id bits only with the owner, as `cp -a` does: a copy never

@@ -19,9 +19,11 @@ Result<std::vector<FileService::ItemResult>> FileService::Mkdir(
     if (!s.ok()) return s.WithContext(fmt::format("'{}'", rel));
   }
   std::vector<ItemResult> out;
+  // Once the client has gone or the deadline has passed, the rest are not made; each answer
+  // still says what happened to its path (the first ones exist).
   for (const auto& rel : paths) {
-    SLUICE_RETURN_IF_ERROR(ctx.Check());
-    out.push_back({rel, v.Mkdir(vfid, rel, parents, exist_ok)});
+    Status stop = ctx.Check();
+    out.push_back({rel, stop.ok() ? v.Mkdir(vfid, rel, parents, exist_ok) : stop});
   }
   return out;
 }

@@ -43,6 +43,11 @@ VolumeHealth HealthMonitor::Judge(const HwInfo& hw, const Result<FsUsage>& fs) {
   return h;
 }
 
+std::string HealthMonitor::Checking() const {
+  std::lock_guard lk(mu_);
+  return checking_;
+}
+
 void HealthMonitor::CheckAll() {
   for (Volume* v : svc_->Volumes()) {
     {

@@ -56,6 +56,8 @@ class HealthMonitor {
   // The last results; a check that has been running for longer than stall_after shows as
   // unavailable. Never blocks on a volume.
   HealthSnapshot Snapshot() const;
+  // The volume whose check is out now ("" when none).
+  std::string Checking() const;
 
   // The verdict for one volume's figures (exposed for tests).
   static VolumeHealth Judge(const HwInfo& hw, const Result<FsUsage>& fs);

@@ -109,7 +109,7 @@ Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
                           *q.limit_bytes));
       }
       // Within one volume the backend may clone faster (snapshot, reflink).
-      return dv->CopyVFolderFrom(*sv, src, dst);
+      return dv->CopyVFolderFrom(*sv, src, dst, need);
     };
     Status st = copy();
     if (!st.ok()) {

@@ -27,12 +27,12 @@ Result<nlohmann::json> Verify(std::string_view token, const std::string& secret,
   return claims;
 }
 
-Result<std::string> StrClaim(const nlohmann::json& claims, const char* key,
-                             std::string_view what = "the token") {
+// `what` names the token in the error ("download token").
+Result<std::string> StrClaim(const nlohmann::json& claims, const char* key, std::string_view what) {
   auto it = claims.find(key);
   if (it == claims.end() || !it->is_string())
     return Status(Code::kInvalidArgument,
-                  fmt::format("{} has no claim '{}' (a string)", what, key));
+                  fmt::format("{}: claim '{}' is missing or not a string", what, key));
   return it->get<std::string>();
 }
 
@@ -77,9 +77,9 @@ std::string TokenService::Issue(const UploadGrant& g) const {
 Result<DownloadGrant> TokenService::VerifyDownload(std::string_view token) const {
   SLUICE_ASSIGN_OR_RETURN(nlohmann::json claims, Verify(token, secret_, "op", "download"));
   DownloadGrant g;
-  SLUICE_ASSIGN_OR_RETURN(g.volume, StrClaim(claims, "volume"));
-  SLUICE_ASSIGN_OR_RETURN(g.vfid, StrClaim(claims, "vfid"));
-  SLUICE_ASSIGN_OR_RETURN(g.relpath, StrClaim(claims, "relpath"));
+  SLUICE_ASSIGN_OR_RETURN(g.volume, StrClaim(claims, "volume", "download token"));
+  SLUICE_ASSIGN_OR_RETURN(g.vfid, StrClaim(claims, "vfid", "download token"));
+  SLUICE_ASSIGN_OR_RETURN(g.relpath, StrClaim(claims, "relpath", "download token"));
   if (auto a = claims.find("archive"); a != claims.end() && a->is_boolean() && a->get<bool>())
     g.archive = true;
   if (auto u = claims.find("unmanaged_path"); u != claims.end() && !u->is_null())
@@ -91,12 +91,12 @@ Result<DownloadGrant> TokenService::VerifyDownload(std::string_view token) const
 Result<ArchiveGrant> TokenService::VerifyArchive(std::string_view token) const {
   SLUICE_ASSIGN_OR_RETURN(nlohmann::json claims, Verify(token, secret_, "operation", "download"));
   ArchiveGrant g;
-  SLUICE_ASSIGN_OR_RETURN(g.volume, StrClaim(claims, "volume"));
-  SLUICE_ASSIGN_OR_RETURN(g.vfid, StrClaim(claims, "virtual_folder_id"));
+  SLUICE_ASSIGN_OR_RETURN(g.volume, StrClaim(claims, "volume", "archive token"));
+  SLUICE_ASSIGN_OR_RETURN(g.vfid, StrClaim(claims, "virtual_folder_id", "archive token"));
   auto files = claims.find("files");
   if (files == claims.end() || !files->is_array() || files->empty())
     return Status(Code::kInvalidArgument,
-                  "the token has no claim 'files' (a non-empty list of paths)");
+                  "archive token: claim 'files' is missing or not a non-empty list of paths");
   for (const auto& f : *files) {
     if (!f.is_string())
       return Status(Code::kInvalidArgument, "the token's 'files' must be a list of strings");
@@ -110,13 +110,7 @@ Result<ArchiveGrant> TokenService::VerifyArchive(std::string_view token) const {
 
 Result<UploadGrant> TokenService::VerifyUpload(std::string_view token) const {
   SLUICE_ASSIGN_OR_RETURN(nlohmann::json claims, Verify(token, secret_, "op", "upload"));
-  auto str = [&](const char* key) -> Result<std::string> {
-    auto it = claims.find(key);
-    if (it == claims.end() || !it->is_string())
-      return Status(Code::kInvalidArgument,
-                    fmt::format("upload token: claim '{}' is missing or not a string", key));
-    return it->get<std::string>();
-  };
+  auto str = [&](const char* key) { return StrClaim(claims, key, "upload token"); };
   UploadGrant g;
   SLUICE_ASSIGN_OR_RETURN(g.volume, str("volume"));
   SLUICE_ASSIGN_OR_RETURN(g.vfid, str("vfid"));

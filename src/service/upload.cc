@@ -19,17 +19,6 @@ namespace {
 // How HEAD waits for a writer that is committing a whole upload.
 constexpr auto kFinalizeWait = std::chrono::seconds(5);
 
-bool IsHex(std::string_view s, size_t min_len, size_t max_len) {
-  if (s.size() < min_len || s.size() > max_len) return false;
-  return std::all_of(s.begin(), s.end(),
-                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-}
-
-// Session ids are what volumes make (CreateStaging): lower-case hex.
-bool ValidSession(std::string_view s) {
-  return IsHex(s, 16, 64);
-}
-
 Status NoSession(const std::string& session) {
   return Status(
       Code::kNotFound,
@@ -169,7 +158,7 @@ Result<UploadTarget> UploadService::ResolveGrant(const UploadGrant& g,
   UploadTarget t;
   t.session = g.session;
   t.size = g.size;
-  if (!ValidSession(t.session))
+  if (!IsUploadSessionId(t.session))
     return Status(Code::kInvalidArgument, "upload token: claim 'session' is not a session id");
   auto parsed = VFolderId::Parse(g.vfid);
   if (!parsed.ok()) return parsed.status().WithContext("upload token: claim 'vfid'");
@@ -185,9 +174,10 @@ Result<UploadTarget> UploadService::ResolveGrant(const UploadGrant& g,
   if (r->empty())
     return Status(Code::kInvalidPath, "upload token: claim 'relpath' does not name a file");
   parts.insert(parts.end(), r->begin(), r->end());
-  if (parts.front() == kUploadDir)
-    return Status(Code::kInvalidPath,
-                  fmt::format("uploads cannot go into the staging directory '{}'", kUploadDir));
+  if (parts.front() == kStagingDirName)
+    return Status(
+        Code::kInvalidPath,
+        fmt::format("uploads cannot go into the staging directory '{}'", kStagingDirName));
   t.final_parts = std::move(parts);
   if (t.final_relpath().size() >= PATH_MAX)
     return Status(Code::kInvalidPath, "the upload's path is too long");
@@ -221,9 +211,10 @@ Result<std::string> UploadService::CreateSession(Volume& volume, const VFolderId
                                                  std::string_view relpath, uint64_t size) {
   SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
   if (parts.empty()) return Status(Code::kInvalidPath, "relpath must name a file");
-  if (parts.front() == kUploadDir)
-    return Status(Code::kInvalidPath,
-                  fmt::format("uploads cannot go into the staging directory '{}'", kUploadDir));
+  if (parts.front() == kStagingDirName)
+    return Status(
+        Code::kInvalidPath,
+        fmt::format("uploads cannot go into the staging directory '{}'", kStagingDirName));
   SLUICE_RETURN_IF_ERROR(CheckSize(size));
   SLUICE_RETURN_IF_ERROR(volume.CheckVFolder(vfid));
   SweepVFolder(volume, vfid);

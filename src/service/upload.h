@@ -106,9 +106,6 @@ class UploadService {
  public:
   explicit UploadService(StorageService* svc) : svc_(svc) {}
 
-  // The staging directory inside every vfolder.
-  static constexpr const char* kUploadDir = kStagingDirName;
-
   // Validates the grant of a verified upload token and the optional `dst_dir` query parameter
   // (a directory below the vfolder that `relpath` is relative to, as in Backend.AI).
   // kInvalidArgument / kInvalidPath for hostile or malformed claims, kNotFound for an unknown

@@ -257,9 +257,10 @@ Result<std::string> FaultVolume::DetachVFolder(const VFolderId& vfid) {
   return ForwardingVolume::DetachVFolder(vfid);
 }
 
-Status FaultVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst) {
+Status FaultVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,
+                                    const TreeUsage& size) {
   SLUICE_RETURN_IF_ERROR(Check("vfolder"));
-  return ForwardingVolume::CopyVFolderFrom(from, src, dst);
+  return ForwardingVolume::CopyVFolderFrom(from, src, dst, size);
 }
 
 Result<TreeUsage> FaultVolume::GetUsage(const VFolderId& vfid) {

@@ -57,8 +57,9 @@ class ForwardingVolume : public Volume {
   Result<std::string> MountPath(const VFolderId& vfid, std::string_view subpath) override {
     return inner_->MountPath(vfid, subpath);
   }
-  Status CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst) override {
-    return inner_->CopyVFolderFrom(from, src, dst);
+  Status CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,
+                         const TreeUsage& size) override {
+    return inner_->CopyVFolderFrom(from, src, dst, size);
   }
 
   Status ValidatePath(const VFolderId& vfid, std::string_view relpath) override {
@@ -67,10 +68,6 @@ class ForwardingVolume : public Volume {
   Status Mkdir(const VFolderId& vfid, std::string_view relpath, bool parents,
                bool exist_ok) override {
     return inner_->Mkdir(vfid, relpath, parents, exist_ok);
-  }
-  Result<std::vector<DirEntry>> ListDir(const VFolderId& vfid, std::string_view relpath,
-                                        uint64_t limit) override {
-    return inner_->ListDir(vfid, relpath, limit);
   }
   Status Rename(const VFolderId& vfid, std::string_view relpath,
                 std::string_view new_name) override {

@@ -1,5 +1,6 @@
 #include "volume/ids.h"
 
+#include <algorithm>
 #include <cctype>
 
 #include <fmt/format.h>
@@ -76,6 +77,22 @@ Result<VFolderId> VFolderId::Parse(std::string_view s) {
 std::string VFolderId::ToString() const {
   if (scope) return fmt::format("{}/{}", scope->ToString(), hex);
   return hex;
+}
+
+bool IsLowerHex(std::string_view s, size_t min_len, size_t max_len) {
+  return s.size() >= min_len && s.size() <= max_len && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+bool IsUploadSessionId(std::string_view s) {
+  return IsLowerHex(s, 16, 64);
+}
+
+Status UploadWriterBusy(const std::string& session) {
+  return Status(Code::kConflict,
+                fmt::format("another request is writing to upload session {}; one writer at a time",
+                            session));
 }
 
 }  // namespace sluice

@@ -36,4 +36,13 @@ struct VFolderId {
 Result<std::string> NormalizeUuidHex(std::string_view s);
 std::string DashedUuid(std::string_view hex32);
 
+// Whether `s` is `min_len` to `max_len` lower-case hex digits (the names of the layout's
+// directories, session ids).
+bool IsLowerHex(std::string_view s, size_t min_len, size_t max_len);
+// Upload session ids, as volumes make them (Volume::CreateStaging): 16 to 64 lower-case hex
+// digits, so that one is always a plain file name.
+bool IsUploadSessionId(std::string_view s);
+// What a second writer of upload session `session` is told (kConflict).
+Status UploadWriterBusy(const std::string& session);
+
 }  // namespace sluice

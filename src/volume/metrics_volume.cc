@@ -57,16 +57,23 @@ class MeteredDir : public ForwardingDirHandle {
 
 class MeteredWriter : public ForwardingStagingWriter {
  public:
-  MeteredWriter(std::unique_ptr<StagingWriter> inner, VolumeIoStats* stats)
-      : ForwardingStagingWriter(std::move(inner)), stats_(stats) {}
+  MeteredWriter(std::unique_ptr<StagingWriter> inner, MetricsVolume* vol, VolumeIoStats* stats)
+      : ForwardingStagingWriter(std::move(inner)), vol_(vol), stats_(stats) {}
   Status WriteAt(uint64_t offset, const char* data, size_t n, size_t* written) override {
     auto t0 = Clock::now();
     Status st = inner_->WriteAt(offset, data, n, written);
     stats_->AddWrite(*written, MicrosSince(t0));
     return st;
   }
+  Status Commit(const std::vector<std::string>& final_parts) override {
+    auto t0 = Clock::now();
+    Status st = inner_->Commit(final_parts);
+    vol_->Count(MetricsVolume::Op::kStage, t0, st);
+    return st;
+  }
 
  private:
+  MetricsVolume* vol_;
   VolumeIoStats* stats_;
 };
 
@@ -133,9 +140,10 @@ Result<std::string> MetricsVolume::DetachVFolder(const VFolderId& vfid) {
   return Timed(Op::kVFolder, t0, ForwardingVolume::DetachVFolder(vfid));
 }
 
-Status MetricsVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst) {
+Status MetricsVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,
+                                      const TreeUsage& size) {
   auto t0 = Clock::now();
-  return Timed(Op::kVFolder, t0, ForwardingVolume::CopyVFolderFrom(from, src, dst));
+  return Timed(Op::kVFolder, t0, ForwardingVolume::CopyVFolderFrom(from, src, dst, size));
 }
 
 Result<TreeUsage> MetricsVolume::GetUsage(const VFolderId& vfid) {
@@ -215,7 +223,7 @@ Result<std::unique_ptr<StagingWriter>> MetricsVolume::OpenStaging(const VFolderI
   auto t0 = Clock::now();
   auto w = Timed(Op::kStage, t0, ForwardingVolume::OpenStaging(vfid, session, wait));
   if (!w.ok()) return w.status();
-  return std::unique_ptr<StagingWriter>(new MeteredWriter(std::move(w).value(), stats_));
+  return std::unique_ptr<StagingWriter>(new MeteredWriter(std::move(w).value(), this, stats_));
 }
 
 }  // namespace sluice

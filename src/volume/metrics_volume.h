@@ -37,7 +37,8 @@ class MetricsVolume : public ForwardingVolume {
   Status CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_scope,
                        std::optional<uint64_t> initial_limit) override;
   Result<std::string> DetachVFolder(const VFolderId& vfid) override;
-  Status CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst) override;
+  Status CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,
+                         const TreeUsage& size) override;
   Result<TreeUsage> GetUsage(const VFolderId& vfid) override;
   Result<TreeUsage> GetFreshUsage(const VFolderId& vfid) override;
   Status Mkdir(const VFolderId& vfid, std::string_view relpath, bool parents,

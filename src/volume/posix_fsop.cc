@@ -41,25 +41,17 @@ Status ForEachSubtree(ThreadPool* pool, int root, SubtreeFn fn, LeafFn leaf) {
   WaitGroup wg;
   for (auto& e : entries) {
     if (err->failed.load(std::memory_order_relaxed)) break;
-    unsigned char type = e.type;
     struct stat sb;
-    bool have_stat = false;
-    if (type == DT_UNKNOWN || type != DT_DIR) {
-      if (::fstatat(root, e.name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) != 0) {
-        if (errno == ENOENT) continue;  // gone meanwhile
-        return Status::FromErrno(errno, fmt::format("stat '{}'", e.name));
-      }
-      have_stat = true;
-      type = S_ISDIR(sb.st_mode) ? DT_DIR : DT_REG;
+    if (::fstatat(root, e.name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) continue;  // gone meanwhile
+      // Not a return: jobs already submitted use `wg`, `root` and the caller's state.
+      err->Set(Status::FromErrno(errno, fmt::format("stat '{}'", e.name)));
+      break;
     }
-    if (type != DT_DIR) {
+    if (!S_ISDIR(sb.st_mode)) {
       Status s = leaf(e.name, sb);
       if (!s.ok()) err->Set(std::move(s));
       continue;
-    }
-    if (!have_stat && ::fstatat(root, e.name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) != 0) {
-      if (errno == ENOENT) continue;
-      return Status::FromErrno(errno, fmt::format("stat '{}'", e.name));
     }
     wg.Add();
     auto task = [fn, err, &wg, root, name = e.name, sb]() mutable {
@@ -135,7 +127,7 @@ Status PosixFSOpModel::CopyTreeAt(int src, int dst) {
         return Status::Ok();
       },
       [src, dst](const std::string& name, const struct stat& sb) -> Status {
-        if (S_ISREG(sb.st_mode)) return CopyOneFile(src, dst, name, sb);
+        if (S_ISREG(sb.st_mode)) return CopyOneFile(src, dst, name);
         if (S_ISLNK(sb.st_mode)) return CopySymlink(src, dst, name, sb);
         return Status::Ok();  // sockets, fifos and devices carry no data
       });

@@ -24,17 +24,6 @@ constexpr const char* kRecordSuffix = ".offset";
 constexpr const char* kSpareSuffix = ".offset.tmp";  // the spare record (WriteRecordAtomic)
 constexpr size_t kRecordSize = 64;  // fixed, so records overwrite each other in place
 
-bool IsHex(std::string_view s, size_t min_len, size_t max_len) {
-  if (s.size() < min_len || s.size() > max_len) return false;
-  return std::all_of(s.begin(), s.end(),
-                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-}
-
-// Session ids are what CreateStagingAt makes: lower-case hex.
-bool ValidSession(std::string_view s) {
-  return IsHex(s, 16, 64);
-}
-
 Status NoStaging(const std::string& session) {
   return Status(Code::kNotFound, fmt::format("upload session {} has no staging file", session));
 }
@@ -153,7 +142,7 @@ bool SameFile(const struct stat& a, const struct stat& b) {
 
 // The vfolder's staging directory (readable, so that it can be listed and fsync'ed).
 Result<UniqueFd> OpenStagingDir(int root, const std::string& session) {
-  auto d = OpenBeneath(root, kStagingDir, O_RDONLY | O_DIRECTORY);
+  auto d = OpenBeneath(root, kStagingDirName, O_RDONLY | O_DIRECTORY);
   if (!d.ok() && (d.status().code() == Code::kNotFound || d.status().sys_errno() == ENOTDIR))
     return NoStaging(session);
   return d;
@@ -282,10 +271,13 @@ StagingSweep SweepDir(int updir, const std::string& where, std::chrono::seconds 
   std::vector<std::string> names;
   for (auto& e : *entries) names.push_back(std::move(e.name));
 
-  auto remove = [&](const std::string& name) {
+  // Only staging files count: they are what the volume accounted (CreateStagingAt, writes);
+  // records and spares never were.
+  auto remove = [&](const std::string& name, bool counted) {
     struct stat gone;
-    bool sized = ::fstatat(updir, name.c_str(), &gone, AT_SYMLINK_NOFOLLOW) == 0;
+    bool sized = counted && ::fstatat(updir, name.c_str(), &gone, AT_SYMLINK_NOFOLLOW) == 0;
     if (::unlinkat(updir, name.c_str(), 0) == 0) {
+      if (!counted) return;
       ++stats.removed;
       if (sized) stats.removed_bytes += static_cast<uint64_t>(gone.st_size);
     } else if (errno != ENOENT) {
@@ -296,7 +288,7 @@ StagingSweep SweepDir(int updir, const std::string& where, std::chrono::seconds 
   // Staging files first: a locked one is alive whatever its age, and so are its records.
   std::vector<std::string> live;
   for (const auto& name : names) {
-    if (!ValidSession(name)) continue;
+    if (!IsUploadSessionId(name)) continue;
     struct stat sb;
     if (::fstatat(updir, name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) != 0 || S_ISDIR(sb.st_mode))
       continue;
@@ -326,19 +318,19 @@ StagingSweep SweepDir(int updir, const std::string& where, std::chrono::seconds 
     }
     spdlog::info("upload sweep: removing abandoned upload session {}/{}", where, name);
     if (on_removed) on_removed(name);
-    remove(name);
-    remove(name + kRecordSuffix);
-    remove(name + kSpareSuffix);
+    remove(name, true);
+    remove(name + kRecordSuffix, false);
+    remove(name + kSpareSuffix, false);
   }
   // Then whatever else is old: records of completed sessions, leftovers.
   for (const auto& name : names) {
-    if (ValidSession(name)) continue;
+    if (IsUploadSessionId(name)) continue;
     std::string base = name.substr(0, name.find('.'));
     if (std::find(live.begin(), live.end(), base) != live.end()) continue;
     struct stat sb;
     if (::fstatat(updir, name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) != 0 || S_ISDIR(sb.st_mode))
       continue;
-    if (OlderThan(sb, age)) remove(name);
+    if (OlderThan(sb, age)) remove(name, false);
   }
   return stats;
 }
@@ -346,15 +338,15 @@ StagingSweep SweepDir(int updir, const std::string& where, std::chrono::seconds 
 }  // namespace
 
 Result<std::string> CreateStagingAt(int root, const StagingAccount& account) {
-  if (::mkdirat(root, kStagingDir, 0700) == 0) {
+  if (::mkdirat(root, kStagingDirName, 0700) == 0) {
     if (account) account(0, 1);
   } else if (errno != EEXIST) {
     return Status::FromErrno(errno, "create upload staging directory");
   }
-  int dfd = ::openat(root, kStagingDir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  int dfd = ::openat(root, kStagingDirName, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dfd < 0)
     return Status(Code::kInvalidPath,
-                  fmt::format("'{}' in the vfolder is not a directory", kStagingDir), errno);
+                  fmt::format("'{}' in the vfolder is not a directory", kStagingDirName), errno);
   UniqueFd dir(dfd);
   std::string session = RandomHexString(16);
   int fd = ::openat(dir.get(), session.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -365,7 +357,8 @@ Result<std::string> CreateStagingAt(int root, const StagingAccount& account) {
 }
 
 Status DiscardStagingAt(int root, const std::string& session, const StagingAccount& account) {
-  if (!ValidSession(session)) return Status(Code::kInvalidArgument, "not an upload session id");
+  if (!IsUploadSessionId(session))
+    return Status(Code::kInvalidArgument, "not an upload session id");
   SLUICE_ASSIGN_OR_RETURN(UniqueFd updir, OpenStagingDir(root, session));
   if (::unlinkat(updir.get(), session.c_str(), 0) != 0)
     return Status::FromErrno(errno, fmt::format("remove upload session {}", session));
@@ -374,7 +367,8 @@ Status DiscardStagingAt(int root, const std::string& session, const StagingAccou
 }
 
 Result<StagingState> InspectStagingAt(int root, const std::string& session) {
-  if (!ValidSession(session)) return Status(Code::kInvalidArgument, "not an upload session id");
+  if (!IsUploadSessionId(session))
+    return Status(Code::kInvalidArgument, "not an upload session id");
   SLUICE_ASSIGN_OR_RETURN(UniqueFd updir, OpenStagingDir(root, session));
   SLUICE_ASSIGN_OR_RETURN(auto rec, ReadRecord(updir.get(), session));
   StagingState s;
@@ -401,7 +395,8 @@ Result<StagingState> InspectStagingAt(int root, const std::string& session) {
 Result<std::unique_ptr<StagingWriter>> OpenStagingAt(UniqueFd root, const std::string& session,
                                                      std::chrono::milliseconds wait,
                                                      StagingAccount account) {
-  if (!ValidSession(session)) return Status(Code::kInvalidArgument, "not an upload session id");
+  if (!IsUploadSessionId(session))
+    return Status(Code::kInvalidArgument, "not an upload session id");
   SLUICE_ASSIGN_OR_RETURN(UniqueFd updir, OpenStagingDir(root.get(), session));
   int fd = ::openat(updir.get(), session.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
@@ -416,11 +411,7 @@ Result<std::unique_ptr<StagingWriter>> OpenStagingAt(UniqueFd root, const std::s
   for (;;) {
     SLUICE_ASSIGN_OR_RETURN(bool locked, TryLock(f.get()));
     if (locked) break;
-    if (std::chrono::steady_clock::now() >= deadline)
-      return Status(Code::kConflict,
-                    fmt::format("another request is writing to upload session {}; one writer at "
-                                "a time",
-                                session));
+    if (std::chrono::steady_clock::now() >= deadline) return UploadWriterBusy(session);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   // The name may have been swept or completed between open and lock.
@@ -453,16 +444,20 @@ Result<std::unique_ptr<StagingWriter>> OpenStagingAt(UniqueFd root, const std::s
 }
 
 StagingSweep SweepStagingAt(int vfdir, const std::string& where, std::chrono::seconds age,
-                            const std::function<void(const std::string&)>& removed) {
+                            const std::function<void(const std::string&)>& removed,
+                            const StagingAccount& account) {
   StagingSweep stats;
-  auto updir = OpenBeneath(vfdir, kStagingDir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+  auto updir = OpenBeneath(vfdir, kStagingDirName, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
   if (!updir.ok()) return stats;
-  stats = SweepDir(updir->get(), where + "/" + kStagingDir, age, removed);
+  stats = SweepDir(updir->get(), where + "/" + kStagingDirName, age, removed);
+  int64_t entries = -static_cast<int64_t>(stats.removed);
   struct stat sb;
   // rmdir refuses a directory that is not empty; an old mtime means no session came or went
   // lately.
-  if (::fstat(updir->get(), &sb) == 0 && OlderThan(sb, age))
-    ::unlinkat(vfdir, kStagingDir, AT_REMOVEDIR);
+  if (::fstat(updir->get(), &sb) == 0 && OlderThan(sb, age) &&
+      ::unlinkat(vfdir, kStagingDirName, AT_REMOVEDIR) == 0)
+    --entries;
+  if (account && entries) account(-static_cast<int64_t>(stats.removed_bytes), entries);
   return stats;
 }
 

@@ -24,8 +24,6 @@
 
 namespace sluice {
 
-inline constexpr const char* kStagingDir = kStagingDirName;
-
 // How a writer reports what it changed in its vfolder (bytes, entries), for volumes that keep
 // usage figures.
 using StagingAccount = std::function<void(int64_t bytes, int64_t entries)>;
@@ -38,8 +36,10 @@ Result<std::unique_ptr<StagingWriter>> OpenStagingAt(UniqueFd root, const std::s
                                                      std::chrono::milliseconds wait,
                                                      StagingAccount account);
 // Sweeps the staging directory of the vfolder open at `vfdir` (and removes the directory once
-// it is empty and old). `removed` is called with the session ids removed.
+// it is empty and old). `removed` is called with the session ids removed; what goes is accounted
+// through `account`, as CreateStagingAt accounted it.
 StagingSweep SweepStagingAt(int vfdir, const std::string& where, std::chrono::seconds age,
-                            const std::function<void(const std::string&)>& removed);
+                            const std::function<void(const std::string&)>& removed,
+                            const StagingAccount& account);
 
 }  // namespace sluice

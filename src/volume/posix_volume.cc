@@ -144,6 +144,10 @@ Status PosixVolume::Init() {
   if (!S_ISDIR(sb.st_mode))
     return Status(Code::kInvalidArgument,
                   fmt::format("volume {}: path '{}' is not a directory", cfg_.name, cfg_.path));
+  if (char* real = ::realpath(cfg_.path.c_str(), nullptr)) {
+    resolved_path_ = real;
+    ::free(real);
+  }
   std::string version_file = cfg_.path + "/version.txt";
   std::ifstream in(version_file);
   if (in) {
@@ -364,23 +368,6 @@ Status PosixVolume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool 
   return Status::Ok();
 }
 
-Result<std::vector<DirEntry>> PosixVolume::ListDir(const VFolderId& vfid, std::string_view relpath,
-                                                   uint64_t limit) {
-  SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
-  SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, OpenBeneath(root.get(), relpath, O_RDONLY | O_DIRECTORY));
-  SLUICE_ASSIGN_OR_RETURN(DirReader reader, DirReader::Open(dir.get(), relpath));
-  std::vector<DirEntry> out;
-  for (;;) {
-    SLUICE_ASSIGN_OR_RETURN(auto e, reader.Next());
-    if (!e) break;
-    if (limit && out.size() >= limit) break;
-    auto entry = StatAt(dir.get(), std::string(e->name));
-    if (!entry.ok()) continue;  // vanished meanwhile
-    out.push_back(std::move(entry).value());
-  }
-  return out;
-}
-
 Status PosixVolume::Rename(const VFolderId& vfid, std::string_view relpath,
                            std::string_view new_name) {
   SLUICE_RETURN_IF_ERROR(ValidateName(new_name));
@@ -432,7 +419,9 @@ std::shared_ptr<const LookupHint> PosixVolume::PrepareLookup(const VFolderId& vf
   auto parts = SplitRelPath(relpath);
   if (!parts.ok() || parts->empty()) return nullptr;
   auto h = std::make_shared<PosixLookupHint>();
-  h->path = VFolderPath(vfid) + "/" + JoinComponents(*parts, parts->size());
+  std::string vf = VFolderPath(vfid);
+  if (!resolved_path_.empty()) vf.replace(0, cfg_.path.size(), resolved_path_);
+  h->path = vf + "/" + JoinComponents(*parts, parts->size());
   return h;
 }
 
@@ -550,18 +539,17 @@ Status PosixVolume::CloneVFolderInto(const VFolderId& src, const VFolderId& dst)
   return fsop().CopyTree(VFolderPath(src), VFolderPath(dst));
 }
 
-Status PosixVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst) {
+Status PosixVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,
+                                    const TreeUsage& size) {
   auto* other = dynamic_cast<PosixVolume*>(&ForwardingVolume::Innermost(from));
   if (!other)
     return Status(Code::kUnsupported,
                   fmt::format("volume {} cannot copy from volume {} (backend {})", name(),
                               from.name(), from.backend()));
-  SLUICE_ASSIGN_OR_RETURN(TreeUsage copied, from.GetFreshUsage(src));
   Status st = other == this ? CloneVFolderInto(src, dst)
                             : fsop().CopyTree(other->VFolderPath(src), VFolderPath(dst));
   if (st.ok())
-    AccountWrite(dst, static_cast<int64_t>(copied.used_bytes),
-                 static_cast<int64_t>(copied.file_count));
+    AccountWrite(dst, static_cast<int64_t>(size.used_bytes), static_cast<int64_t>(size.file_count));
   return st;
 }
 
@@ -595,19 +583,13 @@ Result<std::unique_ptr<StagingWriter>> PosixVolume::OpenStaging(const VFolderId&
 
 namespace {
 
-bool IsLowerHex(std::string_view s, size_t n) {
-  return s.size() == n && std::all_of(s.begin(), s.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
-}
-
 // Calls `fn(fd, name)` for each subdirectory of `dirfd` whose name is `n` lower-case hex digits.
 template <typename Fn>
 void ForEachHexSubdir(int dirfd, size_t n, Fn fn) {
   auto entries = ReadDirEntries(dirfd, ".");
   if (!entries.ok()) return;
   for (const auto& e : *entries) {
-    if (!IsLowerHex(e.name, n)) continue;
+    if (!IsLowerHex(e.name, n, n)) continue;
     int fd = ::openat(dirfd, e.name.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) continue;
     UniqueFd f(fd);
@@ -640,28 +622,30 @@ StagingSweep PosixVolume::SweepStaging(const std::optional<VFolderId>& vfid,
                                        std::chrono::seconds age, const StagingRemoved& removed) {
   StagingSweep total;
   auto one = [&](int vfdir, const std::string& scope_hex, const std::string& vf_hex,
-                 const std::optional<VFolderId>& id) {
+                 const VFolderId& id) {
     std::string where =
         fmt::format("{}/{}{}", cfg_.path, scope_hex.empty() ? "" : scope_hex + "/", vf_hex);
-    StagingSweep st = SweepStagingAt(vfdir, where, age, [&](const std::string& session) {
-      if (removed) removed(scope_hex, vf_hex, session);
-    });
-    // Staging files and records (entries are approximate: a staging dir may go too; the next
-    // reconcile of a maintained figure corrects that). Vfolders found by the walk catch up at
-    // their next reconcile.
-    if (st.removed && id)
-      AccountWrite(*id, -static_cast<int64_t>(st.removed_bytes), -static_cast<int64_t>(st.removed));
+    StagingSweep st = SweepStagingAt(
+        vfdir, where, age,
+        [&](const std::string& session) {
+          if (removed) removed(scope_hex, vf_hex, session);
+        },
+        [&](int64_t b, int64_t e) { AccountWrite(id, b, e); });
     total.removed += st.removed;
     total.removed_bytes += st.removed_bytes;
     total.kept_locked += st.kept_locked;
   };
   if (vfid) {
     auto root = OpenVFolderRoot(*vfid);
-    if (root.ok()) one(root->get(), vfid->scope ? vfid->scope->hex : "", vfid->hex, vfid);
+    if (root.ok()) one(root->get(), vfid->scope ? vfid->scope->hex : "", vfid->hex, *vfid);
     return total;
   }
   ForEachVFolder([&](int vfdir, const std::string& scope_hex, const std::string& vf_hex) {
-    one(vfdir, scope_hex, vf_hex, std::nullopt);
+    // The layout names the scope by its hex alone: enough for accounting, which goes by path
+    // (VFolderPath); the scope's type is not known here and not needed.
+    VFolderId id{std::nullopt, vf_hex};
+    if (!scope_hex.empty()) id.scope = QuotaScopeId{QuotaScopeType::kUser, scope_hex};
+    one(vfdir, scope_hex, vf_hex, id);
   });
   return total;
 }

@@ -41,8 +41,6 @@ class PosixVolume : public Volume {
   Status ValidatePath(const VFolderId& vfid, std::string_view relpath) override;
   Status Mkdir(const VFolderId& vfid, std::string_view relpath, bool parents,
                bool exist_ok) override;
-  Result<std::vector<DirEntry>> ListDir(const VFolderId& vfid, std::string_view relpath,
-                                        uint64_t limit) override;
   Status Rename(const VFolderId& vfid, std::string_view relpath,
                 std::string_view new_name) override;
   Status Move(const VFolderId& vfid, std::string_view src, std::string_view dst) override;
@@ -52,7 +50,8 @@ class PosixVolume : public Volume {
   std::shared_ptr<const LookupHint> PrepareLookup(const VFolderId& vfid,
                                                   std::string_view relpath) const override;
   Result<DirEntry> Stat(const VFolderId& vfid, std::string_view relpath) override;
-  Status CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst) override;
+  Status CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,
+                         const TreeUsage& size) override;
   Result<std::string> CreateStaging(const VFolderId& vfid) override;
   Status DiscardStaging(const VFolderId& vfid, const std::string& session) override;
   Result<StagingState> InspectStaging(const VFolderId& vfid, const std::string& session) override;
@@ -107,6 +106,9 @@ class PosixVolume : public Volume {
 
  protected:
   VolumeConfig cfg_;
+  // cfg_.path with its symbolic links resolved (Init): the one-lookup fast path of OpenReader
+  // refuses every symlink on the way, so it starts from here.
+  std::string resolved_path_;
   PosixFSOpModel fsop_;
   VolumeIoStats* io_stats_;
   int layout_version_ = 3;

@@ -145,9 +145,9 @@ class StagingWriter {
 };
 
 struct StagingSweep {
-  uint64_t removed = 0;  // files removed
-  uint64_t removed_bytes = 0;
-  uint64_t kept_locked = 0;  // old sessions kept because a writer holds them
+  uint64_t removed = 0;        // sessions removed (their records go with them, uncounted)
+  uint64_t removed_bytes = 0;  // what their staging files held
+  uint64_t kept_locked = 0;    // old sessions kept because a writer holds them
 };
 // Called for each session a sweep removes: its vfolder (scope hex, "" for a legacy vfolder;
 // vfolder hex) and session id.
@@ -239,10 +239,12 @@ class Volume {
   // Absolute path of `subpath` inside the vfolder, checked to stay inside it.
   virtual Result<std::string> MountPath(const VFolderId& vfid, std::string_view subpath) = 0;
   // Fills the existing, empty vfolder `dst` of this volume with a copy of vfolder `src` of
-  // `from` (this volume, or another one), accounting what it wrote. Within one volume backends
+  // `from` (this volume, or another one), accounting `size` (the source's usage, as the caller
+  // measured it to check for space) as written. Within one volume backends
   // use their faster ways (snapshot, reflink). kUnsupported when this volume cannot read
   // `from`'s vfolders.
-  virtual Status CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst) = 0;
+  virtual Status CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,
+                                 const TreeUsage& size) = 0;
 
   // --- file operations inside a vfolder; every path is resolved beneath the vfolder root ---
   // kInvalidPath when `relpath` is hostile as text or when the part of it that exists resolves
@@ -250,8 +252,6 @@ class Volume {
   virtual Status ValidatePath(const VFolderId& vfid, std::string_view relpath) = 0;
   virtual Status Mkdir(const VFolderId& vfid, std::string_view relpath, bool parents,
                        bool exist_ok) = 0;
-  virtual Result<std::vector<DirEntry>> ListDir(const VFolderId& vfid, std::string_view relpath,
-                                                uint64_t limit) = 0;
   virtual Status Rename(const VFolderId& vfid, std::string_view relpath,
                         std::string_view new_name) = 0;
   virtual Status Move(const VFolderId& vfid, std::string_view src, std::string_view dst) = 0;

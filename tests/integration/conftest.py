@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import stat
@@ -16,6 +17,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -423,6 +425,10 @@ class Daemon:
             method, self.url(path), json=json, params=params, headers=headers, **kw
         )
 
+    def file_op(self, volume, route, **body):
+        """POST /folder/file/<route> on `volume`."""
+        return self.mgr("POST", f"/folder/file/{route}", json={"volume": volume, **body})
+
     def task(self, task_id):
         return self.mgr("GET", "/bgtask", json={"task_id": task_id})
 
@@ -561,6 +567,8 @@ def read_throttle(dev, bytes_per_second):
                 break
             except OSError:
                 time.sleep(0.1)
+        else:
+            warnings.warn(f"cgroup {cg} could not be removed (a process still in it?)")
 
 
 def join_cgroup(procs_file):
@@ -693,3 +701,8 @@ def make_daemon(tmp_path):
 def vfid(daemon):
     """A fresh, created vfolder on the module daemon's `local` volume."""
     return daemon.create_vfolder()
+
+
+def fd_limit(n):
+    """A preexec_fn for a daemon started with `ulimit -n n`."""
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))

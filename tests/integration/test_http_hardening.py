@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 
-from conftest import AUTH_HEADER, MANAGER_SECRET, problem, rss_kib
+from conftest import AUTH_HEADER, MANAGER_SECRET, fd_limit, problem, rss_kib
 from test_upload import new_session
 
 MiB = 1 << 20
@@ -250,6 +250,7 @@ def _flood(port, n, head, body_len, seconds, sample):
         for s in conns:
             s.close()
         sel.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @pytest.mark.parametrize("credentials", [False, True], ids=["anonymous", "with-token"])
@@ -332,10 +333,7 @@ def test_descriptor_exhaustion_backs_off(make_daemon):
     """At EMFILE the accept loop used to retry at once: millions of log lines, and answers on
     the other listeners took seconds. Now it backs off, sheds and counts."""
 
-    def low_fd_limit():
-        resource.setrlimit(resource.RLIMIT_NOFILE, (96, 96))
-
-    d = make_daemon(start_kw={"preexec_fn": low_fd_limit})
+    d = make_daemon(start_kw={"preexec_fn": fd_limit(96)})
     held = []
     try:
         for _ in range(160):

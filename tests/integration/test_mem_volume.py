@@ -26,10 +26,6 @@ def mem(tmp_path_factory):
         yield d
 
 
-def file_op(d, route, **body):
-    return d.mgr("POST", f"/folder/file/{route}", json={"volume": "ram", **body})
-
-
 def test_upload_download_list_and_archive(mem):
     d = mem
     vfid = d.create_vfolder(volume="ram")
@@ -46,8 +42,8 @@ def test_upload_download_list_and_archive(mem):
                      headers={"Range": "bytes=100-199,1000-1009"})
     assert r.status_code == 206 and r.headers["Content-Type"].startswith("multipart/byteranges")
 
-    assert file_op(d, "mkdir", vfid=vfid, relpath="dir/empty").status_code == 200
-    items = file_op(d, "list", vfid=vfid, relpath="dir").json()["items"]
+    assert d.file_op("ram", "mkdir", vfid=vfid, relpath="dir/empty").status_code == 200
+    items = d.file_op("ram", "list", vfid=vfid, relpath="dir").json()["items"]
     assert sorted((i["name"], i["type"]) for i in items) == [("blob.bin", "FILE"),
                                                              ("empty", "DIRECTORY")]
     blob = next(i for i in items if i["name"] == "blob.bin")
@@ -72,16 +68,16 @@ def test_file_operations_and_errors(mem):
     vfid = d.create_vfolder(volume="ram")
     token = new_session(d, vfid, "a.txt", 3, volume="ram")
     assert patch(d, token, 0, b"abc").status_code == 204
-    assert file_op(d, "rename", vfid=vfid, relpath="a.txt", new_name="b.txt").status_code == 204
-    assert file_op(d, "move", vfid=vfid, src_relpath="b.txt", dst_relpath="c.txt").status_code == 204
-    r = file_op(d, "fetch", vfid=vfid, relpath="c.txt")
+    assert d.file_op("ram", "rename", vfid=vfid, relpath="a.txt", new_name="b.txt").status_code == 204
+    assert d.file_op("ram", "move", vfid=vfid, src_relpath="b.txt", dst_relpath="c.txt").status_code == 204
+    r = d.file_op("ram", "fetch", vfid=vfid, relpath="c.txt")
     assert r.status_code == 200 and r.content == b"abc"
-    assert file_op(d, "fetch", vfid=vfid, relpath="../x").status_code == 400
-    assert file_op(d, "fetch", vfid=vfid, relpath="nope").status_code == 404
+    assert d.file_op("ram", "fetch", vfid=vfid, relpath="../x").status_code == 400
+    assert d.file_op("ram", "fetch", vfid=vfid, relpath="nope").status_code == 404
     r = d.mgr("GET", "/folder/mount", json={"volume": "ram", "vfid": vfid})
     assert r.status_code == 501  # nothing to mount: the data is in memory
-    assert file_op(d, "delete", vfid=vfid, relpaths=["c.txt"]).status_code == 200
-    assert file_op(d, "list", vfid=vfid, relpath=".").json()["items"] == []
+    assert d.file_op("ram", "delete", vfid=vfid, relpaths=["c.txt"]).status_code == 200
+    assert d.file_op("ram", "list", vfid=vfid, relpath=".").json()["items"] == []
     assert d.delete_vfolder(vfid, volume="ram")["status"] == "completed"
 
 

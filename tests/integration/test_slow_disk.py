@@ -73,6 +73,7 @@ def test_cold_download_from_a_slow_disk_does_not_stall_the_loop(tmp_path):
             # 300 MiB), so the probes did share the loop with it.
             assert moved < 200 * MiB, f"{moved} bytes: the file was not cold"
             latencies.sort()
-            # Before: ~8 s per probe (a 16 MiB sendfile at 2 MiB/s on the loop).
-            assert latencies[-1] < 1.0, f"probe latencies {latencies}"
+            # Before: ~8 s per probe (a 16 MiB sendfile at 2 MiB/s on the loop); the bound
+            # leaves room for a loaded machine.
+            assert latencies[-1] < 3.0, f"probe latencies {latencies}"
             assert metric(d, "sluice_http_cold_reads_total", listener="client") > 0

@@ -120,7 +120,7 @@ function main() {
         upload
           .abort()
           .then(() =>
-            report({ status: 'stopped', offset: upload._offset, sent: args.stopAfter, resumedFrom }, 0),
+            report({ status: 'stopped', offset: upload._offset, sent, resumedFrom }, 0),
           )
       }, 300)
     })

@@ -227,23 +227,10 @@ class MemStagingWriter : public StagingWriter {
     return Status::Ok();
   }
   Status Sync(uint64_t offset, bool quota_checked) override {
-    std::lock_guard lk(st_->mu);
-    auto* s = Find();
-    if (!s) return Status(Code::kNotFound, "the upload session is gone");
-    s->recorded = true;
-    s->durable = offset;
-    s->quota_checked = quota_checked;
-    return Status::Ok();
+    return Record(offset, quota_checked, false);
   }
   Status Rollback(uint64_t offset, bool quota_checked) override {
-    std::lock_guard lk(st_->mu);
-    auto* s = Find();
-    if (!s) return Status(Code::kNotFound, "the upload session is gone");
-    s->recorded = true;
-    s->durable = offset;
-    s->quota_checked = quota_checked;
-    s->data->resize(offset);
-    return Status::Ok();
+    return Record(offset, quota_checked, true);
   }
   Status Commit(const std::vector<std::string>& parts) override {
     std::lock_guard lk(st_->mu);
@@ -279,6 +266,18 @@ class MemStagingWriter : public StagingWriter {
   MemVolume::State::Staged* Find() {
     auto it = st_->staging.find(session_);
     return it == st_->staging.end() || !it->second.staged ? nullptr : &it->second;
+  }
+  // Records the durable offset (as the POSIX writer's offset record); a rollback also drops
+  // what lies past it.
+  Status Record(uint64_t offset, bool quota_checked, bool truncate) {
+    std::lock_guard lk(st_->mu);
+    auto* s = Find();
+    if (!s) return Status(Code::kNotFound, "the upload session is gone");
+    s->recorded = true;
+    s->durable = offset;
+    s->quota_checked = quota_checked;
+    if (truncate) s->data->resize(offset);
+    return Status::Ok();
   }
   std::shared_ptr<MemVolume::State> st_;
   MemVolume* vol_;
@@ -459,7 +458,8 @@ Result<std::string> MemVolume::MountPath(const VFolderId& vfid, std::string_view
                 fmt::format("volume {} keeps vfolders in memory: they cannot be mounted", name()));
 }
 
-Status MemVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst) {
+Status MemVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,
+                                  const TreeUsage& size) {
   auto* other = dynamic_cast<MemVolume*>(&ForwardingVolume::Innermost(from));
   if (!other)
     return Status(Code::kUnsupported,
@@ -507,13 +507,6 @@ Status MemVolume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool pa
     dir = it->second;
   }
   return Status::Ok();
-}
-
-Result<std::vector<DirEntry>> MemVolume::ListDir(const VFolderId& vfid, std::string_view relpath,
-                                                 uint64_t limit) {
-  SLUICE_ASSIGN_OR_RETURN(auto all, ListSorted(vfid, relpath, "", SIZE_MAX));
-  if (limit && all.size() > limit) all.resize(limit);
-  return all;
 }
 
 Status MemVolume::Rename(const VFolderId& vfid, std::string_view relpath,
@@ -691,11 +684,7 @@ Result<std::unique_ptr<StagingWriter>> MemVolume::OpenStaging(const VFolderId& v
             new MemStagingWriter(state_, this, vfid, session, st));
       }
     }
-    if (std::chrono::steady_clock::now() >= deadline)
-      return Status(Code::kConflict,
-                    fmt::format("another request is writing to upload session {}; one writer at "
-                                "a time",
-                                session));
+    if (std::chrono::steady_clock::now() >= deadline) return UploadWriterBusy(session);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
@@ -715,11 +704,13 @@ StagingSweep MemVolume::SweepStaging(const std::optional<VFolderId>& vfid, std::
       ++it;
       continue;
     }
-    auto parsed = VFolderId::Parse(s.vfid);
-    if (removed && parsed.ok())
-      removed(parsed->scope ? parsed->scope->hex : "", parsed->hex, it->first);
-    out.removed += 1;
-    out.removed_bytes += s.data->size();
+    if (s.staged) {  // an abandoned session; otherwise the record of a finished one goes
+      auto parsed = VFolderId::Parse(s.vfid);
+      if (removed && parsed.ok())
+        removed(parsed->scope ? parsed->scope->hex : "", parsed->hex, it->first);
+      out.removed += 1;
+      out.removed_bytes += s.data->size();
+    }
     it = state_->staging.erase(it);
   }
   return out;

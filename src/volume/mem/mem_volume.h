@@ -43,13 +43,12 @@ class MemVolume : public Volume {
   Result<FsUsage> GetFsUsage() override;
   HwInfo GetHwInfo() override;
   Result<std::string> MountPath(const VFolderId& vfid, std::string_view subpath) override;
-  Status CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst) override;
+  Status CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,
+                         const TreeUsage& size) override;
 
   Status ValidatePath(const VFolderId& vfid, std::string_view relpath) override;
   Status Mkdir(const VFolderId& vfid, std::string_view relpath, bool parents,
                bool exist_ok) override;
-  Result<std::vector<DirEntry>> ListDir(const VFolderId& vfid, std::string_view relpath,
-                                        uint64_t limit) override;
   Status Rename(const VFolderId& vfid, std::string_view relpath,
                 std::string_view new_name) override;
   Status Move(const VFolderId& vfid, std::string_view src, std::string_view dst) override;

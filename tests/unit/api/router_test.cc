@@ -125,7 +125,7 @@ TEST_F(RouterTest, UnknownMethodsShareOneMetricsLabel) {
 TEST(RequestContext, CheckSaysWhenToStop) {
   RequestContext ctx;
   EXPECT_TRUE(ctx.Check().ok());
-  ctx.cancelled->store(true);
+  ctx.cancelled = std::make_shared<std::atomic<bool>>(true);
   EXPECT_EQ(ctx.Check().code(), Code::kUnavailable);
   RequestContext late;
   late.deadline = std::chrono::steady_clock::now() - std::chrono::seconds(1);

@@ -51,7 +51,7 @@ TEST(Health, AHungCheckMakesTheVolumeUnavailable) {
   vc.name = "hung";
   vc.backend = "mem";
   vc.path = "mem";
-  vc.faults = nlohmann::json::parse(R"([{"op": "fs-usage", "latency": "300ms"}])");
+  vc.faults = nlohmann::json::parse(R"([{"op": "fs-usage", "latency": "1s"}])");
   std::vector<std::unique_ptr<Volume>> vols;
   auto v = VolumeRegistry::Builtin().CreateServed(vc, VolumeDeps{});
   ASSERT_OK(v);
@@ -64,8 +64,11 @@ TEST(Health, AHungCheckMakesTheVolumeUnavailable) {
   o.stall_after = std::chrono::seconds(10);
   o.time = &time;
   HealthMonitor m(&svc, o);
-  std::thread check([&] { m.CheckAll(); });  // takes 300 ms of real time
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::thread check([&] { m.CheckAll(); });  // takes 1 s of real time
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (m.Checking().empty() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(m.Checking(), "hung");             // (EXPECT: the thread is joined below either way)
   EXPECT_EQ(m.Snapshot().overall, "healthy");  // out for 0 s by the monitor's clock
   time.Advance(std::chrono::seconds(11));
   HealthSnapshot s = m.Snapshot();

@@ -300,7 +300,7 @@ TEST_F(BtrfsVolumeTest, CloneWithinAScopeIsASnapshot) {
   Populate(src, 16, 2 * kMiB);
   MakeVFolder(dst);
   auto t0 = std::chrono::steady_clock::now();
-  Status s = vol_->CopyVFolderFrom(*vol_, src, dst);
+  Status s = vol_->CopyVFolderFrom(*vol_, src, dst, *vol_->GetFreshUsage(src));
   auto took = std::chrono::steady_clock::now() - t0;
   ASSERT_TRUE(s.ok()) << s.ToString();
   std::printf("snapshot clone of 32 MiB: %.1f ms\n",
@@ -336,7 +336,7 @@ TEST_F(BtrfsVolumeTest, CloneAcrossScopesIsAReflinkCopyChargedToTheDestination) 
   MakeVFolder(src);
   Populate(src, 16, 2 * kMiB);
   MakeVFolder(dst, 128 * kMiB);
-  Status s = vol_->CopyVFolderFrom(*vol_, src, dst);
+  Status s = vol_->CopyVFolderFrom(*vol_, src, dst, *vol_->GetFreshUsage(src));
   ASSERT_TRUE(s.ok()) << s.ToString();
   ExpectSameTree(src, dst, 16);
   EXPECT_TRUE(FirstExtentShared(P(dst) + "/sub/f5"));
@@ -358,7 +358,7 @@ TEST_F(BtrfsVolumeTest, CloneIntoAScopeWithTooSmallALimitIsRefusedBeforeCopying)
   MakeVFolder(src);
   Populate(src, 4, 2 * kMiB);
   MakeVFolder(dst, 4 * kMiB);
-  Status s = vol_->CopyVFolderFrom(*vol_, src, dst);
+  Status s = vol_->CopyVFolderFrom(*vol_, src, dst, *vol_->GetFreshUsage(src));
   EXPECT_EQ(s.code(), Code::kQuotaExceeded) << s.ToString();
   EXPECT_NE(s.message().find("quota scope " + qb.ToString()), std::string::npos) << s.message();
   EXPECT_TRUE(fs::is_empty(P(dst)));
@@ -367,7 +367,7 @@ TEST_F(BtrfsVolumeTest, CloneIntoAScopeWithTooSmallALimitIsRefusedBeforeCopying)
   auto same = VF(qa, '3');
   MakeVFolder(same);
   ASSERT_TRUE(vol_->quota().UpdateScope(qa, 10 * kMiB).ok());
-  s = vol_->CopyVFolderFrom(*vol_, src, same);
+  s = vol_->CopyVFolderFrom(*vol_, src, same, *vol_->GetFreshUsage(src));
   EXPECT_EQ(s.code(), Code::kQuotaExceeded) << s.ToString();
   EXPECT_TRUE(fs::is_empty(P(same)));
 }

@@ -126,7 +126,7 @@ TEST_P(VolumeInterface, FileOperations) {
   EXPECT_OK(vol_->Mkdir(vf_, "x/y/z", true, true));
   EXPECT_ERROR(vol_->Mkdir(vf_, "p/q", false, false), Code::kNotFound);
   PutFile("x/f.txt", "data");
-  auto list = vol_->ListDir(vf_, "x", 0);
+  auto list = vol_->ListSorted(vf_, "x", "", SIZE_MAX);
   ASSERT_OK(list);
   ASSERT_EQ(list->size(), 2u);
   ASSERT_OK(vol_->Rename(vf_, "x/f.txt", "g.txt"));
@@ -149,7 +149,7 @@ TEST_P(VolumeInterface, FileOperations) {
   EXPECT_ERROR(vol_->DeleteFiles(vf_, {"h.txt", "../x"}, true), Code::kInvalidPath);
   EXPECT_OK(vol_->Stat(vf_, "h.txt"));
   ASSERT_OK(vol_->DeleteFiles(vf_, {"x", "h.txt"}, true));
-  EXPECT_TRUE(vol_->ListDir(vf_, ".", 0)->empty());
+  EXPECT_TRUE(vol_->ListSorted(vf_, ".", "", SIZE_MAX)->empty());
 }
 
 TEST_P(VolumeInterface, ReadersSeeTheVersionTheyOpened) {
@@ -301,8 +301,26 @@ TEST_P(VolumeInterface, StagingLifecycle) {
   EXPECT_EQ(vol_->InspectStaging(vf_, *other)->durable, 0u);
   ASSERT_OK(vol_->DiscardStaging(vf_, *other));
   EXPECT_ERROR(vol_->OpenStaging(vf_, *other), Code::kNotFound);
-  // Nothing to sweep that is young; everything once it is old enough.
+  // An abandoned session: kept while young, swept (with what it staged) once old enough.
+  auto left = vol_->CreateStaging(vf_);
+  ASSERT_OK(left);
+  {
+    auto lw = vol_->OpenStaging(vf_, *left);
+    ASSERT_OK(lw);
+    ASSERT_OK((*lw)->WriteAt(0, "left", 4, &written));
+    ASSERT_OK((*lw)->Sync(4, false));
+  }
   EXPECT_EQ(vol_->SweepStaging(vf_, std::chrono::seconds(3600), nullptr).removed, 0u);
+  ASSERT_OK(vol_->OpenStaging(vf_, *left));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // older than the age below
+  std::vector<std::string> swept;
+  StagingSweep sw = vol_->SweepStaging(
+      vf_, std::chrono::seconds(0),
+      [&](const std::string&, const std::string&, const std::string& s) { swept.push_back(s); });
+  EXPECT_EQ(sw.removed, 1u);
+  EXPECT_EQ(sw.removed_bytes, 4u);
+  EXPECT_EQ(swept, std::vector<std::string>{*left});
+  EXPECT_ERROR(vol_->OpenStaging(vf_, *left), Code::kNotFound);
 }
 
 TEST_P(VolumeInterface, CopiesOfVFolders) {
@@ -313,7 +331,7 @@ TEST_P(VolumeInterface, CopiesOfVFolders) {
                  "00000000000000000000000000000002")
                  .value();
   ASSERT_OK(vol_->CreateVFolder(dst, 0755, true, std::nullopt));
-  ASSERT_OK(vol_->CopyVFolderFrom(*vol_, vf_, dst));
+  ASSERT_OK(vol_->CopyVFolderFrom(*vol_, vf_, dst, *vol_->GetFreshUsage(vf_)));
   EXPECT_EQ(ReadAll(**vol_->OpenReader(dst, "d/e/f.txt")), "content");
   ExpectUsage(Settled([&] { return vol_->GetUsage(dst)->used_bytes; }, 7), 7);
 }

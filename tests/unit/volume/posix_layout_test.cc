@@ -59,7 +59,7 @@ TEST_P(PosixLayout, HostilePathsChangeNothing) {
   EXPECT_EQ(vol_->Mkdir(vf_, "out/evil", true, false).code(), Code::kInvalidPath);
   EXPECT_EQ(vol_->OpenReader(vf_, "out/outside.txt").status().code(), Code::kInvalidPath);
   EXPECT_EQ(vol_->OpenReader(vf_, "/etc/passwd").status().code(), Code::kInvalidPath);
-  EXPECT_EQ(vol_->ListDir(vf_, "out", 0).status().code(), Code::kInvalidPath);
+  EXPECT_EQ(vol_->ListSorted(vf_, "out", "", SIZE_MAX).status().code(), Code::kInvalidPath);
   EXPECT_EQ(vol_->DeleteFiles(vf_, {"in.txt", "out/outside.txt"}, true).code(), Code::kInvalidPath);
   EXPECT_EQ(vol_->Move(vf_, "in.txt", "out/moved.txt").code(), Code::kInvalidPath);
   EXPECT_EQ(vol_->Rename(vf_, "in.txt", std::string("a\0b", 3)).code(), Code::kInvalidPath);

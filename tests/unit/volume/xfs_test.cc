@@ -198,7 +198,7 @@ TEST_F(XfsVolumeTest, ReflinkCloneSharesExtentsAndTakesDestinationProject) {
   std::string data = Pattern(2 * kMiB + 123, 1);
   fs::create_directories(vol_->VFolderPath(src) + "/d");
   WriteFile(vol_->VFolderPath(src) + "/d/big.bin", data);
-  Status s = vol_->CopyVFolderFrom(*vol_, src, dst);
+  Status s = vol_->CopyVFolderFrom(*vol_, src, dst, *vol_->GetFreshUsage(src));
   ASSERT_TRUE(s.ok()) << s.ToString();
   std::string copy = vol_->VFolderPath(dst) + "/d/big.bin";
   EXPECT_EQ(ReadFile(copy), data);

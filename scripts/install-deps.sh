@@ -8,7 +8,7 @@ PKGS=(
   g++ cmake ninja-build ccache pkg-config git clang-format
   # libraries
   libboost1.74-dev libssl-dev nlohmann-json3-dev libtoml11-dev libspdlog-dev libfmt-dev
-  libcli11-dev libsqlite3-dev libbtrfsutil-dev libarchive-dev
+  libcli11-dev libsqlite3-dev libbtrfsutil-dev libarchive-dev libhiredis-dev
   # tests
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-pytest python3-requests curl openssl
   unzip  # `unzip -t` checks the ZIP streams of archive downloads
@@ -19,6 +19,9 @@ PKGS=(
   # ceph-mds depends on it anyway (through the `ceph` package).
   ceph-mon ceph-mgr ceph-osd ceph-mds ceph-fuse ceph-common
   attr  # getfattr/setfattr for ceph.quota.* and ceph.dir.r* on the CephFS mount
+  # Backend.AI event bus of tests/integration/eventbus.py: Redis stream and etcd config, started
+  # by the tests on their own ports, never as services
+  redis-server etcd-server etcd-client python3-redis python3-msgpack
   # benchmarks
   wrk
   nginx  # the peer of bench/bench_download.py (started by the script, never as a service)
@@ -39,6 +42,14 @@ if [ "${#missing[@]}" -eq 0 ]; then
 else
   echo "install-deps: installing ${missing[*]}"
   $SUDO apt-get update -q
+  # The postinst scripts of redis-server, etcd-server, nginx and ceph-* would start their
+  # services (invoke-rc.d and deb-systemd-invoke both ask policy-rc.d); the tests start their own.
+  # Where the machine has no policy-rc.d, one that denies every start is in place meanwhile.
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+    $SUDO chmod 755 /usr/sbin/policy-rc.d
+  fi
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 

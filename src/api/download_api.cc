@@ -282,7 +282,8 @@ struct ServedDownload {
   Result<VFolderId> vfid = Status(Code::kInternal, "unset");
   Result<std::vector<std::string>> parts = Status(Code::kInternal, "unset");  // of rel
   bool archive = false;                                                       // the `archive` claim
-  bool unmanaged = false;   // a non-null `unmanaged_path` claim (refused)
+  // Where the files are: the token's volume, or an unmanaged vfolder's directory (or why not).
+  Result<Volume*> volume_of = Status(Code::kInternal, "unset");
   std::string disposition;  // Content-Disposition for the file's name
   // The volume's own shortcut to the file (PrepareLookup), for the volume it was made by.
   const Volume* hint_volume = nullptr;
@@ -310,14 +311,22 @@ std::optional<HttpResponse> AuthenticateDownload(StorageService* svc, GrantCache
     g.vfid = ParseTokenVFolderId(grant->vfid);
     g.rel = grant->relpath;
     g.archive = grant->archive;
-    g.unmanaged = grant->unmanaged;
+    g.volume_of = svc->GetVolume(g.volume);
+    if (grant->unmanaged_path && g.volume_of.ok()) {
+      if (*g.volume_of != &svc->noop())
+        g.volume_of =
+            Status(Code::kInvalidArgument, "the token's unmanaged_path is for volume 'noop' only");
+      else if (auto canon = svc->noop().CheckUnmanaged(*grant->unmanaged_path); !canon.ok())
+        g.volume_of = canon.status();
+      else
+        g.volume_of = svc->noop().Tree(*canon);
+    }
     g.parts = SplitRelPath(g.rel);
     if (g.parts.ok() && g.vfid.ok()) {
       g.disposition = ContentDisposition(g.parts->empty() ? g.vfid->hex : g.parts->back());
-      auto v = svc->GetVolume(g.volume);
-      if (v.ok() && !g.parts->empty()) {
-        g.hint_volume = *v;
-        g.hint = (*v)->PrepareLookup(*g.vfid, g.rel);
+      if (g.volume_of.ok() && !g.parts->empty()) {
+        g.hint_volume = *g.volume_of;
+        g.hint = (*g.volume_of)->PrepareLookup(*g.vfid, g.rel);
       }
     }
     ref = cache.Insert(tok->second, std::move(g), grant->exp);
@@ -344,12 +353,9 @@ std::optional<HttpResponse> Download(StorageService* svc, const HttpRequest& req
   if (req.query.count("dst_dir"))
     return ErrorResponse(Status(Code::kInvalidArgument,
                                 "dst_dir is not supported: the token names the file to download"));
-  if (g.unmanaged)
-    return ErrorResponse(Status(Code::kInvalidArgument,
-                                "unmanaged_path is not supported: downloads stay inside "
-                                "vfolders"));
   if (!g.vfid.ok()) return ErrorResponse(g.vfid.status());
-  API_ASSIGN_OR_RESPOND(Volume * volume, svc->GetVolume(g.volume));
+  if (!g.volume_of.ok()) return ErrorResponse(g.volume_of.status());
+  Volume* volume = *g.volume_of;
   const VFolderId& vfid = *g.vfid;
   // Escapes (.., absolute paths, symlinks out) answer like a missing file (the contract's 404).
   if (!g.parts.ok()) return NotInFolder(rel, vfid, g.parts.status());

@@ -36,18 +36,93 @@ HttpResponse HttpResponse::Text(unsigned status, std::string body, std::string c
   return r;
 }
 
-HttpResponse ErrorResponse(const Status& st, const std::vector<std::string>& paths) {
-  int http_status = CodeHttpStatus(st.code());
+namespace {
+
+// Backend.AI's answer for an error: HTTP status, problem type (below
+// https://api.backend.ai/probs/storage/), title and error code, as its storage proxy's errors
+// package spells them. The manager picks its exception from the error code's domain and the
+// status: only `quota-scope` 404 is QuotaScopeNotFoundError, a missing or `vfolder` code is a
+// VFolder* error by status, any other domain is "unexpected".
+struct Problem {
+  int status;
+  std::string_view type, title, error_code;  // empty error_code: the reference sends none
+};
+
+Problem ProblemOf(const Status& st) {
+  switch (st.subject()) {
+    case Subject::kVolume:
+      if (st.code() == Code::kNotFound)
+        return {400, "volume/invalid", "Invalid Volume", "storage_access_invalid-parameters"};
+      break;
+    case Subject::kQuotaScope:
+      if (st.code() == Code::kNotFound)
+        return {404, "quota/scope/not-found", "Quota Scope Not Found",
+                "quota-scope_read_not-found"};
+      if (st.code() == Code::kAlreadyExists)
+        return {409, "quota/scope/already-exists", "Quota Scope Already Exists",
+                "quota-scope_create_already-exists"};
+      if (st.code() == Code::kNotEmpty)
+        return {409, "quota-directory-not-empty", "Quota Scope Not Empty",
+                "quota-scope_purge_conflict"};
+      break;
+    case Subject::kVFolder:
+      if (st.code() == Code::kNotFound)
+        return {404, "vfolder/not-found", "VFolder Not Found", "vfolder_read_not-found"};
+      if (st.code() == Code::kAlreadyExists)
+        return {409, "vfolder/already-exists", "VFolder Already Exists",
+                "vfolder_create_already-exists"};
+      break;
+    case Subject::kUnspecified:
+      break;
+  }
+  int status = CodeHttpStatus(st.code());
+  switch (st.code()) {
+    case Code::kInvalidPath:
+      return {status, "subpath/invalid", "Invalid Subpath", "vfolder_access_invalid-parameters"};
+    case Code::kInvalidArgument:
+      // Request validation: the reference's invalid-api-params carries no code, which the
+      // manager reads as VFolderBadRequest (a code of any other domain would be a 500 there).
+      return {status, "invalid-api-params", "Invalid API parameters", ""};
+    case Code::kUnauthenticated:
+    case Code::kPermissionDenied:
+      return {status, "forbidden", "Forbidden", ""};
+    case Code::kNotFound:
+      return {status, "file-not-found", "File not found", ""};
+    case Code::kConflict:
+      return {status, "conflict", "Conflict", "storage-proxy_update_conflict"};
+    case Code::kUnsupported:
+      return {status, "api/not-implemented", "API Not Implemented",
+              "storage-proxy_request_not-implemented"};
+    case Code::kUnavailable:
+      return {status, "unavailable", "Service Unavailable", "storage-proxy_generic_unavailable"};
+    case Code::kIoError:
+    case Code::kInternal:
+    case Code::kNoSpace:
+      return {status, "generic", "Storage Proxy Error", "storage-proxy_generic_internal-error"};
+    default:
+      break;
+  }
+  return {status, "", "", ""};
+}
+
+}  // namespace
+
+HttpResponse ErrorResponse(const Status& st, const std::vector<std::string>& paths,
+                           unsigned status) {
+  Problem p = ProblemOf(st);
+  if (status) p.status = static_cast<int>(status);
   std::string name(CodeName(st.code()));
-  nlohmann::json j = {{"type", "https://api.backend.ai/probs/storage/" + name},
-                      {"title", name},
-                      {"status", http_status},
+  nlohmann::json j = {{"type", "https://api.backend.ai/probs/storage/" +
+                                   (p.type.empty() ? name : std::string(p.type))},
+                      {"title", p.title.empty() ? name : std::string(p.title)},
+                      {"status", p.status},
                       {"msg", st.message()}};
-  if (st.has_sys_errno() || http_status == 400) {
+  if (!p.error_code.empty()) j["error_code"] = p.error_code;
+  if (st.has_sys_errno() || p.status == 400) {
     j["errno"] = st.sys_errno();
     j["paths"] = paths;
   }
-  HttpResponse r = HttpResponse::Json(static_cast<unsigned>(http_status), j);
+  HttpResponse r = HttpResponse::Json(static_cast<unsigned>(p.status), j);
   r.content_type = "application/problem+json";
   return r;
 }
@@ -315,11 +390,10 @@ Router::Match Router::Choose(const MethodRoutes& methods, const std::string& lab
     m.answer = std::move(r);
     return m;
   }
-  HttpResponse r = ErrorResponse(
+  m.answer = ErrorResponse(
       Status(Code::kInvalidArgument, fmt::format("method {} is not allowed on '{}'",
-                                                 std::string(req.msg.method_string()), req.path)));
-  r.status = 405;
-  m.answer = std::move(r);
+                                                 std::string(req.msg.method_string()), req.path)),
+      {}, 405);
   return m;
 }
 

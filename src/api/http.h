@@ -71,8 +71,11 @@ struct HttpResponse {
   static HttpResponse Text(unsigned status, std::string body, std::string content_type);
 };
 
-// The problem+json answer for a failed Status. Filesystem errors carry errno and paths.
-HttpResponse ErrorResponse(const Status& st, const std::vector<std::string>& paths = {});
+// The problem+json answer for a failed Status, with Backend.AI's problem type, title and
+// error_code; `status` (when not 0) replaces the HTTP status the error maps to, and the body's
+// `status` says the same. Filesystem errors carry errno and paths.
+HttpResponse ErrorResponse(const Status& st, const std::vector<std::string>& paths = {},
+                           unsigned status = 0);
 
 // In handlers: declares `lhs` from a Result, or returns its error as the problem+json answer.
 #define API_ASSIGN_OR_RESPOND(lhs, expr)                                        \

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "api/vfs_storage_api.h"
 #include "common/clock.h"
 #include "common/jwt.h"
 #include "common/path.h"
@@ -51,6 +52,25 @@ Result<std::optional<uint64_t>> GetLimit(const Params& p) {
 
 nlohmann::json OptJson(const std::optional<uint64_t>& v) {
   return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+
+// A failed file operation inside a vfolder. Backend.AI's proxy answers every filesystem error
+// there with 400 {msg, errno, paths}, which the manager reads as VFolderBadRequest; a 404 would
+// read as "no such vfolder" and a 409 as a failed operation. Missing vfolders, volumes and
+// server-side failures keep their own answers.
+HttpResponse FileError(const Status& st, const std::vector<std::string>& paths) {
+  if (st.subject() == Subject::kUnspecified) {
+    switch (st.code()) {
+      case Code::kNotFound:
+      case Code::kAlreadyExists:
+      case Code::kNotEmpty:
+      case Code::kPermissionDenied:
+        return ErrorResponse(st, paths, 400);
+      default:
+        break;
+    }
+  }
+  return ErrorResponse(st, paths);
 }
 
 HttpResponse TaskAccepted(unsigned status, const std::string& id) {
@@ -168,8 +188,8 @@ class ManagerApi {
     // Kept for old managers.
     add(V::get, "/folder/metadata", &ManagerApi::MetadataGet);
     add(V::post, "/folder/metadata", &ManagerApi::MetadataSet);
-    add(V::get, "/volume/quota", &ManagerApi::Deprecated);
-    add(V::patch, "/volume/quota", &ManagerApi::Deprecated);
+    add(V::get, "/volume/quota", &ManagerApi::QuotaGetDeprecated);
+    add(V::patch, "/volume/quota", &ManagerApi::QuotaSetDeprecated);
   }
 
  private:
@@ -284,12 +304,10 @@ class ManagerApi {
     API_ASSIGN_OR_RESPOND(std::string vol, p.Str("volume"));
     API_ASSIGN_OR_RESPOND(VFolderId vfid, GetVfid(p, "vfid"));
     auto id = svc_->DeleteVFolder(vol, vfid);
-    if (!id.ok() && id.status().code() == Code::kNotFound && svc_->GetVolume(vol).ok()) {
+    if (!id.ok() && id.status().subject() == Subject::kVFolder &&
+        id.status().code() == Code::kNotFound)
       // Backend.AI answers 410 Gone here; managers read it as "already deleted".
-      HttpResponse r = ErrorResponse(id.status());
-      r.status = 410;
-      return r;
-    }
+      return ErrorResponse(id.status(), {}, 410);
     if (!id.ok()) return ErrorResponse(id.status());
     return TaskAccepted(202, *id);
   }
@@ -315,11 +333,14 @@ class ManagerApi {
     return Target{v, vfid};
   }
 
+  // The vfolder root whatever the subpath (checked, not joined): the manager joins it itself.
   HttpResponse Mount(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     std::string sub = p.OptStr("subpath").value_or(".");
-    API_ASSIGN_OR_RESPOND(std::string path, t.volume->MountPath(t.vfid, sub));
-    return HttpResponse::Json(200, {{"path", path}});
+    auto path = t.volume->MountPath(t.vfid, sub);
+    // A missing vfolder is 400 here in the reference (VFolderBadRequest in the manager).
+    if (!path.ok()) return ErrorResponse(path.status(), {sub}, 400);
+    return HttpResponse::Json(200, {{"path", *path}});
   }
 
   HttpResponse Usage(const Params& p, const RequestContext& ctx) {
@@ -357,7 +378,7 @@ class ManagerApi {
     API_ASSIGN_OR_RESPOND(bool parents, p.Bool("parents", true));
     API_ASSIGN_OR_RESPOND(bool exist_ok, p.Bool("exist_ok", false));
     auto results = files_.Mkdir(ctx, *t.volume, t.vfid, paths, parents, exist_ok);
-    if (!results.ok()) return ErrorResponse(results.status(), paths);
+    if (!results.ok()) return FileError(results.status(), paths);
     nlohmann::json ok = nlohmann::json::array(), failed = nlohmann::json::array();
     for (const auto& r : *results) {
       if (r.status.ok())
@@ -373,10 +394,12 @@ class ManagerApi {
   HttpResponse List(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     std::string rel = p.OptStr("relpath").value_or(".");
-    API_ASSIGN_OR_RESPOND(std::unique_ptr<DirHandle> dir, files_.List(ctx, *t.volume, t.vfid, rel));
+    auto dir = files_.List(ctx, *t.volume, t.vfid, rel);
+    if (!dir.ok()) return FileError(dir.status(), {rel});
     // Streamed as it is read: memory stays flat whatever the size of the directory (with
     // scandir-limit = 0, 16 listings of 200k entries once took 4 GB).
-    auto listing = std::make_shared<ListingBody>(std::move(dir), svc_->config().scandir_limit);
+    auto listing =
+        std::make_shared<ListingBody>(std::move(dir).value(), svc_->config().scandir_limit);
     HttpResponse r;
     r.status = 200;
     r.generator = [listing](char* buf, size_t cap) { return listing->Fill(buf, cap); };
@@ -388,7 +411,7 @@ class ManagerApi {
     API_ASSIGN_OR_RESPOND(std::string rel, p.Str("relpath"));
     API_ASSIGN_OR_RESPOND(std::string new_name, p.Str("new_name"));
     Status s = files_.Rename(ctx, *t.volume, t.vfid, rel, new_name);
-    if (!s.ok()) return ErrorResponse(s, {rel, new_name});
+    if (!s.ok()) return FileError(s, {rel, new_name});
     return HttpResponse::NoContent();
   }
 
@@ -397,7 +420,7 @@ class ManagerApi {
     API_ASSIGN_OR_RESPOND(std::string src, p.Str("src_relpath"));
     API_ASSIGN_OR_RESPOND(std::string dst, p.Str("dst_relpath"));
     Status s = files_.Move(ctx, *t.volume, t.vfid, src, dst);
-    if (!s.ok()) return ErrorResponse(s, {src, dst});
+    if (!s.ok()) return FileError(s, {src, dst});
     return HttpResponse::NoContent();
   }
 
@@ -405,7 +428,7 @@ class ManagerApi {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     API_ASSIGN_OR_RESPOND(std::string rel, p.Str("relpath"));
     auto f = files_.Fetch(ctx, *t.volume, t.vfid, rel);
-    if (!f.ok()) return ErrorResponse(f.status(), {rel});
+    if (!f.ok()) return FileError(f.status(), {rel});
     HttpResponse r;
     r.status = 200;
     r.content_type = "application/octet-stream";
@@ -415,7 +438,7 @@ class ManagerApi {
   }
 
   HttpResponse Token(const Result<std::string>& token, const std::vector<std::string>& paths) {
-    if (!token.ok()) return ErrorResponse(token.status(), paths);
+    if (!token.ok()) return FileError(token.status(), paths);
     return HttpResponse::Json(200, {{"token", *token}});
   }
 
@@ -423,11 +446,12 @@ class ManagerApi {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
     API_ASSIGN_OR_RESPOND(std::string rel, p.Str("relpath"));
     API_ASSIGN_OR_RESPOND(bool archive, p.Bool("archive", false));
-    if (p.Has("unmanaged_path"))
-      return ErrorResponse(
-          Status(Code::kInvalidArgument,
-                 "unmanaged_path is not supported: downloads stay inside vfolders"));
-    return Token(files_.DownloadToken(ctx, *t.volume, t.vfid, rel, archive), {rel});
+    // The manager always sends the key: null for managed vfolders.
+    std::optional<std::string> unmanaged;
+    if (p.Has("unmanaged_path") && !p.json()["unmanaged_path"].is_null()) {
+      API_ASSIGN_OR_RESPOND(unmanaged, p.Str("unmanaged_path"));
+    }
+    return Token(files_.DownloadToken(ctx, *t.volume, t.vfid, rel, archive, unmanaged), {rel});
   }
 
   HttpResponse ArchiveToken(const Params& p, const RequestContext& ctx) {
@@ -451,7 +475,7 @@ class ManagerApi {
     API_ASSIGN_OR_RESPOND(std::vector<std::string> paths, p.StrList("relpaths"));
     API_ASSIGN_OR_RESPOND(bool recursive, p.Bool("recursive", false));
     Status s = files_.Delete(ctx, *t.volume, t.vfid, paths, recursive);
-    if (!s.ok()) return ErrorResponse(s, paths);
+    if (!s.ok()) return FileError(s, paths);
     return HttpResponse::Json(200, {{"status", "ok"}});
   }
 
@@ -460,7 +484,7 @@ class ManagerApi {
     API_ASSIGN_OR_RESPOND(std::vector<std::string> paths, p.StrList("relpaths"));
     API_ASSIGN_OR_RESPOND(bool recursive, p.Bool("recursive", false));
     auto id = files_.DeleteAsync(ctx, *t.volume, t.vfid, paths, recursive);
-    if (!id.ok()) return ErrorResponse(id.status(), paths);
+    if (!id.ok()) return FileError(id.status(), paths);
     return TaskAccepted(202, *id);
   }
 
@@ -485,9 +509,14 @@ class ManagerApi {
   HttpResponse MetadataSet(const Params&, const RequestContext&) {
     return HttpResponse::Json(200, {{"status", "ok"}});
   }
-  HttpResponse Deprecated(const Params&, const RequestContext&) {
-    return ErrorResponse(
-        Status(Code::kDeprecated, "this route is deprecated; use /quota-scope instead"));
+  // As the reference: 400 with a plain-text reason (the manager raises PassthroughError(400)).
+  HttpResponse QuotaGetDeprecated(const Params&, const RequestContext&) {
+    return HttpResponse::Text(400, "get_quota (for individual vfolder) is a deprecated API",
+                              "text/plain; charset=utf-8");
+  }
+  HttpResponse QuotaSetDeprecated(const Params&, const RequestContext&) {
+    return HttpResponse::Text(400, "set_quota (for individual vfolder) is a deprecated API",
+                              "text/plain; charset=utf-8");
   }
 
   StorageService* svc_;
@@ -558,6 +587,7 @@ std::shared_ptr<Router> MakeManagerRouter(StorageService* service, ThreadPool* i
   AddHealthRoutes(*router, health, "manager-facing");
   RouteGroup managed = router->Group(ManagerTokenAuth(kAuthHeader, manager_secret));
   ManagerApi::Register(managed, std::make_shared<ManagerApi>(service));
+  AddVfsStorageRoutes(managed, service->config().vfs_storages);
   return router;
 }
 

@@ -23,15 +23,21 @@
 #include <boost/beast/http/status.hpp>
 #include <nlohmann/json.hpp>
 
-#include "cli/client.h"
 #include "cli/output.h"
 #include "common/config.h"
+#include "common/http_client.h"
 
 #ifndef SLUICE_VERSION
 #define SLUICE_VERSION "0.0.0"
 #endif
 
 namespace sluice::cli {
+
+using net::BodySink;
+using net::Client;
+using net::ClientOptions;
+using net::Endpoint;
+using net::HttpAnswer;
 
 namespace http = boost::beast::http;
 using json = nlohmann::json;
@@ -226,8 +232,18 @@ class Cli {
   }
 
   int HttpFail(const HttpAnswer& a) {
-    int rc = Fail(ExitCodeForHttpStatus(a.status),
-                  fmt::format("{} (HTTP {})", ProblemMessage(a), a.status));
+    // Filesystem errors come as 400 with their errno (as Backend.AI answers them): a missing
+    // file or an existing name still deserves its own exit code.
+    int code = ExitCodeForHttpStatus(a.status);
+    if (a.status == 400) {
+      auto j = json::parse(a.body, nullptr, false);
+      int err = j.is_object() && j.contains("errno") && j["errno"].is_number_integer()
+                    ? j["errno"].get<int>()
+                    : 0;
+      if (err == ENOENT) code = kExitNotFound;
+      if (err == EEXIST || err == ENOTEMPTY) code = kExitConflict;
+    }
+    int rc = Fail(code, fmt::format("{} (HTTP {})", ProblemMessage(a), a.status));
     if ((a.status == 401 || a.status == 403) && !have_token_)
       std::fprintf(stderr,
                    "sluice: no token was given: use --token, --token-file or $SLUICE_TOKEN\n");
@@ -877,10 +893,15 @@ void AddVFolderCommands(CLI::App& app, Args& a, Action* run) {
     int rc = c.Call(http::verb::get, "/folder/mount",
                     {{"volume", a.volume}, {"vfid", a.vfid}, {"subpath", a.subpath}}, &j);
     if (rc != kExitOk) return rc;
+    // The daemon answers the vfolder root (Backend.AI's contract) after checking the subpath;
+    // the subpath is joined here, as the manager does.
+    std::string path = Str(j, "path");
+    if (!a.subpath.empty() && a.subpath != ".") path += "/" + a.subpath;
+    j["path"] = path;
     if (c.g.json)
       c.PrintJson(j);
     else
-      std::printf("%s\n", Str(j, "path").c_str());
+      std::printf("%s\n", path.c_str());
     return kExitOk;
   });
 

@@ -90,6 +90,17 @@ class Section {
     if (v->is_string()) return v->as_string().str;
     throw ConfigError(fmt::format("{} must be a name or a numeric id", Key(key)));
   }
+  std::optional<std::vector<std::string>> StringList(const std::string& key) {
+    const auto* v = Take(key);
+    if (!v) return std::nullopt;
+    std::vector<std::string> out;
+    if (v->is_array())
+      for (const auto& e : v->as_array())
+        if (e.is_string()) out.push_back(e.as_string().str);
+    if (!v->is_array() || out.size() != v->as_array().size())
+      throw ConfigError(fmt::format("{} must be a list of strings", Key(key)));
+    return out;
+  }
   std::optional<uint64_t> Size(const std::string& key) {
     const auto* v = Take(key);
     if (!v) return std::nullopt;
@@ -244,7 +255,71 @@ void ParseSluice(Section& s, Config& c) {
   if (auto v = s.Duration("request-timeout")) c.request_timeout = *v;
   if (auto v = s.Duration("keepalive-timeout")) c.keepalive_timeout = *v;
   if (auto v = s.Duration("drain-timeout")) c.drain_timeout = *v;
+  if (auto v = s.StringList("unmanaged-roots")) {
+    for (const auto& r : *v)
+      if (r.empty() || r[0] != '/')
+        throw ConfigError(
+            fmt::format("{}: '{}' is not an absolute path", s.Key("unmanaged-roots"), r));
+    c.unmanaged_roots = *v;
+  }
   s.RejectUnknown();
+}
+
+void ParseEtcd(Section& s, Config& c) {
+  if (auto v = s.String("namespace")) c.etcd.ns = *v;
+  c.etcd.addr = s.Addr("addr");
+  c.etcd.user = s.String("user").value_or("");
+  c.etcd.password = s.String("password").value_or("");
+  s.RejectUnknown();
+}
+
+void ParseEvents(Section& s, Config& c) {
+  if (auto v = s.Bool("enabled")) c.events.enabled = *v;
+  c.events.redis_addr = s.Addr("redis-addr");
+  if (auto v = s.String("redis-password")) c.events.redis_password = *v;
+  if (auto v = s.Int("redis-db", 0, 1 << 20)) c.events.redis_db = static_cast<int>(*v);
+  if (auto v = s.String("stream")) c.events.stream = *v;
+  if (auto v = s.String("source")) c.events.source = *v;
+  if (auto v = s.Duration("retry-max")) c.events.retry_max = std::max(*v, std::chrono::seconds(1));
+  s.RejectUnknown();
+}
+
+// Backend.AI's [artifact-storages.<name>]: Sluice serves the vfs_storage kind; the others
+// (object storage, git-lfs) are left out with a warning.
+void ParseArtifactStorages(const toml::value& all, Config& c) {
+  if (!all.is_table())
+    throw ConfigError("[artifact-storages] must be a table of [artifact-storages.<name>] sections");
+  for (const auto& [name, v] : all.as_table()) {
+    Section s("artifact-storages." + name, v);
+    auto type = s.String("type");
+    if (!type) throw ConfigError(fmt::format("{} is required", s.Key("type")));
+    if (*type != "vfs_storage") {
+      c.warnings.push_back(
+          fmt::format("{}: type \"{}\" is not served by Sluice; ignored", s.Key("type"), *type));
+      continue;
+    }
+    // The table is `vfs_storage` (older releases: `vfs`).
+    const toml::value* t = s.Take("vfs-storage");
+    if (!t) t = s.Take("vfs");
+    if (!t || !t->is_table())
+      throw ConfigError(
+          fmt::format("{} is required for type \"vfs_storage\"", s.Key("vfs-storage")));
+    s.Ignore({"object-storage"}, c.warnings);
+    s.RejectUnknown();
+    Section vs(s.Key("vfs-storage"), *t);
+    VfsStorageConfig vc;
+    vc.name = name;
+    auto base = vs.String("base-path");
+    if (!base || base->empty() || (*base)[0] != '/')
+      throw ConfigError(fmt::format("{} must be an absolute path", vs.Key("base-path")));
+    vc.base_path = *base;
+    if (auto sub = vs.String("subpath"); sub && !sub->empty()) vc.base_path += "/" + *sub;
+    if (auto n = vs.Int("download-chunk-size", 1024, 64 << 20))
+      vc.download_chunk_size = static_cast<uint64_t>(*n);
+    vs.Ignore({"temporary", "upload-chunk-size", "max-file-size"}, c.warnings);
+    vs.RejectUnknown();
+    c.vfs_storages.push_back(std::move(vc));
+  }
 }
 
 nlohmann::json TomlToJson(const toml::value& v) {
@@ -281,6 +356,8 @@ void ParseVolumes(const toml::value& vols, Config& c) {
     Section s("volume." + name, v);
     VolumeConfig vc;
     vc.name = name;
+    if (name == "noop")
+      throw ConfigError("volume name 'noop' is reserved: it names unmanaged vfolders");
     auto backend = s.String("backend");
     if (!backend) throw ConfigError(fmt::format("{} is required", s.Key("backend")));
     vc.backend = *backend;
@@ -349,6 +426,14 @@ Result<Config> ParseConfig(std::string_view text, std::string_view origin) {
       } else if (nk == "sluice") {
         Section s("sluice", v);
         ParseSluice(s, c);
+      } else if (nk == "etcd") {
+        Section s("etcd", v);
+        ParseEtcd(s, c);
+      } else if (nk == "events") {
+        Section s("events", v);
+        ParseEvents(s, c);
+      } else if (nk == "artifact-storages") {
+        ParseArtifactStorages(v, c);
       } else {
         c.warnings.push_back(fmt::format("section [{}] is not used by Sluice; ignored", k));
       }

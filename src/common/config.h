@@ -40,6 +40,35 @@ struct VolumeConfig {
   nlohmann::json faults = nlohmann::json::array();
 };
 
+// [etcd]: where Backend.AI keeps its shared configuration (the event bus's Redis address among
+// it), as the reference storage proxy reads it.
+struct EtcdConfig {
+  std::string ns = "local";      // `namespace`: keys live under /sorna/<namespace>/
+  std::optional<HostPort> addr;  // absent: no etcd
+  std::string user;
+  std::string password;
+};
+
+// [events]: Backend.AI's event bus (anycast entries on a Redis stream), for the completion
+// events the manager waits on. The Redis address comes from `redis-addr`, else from etcd.
+struct EventsConfig {
+  bool enabled = true;
+  std::optional<HostPort> redis_addr;
+  std::string redis_password;
+  int redis_db = 4;                    // REDIS_STREAM_DB
+  std::string stream = "events";       // the anycast stream key
+  std::string source = "storage";      // AGENTID_STORAGE
+  std::chrono::seconds retry_max{30};  // longest wait between delivery attempts
+};
+
+// [artifact-storages.<name>] with type = "vfs_storage": a directory tree the manager's artifact
+// features list and download through /v1/storages/vfs/<name>/...
+struct VfsStorageConfig {
+  std::string name;
+  std::string base_path;  // absolute; `subpath` already appended
+  uint64_t download_chunk_size = 65536;
+};
+
 struct Config {
   // [storage-proxy]
   std::string node_id = "sluice-local";
@@ -73,7 +102,13 @@ struct Config {
   std::chrono::seconds keepalive_timeout{75};
   std::chrono::seconds drain_timeout{30};
 
+  // Directories whose trees unmanaged vfolders (volume "noop") may be downloaded from.
+  std::vector<std::string> unmanaged_roots;
+
   std::vector<VolumeConfig> volumes;
+  EtcdConfig etcd;
+  EventsConfig events;
+  std::vector<VfsStorageConfig> vfs_storages;
 
   // Filled while parsing: notes for the operator (ignored sections, unused keys).
   std::vector<std::string> warnings;

@@ -93,7 +93,7 @@ Status Status::WithContext(std::string_view ctx) const {
   std::string msg(ctx);
   msg += ": ";
   msg += msg_;
-  return Status(code_, std::move(msg), errno_);
+  return Status(code_, std::move(msg), errno_).About(subject_);
 }
 
 }  // namespace sluice

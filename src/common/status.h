@@ -28,7 +28,6 @@ namespace sluice {
   X(kHeaderTooLarge, 431, "RequestHeaderSectionTooLarge", E2BIG) \
   X(kUnprocessable, 422, "InvalidRequest", EINVAL)               \
   X(kUnsupported, 501, "NotImplemented", ENOTSUP)                \
-  X(kDeprecated, 400, "InvalidRequest", ENOTSUP)                 \
   X(kUnavailable, 503, "ServiceUnavailable", EAGAIN)             \
   X(kIoError, 500, "InternalError", EIO)                         \
   X(kInternal, 500, "InternalError", EIO)
@@ -45,6 +44,11 @@ std::string_view CodeS3Error(Code c);
 int CodeErrno(Code c);
 // The code that best describes a system errno (ENOENT -> kNotFound, EDQUOT -> kQuotaExceeded...).
 Code CodeFromErrno(int err);
+
+// What an error is about, where the code alone does not say: a missing volume, quota scope,
+// vfolder and file are all kNotFound, yet Backend.AI's manager tells them apart by the error
+// code each one is answered with.
+enum class Subject : uint8_t { kUnspecified, kVolume, kQuotaScope, kVFolder };
 
 class [[nodiscard]] Status {
  public:
@@ -67,9 +71,16 @@ class [[nodiscard]] Status {
   // Prefixes context to the message ("clone vfolder X: " + message).
   Status WithContext(std::string_view ctx) const;
 
+  Subject subject() const { return subject_; }
+  Status About(Subject s) && {
+    subject_ = s;
+    return std::move(*this);
+  }
+
  private:
   Code code_ = Code::kOk;
   int errno_ = 0;
+  Subject subject_ = Subject::kUnspecified;
   std::string msg_;
 };
 

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -261,6 +262,23 @@ int RunDaemon(Config cfg) {
                     kept.message());
   }
 
+  // Clone and delete completions go to Backend.AI's event bus through a durable outbox.
+  std::unique_ptr<EventBus> events;
+  if (cfg.events.enabled && (cfg.events.redis_addr || cfg.etcd.addr)) {
+    auto bus = EventBus::Open(cfg);
+    if (!bus.ok()) {
+      spdlog::critical("event bus: {}", bus.status().message());
+      return 1;
+    }
+    events = std::move(bus).value();
+    service.SetEventBus(events.get());
+    events->Start();
+  } else {
+    spdlog::warn(
+        "no event bus ([etcd] addr or [events] redis-addr): a Backend.AI manager will not "
+        "learn that vfolder clones and deletes finished");
+  }
+
   loops.Start();
   for (auto& s : servers) s->Start();
   spdlog::info("sluiced {} ({} event loops) node {}", api::SluiceVersion(), loops.size(),
@@ -287,6 +305,11 @@ int RunDaemon(Config cfg) {
   auto left = deadline - std::chrono::steady_clock::now();
   if (!service.tasks().WaitIdle(left > left.zero() ? left : left.zero()))
     spdlog::warn("background tasks still running at exit; they resume or clean up at next start");
+  if (events) {
+    auto rest = deadline - std::chrono::steady_clock::now();
+    events->Stop(std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(rest),
+                            std::chrono::milliseconds(500), std::chrono::milliseconds(5000)));
+  }
   loops.Stop();
   io_pool.Shutdown();
   if (!cfg.pid_file.empty()) ::unlink(cfg.pid_file.c_str());

@@ -67,14 +67,28 @@ Result<std::string> FileService::DeleteAsync(const RequestContext&, Volume& v,
 
 Result<std::string> FileService::DownloadToken(const RequestContext&, Volume& v,
                                                const VFolderId& vfid, const std::string& relpath,
-                                               bool archive) {
-  // The path must exist now; the client API checks it again when the token is used.
-  SLUICE_RETURN_IF_ERROR(v.Stat(vfid, relpath).status());
+                                               bool archive,
+                                               const std::optional<std::string>& unmanaged_path) {
   DownloadGrant g;
   g.volume = v.name();
   g.vfid = vfid.ToString();
   g.relpath = relpath;
   g.archive = archive;
+  Volume* where = &v;
+  if (&v == &svc_->noop()) {
+    if (!unmanaged_path)
+      return Status(Code::kInvalidArgument,
+                    "volume 'noop' serves unmanaged vfolders: unmanaged_path is required");
+    SLUICE_ASSIGN_OR_RETURN(g.unmanaged_path, svc_->noop().CheckUnmanaged(*unmanaged_path));
+    SLUICE_ASSIGN_OR_RETURN(where, svc_->noop().Tree(*g.unmanaged_path));
+  } else if (unmanaged_path) {
+    return Status(Code::kInvalidArgument,
+                  fmt::format("unmanaged_path is for volume 'noop'; volume '{}' serves its "
+                              "vfolders' own files",
+                              v.name()));
+  }
+  // The path must exist now; the client API checks it again when the token is used.
+  SLUICE_RETURN_IF_ERROR(where->Stat(vfid, relpath).status());
   return svc_->tokens().Issue(g);
 }
 

@@ -47,7 +47,8 @@ class FileService {
 
   // Tokens for the client API.
   Result<std::string> DownloadToken(const RequestContext& ctx, Volume& v, const VFolderId& vfid,
-                                    const std::string& relpath, bool archive);
+                                    const std::string& relpath, bool archive,
+                                    const std::optional<std::string>& unmanaged_path);
   Result<std::string> ArchiveToken(const RequestContext& ctx, Volume& v, const VFolderId& vfid,
                                    const std::vector<std::string>& files,
                                    std::optional<std::string> filename);

@@ -7,7 +7,10 @@ namespace sluice {
 
 StorageService::StorageService(const Config& cfg, std::vector<std::unique_ptr<Volume>> volumes,
                                ThreadPool* task_pool)
-    : cfg_(cfg), tokens_(cfg.secret, cfg.session_expire), tasks_(task_pool) {
+    : cfg_(cfg),
+      noop_(std::make_unique<NoopVolume>(cfg.unmanaged_roots, task_pool)),
+      tokens_(cfg.secret, cfg.session_expire),
+      tasks_(task_pool) {
   for (auto& v : volumes) {
     std::string n = v->name();
     volumes_.emplace(std::move(n), std::move(v));
@@ -16,8 +19,10 @@ StorageService::StorageService(const Config& cfg, std::vector<std::unique_ptr<Vo
 
 Result<Volume*> StorageService::GetVolume(const std::string& name) const {
   auto it = volumes_.find(name);
+  if (it == volumes_.end() && name == NoopVolume::kName) return noop_.get();
   if (it == volumes_.end())
-    return Status(Code::kNotFound, fmt::format("volume '{}' is not configured", name));
+    return Status(Code::kNotFound, fmt::format("volume '{}' is not configured", name))
+        .About(Subject::kVolume);
   return it->second.get();
 }
 
@@ -67,7 +72,18 @@ Result<std::string> StorageService::DeleteVFolder(const std::string& volume,
   SLUICE_ASSIGN_OR_RETURN(std::string detached, v->DetachVFolder(vfid));
   spdlog::info("vfolder {} on {} detached to {}", vfid.ToString(), volume, detached);
   return tasks_.Start("vfolder-delete", {{"volume", volume}, {"vfid", vfid.ToString()}},
-                      [v, detached] { return v->fsop().DeleteTree(detached); });
+                      [this, v, detached, vfid] {
+                        Status st = v->fsop().DeleteTree(detached);
+                        Announce(st.ok() ? VFolderDeletionSuccess(vfid.ToString())
+                                         : VFolderDeletionFailure(vfid.ToString(), st.message()));
+                        return st;
+                      });
+}
+
+void StorageService::Announce(const BusEvent& e) {
+  if (!events_) return;
+  Status s = events_->Publish(e);
+  if (!s.ok()) spdlog::error("event {} {} is lost: {}", e.name, e.payload.dump(), s.ToString());
 }
 
 Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
@@ -112,6 +128,7 @@ Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
       return dv->CopyVFolderFrom(*sv, src, dst, need);
     };
     Status st = copy();
+    if (st.ok()) Announce(VFolderCloneSuccess(src.ToString(), dst.ToString()));
     if (!st.ok()) {
       // Nothing half-copied stays visible.
       auto detached = dv->DetachVFolder(dst);
@@ -119,7 +136,9 @@ Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
         Status del = dv->fsop().DeleteTree(*detached);
         if (!del.ok()) spdlog::error("clone cleanup of {} failed: {}", *detached, del.ToString());
       }
-      return st.WithContext(fmt::format("clone {} -> {}", src.ToString(), dst.ToString()));
+      st = st.WithContext(fmt::format("clone {} -> {}", src.ToString(), dst.ToString()));
+      Announce(VFolderCloneFailure(src.ToString(), dst.ToString(), st.message()));
+      return st;
     }
     return Status::Ok();
   };

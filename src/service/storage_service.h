@@ -10,8 +10,10 @@
 
 #include "common/config.h"
 #include "service/bgtask.h"
+#include "service/event_bus.h"
 #include "service/reservations.h"
 #include "service/tokens.h"
+#include "volume/noop/noop_volume.h"
 #include "volume/volume.h"
 
 namespace sluice {
@@ -27,9 +29,14 @@ class StorageService {
   const TokenService& tokens() const { return tokens_; }
   // Bytes promised to upload sessions, per quota scope (see reservations.h).
   QuotaReservations& reservations() { return reservations_; }
+  // Where vfolder clones and deletes report completion (Backend.AI's event bus); null: nowhere.
+  // Set before the first request.
+  void SetEventBus(EventBus* bus) { events_ = bus; }
 
   // kNotFound naming the volume when it is not configured.
+  // A configured volume, or "noop" (unmanaged vfolders), which is never listed.
   Result<Volume*> GetVolume(const std::string& name) const;
+  NoopVolume& noop() { return *noop_; }
   std::vector<Volume*> Volumes() const;
 
   // --- quota scopes ---
@@ -55,9 +62,14 @@ class StorageService {
 
  private:
   Config cfg_;
+  // Sends a completion event, if there is a bus; a lost event is logged (it cannot fail the task).
+  void Announce(const BusEvent& e);
+
   std::map<std::string, std::unique_ptr<Volume>> volumes_;
+  std::unique_ptr<NoopVolume> noop_;
   TokenService tokens_;
   QuotaReservations reservations_;  // before tasks_: running tasks use it
+  EventBus* events_ = nullptr;
   BgTaskManager tasks_;
 };
 

@@ -44,13 +44,11 @@ std::optional<double> Exp(const nlohmann::json& claims) {
 }  // namespace
 
 std::string TokenService::Issue(const DownloadGrant& g) const {
-  return JwtEncode({{"op", "download"},
-                    {"volume", g.volume},
-                    {"vfid", g.vfid},
-                    {"relpath", g.relpath},
-                    {"archive", g.archive},
-                    {"exp", Expiry(lifetime_)}},
-                   secret_);
+  nlohmann::json claims = {{"op", "download"},     {"volume", g.volume},
+                           {"vfid", g.vfid},       {"relpath", g.relpath},
+                           {"archive", g.archive}, {"exp", Expiry(lifetime_)}};
+  if (g.unmanaged_path) claims["unmanaged_path"] = *g.unmanaged_path;
+  return JwtEncode(claims, secret_);
 }
 
 std::string TokenService::Issue(const ArchiveGrant& g) const {
@@ -82,8 +80,12 @@ Result<DownloadGrant> TokenService::VerifyDownload(std::string_view token) const
   SLUICE_ASSIGN_OR_RETURN(g.relpath, StrClaim(claims, "relpath", "download token"));
   if (auto a = claims.find("archive"); a != claims.end() && a->is_boolean() && a->get<bool>())
     g.archive = true;
-  if (auto u = claims.find("unmanaged_path"); u != claims.end() && !u->is_null())
-    g.unmanaged = true;
+  if (auto u = claims.find("unmanaged_path"); u != claims.end() && !u->is_null()) {
+    if (!u->is_string())
+      return Status(Code::kInvalidArgument,
+                    "download token: claim 'unmanaged_path' is not a string");
+    g.unmanaged_path = u->get<std::string>();
+  }
   g.exp = Exp(claims);
   return g;
 }

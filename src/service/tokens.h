@@ -20,7 +20,9 @@ struct DownloadGrant {
   std::string vfid;
   std::string relpath;
   bool archive = false;
-  bool unmanaged = false;  // a non-null `unmanaged_path` claim (the client API refuses it)
+  // An unmanaged vfolder's directory (volume "noop"), canonical, checked against the allowed
+  // roots when issued and again when used.
+  std::optional<std::string> unmanaged_path;
   std::optional<double> exp;
 };
 

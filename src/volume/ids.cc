@@ -95,4 +95,34 @@ Status UploadWriterBusy(const std::string& session) {
                             session));
 }
 
+Status MissingQuotaScope(const QuotaScopeId& qsid, std::string_view volume) {
+  return Status(Code::kNotFound,
+                fmt::format("quota scope {} does not exist on volume {}", qsid.ToString(), volume))
+      .About(Subject::kQuotaScope);
+}
+
+Status ExistingQuotaScope(const QuotaScopeId& qsid) {
+  return Status(Code::kAlreadyExists, fmt::format("quota scope {} already exists", qsid.ToString()))
+      .About(Subject::kQuotaScope);
+}
+
+Status QuotaScopeNotEmpty(const QuotaScopeId& qsid) {
+  return Status(
+             Code::kNotEmpty,
+             fmt::format("quota scope {} still holds vfolders; delete them first", qsid.ToString()))
+      .About(Subject::kQuotaScope);
+}
+
+Status MissingVFolder(const VFolderId& vfid, std::string_view volume) {
+  return Status(Code::kNotFound,
+                fmt::format("vfolder {} does not exist on volume {}", vfid.ToString(), volume))
+      .About(Subject::kVFolder);
+}
+
+Status ExistingVFolder(const VFolderId& vfid, std::string_view volume) {
+  return Status(Code::kAlreadyExists,
+                fmt::format("vfolder {} already exists on volume {}", vfid.ToString(), volume))
+      .About(Subject::kVFolder);
+}
+
 }  // namespace sluice

@@ -45,4 +45,11 @@ bool IsUploadSessionId(std::string_view s);
 // What a second writer of upload session `session` is told (kConflict).
 Status UploadWriterBusy(const std::string& session);
 
+// The errors every backend answers about scopes and vfolders, tagged with their subject.
+Status MissingQuotaScope(const QuotaScopeId& qsid, std::string_view volume);
+Status ExistingQuotaScope(const QuotaScopeId& qsid);
+Status QuotaScopeNotEmpty(const QuotaScopeId& qsid);
+Status MissingVFolder(const VFolderId& vfid, std::string_view volume);
+Status ExistingVFolder(const VFolderId& vfid, std::string_view volume);
+
 }  // namespace sluice

@@ -36,11 +36,6 @@ std::string RandomHex(size_t n) {
   return s;
 }
 
-Status NotFoundVFolder(const VFolderId& vfid, const std::string& volume) {
-  return Status(Code::kNotFound,
-                fmt::format("vfolder {} does not exist on volume {}", vfid.ToString(), volume));
-}
-
 }  // namespace
 
 std::string_view EntryTypeName(EntryType t) {
@@ -69,15 +64,10 @@ std::string PosixVolume::ScopeDir(const QuotaScopeId& qsid) const {
   return cfg_.path + "/" + qsid.hex;
 }
 
-Status PosixVolume::MissingScope(const QuotaScopeId& qsid, const std::string& volume) {
-  return Status(Code::kNotFound,
-                fmt::format("quota scope {} does not exist on volume {}", qsid.ToString(), volume));
-}
-
 Status PosixVolume::CheckScopeDir(const QuotaScopeId& qsid) const {
   struct stat sb;
   if (::stat(ScopeDir(qsid).c_str(), &sb) != 0) {
-    if (errno == ENOENT) return MissingScope(qsid, cfg_.name);
+    if (errno == ENOENT) return MissingQuotaScope(qsid, cfg_.name);
     return Status::FromErrno(errno, fmt::format("stat quota scope {}", qsid.ToString()));
   }
   if (!S_ISDIR(sb.st_mode))
@@ -88,9 +78,7 @@ Status PosixVolume::CheckScopeDir(const QuotaScopeId& qsid) const {
 
 Status PosixVolume::MakeScopeDir(const QuotaScopeId& qsid) const {
   if (::mkdir(ScopeDir(qsid).c_str(), 0755) != 0) {
-    if (errno == EEXIST)
-      return Status(Code::kAlreadyExists,
-                    fmt::format("quota scope {} already exists", qsid.ToString()));
+    if (errno == EEXIST) return ExistingQuotaScope(qsid);
     return Status::FromErrno(errno, fmt::format("create quota scope {}", qsid.ToString()));
   }
   return Status::Ok();
@@ -130,10 +118,7 @@ Status PosixVolume::CheckScopeEmpty(const QuotaScopeId& qsid, std::string_view b
   size_t others = 0;
   for (const auto& e : entries)
     if (e.name != bookkeeping) ++others;
-  if (others)
-    return Status(
-        Code::kNotEmpty,
-        fmt::format("quota scope {} still holds vfolders; delete them first", qsid.ToString()));
+  if (others) return QuotaScopeNotEmpty(qsid);
   return Status::Ok();
 }
 
@@ -215,7 +200,7 @@ Result<UniqueFd> PosixVolume::OpenVFolderRoot(const VFolderId& vfid, Lookup look
     fd = ::open(VFolderPath(vfid).c_str(), flags);
   }
   if (fd < 0) {
-    if (errno == ENOENT || errno == ENOTDIR) return NotFoundVFolder(vfid, cfg_.name);
+    if (errno == ENOENT || errno == ENOTDIR) return MissingVFolder(vfid, cfg_.name);
     return Status::FromErrno(errno, fmt::format("open vfolder {}", vfid.ToString()));
   }
   return UniqueFd(fd);
@@ -235,9 +220,7 @@ Status PosixVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_
     struct stat sb;
     if (::stat(scope_path.c_str(), &sb) != 0) {
       if (errno != ENOENT) return Status::FromErrno(errno, fmt::format("stat '{}'", scope_path));
-      if (!auto_scope)
-        return Status(Code::kNotFound, fmt::format("quota scope {} does not exist on volume {}",
-                                                   vfid.scope->ToString(), cfg_.name));
+      if (!auto_scope) return MissingQuotaScope(*vfid.scope, cfg_.name);
       Status s = quota().CreateScope(*vfid.scope, initial_limit);
       if (!s.ok() && s.code() != Code::kAlreadyExists) return s;
     }
@@ -250,9 +233,7 @@ Status PosixVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_
   SLUICE_RETURN_IF_ERROR(EnsureDir(l2, 0755));
   std::string final_path = l2 + "/" + h.substr(4);
   if (::mkdir(final_path.c_str(), 0700) != 0) {
-    if (errno == EEXIST)
-      return Status(Code::kAlreadyExists, fmt::format("vfolder {} already exists on volume {}",
-                                                      vfid.ToString(), cfg_.name));
+    if (errno == EEXIST) return ExistingVFolder(vfid, cfg_.name);
     return Status::FromErrno(errno, fmt::format("create vfolder {}", vfid.ToString()));
   }
   // The exact mode, whatever the umask.
@@ -266,7 +247,7 @@ Result<std::string> PosixVolume::DetachVFolder(const VFolderId& vfid) {
   SLUICE_RETURN_IF_ERROR(EnsureDir(TrashDir(), 0700));
   std::string dst = fmt::format("{}/{}-{}", TrashDir(), vfid.hex, RandomHex(8));
   if (RenameNoReplace(AT_FDCWD, p.c_str(), AT_FDCWD, dst.c_str()) != 0) {
-    if (errno == ENOENT) return NotFoundVFolder(vfid, cfg_.name);
+    if (errno == ENOENT) return MissingVFolder(vfid, cfg_.name);
     return Status::FromErrno(errno, fmt::format("detach vfolder {}", vfid.ToString()));
   }
   // Tidy the now possibly empty hash directories; failures (not empty) are expected.
@@ -307,7 +288,7 @@ HwInfo PosixVolume::GetHwInfo() {
     info.status = "degraded";
     info.status_info = fmt::format("volume path '{}' is not writable", cfg_.path);
   }
-  info.metadata = {{"backend", cfg_.backend}, {"layout_version", layout_version_}};
+  info.metadata = {{"backend", cfg_.backend}, {"layout_version", std::to_string(layout_version_)}};
   return info;
 }
 
@@ -319,9 +300,7 @@ Result<std::string> PosixVolume::MountPath(const VFolderId& vfid, std::string_vi
     auto probe = OpenBeneath(root.get(), subpath, O_PATH);
     if (!probe.ok() && probe.status().code() != Code::kNotFound) return probe.status();
   }
-  std::string p = VFolderPath(vfid);
-  if (!parts.empty()) p += "/" + JoinComponents(parts, parts.size());
-  return p;
+  return VFolderPath(vfid);
 }
 
 Status PosixVolume::ValidatePath(const VFolderId& vfid, std::string_view relpath) {

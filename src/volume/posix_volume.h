@@ -95,7 +95,6 @@ class PosixVolume : public Volume {
   // kNotEmpty unless the scope directory holds nothing but the file `bookkeeping` (the backend's
   // own record, e.g. a stored limit).
   Status CheckScopeEmpty(const QuotaScopeId& qsid, std::string_view bookkeeping) const;
-  static Status MissingScope(const QuotaScopeId& qsid, const std::string& volume);
   // A quota scope's small bookkeeping file `name` (a stored limit, a qgroup id, a project id):
   // its text (at most 4 KiB), or nullopt when there is none. Written atomically: a crash leaves
   // the old record or the new one.

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -163,7 +164,8 @@ struct LookupHint {
 struct HwInfo {
   std::string status = "healthy";  // healthy | degraded | unavailable
   std::string status_info;         // why, when not healthy
-  nlohmann::json metadata = nlohmann::json::object();
+  // Strings only: Backend.AI's manager type-checks it as Dict[str, str].
+  std::map<std::string, std::string> metadata;
 };
 
 // Quota scopes: a directory per scope holding its vfolders, with an optional byte limit.
@@ -236,7 +238,8 @@ class Volume {
   virtual Result<TreeUsage> GetFreshUsage(const VFolderId& vfid) { return GetUsage(vfid); }
   virtual Result<FsUsage> GetFsUsage() = 0;
   virtual HwInfo GetHwInfo() = 0;
-  // Absolute path of `subpath` inside the vfolder, checked to stay inside it.
+  // What a session mounts: the vfolder root's absolute path. `subpath` is only checked to stay
+  // inside the vfolder (kInvalidPath otherwise): Backend.AI's manager joins it to the answer.
   virtual Result<std::string> MountPath(const VFolderId& vfid, std::string_view subpath) = 0;
   // Fills the existing, empty vfolder `dst` of this volume with a copy of vfolder `src` of
   // `from` (this volume, or another one), accounting `size` (the source's usage, as the caller

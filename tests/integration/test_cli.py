@@ -332,7 +332,7 @@ def test_volume_info(cli):
     assert set(j["performance_metric"]["metric"]) >= {"iops_read", "io_bytes_write"}
     p = cli.raw("volume", "info", "nosuchvolume")
     assert p.returncode == 3, p.stderr
-    assert ERROR_RE.search(p.stderr.decode()).group(1) == "404"
+    assert ERROR_RE.search(p.stderr.decode()).group(1) == "400"
 
 
 # --------------------------------------------------------------------------- quota scopes
@@ -440,7 +440,7 @@ def test_mount_usage_and_file_ops(cli, daemon, vfid):
     cli("vfolder", "mv", "local", vfid, "nope", "c/nope", rc=3)
 
     p = cli("vfolder", "rm", "local", vfid, "c", rc=4)  # a directory needs -r
-    assert ERROR_RE.search(p.stderr.decode()).group(1) == "409"
+    assert ERROR_RE.search(p.stderr.decode()).group(1) == "400"  # ENOTEMPTY, exit code "conflict"
     assert (root / "c" / "moved.bin").exists()
     cli("vfolder", "rm", "local", vfid, "a/link")
     assert not os.path.lexists(root / "a" / "link")
@@ -480,7 +480,7 @@ def test_get_streams_to_stdout_and_file(cli, daemon, vfid, tmp_path):
 
     missing = tmp_path / "dl" / "missing.bin"
     p = cli("vfolder", "get", "local", vfid, "missing.bin", "-o", missing, rc=3)
-    assert ERROR_RE.search(p.stderr.decode()).group(1) == "404"
+    assert ERROR_RE.search(p.stderr.decode()).group(1) == "400"
     assert sorted(os.listdir(out.parent)) == ["blob.bin"]  # no partial or temporary file
     p = cli("vfolder", "get", "local", vfid, "missing.bin", rc=3)
     assert p.stdout == b""

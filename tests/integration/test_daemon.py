@@ -198,7 +198,7 @@ def test_halfstack_config(tmp_path):
         assert r.status_code == 200, r.text
         assert [v["name"] for v in r.json()["volumes"]] == ["volume1"]
         log_lines = d.log().splitlines()
-        for what in ("[etcd]", "[logging]", "[debug]", "[pyroscope]", "event-loop", "use-watcher"):
+        for what in ("[logging]", "[debug]", "[pyroscope]", "event-loop", "use-watcher"):
             hits = [line for line in log_lines if what in line]
             assert hits, f"no log line mentions {what}\n{d.log()}"
             assert any(re.search(r"warn", line, re.I) for line in hits), hits

@@ -728,7 +728,8 @@ def test_token_for_another_or_missing_vfolder(daemon, files):
     assert r.status_code == 404
     assert "does not exist" in problem(r)["msg"] or "not found" in problem(r)["msg"].lower()
     r = get(daemon, sign({**c, "volume": "no-such-volume"}))
-    assert r.status_code == 404
+    assert r.status_code == 400  # Backend.AI's InvalidVolumeError
+    assert problem(r)["error_code"] == "storage_access_invalid-parameters"
     r = get(daemon, sign({**c, "vfid": "not-a-vfid"}))
     assert r.status_code == 400
     r = get(daemon, sign({k: v for k, v in c.items() if k != "relpath"}))

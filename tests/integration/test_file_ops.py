@@ -1,5 +1,6 @@
 """File operations inside a vfolder: mkdir, list, rename, move, fetch, delete."""
 
+import errno
 import hashlib
 import os
 
@@ -104,8 +105,18 @@ def test_list(daemon, vfid):
     ]
 
 
-def test_list_missing_dir_is_404(daemon, vfid):
-    assert op(daemon, vfid, "list", relpath="nope").status_code == 404
+# Filesystem errors inside a vfolder are 400 {msg, errno, paths} (Backend.AI's handle_fs_errors:
+# VFolderBadRequest in the manager), never 404 (which the manager reads as "no such vfolder").
+def fs_error(r, err):
+    assert r.status_code == 400, r.text
+    body = problem(r)
+    assert body["errno"] == err, body
+    assert "error_code" not in body, body
+    return body
+
+
+def test_list_missing_dir_is_400(daemon, vfid):
+    fs_error(op(daemon, vfid, "list", relpath="nope"), errno.ENOENT)
 
 
 def test_scandir_limit(make_daemon):
@@ -133,13 +144,13 @@ def test_rename(daemon, vfid):
     problem(r)
 
     r = op(daemon, vfid, "rename", relpath="dir/new.txt", new_name="taken.txt")
-    assert r.status_code == 409, r.text
+    fs_error(r, errno.EEXIST)
     assert (root / "dir" / "taken.txt").read_bytes() == b"other"
     assert (root / "dir" / "new.txt").read_bytes() == b"data"
 
 
-def test_rename_missing_is_404(daemon, vfid):
-    assert op(daemon, vfid, "rename", relpath="nope", new_name="x").status_code == 404
+def test_rename_missing_is_400(daemon, vfid):
+    fs_error(op(daemon, vfid, "rename", relpath="nope", new_name="x"), errno.ENOENT)
 
 
 def test_move(daemon, vfid):
@@ -157,8 +168,8 @@ def test_move(daemon, vfid):
     assert not (root / "m2.txt").exists()
 
 
-def test_move_missing_is_404(daemon, vfid):
-    assert op(daemon, vfid, "move", src_relpath="nope", dst_relpath="x").status_code == 404
+def test_move_missing_is_400(daemon, vfid):
+    fs_error(op(daemon, vfid, "move", src_relpath="nope", dst_relpath="x"), errno.ENOENT)
 
 
 # --------------------------------------------------------------------------- fetch
@@ -188,10 +199,8 @@ def test_fetch_directory_is_400(daemon, vfid):
     problem(r)
 
 
-def test_fetch_missing_is_404(daemon, vfid):
-    r = op(daemon, vfid, "fetch", relpath="nope.bin")
-    assert r.status_code == 404, r.text
-    problem(r)
+def test_fetch_missing_is_400(daemon, vfid):
+    fs_error(op(daemon, vfid, "fetch", relpath="nope.bin"), errno.ENOENT)
 
 
 # --------------------------------------------------------------------------- delete
@@ -210,8 +219,7 @@ def test_delete_nonempty_dir_needs_recursive(daemon, vfid):
     root = daemon.vfolder_path(vfid)
     write_tree(root, {"f.txt": b"f", "full/inner/x": b"x"})
     r = op(daemon, vfid, "delete", relpaths=["f.txt", "full"])
-    assert r.status_code == 409, r.text
-    problem(r)
+    fs_error(r, errno.ENOTEMPTY)
     # Nothing was deleted, not even the file listed first.
     assert (root / "f.txt").exists()
     assert (root / "full" / "inner" / "x").exists()
@@ -221,8 +229,8 @@ def test_delete_nonempty_dir_needs_recursive(daemon, vfid):
     assert os.listdir(root) == []
 
 
-def test_delete_missing_is_404(daemon, vfid):
-    assert op(daemon, vfid, "delete", relpaths=["nope"]).status_code == 404
+def test_delete_missing_is_400(daemon, vfid):
+    fs_error(op(daemon, vfid, "delete", relpaths=["nope"]), errno.ENOENT)
 
 
 def test_delete_async(daemon, vfid):

@@ -90,13 +90,6 @@ def test_wrong_method_is_405(daemon, method, path):
     assert daemon.mgr(method, path, json={}).status_code == 405
 
 
-@pytest.mark.parametrize("method", ["GET", "PATCH"])
-def test_deprecated_volume_quota(daemon, method):
-    r = daemon.mgr(method, "/volume/quota", json={"volume": "local"})
-    assert r.status_code == 400, r.text
-    problem(r)
-
-
 @pytest.mark.parametrize("method", ["GET", "POST"])
 def test_folder_metadata_is_a_noop(daemon, method):
     vfid = new_vfid()
@@ -165,10 +158,11 @@ def test_performance_metric(daemon):
         ("GET", "/folder/usage", {"vfid": new_vfid()}),
     ],
 )
-def test_unknown_volume_is_404(daemon, method, path, body):
+def test_unknown_volume_is_400(daemon, method, path, body):
+    # Backend.AI's InvalidVolumeError: 400 storage_access_invalid-parameters.
     r = daemon.mgr(method, path, json={"volume": "no-such-volume", **body})
-    assert r.status_code == 404, r.text
-    problem(r)
+    assert r.status_code == 400, r.text
+    assert problem(r)["error_code"] == "storage_access_invalid-parameters"
 
 
 # --------------------------------------------------------------------------- parameters
@@ -316,22 +310,6 @@ def test_bad_vfid_is_400(daemon):
         assert r.status_code == 400, (bad, r.text)
 
 
-def test_mount(daemon, vfid):
-    r = daemon.mgr("GET", "/folder/mount", json={"volume": "local", "vfid": vfid})
-    assert r.status_code == 200, r.text
-    assert r.json()["path"] == str(daemon.vfolder_path(vfid))
-
-    r = daemon.mgr("GET", "/folder/mount", json={"volume": "local", "vfid": vfid, "subpath": "a/b"})
-    assert r.status_code == 200, r.text
-    assert r.json()["path"] == str(daemon.vfolder_path(vfid) / "a" / "b")
-    assert r.json()["path"].endswith("/a/b")
-
-
-def test_mount_missing_vfolder_is_404(daemon):
-    r = daemon.mgr("GET", "/folder/mount", json={"volume": "local", "vfid": new_vfid()})
-    assert r.status_code == 404
-
-
 def test_usage_and_used_bytes(daemon, vfid):
     write_tree(
         daemon.vfolder_path(vfid),
@@ -380,9 +358,9 @@ def test_delete_missing_vfolder_is_410(daemon):
     r = daemon.mgr("POST", "/folder/delete", json={"volume": "local", "vfid": new_vfid()})
     assert r.status_code == 410
     problem(r)
-    # An unknown volume is still 404.
+    # An unknown volume is 400, as everywhere.
     r = daemon.mgr("POST", "/folder/delete", json={"volume": "nope", "vfid": new_vfid()})
-    assert r.status_code == 404
+    assert r.status_code == 400
 
 
 # --------------------------------------------------------------------------- background tasks

@@ -379,7 +379,7 @@ def test_missing_session_is_404(daemon, vfid):
     c = claims_of(token)
     assert head(daemon, sign({**c, "session": "ab" * 16})).status_code == 404
     assert head(daemon, sign({**c, "vfid": new_vfid()})).status_code == 404
-    assert head(daemon, sign({**c, "volume": "no-such-volume"})).status_code == 404
+    assert head(daemon, sign({**c, "volume": "no-such-volume"})).status_code == 400  # InvalidVolumeError
     assert not (daemon.vfolder_path(vfid) / "gone.bin").exists()
 
 

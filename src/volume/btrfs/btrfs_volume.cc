@@ -191,9 +191,7 @@ Status BtrfsQuotaModel::CreateScope(const QuotaScopeId& qsid, std::optional<uint
   int mfd = vol_->mount_fd_.get();
   Status s = btrfs::CreateSubvolume(mfd, qsid.hex, std::nullopt);
   if (!s.ok()) {
-    if (s.code() == Code::kAlreadyExists)
-      return Status(Code::kAlreadyExists,
-                    fmt::format("quota scope {} already exists", qsid.ToString()));
+    if (s.code() == Code::kAlreadyExists) return ExistingQuotaScope(qsid);
     return s.WithContext(fmt::format("create quota scope {}", qsid.ToString()));
   }
   std::optional<uint64_t> subvol_id, q;
@@ -314,10 +312,7 @@ Status BtrfsQuotaModel::DeleteScope(const QuotaScopeId& qsid) {
   SLUICE_ASSIGN_OR_RETURN(auto names, ListNames(scope.get(), ScopePath(qsid)));
   std::string tmp_file = std::string(kQgroupFile) + ".tmp";
   for (const auto& n : names) {
-    if (n != kQgroupFile && n != tmp_file)
-      return Status(
-          Code::kNotEmpty,
-          fmt::format("quota scope {} still holds vfolders; delete them first", qsid.ToString()));
+    if (n != kQgroupFile && n != tmp_file) return QuotaScopeNotEmpty(qsid);
   }
   struct stat sb;
   if (::fstat(scope.get(), &sb) != 0)
@@ -459,8 +454,7 @@ Result<BtrfsVolume::VFolderRoot> BtrfsVolume::OpenVFolderForIoctl(const VFolderI
   int fd = ::open(VFolderPath(vfid).c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP)
-      return Status(Code::kNotFound, fmt::format("vfolder {} does not exist on volume {}",
-                                                 vfid.ToString(), cfg_.name));
+      return MissingVFolder(vfid, cfg_.name);
     return Status::FromErrno(errno, fmt::format("open vfolder {}", vfid.ToString()));
   }
   VFolderRoot r;
@@ -485,7 +479,7 @@ Status BtrfsVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_
     struct stat sb;
     if (::stat(scope_path.c_str(), &sb) != 0) {
       if (errno != ENOENT) return Status::FromErrno(errno, fmt::format("stat '{}'", scope_path));
-      if (!auto_scope) return MissingScope(*vfid.scope, cfg_.name);
+      if (!auto_scope) return MissingQuotaScope(*vfid.scope, cfg_.name);
       Status s = quota_.CreateScope(*vfid.scope, initial_limit);
       if (!s.ok() && s.code() != Code::kAlreadyExists) return s;
     }
@@ -499,10 +493,7 @@ Status BtrfsVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_
   SLUICE_RETURN_IF_ERROR(EnsureDir(l2, 0755));
   SLUICE_ASSIGN_OR_RETURN(UniqueFd parent, OpenDirAt(AT_FDCWD, l2, l2));
   std::string name = h.substr(4);
-  auto exists = [&] {
-    return Status(Code::kAlreadyExists, fmt::format("vfolder {} already exists on volume {}",
-                                                    vfid.ToString(), cfg_.name));
-  };
+  auto exists = [&] { return ExistingVFolder(vfid, cfg_.name); };
   struct stat sb;
   if (::fstatat(parent.get(), name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) == 0) return exists();
   // Made under a hidden name, given its mode, put into the scope's qgroup, then renamed into

@@ -146,7 +146,7 @@ HwInfo CephfsVolume::GetHwInfo() {
       info.status_info = fmt::format("CephFS at '{}': {}", cfg_.path, probe.status().message());
     }
   }
-  info.metadata["pending_write_window_ms"] = pending_window_.count();
+  info.metadata["pending_write_window_ms"] = std::to_string(pending_window_.count());
   return info;
 }
 

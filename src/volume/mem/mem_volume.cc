@@ -97,9 +97,7 @@ struct MemVolume::State {
 
   Result<std::shared_ptr<Node>> Root(const VFolderId& vfid, const std::string& volume) {
     auto it = vfolders.find(Key(vfid));
-    if (it == vfolders.end())
-      return Status(Code::kNotFound,
-                    fmt::format("vfolder {} does not exist on volume {}", vfid.ToString(), volume));
+    if (it == vfolders.end()) return MissingVFolder(vfid, volume);
     return it->second;
   }
 
@@ -293,9 +291,7 @@ class MemQuota : public QuotaModel {
   std::string ScopePath(const QuotaScopeId& qsid) const override { return "mem:" + qsid.hex; }
   Status CreateScope(const QuotaScopeId& qsid, std::optional<uint64_t> limit) override {
     std::lock_guard lk(st_->mu);
-    if (st_->scopes.count(qsid.hex))
-      return Status(Code::kAlreadyExists,
-                    fmt::format("quota scope {} already exists", qsid.ToString()));
+    if (st_->scopes.count(qsid.hex)) return ExistingQuotaScope(qsid);
     st_->scopes[qsid.hex] = limit;
     return Status::Ok();
   }
@@ -327,19 +323,13 @@ class MemQuota : public QuotaModel {
     std::lock_guard lk(st_->mu);
     if (!st_->scopes.count(qsid.hex)) return Missing(qsid);
     for (const auto& [k, root] : st_->vfolders)
-      if (k.rfind(qsid.ToString() + "/", 0) == 0)
-        return Status(
-            Code::kNotEmpty,
-            fmt::format("quota scope {} still holds vfolders; delete them first", qsid.ToString()));
+      if (k.rfind(qsid.ToString() + "/", 0) == 0) return QuotaScopeNotEmpty(qsid);
     st_->scopes.erase(qsid.hex);
     return Status::Ok();
   }
 
  private:
-  Status Missing(const QuotaScopeId& qsid) const {
-    return Status(Code::kNotFound, fmt::format("quota scope {} does not exist on volume {}",
-                                               qsid.ToString(), volume_));
-  }
+  Status Missing(const QuotaScopeId& qsid) const { return MissingQuotaScope(qsid, volume_); }
   std::shared_ptr<MemVolume::State> st_;
   std::string volume_;
 };
@@ -399,14 +389,10 @@ Status MemVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_sc
     return Status(Code::kInvalidArgument, fmt::format("mode {:o} is not a permission mode", mode));
   std::lock_guard lk(state_->mu);
   if (vfid.scope && !state_->scopes.count(vfid.scope->hex)) {
-    if (!auto_scope)
-      return Status(Code::kNotFound, fmt::format("quota scope {} does not exist on volume {}",
-                                                 vfid.scope->ToString(), name()));
+    if (!auto_scope) return MissingQuotaScope(*vfid.scope, name());
     state_->scopes[vfid.scope->hex] = initial_limit;
   }
-  if (state_->vfolders.count(Key(vfid)))
-    return Status(Code::kAlreadyExists,
-                  fmt::format("vfolder {} already exists on volume {}", vfid.ToString(), name()));
+  if (state_->vfolders.count(Key(vfid))) return ExistingVFolder(vfid, name());
   state_->vfolders[Key(vfid)] = state_->NewNode(EntryType::kDirectory, mode);
   return Status::Ok();
 }

@@ -121,9 +121,7 @@ Status VfsQuotaModel::DeleteScope(const QuotaScopeId& qsid) {
   SLUICE_RETURN_IF_ERROR(vol_->CheckScopeEmpty(qsid, kLimitFile));
   SLUICE_RETURN_IF_ERROR(WriteLimit(qsid, std::nullopt));
   if (::rmdir(p.c_str()) != 0) {
-    if (errno == ENOTEMPTY || errno == EEXIST)
-      return Status(Code::kNotEmpty,
-                    fmt::format("quota scope {} still holds vfolders", qsid.ToString()));
+    if (errno == ENOTEMPTY || errno == EEXIST) return QuotaScopeNotEmpty(qsid);
     return Status::FromErrno(errno, fmt::format("delete quota scope {}", qsid.ToString()));
   }
   return Status::Ok();

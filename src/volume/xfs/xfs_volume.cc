@@ -152,9 +152,7 @@ Status XfsQuotaModel::DeleteScope(const QuotaScopeId& qsid) {
   if (::rmdir(p.c_str()) != 0) {
     int err = errno;
     if (id) (void)WriteIdFile(qsid, *id);  // keep the scope whole
-    if (err == ENOTEMPTY || err == EEXIST)
-      return Status(Code::kNotEmpty,
-                    fmt::format("quota scope {} still holds vfolders", qsid.ToString()));
+    if (err == ENOTEMPTY || err == EEXIST) return QuotaScopeNotEmpty(qsid);
     return Status::FromErrno(err, fmt::format("delete quota scope {}", qsid.ToString()));
   }
   return Status::Ok();
@@ -302,7 +300,7 @@ HwInfo XfsVolume::GetHwInfo() {
   info.metadata["project_quota"] = limits_enforced()         ? "enforced"
                                    : quota_state_.accounting ? "accounted"
                                                              : "unavailable";
-  info.metadata["reflink"] = reflink_;
+  info.metadata["reflink"] = reflink_ ? "true" : "false";
   if (info.status == "healthy" && !degraded_reason_.empty()) {
     info.status = "degraded";
     info.status_info = degraded_reason_;

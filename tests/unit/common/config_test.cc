@@ -63,7 +63,38 @@ TEST(Config, ParsesBackendAiConfig) {
   int sections = 0;
   for (const auto& w : c->warnings)
     if (w.find("section [") != std::string::npos) ++sections;
-  EXPECT_EQ(sections, 4);  // etcd, pyroscope, debug, logging
+  EXPECT_EQ(sections, 3);  // pyroscope, debug, logging
+  // [etcd] is read: where the event bus's Redis is found.
+  EXPECT_EQ(c->etcd.ns, "local");
+  ASSERT_TRUE(c->etcd.addr.has_value());
+  EXPECT_EQ(c->etcd.addr->port, 2379);
+}
+
+TEST(Config, EventsArtifactStoragesAndUnmanagedRoots) {
+  auto c = ParseConfig(R"(
+[events]
+redis-addr = "10.0.0.5:6379"
+retry-max = "5s"
+[sluice]
+unmanaged-roots = ["/data/shared"]
+[artifact-storages.models]
+type = "vfs_storage"
+[artifact-storages.models.vfs_storage]
+base-path = "/data/models"
+subpath = "hf"
+[artifact-storages.s3]
+type = "object_storage"
+)");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->events.redis_addr.has_value());
+  EXPECT_EQ(c->events.redis_addr->ToString(), "10.0.0.5:6379");
+  EXPECT_EQ(c->events.retry_max.count(), 5);
+  EXPECT_EQ(c->unmanaged_roots, std::vector<std::string>{"/data/shared"});
+  ASSERT_EQ(c->vfs_storages.size(), 1u);
+  EXPECT_EQ(c->vfs_storages[0].base_path, "/data/models/hf");
+  EXPECT_FALSE(ParseConfig("[sluice]\nunmanaged-roots = [\"relative\"]\n").ok());
+  EXPECT_FALSE(ParseConfig("[volume.noop]\nbackend = \"vfs\"\npath = \"/x\"\n").ok());
+  EXPECT_FALSE(ParseConfig("[artifact-storages.m]\ntype = \"vfs_storage\"\n").ok());
 }
 
 TEST(Config, AcceptsSnakeCase) {

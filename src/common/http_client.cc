@@ -1,4 +1,4 @@
-#include "cli/client.h"
+#include "common/http_client.h"
 
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
@@ -29,7 +29,7 @@
 #define SLUICE_VERSION "0.0.0"
 #endif
 
-namespace sluice::cli {
+namespace sluice::net {
 
 namespace net = boost::asio;
 namespace ssl = boost::asio::ssl;
@@ -302,6 +302,7 @@ Result<HttpAnswer> Client::Exchange(http::verb verb, std::string_view path,
     req.set(http::field::user_agent, "sluice/" SLUICE_VERSION);
     req.set(http::field::accept, "application/json, */*");
     if (!opts_.token.empty()) req.set(kAuthHeader, opts_.token);
+    for (const auto& [name, value] : opts_.headers) req.set(name, value);
     if (!body.is_null()) {
       req.set(http::field::content_type, "application/json");
       req.body() = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -326,4 +327,4 @@ Result<HttpAnswer> Client::Exchange(http::verb verb, std::string_view path,
   }
 }
 
-}  // namespace sluice::cli
+}  // namespace sluice::net

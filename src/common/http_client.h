@@ -1,6 +1,7 @@
-// A small synchronous HTTP/1.1 client for the manager-facing API: keep-alive, http and https
-// (certificate checks on unless `insecure`), a timeout on every network operation, the
-// Backend.AI auth header and JSON bodies (GET included). Failures are values, never exceptions.
+// A small synchronous HTTP/1.1 client (the CLI's link to the manager-facing API, the daemon's to
+// etcd's JSON gateway): keep-alive, http and https (certificate checks on unless `insecure`), a
+// timeout on every network operation, the Backend.AI auth header and JSON bodies (GET
+// included). Failures are values, never exceptions.
 #pragma once
 
 #include <chrono>
@@ -9,13 +10,15 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <boost/beast/http/verb.hpp>
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
 
-namespace sluice::cli {
+namespace sluice::net {
 
 // "http://host:port/prefix" split into parts. The scheme defaults to http, the port to the
 // scheme's (80 / 443); IPv6 hosts are written in brackets.
@@ -32,6 +35,7 @@ struct Endpoint {
 struct ClientOptions {
   Endpoint endpoint;
   std::string token;  // sent as X-BackendAI-Storage-Auth-Token when not empty
+  std::vector<std::pair<std::string, std::string>> headers;  // sent with every request
   std::chrono::milliseconds timeout{30000};
   bool insecure = false;  // https: skip certificate and host name checks
 };
@@ -77,4 +81,4 @@ class Client {
   std::unique_ptr<Conn> conn_;
 };
 
-}  // namespace sluice::cli
+}  // namespace sluice::net

@@ -486,7 +486,8 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     // (a client pausing between chunks would see no progress).
     beast::error_code aec;
     const size_t at_hand = Sock().available(aec);
-    const size_t framing = parser_->chunked() ? 2 + 16 + opts().parser_limits.chunk_extension + 2 : 0;
+    const size_t framing =
+        parser_->chunked() ? 2 + 16 + opts().parser_limits.chunk_extension + 2 : 0;
     bool more_now = at_hand > framing;
     if (!parser_->is_done() && more_now && piece_len_ < io_buf_.size() / 2) return ReadBodyPiece();
     SubmitPiece();

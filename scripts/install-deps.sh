@@ -8,7 +8,7 @@ PKGS=(
   g++ cmake ninja-build ccache pkg-config git clang-format
   # libraries
   libboost1.74-dev libssl-dev nlohmann-json3-dev libtoml11-dev libspdlog-dev libfmt-dev
-  libcli11-dev libsqlite3-dev libbtrfsutil-dev libarchive-dev libhiredis-dev
+  libcli11-dev libsqlite3-dev libbtrfsutil-dev libarchive-dev libhiredis-dev libpugixml-dev
   # tests
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-pytest python3-requests curl openssl
   unzip  # `unzip -t` checks the ZIP streams of archive downloads
@@ -22,6 +22,8 @@ PKGS=(
   # Backend.AI event bus of tests/integration/eventbus.py: Redis stream and etcd config, started
   # by the tests on their own ports, never as services
   redis-server etcd-server etcd-client python3-redis python3-msgpack
+  # S3 clients of the S3 API's tests (tests/integration/test_s3*.py)
+  python3-boto3 awscli
   # benchmarks
   wrk
   nginx  # the peer of bench/bench_download.py (started by the script, never as a service)

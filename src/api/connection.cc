@@ -376,7 +376,9 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
   // connection.)
   template <typename Next, typename Fail>
   void ContinueThen(Next next, Fail fail) {
-    if (!expect_continue_ || parser_->is_done()) return next();
+    // Sent for an empty body too: botocore, told the final answer without a 100 first, leaves
+    // its connection unusable for the next request (which then waits for its read timeout).
+    if (!expect_continue_) return next();
     expect_continue_ = false;
     static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
     ExpireAfter(opts().request_timeout);

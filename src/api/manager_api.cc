@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "api/s3/s3_admin_api.h"
 #include "api/vfs_storage_api.h"
 #include "common/clock.h"
 #include "common/jwt.h"
@@ -582,12 +583,13 @@ Authenticator ManagerTokenAuth(std::string header, std::string secret) {
 
 std::shared_ptr<Router> MakeManagerRouter(StorageService* service, ThreadPool* io_pool,
                                           const std::string& manager_secret,
-                                          const HealthSource& health) {
+                                          const HealthSource& health, S3Store* s3) {
   auto router = std::make_shared<Router>("manager", io_pool);
   AddHealthRoutes(*router, health, "manager-facing");
   RouteGroup managed = router->Group(ManagerTokenAuth(kAuthHeader, manager_secret));
   ManagerApi::Register(managed, std::make_shared<ManagerApi>(service));
   AddVfsStorageRoutes(managed, service->config().vfs_storages);
+  if (s3) AddS3AdminRoutes(managed, service, s3);
   return router;
 }
 

@@ -9,6 +9,10 @@
 #include "service/health.h"
 #include "service/storage_service.h"
 
+namespace sluice {
+class S3Store;
+}
+
 namespace sluice::api {
 
 // Health of the node, as the probes report it.
@@ -25,9 +29,10 @@ void AddHealthRoutes(Router& router, const HealthSource& src, const std::string&
 Authenticator ManagerTokenAuth(std::string header, std::string secret);
 
 // Builds the manager API router; every route except the health routes needs the manager token.
+// With `s3` (the S3 listener is on), the S3 administration routes (s3/s3_admin_api.h) too.
 std::shared_ptr<Router> MakeManagerRouter(StorageService* service, ThreadPool* io_pool,
                                           const std::string& manager_secret,
-                                          const HealthSource& health);
+                                          const HealthSource& health, S3Store* s3 = nullptr);
 
 std::string SluiceVersion();
 

@@ -98,6 +98,10 @@ struct Args {
   std::string src, dst;
   std::string output;
   std::string task_id;
+  // s3
+  std::string s3_id, display_name, access_key, secret_key, user, bucket_name, owner;
+  std::vector<std::string> buckets;
+  bool read_only = false;
 };
 
 std::string Trim(std::string s) {
@@ -1053,6 +1057,204 @@ void AddTaskCommands(CLI::App& app, Args& a, Action* run) {
   });
 }
 
+// ---- s3 ----------------------------------------------------------------------------------
+
+void AddS3Commands(CLI::App& app, Args& a, Action* run) {
+  auto* s3 = Command(&app, "s3",
+                     "Manage the S3 API's users, access keys and bucket names.\n"
+                     "Buckets are vfolders; every S3 request is signed by an access key of a "
+                     "user.",
+                     "sluice s3 key create --user alice");
+  s3->require_subcommand(1);
+
+  auto* user = Command(s3, "user", "Manage S3 users.", "sluice s3 user create alice");
+  user->require_subcommand(1);
+  auto* ucreate = Command(user, "create",
+                          "Create an S3 user.\n"
+                          "Buckets the user creates become vfolders on VOLUME (default: the "
+                          "first\nvolume) in QUOTA_SCOPE (default: user:<uuid derived from ID>).",
+                          "sluice s3 user create alice --display-name \"Alice Kim\"");
+  ucreate->add_option("ID", a.s3_id, "user id: letters, digits, - _ . @")->required();
+  ucreate->add_option("--display-name", a.display_name, "shown as the owner's DisplayName")
+      ->type_name("NAME");
+  ucreate->add_option("--volume", a.volume, "volume for the user's new buckets")
+      ->type_name("VOLUME");
+  ucreate->add_option("--quota-scope", a.qsid, "quota scope for the user's new buckets")
+      ->type_name("QSID");
+  OnRun(ucreate, run, [&a](Cli& c) {
+    json body = {{"id", a.s3_id}};
+    if (!a.display_name.empty()) body["display_name"] = a.display_name;
+    if (!a.volume.empty()) body["volume"] = a.volume;
+    if (!a.qsid.empty()) body["quota_scope"] = a.qsid;
+    json u;
+    int rc = c.Call(http::verb::post, "/s3/users", body, &u);
+    if (rc != kExitOk) return rc;
+    if (c.g.json)
+      c.PrintJson(u);
+    else
+      c.Say(fmt::format("created S3 user {} (buckets on {} in {})", a.s3_id,
+                        Str(u, "default_volume"), Str(u, "default_scope")));
+    return kExitOk;
+  });
+  auto* ulist = Command(user, "list", "List S3 users.", "sluice s3 user list");
+  OnRun(ulist, run, [](Cli& c) {
+    json j;
+    int rc = c.Call(http::verb::get, "/s3/users", nullptr, &j);
+    if (rc != kExitOk) return rc;
+    if (c.g.json) {
+      c.PrintJson(j);
+      return kExitOk;
+    }
+    Table t({"USER", "DISPLAY NAME", "VOLUME", "QUOTA SCOPE"});
+    for (const auto& u : j.value("users", json::array()))
+      t.AddRow({Str(u, "id"), Str(u, "display_name"), Str(u, "default_volume"),
+                Str(u, "default_scope")});
+    t.Print(stdout);
+    return kExitOk;
+  });
+  auto* udelete =
+      Command(user, "delete", "Delete an S3 user (refused while it has keys or buckets).",
+              "sluice s3 user delete alice");
+  udelete->add_option("ID", a.s3_id, "user id")->required();
+  OnRun(udelete, run, [&a](Cli& c) {
+    int rc = c.Call(http::verb::delete_, "/s3/users/" + a.s3_id, nullptr, nullptr);
+    if (rc != kExitOk) return rc;
+    if (c.g.json)
+      c.PrintOk({{"id", a.s3_id}});
+    else
+      c.Say(fmt::format("deleted S3 user {}", a.s3_id));
+    return kExitOk;
+  });
+
+  auto* key = Command(s3, "key", "Manage S3 access keys.", "sluice s3 key create --user alice");
+  key->require_subcommand(1);
+  auto* kcreate = Command(key, "create",
+                          "Create an access key for a user; the secret is shown this once.\n"
+                          "--access-key and --secret-key import an existing pair (from RGW or "
+                          "MinIO).",
+                          "sluice s3 key create --user alice --bucket datasets --read-only");
+  kcreate->add_option("--user", a.user, "the key's user")->required()->type_name("ID");
+  kcreate->add_option("--access-key", a.access_key, "import: the access key id")->type_name("AK");
+  kcreate->add_option("--secret-key", a.secret_key, "import: the secret key")->type_name("SK");
+  kcreate->add_option("--bucket", a.buckets, "limit the key to this bucket (repeatable)")
+      ->type_name("NAME");
+  kcreate->add_flag("--read-only", a.read_only, "the key may read, never write");
+  OnRun(kcreate, run, [&a](Cli& c) {
+    if (a.access_key.empty() != a.secret_key.empty())
+      return c.Fail(kExitUsage, "give both --access-key and --secret-key, or neither");
+    json body = {{"user", a.user}, {"read_only", a.read_only}, {"buckets", a.buckets}};
+    if (!a.access_key.empty()) {
+      body["access_key"] = a.access_key;
+      body["secret_key"] = a.secret_key;
+    }
+    json k;
+    int rc = c.Call(http::verb::post, "/s3/keys", body, &k);
+    if (rc != kExitOk) return rc;
+    if (c.g.json) {
+      c.PrintJson(k);
+    } else {
+      std::printf("access key: %s\nsecret key: %s\n", Str(k, "access_key").c_str(),
+                  Str(k, "secret_key").c_str());
+      c.Say("the secret key is not shown again");
+    }
+    return kExitOk;
+  });
+  auto* klist = Command(key, "list", "List access keys (never their secrets).",
+                        "sluice s3 key list --user alice");
+  klist->add_option("--user", a.user, "only this user's keys")->type_name("ID");
+  OnRun(klist, run, [&a](Cli& c) {
+    json j;
+    std::string path = "/s3/keys";
+    if (!a.user.empty()) path += "?user=" + a.user;
+    int rc = c.Call(http::verb::get, path, nullptr, &j);
+    if (rc != kExitOk) return rc;
+    if (c.g.json) {
+      c.PrintJson(j);
+      return kExitOk;
+    }
+    Table t({"ACCESS KEY", "USER", "ACCESS", "BUCKETS"});
+    for (const auto& k : j.value("keys", json::array())) {
+      std::string bs;
+      for (const auto& b : k.value("buckets", json::array()))
+        bs += (bs.empty() ? "" : ",") + b.get<std::string>();
+      t.AddRow({Str(k, "access_key"), Str(k, "user"),
+                k.value("read_only", false) ? "read-only" : "read-write",
+                bs.empty() ? "(own buckets)" : bs});
+    }
+    t.Print(stdout);
+    return kExitOk;
+  });
+  auto* krevoke =
+      Command(key, "revoke", "Revoke an access key: refused by every node within seconds.",
+              "sluice s3 key revoke SLUABCDEFGHIJKLMNOPQ");
+  krevoke->add_option("ACCESS_KEY", a.access_key, "the access key id")->required();
+  OnRun(krevoke, run, [&a](Cli& c) {
+    int rc = c.Call(http::verb::delete_, "/s3/keys/" + a.access_key, nullptr, nullptr);
+    if (rc != kExitOk) return rc;
+    if (c.g.json)
+      c.PrintOk({{"access_key", a.access_key}});
+    else
+      c.Say(fmt::format("revoked access key {}", a.access_key));
+    return kExitOk;
+  });
+
+  auto* bucket =
+      Command(s3, "bucket", "Manage bucket names.",
+              std::string("sluice s3 bucket bind datasets local ") + kVfidEx + " --owner alice");
+  bucket->require_subcommand(1);
+  auto* bind =
+      Command(bucket, "bind",
+              "Serve an existing vfolder as bucket NAME, owned by an S3 user.\n"
+              "Deleting the bucket later unbinds the name and keeps the vfolder.",
+              std::string("sluice s3 bucket bind datasets local ") + kVfidEx + " --owner alice");
+  bind->add_option("NAME", a.bucket_name, "bucket name (S3 naming rules)")->required();
+  AddVolume(bind, a);
+  AddVfid(bind, a);
+  bind->add_option("--owner", a.owner, "the S3 user who owns the bucket")
+      ->required()
+      ->type_name("ID");
+  OnRun(bind, run, [&a](Cli& c) {
+    json b;
+    int rc = c.Call(
+        http::verb::post, "/s3/buckets",
+        {{"name", a.bucket_name}, {"volume", a.volume}, {"vfid", a.vfid}, {"owner", a.owner}}, &b);
+    if (rc != kExitOk) return rc;
+    if (c.g.json)
+      c.PrintJson(b);
+    else
+      c.Say(fmt::format("bucket {} now serves vfolder {} on {}", a.bucket_name, a.vfid, a.volume));
+    return kExitOk;
+  });
+  auto* blist =
+      Command(bucket, "list", "List buckets and the vfolders they are.", "sluice s3 bucket list");
+  OnRun(blist, run, [](Cli& c) {
+    json j;
+    int rc = c.Call(http::verb::get, "/s3/buckets", nullptr, &j);
+    if (rc != kExitOk) return rc;
+    if (c.g.json) {
+      c.PrintJson(j);
+      return kExitOk;
+    }
+    Table t({"BUCKET", "OWNER", "VOLUME", "VFOLDER"});
+    for (const auto& b : j.value("buckets", json::array()))
+      t.AddRow({Str(b, "name"), Str(b, "owner"), Str(b, "volume"), Str(b, "vfid")});
+    t.Print(stdout);
+    return kExitOk;
+  });
+  auto* unbind = Command(bucket, "unbind", "Remove a bucket name; the vfolder and its files stay.",
+                         "sluice s3 bucket unbind datasets");
+  unbind->add_option("NAME", a.bucket_name, "bucket name")->required();
+  OnRun(unbind, run, [&a](Cli& c) {
+    int rc = c.Call(http::verb::delete_, "/s3/buckets/" + a.bucket_name, nullptr, nullptr);
+    if (rc != kExitOk) return rc;
+    if (c.g.json)
+      c.PrintOk({{"name", a.bucket_name}});
+    else
+      c.Say(fmt::format("unbound bucket {}", a.bucket_name));
+    return kExitOk;
+  });
+}
+
 }  // namespace
 
 int RunCli(int argc, char** argv) {
@@ -1107,6 +1309,7 @@ int RunCli(int argc, char** argv) {
   AddScopeCommands(app, args, &action);
   AddVFolderCommands(app, args, &action);
   AddTaskCommands(app, args, &action);
+  AddS3Commands(app, args, &action);
   app.footer(kRootFooter);
   // Positionals are named in capitals already; "TEXT" after each name adds nothing.
   std::function<void(CLI::App*)> untype = [&](CLI::App* sub) {

@@ -228,6 +228,26 @@ void ParseApi(const toml::value& api, Config& c) {
       s.Ignore({"announce-internal-addr"}, c.warnings);
       if (auto v2 = s.String("secret")) c.manager_secret = *v2;
       s.RejectUnknown();
+    } else if (nk == "s3") {
+      Section s("api.s3", v);
+      c.s3.enabled = true;
+      ParseListenerCommon(s, c.s3.listener);
+      if (auto e = s.Bool("enabled")) c.s3.enabled = *e;
+      if (auto r = s.String("region")) {
+        if (r->empty() || r->size() > 64)
+          throw ConfigError("api.s3.region must be 1 to 64 characters");
+        c.s3.region = *r;
+      }
+      if (auto p = s.String("state-path")) c.s3.state_path = *p;
+      if (auto k = s.String("seal-key")) {
+        if (k->size() < 16) throw ConfigError("api.s3.seal-key must be at least 16 characters");
+        c.s3.seal_key = *k;
+      }
+      if (auto d = s.Bool("durable")) c.s3.durable = *d;
+      if (auto r = s.Duration("refresh-interval"))
+        c.s3.refresh = std::max(std::chrono::milliseconds(100),
+                                std::chrono::duration_cast<std::chrono::milliseconds>(*r));
+      s.RejectUnknown();
     } else {
       c.warnings.push_back(fmt::format("section [api.{}] is not used by Sluice; ignored", k));
     }
@@ -465,6 +485,7 @@ Config EmbeddedDefaultConfig(const std::string& state_dir) {
   v.backend = "vfs";
   v.path = state_dir + "/volumes/local";
   c.volumes.push_back(v);
+  c.s3.enabled = true;
   return c;
 }
 
@@ -557,6 +578,24 @@ ssl-enabled = false
 # ssl-privkey = "/etc/sluice/manager.key"
 # Shared with the Backend.AI manager. Empty: generated on first start under <state-dir>/secrets/.
 # secret = ""
+
+[api.s3]
+# The S3 API over vfolders (buckets are vfolders, objects are files). On when this section is
+# present (and in the embedded default); `enabled = false` turns it off.
+service-addr = { host = "127.0.0.1", port = 6024 }
+ssl-enabled = false
+# The region clients sign for and GetBucketLocation answers.
+region = "us-east-1"
+# Users, access keys and bucket names: a directory every node serving these volumes reaches.
+# Empty: <first volume>/.sluice/s3.
+# state-path = "/mnt/vfroot/local/.sluice/s3"
+# Seals secret keys at rest; the same on every node. Empty: generated under <state-dir>/secrets/
+# (fine for one node).
+# seal-key = ""
+# fsync each object before its write is answered.
+durable = true
+# How often changes other nodes made (keys revoked, buckets created) are picked up.
+refresh-interval = "1s"
 
 [sluice]
 # Node-local state: generated secrets, task history.

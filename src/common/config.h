@@ -69,6 +69,19 @@ struct VfsStorageConfig {
   uint64_t download_chunk_size = 65536;
 };
 
+// [api.s3]: the S3 listener (on in the embedded default; off unless configured otherwise).
+struct S3Config {
+  bool enabled = false;
+  ListenerConfig listener{{"127.0.0.1", 6024}, false, "", ""};
+  std::string region = "us-east-1";
+  // Users, keys and bucket names, shared by every node serving the same volumes. Empty: the
+  // ".sluice/s3" directory of the first directory-backed volume.
+  std::string state_path;
+  std::string seal_key;  // seals secrets at rest; generated under state_dir when empty
+  bool durable = true;   // fsync every object before answering its write
+  std::chrono::milliseconds refresh{1000};  // how often other nodes' changes are looked for
+};
+
 struct Config {
   // [storage-proxy]
   std::string node_id = "sluice-local";
@@ -109,6 +122,7 @@ struct Config {
   EtcdConfig etcd;
   EventsConfig events;
   std::vector<VfsStorageConfig> vfs_storages;
+  S3Config s3;
 
   // Filled while parsing: notes for the operator (ignored sections, unused keys).
   std::vector<std::string> warnings;

@@ -5,59 +5,12 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include "common/crypto.h"
 #include "common/json.h"
 
 namespace sluice {
 
 namespace {
-
-// One keyed HMAC-SHA256 context per thread, re-initialised for each message: OpenSSL 3's
-// one-shot HMAC() fetches the algorithms and sets the key up on every call, which costs about
-// four times as much as the MAC of a token itself (tokens are checked on every download).
-class HmacContext {
- public:
-  HmacContext() : mac_(EVP_MAC_fetch(nullptr, "HMAC", nullptr)) {
-    if (mac_) ctx_ = EVP_MAC_CTX_new(mac_);
-  }
-  ~HmacContext() {
-    EVP_MAC_CTX_free(ctx_);
-    EVP_MAC_free(mac_);
-  }
-  // False when OpenSSL failed; the caller then uses the one-shot HMAC().
-  bool Mac(std::string_view key, std::string_view data, unsigned char* out, size_t* len) {
-    if (!ctx_) return false;
-    bool rekey = !keyed_ || key != key_;
-    char digest[] = "SHA256";
-    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
-                           OSSL_PARAM_construct_end()};
-    int ok = rekey ? EVP_MAC_init(ctx_, reinterpret_cast<const unsigned char*>(key.data()),
-                                  key.size(), params)
-                   : EVP_MAC_init(ctx_, nullptr, 0, nullptr);
-    keyed_ = rekey ? ok == 1 : keyed_;
-    if (rekey) key_ = key;
-    return ok == 1 &&
-           EVP_MAC_update(ctx_, reinterpret_cast<const unsigned char*>(data.data()), data.size()) ==
-               1 &&
-           EVP_MAC_final(ctx_, out, len, EVP_MAX_MD_SIZE) == 1;
-  }
-
- private:
-  EVP_MAC* mac_ = nullptr;
-  EVP_MAC_CTX* ctx_ = nullptr;
-  bool keyed_ = false;
-  std::string key_;
-};
-
-std::string HmacSha256(std::string_view key, std::string_view data) {
-  thread_local HmacContext ctx;
-  unsigned char out[EVP_MAX_MD_SIZE];
-  size_t len = 0;
-  if (ctx.Mac(key, data, out, &len)) return std::string(reinterpret_cast<char*>(out), len);
-  unsigned int ulen = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-       reinterpret_cast<const unsigned char*>(data.data()), data.size(), out, &ulen);
-  return std::string(reinterpret_cast<char*>(out), ulen);
-}
 
 Status Invalid(const std::string& why) {
   return Status(Code::kUnauthenticated, "invalid token: " + why);
@@ -66,11 +19,7 @@ Status Invalid(const std::string& why) {
 }  // namespace
 
 std::string Base64UrlEncode(std::string_view data) {
-  std::string out(4 * ((data.size() + 2) / 3) + 1, '\0');
-  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(data.data()),
-                          static_cast<int>(data.size()));
-  out.resize(static_cast<size_t>(n));
+  std::string out = Base64Encode(data);
   while (!out.empty() && out.back() == '=') out.pop_back();
   for (auto& c : out) {
     if (c == '+')

@@ -18,12 +18,14 @@
 #include "api/client_api.h"
 #include "api/internal_api.h"
 #include "api/manager_api.h"
+#include "api/s3/s3_api.h"
 #include "api/server.h"
 #include "common/fs_util.h"
 #include "common/log.h"
 #include "common/secrets.h"
 #include "service/health.h"
 #include "service/janitor.h"
+#include "service/s3/s3_store.h"
 #include "service/storage_service.h"
 #include "service/task_store.h"
 #include "service/upload.h"
@@ -118,6 +120,11 @@ Status PrepareConfig(Config& cfg) {
     SLUICE_ASSIGN_OR_RETURN(cfg.secret, LoadOrCreateSecret(p, &created));
     spdlog::info("token secret {} {}", created ? "generated in" : "read from", p);
   }
+  if (cfg.s3.enabled && cfg.s3.seal_key.empty()) {
+    std::string p = cfg.state_dir + "/secrets/s3-seal.key";
+    SLUICE_ASSIGN_OR_RETURN(cfg.s3.seal_key, LoadOrCreateSecret(p, &created));
+    spdlog::info("S3 seal key {} {}", created ? "generated in" : "read from", p);
+  }
   for (auto& v : cfg.volumes) {
     if (v.backend == "mem") continue;  // in memory: its path names nothing on disk
     fs::path p = fs::absolute(v.path, ec).lexically_normal();
@@ -201,6 +208,28 @@ int RunDaemon(Config cfg) {
   std::atomic<bool> draining{false};
   api::HealthSource health{&health_monitor, cfg.node_id, [&draining] { return draining.load(); }};
 
+  // S3: users, keys and bucket names on shared storage, reloaded as other nodes change them.
+  std::unique_ptr<S3Store> s3_store;
+  if (cfg.s3.enabled) {
+    std::string path = cfg.s3.state_path;
+    if (path.empty()) {
+      for (const auto& v : cfg.volumes)
+        if (v.backend != "mem") {
+          path = v.path + "/.sluice/s3";
+          break;
+        }
+      if (path.empty()) path = cfg.state_dir + "/s3";
+    }
+    auto store = S3Store::Open(path, cfg.s3.seal_key);
+    if (!store.ok()) {
+      spdlog::critical("api.s3.state-path: {}", store.status().message());
+      return 2;
+    }
+    s3_store = std::move(store).value();
+    s3_store->Start(cfg.s3.refresh);
+    spdlog::info("S3 users, keys and buckets in {}", path);
+  }
+
   auto make_server = [&](const std::string& name, const ListenerConfig& lc,
                          std::shared_ptr<api::Router> router) -> Status {
     api::ServerOptions o;
@@ -219,13 +248,21 @@ int RunDaemon(Config cfg) {
     servers.push_back(std::move(srv));
     return Status::Ok();
   };
-  st = make_server("manager", cfg.manager,
-                   api::MakeManagerRouter(&service, &io_pool, cfg.manager_secret, health));
+  st = make_server(
+      "manager", cfg.manager,
+      api::MakeManagerRouter(&service, &io_pool, cfg.manager_secret, health, s3_store.get()));
   if (st.ok())
     st = make_server("client", cfg.client, api::MakeClientRouter(&service, &io_pool, health));
   if (st.ok())
     st = make_server("internal", ListenerConfig{cfg.internal, false, "", ""},
                      api::MakeInternalRouter(&io_pool, health));
+  if (st.ok() && s3_store) {
+    api::S3Options so;
+    so.region = cfg.s3.region;
+    so.durable = cfg.s3.durable;
+    st = make_server("s3", cfg.s3.listener,
+                     api::MakeS3Router(&service, s3_store.get(), &io_pool, so));
+  }
   if (!st.ok()) {
     spdlog::critical("{}", st.message());
     return st.code() == Code::kInvalidArgument ? 2 : 1;

@@ -25,11 +25,7 @@ Status NoSession(const std::string& session) {
       fmt::format("upload session {} does not exist (expired, removed or never created)", session));
 }
 
-// Keys of QuotaReservations: the scope on its volume, the session in its vfolder.
-std::string ScopeKey(const UploadTarget& t) {
-  return QuotaReservations::ScopeKey(t.volume->name(),
-                                     t.vfid.scope ? t.vfid.scope->hex : std::string());
-}
+// Key of QuotaReservations: the session in its vfolder.
 std::string SessionKey(const std::string& volume, const std::string& scope_hex,
                        const std::string& vf_hex, const std::string& session) {
   return fmt::format("{}/{}/{}/{}", volume, scope_hex, vf_hex, session);
@@ -186,13 +182,15 @@ Result<UploadTarget> UploadService::ResolveGrant(const UploadGrant& g,
   return t;
 }
 
-Status UploadService::ReserveQuota(const UploadTarget& t, uint64_t more_bytes) const {
-  if (!t.vfid.scope) return Status::Ok();
-  SLUICE_ASSIGN_OR_RETURN(QuotaUsage q, t.volume->quota().DescribeScope(*t.vfid.scope));
+Status ReserveScopeQuota(QuotaReservations& reservations, Volume& volume, const VFolderId& vfid,
+                         const std::string& key, uint64_t more_bytes) {
+  if (!vfid.scope) return Status::Ok();
+  SLUICE_ASSIGN_OR_RETURN(QuotaUsage q, volume.quota().DescribeScope(*vfid.scope));
   if (!q.limit_bytes) return Status::Ok();
   uint64_t limit = *q.limit_bytes;
-  return svc_->reservations().Reserve(
-      ScopeKey(t), ReservationKey(t), more_bytes, [&](uint64_t others) -> Status {
+  return reservations.Reserve(
+      QuotaReservations::ScopeKey(volume.name(), vfid.scope->hex), key, more_bytes,
+      [&](uint64_t others) -> Status {
         uint64_t committed = q.used_bytes + others;
         uint64_t room = limit > committed ? limit - committed : 0;
         if (more_bytes <= room) return Status::Ok();
@@ -202,9 +200,13 @@ Status UploadService::ReserveQuota(const UploadTarget& t, uint64_t more_bytes) c
             Code::kQuotaExceeded,
             fmt::format("the upload needs {} more bytes but quota scope {} has {} left "
                         "({} of {} bytes used{})",
-                        more_bytes, t.vfid.scope->ToString(), room, q.used_bytes, limit, pending),
+                        more_bytes, vfid.scope->ToString(), room, q.used_bytes, limit, pending),
             EDQUOT);
       });
+}
+
+Status UploadService::ReserveQuota(const UploadTarget& t, uint64_t more_bytes) const {
+  return ReserveScopeQuota(svc_->reservations(), *t.volume, t.vfid, ReservationKey(t), more_bytes);
 }
 
 Result<std::string> UploadService::CreateSession(Volume& volume, const VFolderId& vfid,

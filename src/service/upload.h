@@ -102,6 +102,13 @@ class UploadWriter {
   Status failed_;  // the first write/sync error; no more syncs after it
 };
 
+// Refuses `more_bytes` for the writer `key` in vfolder `vfid` of `volume` when they do not fit
+// its quota scope's limit, counting what other writers of the scope have reserved (kQuotaExceeded
+// saying how much is left); reserves them for `key` when they fit. Shared by every write path
+// (tus sessions, S3 objects).
+Status ReserveScopeQuota(QuotaReservations& reservations, Volume& volume, const VFolderId& vfid,
+                         const std::string& key, uint64_t more_bytes);
+
 class UploadService {
  public:
   explicit UploadService(StorageService* svc) : svc_(svc) {}

@@ -118,6 +118,17 @@ class FaultWriter : public ForwardingStagingWriter {
       return FaultVolume::Failure(*r, "commit", p);
     return inner_->Commit(final_parts);
   }
+  Status Publish(const std::vector<std::string>& final_parts,
+                 const std::function<std::string(const DirEntry&)>& meta, bool durable) override {
+    std::string p;
+    for (const auto& part : final_parts) p = Join(p, part);
+    if (durable)
+      if (const FaultRule* r = vol_->Fire("sync", ""); r && r->error)
+        return FaultVolume::Failure(*r, "sync", "");
+    if (const FaultRule* r = vol_->Fire("commit", p); r && r->error)
+      return FaultVolume::Failure(*r, "commit", p);
+    return inner_->Publish(final_parts, meta, durable);
+  }
 
  private:
   FaultVolume* vol_;

@@ -138,6 +138,7 @@ class ForwardingFileReader : public FileReader {
   }
   int native_fd() const override { return inner_->native_fd(); }
   void CountSent(uint64_t bytes) override { inner_->CountSent(bytes); }
+  Result<std::string> ReadMeta() override { return inner_->ReadMeta(); }
 
  protected:
   std::shared_ptr<FileReader> inner_;
@@ -154,6 +155,9 @@ class ForwardingDirHandle : public DirHandle {
   }
   Result<std::unique_ptr<DirHandle>> OpenSubdir(const std::string& name) override {
     return inner_->OpenSubdir(name);
+  }
+  Result<std::string> EntryMeta(const std::string& name) override {
+    return inner_->EntryMeta(name);
   }
 
  protected:
@@ -177,6 +181,13 @@ class ForwardingStagingWriter : public StagingWriter {
   }
   Status Commit(const std::vector<std::string>& final_parts) override {
     return inner_->Commit(final_parts);
+  }
+  Status Publish(const std::vector<std::string>& final_parts,
+                 const std::function<std::string(const DirEntry&)>& meta, bool durable) override {
+    return inner_->Publish(final_parts, meta, durable);
+  }
+  Status CopyFrom(FileReader& src, uint64_t src_offset, uint64_t n, uint64_t at) override {
+    return inner_->CopyFrom(src, src_offset, n, at);
   }
 
  protected:

@@ -71,6 +71,13 @@ class MeteredWriter : public ForwardingStagingWriter {
     vol_->Count(MetricsVolume::Op::kStage, t0, st);
     return st;
   }
+  Status Publish(const std::vector<std::string>& final_parts,
+                 const std::function<std::string(const DirEntry&)>& meta, bool durable) override {
+    auto t0 = Clock::now();
+    Status st = inner_->Publish(final_parts, meta, durable);
+    vol_->Count(MetricsVolume::Op::kStage, t0, st);
+    return st;
+  }
 
  private:
   MetricsVolume* vol_;

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/sysmacros.h>
 #include <sys/uio.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <climits>
@@ -65,6 +66,43 @@ Result<DirEntry> StatAt(int dirfd, const std::string& name, bool dont_sync, bool
     }
   }
   return e;
+}
+
+Result<std::string> ReadObjectMeta(int fd, const std::string& name) {
+  std::string buf(kMaxObjectMeta, '\0');
+  ssize_t n;
+  if (name.empty()) {
+    n = ::fgetxattr(fd, kObjectMetaAttr, buf.data(), buf.size());
+  } else {
+    // No getxattrat() before Linux 6.13: the entry is named through the directory's descriptor,
+    // one component, never followed.
+    std::string p = fmt::format("/proc/self/fd/{}/{}", fd, name);
+    n = ::lgetxattr(p.c_str(), kObjectMetaAttr, buf.data(), buf.size());
+  }
+  if (n < 0) {
+    if (errno == ENODATA || errno == ENOTSUP || errno == EOPNOTSUPP || errno == ERANGE)
+      return std::string();
+    return Status::FromErrno(errno, fmt::format("read metadata of '{}'", name));
+  }
+  buf.resize(static_cast<size_t>(n));
+  return buf;
+}
+
+Status WriteObjectMeta(int fd, std::string_view meta) {
+  if (::fsetxattr(fd, kObjectMetaAttr, meta.data(), meta.size(), 0) == 0) return Status::Ok();
+  if (errno == ENOTSUP || errno == EOPNOTSUPP)
+    return Status(Code::kUnsupported, "the file system keeps no user extended attributes", errno);
+  return Status::FromErrno(errno, "store object metadata");
+}
+
+Result<std::string> PosixFileReader::ReadMeta() {
+  return ReadObjectMeta(fd_.get(), "");
+}
+
+Result<std::string> PosixDirHandle::EntryMeta(const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+    return Status(Code::kInvalidPath, "not an entry name");
+  return ReadObjectMeta(fd(), name);
 }
 
 Result<size_t> PosixFileReader::ReadAt(uint64_t offset, char* buf, size_t n) {

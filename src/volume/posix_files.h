@@ -21,6 +21,13 @@ namespace sluice {
 Result<DirEntry> StatAt(int dirfd, const std::string& name, bool dont_sync = false,
                         bool birth_time = true);
 
+// The object metadata attribute (kObjectMetaAttr) of the file open at `fd`, or of entry `name`
+// of the directory open at `fd` (a symbolic link is not followed) when `name` is not empty:
+// "" when there is none or the file system keeps no user attributes.
+Result<std::string> ReadObjectMeta(int fd, const std::string& name);
+// Sets it on the file open at `fd`; kUnsupported where the file system keeps no user attributes.
+Status WriteObjectMeta(int fd, std::string_view meta);
+
 class PosixFileReader : public FileReader {
  public:
   PosixFileReader(UniqueFd fd, DirEntry info) : fd_(std::move(fd)), info_(std::move(info)) {}
@@ -28,6 +35,7 @@ class PosixFileReader : public FileReader {
   Result<size_t> ReadAt(uint64_t offset, char* buf, size_t n) override;
   Result<size_t> ReadAtNoWait(uint64_t offset, char* buf, size_t n) override;
   int native_fd() const override { return fd_.get(); }
+  Result<std::string> ReadMeta() override;
 
   // A regular file opened from `fd` (O_RDONLY): its attributes are read now. kInvalidArgument
   // (EISDIR for a directory) when it is not a regular file; `shown` names it in errors.
@@ -49,6 +57,7 @@ class PosixDirHandle : public DirHandle {
   Result<DirEntry> StatEntry(const std::string& name) override;
   Result<std::shared_ptr<FileReader>> OpenFile(const std::string& name) override;
   Result<std::unique_ptr<DirHandle>> OpenSubdir(const std::string& name) override;
+  Result<std::string> EntryMeta(const std::string& name) override;
 
  private:
   PosixDirHandle(DirReader reader, DirEntry info)

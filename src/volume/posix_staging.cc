@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <thread>
 
@@ -15,6 +16,7 @@
 #include "common/json.h"
 #include "common/path.h"
 #include "common/secrets.h"
+#include "volume/posix_files.h"
 
 namespace sluice {
 
@@ -198,6 +200,48 @@ class PosixStagingWriter : public StagingWriter {
     if (size_ > offset) Account(-static_cast<int64_t>(size_ - offset), 0);
     size_ = offset;
     return Status::Ok();
+  }
+
+  Status Publish(const std::vector<std::string>& parts,
+                 const std::function<std::string(const DirEntry&)>& meta, bool durable) override {
+    if (meta) {
+      SLUICE_ASSIGN_OR_RETURN(DirEntry now, StatAt(fd_.get(), "", false, false));
+      std::string blob = meta(now);
+      if (!blob.empty()) {
+        Status st = WriteObjectMeta(fd_.get(), blob);
+        if (st.code() == Code::kUnsupported) {
+          static std::atomic<bool> warned{false};
+          if (!warned.exchange(true))
+            spdlog::warn("object metadata is not kept on this volume: {}", st.message());
+        } else if (!st.ok()) {
+          return st;
+        }
+      }
+    }
+    if (durable && ::fdatasync(fd_.get()) != 0) return Status::FromErrno(errno, "sync object");
+    return Commit(parts);
+  }
+
+  Status CopyFrom(FileReader& src, uint64_t src_offset, uint64_t n, uint64_t at) override {
+    int in = src.native_fd();
+    while (in >= 0 && n > 0) {
+      loff_t from = static_cast<loff_t>(src_offset), to = static_cast<loff_t>(at);
+      ssize_t c = ::copy_file_range(in, &from, fd_.get(), &to, n, 0);
+      if (c < 0 && errno == EINTR) continue;
+      if (c < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP ||
+                    errno == EBADF))
+        break;  // not between these two files: copy through memory
+      if (c < 0) return Status::FromErrno(errno, "copy into upload");
+      if (c == 0) return Status(Code::kIoError, "the source ended early", EIO);
+      if (at + static_cast<uint64_t>(c) > size_) {
+        Account(static_cast<int64_t>(at + static_cast<uint64_t>(c) - size_), 0);
+        size_ = at + static_cast<uint64_t>(c);
+      }
+      src_offset += static_cast<uint64_t>(c);
+      at += static_cast<uint64_t>(c);
+      n -= static_cast<uint64_t>(c);
+    }
+    return n == 0 ? Status::Ok() : StagingWriter::CopyFrom(src, src_offset, n, at);
   }
 
   Status Commit(const std::vector<std::string>& parts) override {

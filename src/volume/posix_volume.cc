@@ -51,6 +51,21 @@ std::string_view EntryTypeName(EntryType t) {
   }
 }
 
+Status StagingWriter::CopyFrom(FileReader& src, uint64_t src_offset, uint64_t n, uint64_t at) {
+  std::vector<char> buf(std::min<uint64_t>(n, 1 << 20));
+  while (n > 0) {
+    size_t want = static_cast<size_t>(std::min<uint64_t>(n, buf.size()));
+    SLUICE_ASSIGN_OR_RETURN(size_t got, src.ReadAt(src_offset, buf.data(), want));
+    if (got == 0) return Status(Code::kIoError, "the source ended early", EIO);
+    size_t written = 0;
+    SLUICE_RETURN_IF_ERROR(WriteAt(at, buf.data(), got, &written));
+    src_offset += got;
+    at += got;
+    n -= got;
+  }
+  return Status::Ok();
+}
+
 PosixVolume::PosixVolume(VolumeConfig cfg, ThreadPool* scan_pool)
     : cfg_(std::move(cfg)), fsop_(scan_pool), io_stats_(&Metrics::Global().Volume(cfg_.name)) {
   while (cfg_.path.size() > 1 && cfg_.path.back() == '/') cfg_.path.pop_back();
@@ -487,11 +502,13 @@ Status PosixVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::st
                                 bool recursive) {
   SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
   std::vector<ParentRef> targets;
+  std::vector<bool> rmdir;  // an empty directory: removed only while it is still empty
   for (const auto& rel : relpaths) {
     SLUICE_ASSIGN_OR_RETURN(ParentRef ref, OpenParentBeneath(root.get(), rel));
     struct stat sb;
     if (::fstatat(ref.dir.get(), ref.name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) != 0)
       return Status::FromErrno(errno, fmt::format("delete '{}'", rel));
+    rmdir.push_back(S_ISDIR(sb.st_mode) && !recursive);
     if (S_ISDIR(sb.st_mode) && !recursive) {
       // Only an empty directory may go without recursive=true.
       SLUICE_ASSIGN_OR_RETURN(DirReader dir, DirReader::OpenAt(ref.dir.get(), ref.name, rel));
@@ -504,7 +521,21 @@ Status PosixVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::st
     }
     targets.push_back(std::move(ref));
   }
-  for (auto& t : targets) {
+  for (size_t i = 0; i < targets.size(); ++i) {
+    auto& t = targets[i];
+    if (rmdir[i]) {
+      // Something may have been created in it since the check: rmdir fails then, atomically.
+      if (::unlinkat(t.dir.get(), t.name.c_str(), AT_REMOVEDIR) != 0) {
+        if (errno == ENOTEMPTY || errno == EEXIST)
+          return Status(Code::kNotEmpty,
+                        fmt::format("directory '{}' is not empty; pass recursive=true to delete it",
+                                    relpaths[i]),
+                        ENOTEMPTY);
+        return Status::FromErrno(errno, fmt::format("delete '{}'", relpaths[i]));
+      }
+      AccountWrite(vfid, 0, -1);
+      continue;
+    }
     TreeCount removed;
     Status st = RemoveTreeAt(t.dir.get(), t.name, &removed);
     AccountWrite(vfid, -static_cast<int64_t>(removed.bytes),

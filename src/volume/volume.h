@@ -88,7 +88,15 @@ class FileReader {
   virtual int native_fd() const { return -1; }
   // Bytes of this file sent from native_fd() without ReadAt (zero-copy), for accounting.
   virtual void CountSent(uint64_t bytes) {}
+  // The object metadata stored with the file (kObjectMetaAttr), "" when it has none or the
+  // volume keeps none.
+  virtual Result<std::string> ReadMeta() { return std::string(); }
 };
+
+// The extended attribute that holds an object's metadata (S3 headers, checksums, ETag) with its
+// file: set before the file is published, so it appears atomically with the data.
+inline constexpr const char* kObjectMetaAttr = "user.sluice.object";
+inline constexpr size_t kMaxObjectMeta = 16 << 10;
 
 // An open directory of a volume: its entries in directory order, and its children opened
 // relative to it (never following a symbolic link), so that a walk never resolves a path.
@@ -108,6 +116,8 @@ class DirHandle {
   virtual Result<std::shared_ptr<FileReader>> OpenFile(const std::string& name) = 0;
   // kInvalidPath for a symbolic link, kInvalidArgument (ENOTDIR) for a non-directory.
   virtual Result<std::unique_ptr<DirHandle>> OpenSubdir(const std::string& name) = 0;
+  // The object metadata of entry `name` (see FileReader::ReadMeta) without opening it.
+  virtual Result<std::string> EntryMeta(const std::string& name) { return std::string(); }
 };
 
 // The name reserved in every vfolder's root for upload staging: never a target of uploads,
@@ -143,6 +153,17 @@ class StagingWriter {
   // the vfolder: a symlink out is refused), an existing file is replaced atomically, a
   // directory is refused (kConflict).
   virtual Status Commit(const std::vector<std::string>& final_parts) = 0;
+  // For objects written whole (S3): attaches the metadata `meta` returns for the file as it now
+  // is (size, mtime), makes the bytes durable when `durable`, then commits as Commit does. No
+  // offset record is written. Volumes that cannot keep metadata publish the bytes alone.
+  virtual Status Publish(const std::vector<std::string>& final_parts,
+                         const std::function<std::string(const DirEntry&)>& meta, bool durable) {
+    return Commit(final_parts);
+  }
+  // Writes [src_offset, src_offset + n) of `src` at `at`, without the bytes passing through user
+  // space where both are local files (copy_file_range: a reflink on btrfs and XFS); read and
+  // written otherwise.
+  virtual Status CopyFrom(FileReader& src, uint64_t src_offset, uint64_t n, uint64_t at);
 };
 
 struct StagingSweep {

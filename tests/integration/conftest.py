@@ -286,12 +286,14 @@ class Daemon:
         extra_toml="",
         config_text=None,  # the whole file, or a function of the Daemon returning it
         secret=MANAGER_SECRET,
+        s3=None,  # options of an [api.s3] section (the S3 listener), or None: no S3
     ):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         # Port 0: the kernel picks; sluiced records what it bound in <state>/listeners.json,
         # read at start (no race for a port that looked free).
-        self.client_port = self.manager_port = self.internal_port = 0
+        self.client_port = self.manager_port = self.internal_port = self.s3_port = 0
+        self.s3_opts = None if s3 is None else dict(s3)
         self.state = self.root / "state"
         self.volumes = {"local": self.root / "vol"}
         for name in extra_volumes:
@@ -340,6 +342,12 @@ class Daemon:
             toml_section("api.manager", mgr),
             toml_section("sluice", {"state-dir": str(self.state), **sluice}),
         ]
+        if self.s3_opts is not None:
+            parts.append(toml_section("api.s3", {
+                "service-addr": {"host": "127.0.0.1", "port": 0},
+                "seal-key": "seal-key-for-tests-0123456789",
+                "durable": False,
+                **self.s3_opts}))
         for name, path in self.volumes.items():
             parts.append(toml_section(f"volume.{name}", {"backend": "vfs", "path": str(path)}))
         parts.append(extra_toml)
@@ -384,6 +392,8 @@ class Daemon:
         port = lambda name: int(urls[name].rsplit(":", 1)[1])  # noqa: E731
         self.manager_port, self.client_port, self.internal_port = (
             port("manager"), port("client"), port("internal"))
+        if "s3" in urls:
+            self.s3_port = port("s3")
 
     def stop(self):
         """SIGTERM; asserts a clean exit (code 0) within STOP_TIMEOUT."""
@@ -411,6 +421,39 @@ class Daemon:
 
     def internal_url(self, path):
         return f"http://127.0.0.1:{self.internal_port}{path}"
+
+    def s3_url(self, path=""):
+        return f"http://127.0.0.1:{self.s3_port}{path}"
+
+    # ---- S3
+
+    def s3_user(self, user_id=None, **body):
+        """Creates an S3 user through the manager API; returns its record."""
+        body = {"id": user_id or f"u-{uuid.uuid4().hex[:8]}", **body}
+        r = self.mgr("POST", "/s3/users", json=body)
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    def s3_key(self, user, **body):
+        """A new access key of `user`: (access key, secret key)."""
+        r = self.mgr("POST", "/s3/keys", json={"user": user, **body})
+        assert r.status_code == 201, r.text
+        return r.json()["access_key"], r.json()["secret_key"]
+
+    def s3_client(self, access_key, secret_key, **config):
+        """A boto3 S3 client for this daemon (path-style, SigV4)."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.s3_url(),
+            aws_access_key_id=access_key,
+            aws_secret_access_key=secret_key,
+            region_name="us-east-1",
+            config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
+                          retries={"max_attempts": 1}, **config),
+        )
 
     def mgr(self, method, path, json=None, params=None, token=True, **kw):
         """A manager-API request. token: True (right secret), False (no header) or a string."""

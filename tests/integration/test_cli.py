@@ -32,6 +32,15 @@ UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]
 ERROR_RE = re.compile(r"^sluice: .+ \(HTTP (\d{3})\)$", re.M)
 
 LEAF_COMMANDS = [
+    ["s3", "user", "create"],
+    ["s3", "user", "list"],
+    ["s3", "user", "delete"],
+    ["s3", "key", "create"],
+    ["s3", "key", "list"],
+    ["s3", "key", "revoke"],
+    ["s3", "bucket", "bind"],
+    ["s3", "bucket", "list"],
+    ["s3", "bucket", "unbind"],
     ["volumes"],
     ["volume", "info"],
     ["scope", "create"],
@@ -53,7 +62,8 @@ LEAF_COMMANDS = [
     ["task", "wait"],
     ["task", "list"],
 ]
-GROUP_COMMANDS = [["volume"], ["scope"], ["vfolder"], ["task"]]
+GROUP_COMMANDS = [["volume"], ["scope"], ["vfolder"], ["task"], ["s3"], ["s3", "user"],
+                  ["s3", "key"], ["s3", "bucket"]]
 
 
 # --------------------------------------------------------------------------- helpers

@@ -1,0 +1,1215 @@
+#include "api/s3/s3_api.h"
+
+#include <algorithm>
+#include <ctime>
+#include <mutex>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <boost/beast/core/string.hpp>
+#include <pugixml.hpp>
+
+#include "api/range.h"
+#include "api/s3/sigv4.h"
+#include "common/crypto.h"
+#include "common/jwt.h"
+#include "common/secrets.h"
+#include "service/s3/objects.h"
+#include "service/s3/s3_store.h"
+#include "service/storage_service.h"
+
+namespace sluice::api {
+
+namespace {
+
+using s3::S3Error;
+
+constexpr const char* kXmlns = "http://s3.amazonaws.com/doc/2006-03-01/";
+constexpr uint64_t kMaxPutSize = 5ULL << 30;  // S3's limit for one PUT
+constexpr size_t kMaxUserMeta = 2048;         // x-amz-meta-* names and values together
+
+// What the authenticator found: the key and the parts of the signature a body is checked
+// against.
+struct S3Grant {
+  std::shared_ptr<const S3Key> key;
+  s3::SigV4Auth auth;
+};
+
+struct S3Ctx {
+  StorageService* svc;
+  S3Store* store;
+  ObjectStore objects;
+  S3Options opts;
+};
+
+std::string RequestId() {
+  return RandomHexString(8);
+}
+
+bool StartsWith(std::string_view s, std::string_view p) {
+  return s.substr(0, p.size()) == p;
+}
+
+std::string IsoTime(std::chrono::system_clock::time_point t) {
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+  std::time_t secs = static_cast<std::time_t>(ms / 1000);
+  struct tm tm;
+  gmtime_r(&secs, &tm);
+  char buf[40];
+  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  return fmt::format("{}.{:03d}Z", buf, static_cast<int>(ms % 1000));
+}
+
+std::string XmlText(const pugi::xml_document& doc) {
+  struct Writer : pugi::xml_writer {
+    std::string out;
+    void write(const void* data, size_t size) override {
+      out.append(static_cast<const char*>(data), size);
+    }
+  } w;
+  doc.save(w, "", pugi::format_raw | pugi::format_no_declaration);
+  return "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n" + w.out;
+}
+
+HttpResponse Xml(unsigned status, const pugi::xml_document& doc) {
+  return HttpResponse::Text(status, XmlText(doc), "application/xml");
+}
+
+HttpResponse ErrorXml(const S3Error& e, std::string_view resource) {
+  pugi::xml_document doc;
+  auto err = doc.append_child("Error");
+  err.append_child("Code").text().set(e.code.c_str());
+  err.append_child("Message").text().set(e.message.c_str());
+  err.append_child("Resource").text().set(std::string(resource).c_str());
+  HttpResponse r = Xml(e.status, doc);
+  r.headers.emplace_back("x-amz-request-id", RequestId());
+  return r;
+}
+
+// Status -> S3 error, where the operation says what a missing thing is.
+S3Error FromStatus(const Status& st, std::string_view not_found = "NoSuchKey") {
+  switch (st.code()) {
+    case Code::kNotFound:
+      return {404, std::string(not_found), st.message()};
+    case Code::kQuotaExceeded:
+      return {403, "QuotaExceeded", st.message()};
+    case Code::kNoSpace:
+      return {507, "InsufficientStorage", st.message()};
+    case Code::kUriTooLong:
+      return {400, "KeyTooLongError", st.message()};
+    case Code::kConflict:
+      if (st.sys_errno() == ENOTDIR) return {409, "ObjectParentIsFile", st.message()};
+      if (st.sys_errno() == EISDIR || st.sys_errno() == ENOTEMPTY || st.sys_errno() == EEXIST)
+        return {409, "ObjectIsDirectory", st.message()};
+      return {409, "OperationAborted", st.message()};
+    case Code::kPermissionDenied:
+    case Code::kUnauthenticated:
+      return {403, "AccessDenied", st.message()};
+    case Code::kInvalidArgument:
+    case Code::kInvalidPath:
+      return {400, "InvalidArgument", st.message()};
+    case Code::kTooLarge:
+      return {400, "EntityTooLarge", st.message()};
+    case Code::kUnavailable:
+      return {503, "SlowDown", st.message()};
+    case Code::kUnsupported:
+      return {501, "NotImplemented", st.message()};
+    default:
+      return {500, "InternalError", st.message()};
+  }
+}
+
+const S3Grant& GrantOf(const HttpRequest& req) {
+  return *static_cast<const S3Grant*>(req.ctx.principal.grant.get());
+}
+
+std::string_view Header(const HttpRequest& req, std::string_view name) {
+  auto it = req.msg.find(name);
+  return it == req.msg.end() ? std::string_view() : std::string_view(it->value());
+}
+
+std::optional<std::string> QueryParam(const HttpRequest& req, const std::string& k) {
+  auto it = req.query.find(k);
+  if (it == req.query.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<int> IntParam(const HttpRequest& req, const std::string& k, int lo, int hi) {
+  auto v = QueryParam(req, k);
+  if (!v || v->empty() || v->size() > 6 || !std::all_of(v->begin(), v->end(), ::isdigit))
+    return std::nullopt;
+  int n = std::atoi(v->c_str());
+  return n < lo || n > hi ? std::nullopt : std::optional<int>(n);
+}
+
+// Signing keys per (key, day, region): four HMACs saved on every request.
+std::string CachedSigningKey(const S3Key& key, const s3::SigV4Auth& a) {
+  thread_local std::unordered_map<std::string, std::string> cache;
+  std::string id = fmt::format("{}\n{}\n{}\n{}", key.access_key, a.date, a.region, key.secret_key);
+  auto it = cache.find(id);
+  if (it != cache.end()) return it->second;
+  if (cache.size() > 1024) cache.clear();
+  std::string k = s3::SigningKey(key.secret_key, a.date, a.region, a.service);
+  cache.emplace(std::move(id), k);
+  return k;
+}
+
+// -------------------------------------------------------------------------- authentication
+
+Authenticator MakeSigV4Authenticator(S3Ctx* ctx) {
+  return [ctx](HttpRequest& req) -> std::optional<HttpResponse> {
+    std::optional<S3Error> err;
+    std::string_view target = req.msg.target();
+    auto auth = s3::ParseSigV4(req.msg, target, std::time(nullptr), &err);
+    auto refuse = [&](S3Error e) { return std::optional<HttpResponse>(ErrorXml(e, req.path)); };
+    if (err) return refuse(*err);
+    if (!auth)
+      return refuse({403, "AccessDenied", "anonymous access is not allowed; sign requests"});
+    auto key = ctx->store->FindKey(auth->access_key);
+    if (!key)
+      return refuse({403, "InvalidAccessKeyId",
+                     "the AWS access key Id you provided does not exist in our records"});
+    std::string skey = CachedSigningKey(*key, *auth);
+    std::string_view raw_path = target.substr(0, target.find('?'));
+    std::string_view raw_query =
+        target.find('?') == std::string_view::npos ? "" : target.substr(target.find('?') + 1);
+    std::string method(req.msg.method_string());
+    auto matches = [&](std::string_view path) {
+      std::string sig = s3::SignatureOf(
+          skey,
+          s3::StringToSign(*auth, s3::CanonicalRequest(req.msg, method, path, raw_query, *auth)));
+      return ConstantTimeEquals(sig, auth->signature);
+    };
+    // Clients encode the path once from the key; some sign it exactly as they sent it.
+    if (!matches(req.path) && !(raw_path != req.path && matches(PercentDecode(raw_path, false))))
+      return refuse({403, "SignatureDoesNotMatch",
+                     "the request signature we calculated does not match the signature you "
+                     "provided; check your key and signing method"});
+    auto grant = std::make_shared<S3Grant>();
+    grant->key = std::move(key);
+    grant->auth = std::move(*auth);
+    req.ctx.principal.kind = "s3";
+    req.ctx.principal.grant = std::move(grant);
+    return std::nullopt;
+  };
+}
+
+// ------------------------------------------------------------------------------ bucket access
+
+struct BucketRef {
+  S3Bucket bucket;
+  Volume* volume = nullptr;
+  VFolderId vfid;
+};
+
+// The bucket, if the caller may use it (`write`: for changes).
+std::variant<BucketRef, S3Error> Access(S3Ctx& ctx, const HttpRequest& req, bool write) {
+  const S3Grant& g = GrantOf(req);
+  std::string name(req.Param("bucket"));
+  auto b = ctx.store->FindBucket(name);
+  if (!b.ok()) return S3Error{404, "NoSuchBucket", "the specified bucket does not exist"};
+  if (b->owner != g.key->user || !g.key->MayUse(name))
+    return S3Error{403, "AccessDenied", "access denied"};
+  if (write && g.key->read_only)
+    return S3Error{403, "AccessDenied", "this access key is read-only"};
+  auto v = ctx.svc->GetVolume(b->volume);
+  auto id = VFolderId::Parse(b->vfid);
+  if (!v.ok() || !id.ok())
+    return S3Error{503, "ServiceUnavailable",
+                   fmt::format("bucket '{}' is on volume '{}', which this node does not serve",
+                               name, b->volume)};
+  return BucketRef{std::move(b).value(), *v, std::move(id).value()};
+}
+
+// Checks a buffered body against the signed payload hash and Content-MD5.
+std::optional<S3Error> CheckBody(const HttpRequest& req) {
+  const auto& a = GrantOf(req).auth;
+  const std::string& body = req.msg.body();
+  if (a.payload_hash.size() == 64 && a.payload_hash != s3::kUnsignedPayload &&
+      HexEncode(Sha256(body)) != a.payload_hash)
+    return S3Error{400, "XAmzContentSHA256Mismatch",
+                   "the provided x-amz-content-sha256 header does not match what was computed"};
+  if (auto md5 = Header(req, "Content-MD5"); !md5.empty()) {
+    auto raw = Base64Decode(md5);
+    if (!raw.ok() || raw->size() != 16)
+      return S3Error{400, "InvalidDigest", "the Content-MD5 you specified is not valid"};
+    sluice::Digest d(sluice::Digest::Algo::kMd5);
+    d.Update(body);
+    if (d.Final() != *raw)
+      return S3Error{400, "BadDigest",
+                     "the Content-MD5 you specified did not match what we received"};
+  }
+  return std::nullopt;
+}
+
+using S3Handler = std::function<HttpResponse(S3Ctx&, const HttpRequest&)>;
+
+// Every S3 answer carries a request id; errors are S3 XML.
+Route MakeRoute(S3Ctx* ctx, S3Handler h, std::string query_key = "",
+                std::optional<uint64_t> body_limit = 0) {
+  Route r;
+  r.query_key = std::move(query_key);
+  r.body_limit = body_limit;
+  r.handler = [ctx, h = std::move(h)](const HttpRequest& req) {
+    HttpResponse res = h(*ctx, req);
+    bool has_id = std::any_of(res.headers.begin(), res.headers.end(),
+                              [](const auto& h) { return h.first == "x-amz-request-id"; });
+    if (!has_id) res.headers.emplace_back("x-amz-request-id", RequestId());
+    return res;
+  };
+  return r;
+}
+
+#define S3_ACCESS(ref, ctx, req, write)                                        \
+  auto ref##_v = Access(ctx, req, write);                                      \
+  if (auto* e = std::get_if<S3Error>(&ref##_v)) return ErrorXml(*e, req.path); \
+  BucketRef& ref = std::get<BucketRef>(ref##_v)
+
+void AddOwner(pugi::xml_node parent, const char* name, const std::string& id,
+              const std::string& display) {
+  auto o = parent.append_child(name);
+  o.append_child("ID").text().set(id.c_str());
+  o.append_child("DisplayName").text().set(display.c_str());
+}
+
+std::string DisplayNameOf(S3Ctx& ctx, const std::string& user) {
+  auto u = ctx.store->GetUser(user);
+  return u.ok() ? u->display_name : user;
+}
+
+// ------------------------------------------------------------------------------ bucket ops
+
+HttpResponse ListBuckets(S3Ctx& ctx, const HttpRequest& req) {
+  const S3Grant& g = GrantOf(req);
+  pugi::xml_document doc;
+  auto root = doc.append_child("ListAllMyBucketsResult");
+  root.append_attribute("xmlns") = kXmlns;
+  AddOwner(root, "Owner", g.key->user, DisplayNameOf(ctx, g.key->user));
+  auto list = root.append_child("Buckets");
+  for (const auto& b : ctx.store->Buckets()) {
+    if (b.owner != g.key->user || !g.key->MayUse(b.name)) continue;
+    auto n = list.append_child("Bucket");
+    n.append_child("Name").text().set(b.name.c_str());
+    n.append_child("CreationDate")
+        .text()
+        .set(IsoTime(std::chrono::system_clock::from_time_t(b.created)).c_str());
+  }
+  return Xml(200, doc);
+}
+
+HttpResponse CreateBucket(S3Ctx& ctx, const HttpRequest& req) {
+  const S3Grant& g = GrantOf(req);
+  std::string name(req.Param("bucket"));
+  if (auto e = CheckBody(req)) return ErrorXml(*e, req.path);
+  if (Status st = CheckBucketName(name); !st.ok())
+    return ErrorXml({400, "InvalidBucketName", st.message()}, req.path);
+  if (!req.msg.body().empty()) {
+    pugi::xml_document doc;
+    if (!doc.load_buffer(req.msg.body().data(), req.msg.body().size()) ||
+        !doc.child("CreateBucketConfiguration"))
+      return ErrorXml({400, "MalformedXML",
+                       "the XML you provided was not well-formed or did not "
+                       "validate against our published schema"},
+                      req.path);
+  }
+  auto existing = ctx.store->FindBucket(name);
+  if (existing.ok()) {
+    if (existing->owner == g.key->user) {  // us-east-1 answers 200 to its owner
+      HttpResponse r = HttpResponse::Text(200, "", "application/xml");
+      r.headers.emplace_back("Location", "/" + name);
+      return r;
+    }
+    return ErrorXml({409, "BucketAlreadyExists",
+                     "the requested bucket name is not available; select a different name"},
+                    req.path);
+  }
+  if (g.key->read_only)
+    return ErrorXml({403, "AccessDenied", "this access key is read-only"}, req.path);
+  if (!g.key->MayUse(name))
+    return ErrorXml({403, "AccessDenied", "this access key is limited to other buckets"}, req.path);
+  auto user = ctx.store->GetUser(g.key->user);
+  if (!user.ok()) return ErrorXml(FromStatus(user.status()), req.path);
+  auto scope = QuotaScopeId::Parse(user->default_scope);
+  if (!scope.ok()) return ErrorXml(FromStatus(scope.status()), req.path);
+  VFolderId vfid{*scope, RandomHexString(16)};
+  Status made = ctx.svc->CreateVFolder(user->default_volume, vfid, 0755, std::nullopt);
+  if (!made.ok()) return ErrorXml(FromStatus(made, "NoSuchBucket"), req.path);
+  S3Bucket b{name, user->default_volume, vfid.ToString(), user->id, 0, true};
+  Status bound = ctx.store->BindBucket(b);
+  if (!bound.ok()) {
+    (void)ctx.svc->DeleteVFolder(user->default_volume, vfid);
+    auto again = ctx.store->FindBucket(name);
+    if (bound.code() == Code::kAlreadyExists && again.ok() && again->owner == user->id)
+      return HttpResponse::Text(200, "", "application/xml");
+    if (bound.code() == Code::kAlreadyExists)
+      return ErrorXml({409, "BucketAlreadyExists",
+                       "the requested bucket name is not available; select a different name"},
+                      req.path);
+    return ErrorXml(FromStatus(bound), req.path);
+  }
+  spdlog::info("s3: bucket {} created for {} as vfolder {} on {}", name, user->id, b.vfid,
+               b.volume);
+  HttpResponse r = HttpResponse::Text(200, "", "application/xml");
+  r.headers.emplace_back("Location", "/" + name);
+  return r;
+}
+
+HttpResponse HeadBucket(S3Ctx& ctx, const HttpRequest& req) {
+  S3_ACCESS(ref, ctx, req, false);
+  Status st = ref.volume->CheckVFolder(ref.vfid);
+  if (!st.ok()) return ErrorXml(FromStatus(st, "NoSuchBucket"), req.path);
+  HttpResponse r = HttpResponse::Text(200, "", "application/xml");
+  r.headers.emplace_back("x-amz-bucket-region", ctx.opts.region);
+  return r;
+}
+
+HttpResponse DeleteBucket(S3Ctx& ctx, const HttpRequest& req) {
+  S3_ACCESS(ref, ctx, req, true);
+  auto empty = ctx.objects.Empty(*ref.volume, ref.vfid);
+  if (!empty.ok() && empty.status().code() != Code::kNotFound)
+    return ErrorXml(FromStatus(empty.status()), req.path);
+  if (empty.ok() && !*empty)
+    return ErrorXml({409, "BucketNotEmpty", "the bucket you tried to delete is not empty"},
+                    req.path);
+  Status st = ctx.store->UnbindBucket(ref.bucket.name);
+  if (!st.ok()) return ErrorXml(FromStatus(st, "NoSuchBucket"), req.path);
+  // A bucket bound to an existing vfolder leaves it be; one S3 made goes with its vfolder.
+  if (ref.bucket.owns_vfolder && empty.ok()) {
+    auto task = ctx.svc->DeleteVFolder(ref.bucket.volume, ref.vfid);
+    if (!task.ok())
+      spdlog::warn("s3: bucket {} deleted; its vfolder {} stays: {}", ref.bucket.name,
+                   ref.bucket.vfid, task.status().ToString());
+  }
+  HttpResponse r = HttpResponse::NoContent();
+  r.content_type.clear();
+  return r;
+}
+
+HttpResponse GetBucketLocation(S3Ctx& ctx, const HttpRequest& req) {
+  S3_ACCESS(ref, ctx, req, false);
+  (void)ref;
+  pugi::xml_document doc;
+  auto n = doc.append_child("LocationConstraint");
+  n.append_attribute("xmlns") = kXmlns;
+  if (ctx.opts.region != "us-east-1") n.text().set(ctx.opts.region.c_str());
+  return Xml(200, doc);
+}
+
+HttpResponse GetBucketVersioning(S3Ctx& ctx, const HttpRequest& req) {
+  S3_ACCESS(ref, ctx, req, false);
+  (void)ref;
+  pugi::xml_document doc;
+  doc.append_child("VersioningConfiguration").append_attribute("xmlns") = kXmlns;
+  return Xml(200, doc);
+}
+
+HttpResponse AclOf(S3Ctx& ctx, const std::string& owner) {
+  pugi::xml_document doc;
+  auto root = doc.append_child("AccessControlPolicy");
+  root.append_attribute("xmlns") = kXmlns;
+  std::string display = DisplayNameOf(ctx, owner);
+  AddOwner(root, "Owner", owner, display);
+  auto grant = root.append_child("AccessControlList").append_child("Grant");
+  auto grantee = grant.append_child("Grantee");
+  grantee.append_attribute("xmlns:xsi") = "http://www.w3.org/2001/XMLSchema-instance";
+  grantee.append_attribute("xsi:type") = "CanonicalUser";
+  grantee.append_child("ID").text().set(owner.c_str());
+  grantee.append_child("DisplayName").text().set(display.c_str());
+  grant.append_child("Permission").text().set("FULL_CONTROL");
+  return Xml(200, doc);
+}
+
+HttpResponse GetBucketAcl(S3Ctx& ctx, const HttpRequest& req) {
+  S3_ACCESS(ref, ctx, req, false);
+  return AclOf(ctx, ref.bucket.owner);
+}
+
+HttpResponse PutBucketAcl(S3Ctx& ctx, const HttpRequest& req) {
+  S3_ACCESS(ref, ctx, req, true);
+  (void)ref;
+  // Canned ACLs are accepted and change nothing: access is by key, never by ACL.
+  HttpResponse r = HttpResponse::Text(200, "", "application/xml");
+  return r;
+}
+
+// ------------------------------------------------------------------------------ listing
+
+std::string Enc(const std::string& s, bool url) {
+  return url ? s3::UriEncode(s, true) : s;
+}
+
+HttpResponse ListObjectsAny(S3Ctx& ctx, const HttpRequest& req, bool versions) {
+  S3_ACCESS(ref, ctx, req, false);
+  const bool v2 = !versions && QueryParam(req, "list-type").value_or("") == "2";
+  ListQuery q;
+  q.prefix = QueryParam(req, "prefix").value_or("");
+  q.delimiter = QueryParam(req, "delimiter").value_or("");
+  auto enc_type = QueryParam(req, "encoding-type");
+  if (enc_type && *enc_type != "url")
+    return ErrorXml({400, "InvalidArgument", "Invalid Encoding Method specified in Request"},
+                    req.path);
+  const bool url = enc_type.has_value();
+  if (auto mk = QueryParam(req, "max-keys")) {
+    if (mk->empty() || mk->size() > 9 || !std::all_of(mk->begin(), mk->end(), ::isdigit))
+      return ErrorXml(
+          {400, "InvalidArgument", "Provided max-keys not an integer or within integer range"},
+          req.path);
+    q.max_keys = std::min<size_t>(std::stoul(*mk), 1000);
+  }
+  std::optional<std::string> token, start_after, marker;
+  if (v2) {
+    token = QueryParam(req, "continuation-token");
+    start_after = QueryParam(req, "start-after");
+    if (token) {
+      auto t = Base64UrlDecode(*token);
+      if (token->empty() || !t.ok() || t->empty() || t->front() != 'k')
+        return ErrorXml({400, "InvalidArgument", "The continuation token provided is incorrect"},
+                        req.path);
+      q.after = t->substr(1);
+    } else if (start_after) {
+      q.after = *start_after;
+    }
+  } else {
+    marker = QueryParam(req, versions ? "key-marker" : "marker");
+    if (marker) q.after = *marker;
+  }
+  auto page = ListObjects(*ref.volume, ref.vfid, q);
+  if (!page.ok()) return ErrorXml(FromStatus(page.status(), "NoSuchBucket"), req.path);
+
+  pugi::xml_document doc;
+  auto root = doc.append_child(versions ? "ListVersionsResult" : "ListBucketResult");
+  root.append_attribute("xmlns") = kXmlns;
+  auto add = [](pugi::xml_node n, const char* name, const std::string& v) {
+    n.append_child(name).text().set(v.c_str());
+  };
+  add(root, "Name", ref.bucket.name);
+  add(root, "Prefix", Enc(q.prefix, url));
+  if (v2) {
+    if (token) add(root, "ContinuationToken", *token);
+    if (start_after) add(root, "StartAfter", Enc(*start_after, url));
+    add(root, "KeyCount", std::to_string(page->items.size()));
+  } else {
+    add(root, versions ? "KeyMarker" : "Marker", Enc(marker.value_or(""), url));
+    if (versions) add(root, "VersionIdMarker", "");
+  }
+  add(root, "MaxKeys", std::to_string(q.max_keys));
+  if (!q.delimiter.empty()) add(root, "Delimiter", Enc(q.delimiter, url));
+  add(root, "IsTruncated", page->truncated ? "true" : "false");
+  if (page->truncated && !page->items.empty()) {
+    const std::string& last = page->items.back().object.key;
+    if (v2)
+      add(root, "NextContinuationToken", Base64UrlEncode("k" + last));
+    else if (versions) {
+      add(root, "NextKeyMarker", Enc(last, url));
+      add(root, "NextVersionIdMarker", "null");
+    } else if (!q.delimiter.empty())
+      add(root, "NextMarker", Enc(last, url));
+  }
+  if (url) add(root, "EncodingType", "url");
+  const bool owner = !v2 || QueryParam(req, "fetch-owner").value_or("") == "true";
+  std::string display = owner ? DisplayNameOf(ctx, ref.bucket.owner) : "";
+  for (const auto& it : page->items) {
+    if (it.is_prefix) continue;
+    auto c = root.append_child(versions ? "Version" : "Contents");
+    add(c, "Key", Enc(it.object.key, url));
+    if (versions) {
+      add(c, "VersionId", "null");
+      add(c, "IsLatest", "true");
+    }
+    add(c, "LastModified", IsoTime(it.object.modified));
+    add(c, "ETag", it.object.etag);
+    add(c, "Size", std::to_string(it.object.size));
+    if (owner) AddOwner(c, "Owner", ref.bucket.owner, display);
+    add(c, "StorageClass", "STANDARD");
+  }
+  for (const auto& it : page->items) {
+    if (!it.is_prefix) continue;
+    add(root.append_child("CommonPrefixes"), "Prefix", Enc(it.object.key, url));
+  }
+  return Xml(200, doc);
+}
+
+// ------------------------------------------------------------------------------ objects
+
+std::string KeyOf(const HttpRequest& req) {
+  return std::string(req.Param("key"));
+}
+
+// The standard headers stored with an object and given back on GET/HEAD.
+constexpr std::string_view kStoredHeaders[] = {"Cache-Control", "Content-Disposition",
+                                               "Content-Encoding", "Content-Language", "Expires"};
+
+// Object metadata from a PUT's headers; MetadataTooLarge past S3's 2 KB of user metadata.
+std::variant<ObjectMeta, S3Error> MetaFromHeaders(const HttpRequest& req) {
+  ObjectMeta m;
+  m.content_type = std::string(Header(req, "Content-Type"));
+  for (auto name : kStoredHeaders) {
+    std::string v(Header(req, name));
+    if (name == "Content-Encoding") {
+      // aws-chunked is how the body travelled, never what the object is.
+      std::string kept;
+      for (std::string_view rest = v; !rest.empty();) {
+        size_t comma = rest.find(',');
+        std::string_view part = rest.substr(0, comma);
+        while (!part.empty() && part.front() == ' ') part.remove_prefix(1);
+        while (!part.empty() && part.back() == ' ') part.remove_suffix(1);
+        if (!part.empty() && !boost::beast::iequals(part, "aws-chunked"))
+          kept += (kept.empty() ? "" : ",") + std::string(part);
+        rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+      }
+      v = kept;
+    }
+    if (!v.empty()) m.headers[std::string(name)] = v;
+  }
+  size_t user_bytes = 0;
+  for (const auto& f : req.msg) {
+    std::string n = std::string(f.name_string());
+    std::transform(n.begin(), n.end(), n.begin(), ::tolower);
+    if (!StartsWith(n, "x-amz-meta-")) continue;
+    std::string k = n.substr(11);
+    user_bytes += k.size() + f.value().size();
+    m.user[k] = std::string(f.value());
+  }
+  if (user_bytes > kMaxUserMeta)
+    return S3Error{400, "MetadataTooLarge",
+                   fmt::format("your metadata headers are {} bytes; the limit is {}", user_bytes,
+                               kMaxUserMeta)};
+  return m;
+}
+
+// Streams a PUT body into an ObjectWriter.
+class PutSink : public BodySink {
+ public:
+  PutSink(std::unique_ptr<ObjectWriter> w, ObjectMeta meta, std::string payload_hash,
+          std::string content_md5, bool if_none_match, S3Ctx* ctx, BucketRef ref, std::string key,
+          std::string resource, std::optional<uint64_t> length)
+      : w_(std::move(w)),
+        meta_(std::move(meta)),
+        payload_hash_(std::move(payload_hash)),
+        content_md5_(std::move(content_md5)),
+        if_none_match_(if_none_match),
+        ctx_(ctx),
+        ref_(std::move(ref)),
+        key_(std::move(key)),
+        resource_(std::move(resource)),
+        length_(length) {}
+
+  Status Write(const char* data, size_t n) override {
+    if (w_->written() + n > kMaxPutSize)
+      return Status(Code::kTooLarge, "your proposed upload exceeds the maximum allowed size");
+    return w_->Write(data, n);
+  }
+
+  HttpResponse Finish() override {
+    w_->Digest();
+    if (length_ && w_->written() != *length_)
+      return Refuse({400, "IncompleteBody",
+                     "you did not provide the number of bytes specified by the Content-Length "
+                     "HTTP header"});
+    if (payload_hash_.size() == 64 && HexEncode(w_->sha256_raw()) != payload_hash_)
+      return Refuse({400, "XAmzContentSHA256Mismatch",
+                     "the provided x-amz-content-sha256 header does not match what was computed"});
+    if (!content_md5_.empty() && w_->md5_raw() != content_md5_)
+      return Refuse(
+          {400, "BadDigest", "the Content-MD5 you specified did not match what we received"});
+    if (if_none_match_) {
+      auto o = ctx_->objects.Open(*ref_.volume, ref_.vfid, key_);
+      if (o.ok())
+        return Refuse({412, "PreconditionFailed",
+                       "at least one of the pre-conditions you specified did not hold"});
+    }
+    Status st = w_->Publish(std::move(meta_), ctx_->opts.durable);
+    if (!st.ok()) return ErrorXml(FromStatus(st), resource_);
+    HttpResponse r = HttpResponse::Text(200, "", "application/xml");
+    r.headers.emplace_back("ETag", "\"" + HexEncode(w_->md5_raw()) + "\"");
+    r.headers.emplace_back("x-amz-request-id", RequestId());
+    return r;
+  }
+
+  void Abort(const Status& why) override { w_->Abort(); }
+
+  HttpResponse Fail(const Status& error) override {
+    w_->Abort();
+    return ErrorXml(FromStatus(error), resource_);
+  }
+
+ private:
+  HttpResponse Refuse(const S3Error& e) {
+    w_->Abort();
+    return ErrorXml(e, resource_);
+  }
+
+  std::unique_ptr<ObjectWriter> w_;
+  ObjectMeta meta_;
+  std::string payload_hash_, content_md5_;
+  bool if_none_match_;
+  S3Ctx* ctx_;
+  BucketRef ref_;
+  std::string key_, resource_;
+  std::optional<uint64_t> length_;
+};
+
+// What a PUT body must be checked against: the signed payload hash, Content-MD5, its length.
+struct PutBody {
+  std::string payload;      // x-amz-content-sha256: hex or UNSIGNED-PAYLOAD
+  std::string content_md5;  // raw, or ""
+  std::optional<uint64_t> length;
+};
+
+std::variant<PutBody, S3Error> BodyOf(const HttpRequest& req) {
+  PutBody b;
+  b.payload = GrantOf(req).auth.payload_hash;
+  if (StartsWith(b.payload, "STREAMING-"))
+    return S3Error{501, "NotImplemented",
+                   fmt::format("payload mode {} is not implemented yet", b.payload)};
+  if (b.payload != s3::kUnsignedPayload && b.payload.size() != 64)
+    return S3Error{400, "InvalidArgument",
+                   "x-amz-content-sha256 must be UNSIGNED-PAYLOAD, STREAMING-... or a SHA-256 in "
+                   "hex"};
+  auto cl = Header(req, "Content-Length");
+  if (cl.empty())
+    return S3Error{411, "MissingContentLength", "you must provide the Content-Length HTTP header"};
+  uint64_t n = 0;
+  for (char c : cl) {
+    if (c < '0' || c > '9' || n > kMaxPutSize)
+      return S3Error{400, "InvalidArgument", "bad Content-Length"};
+    n = n * 10 + static_cast<uint64_t>(c - '0');
+  }
+  if (n > kMaxPutSize)
+    return S3Error{400, "EntityTooLarge", "your proposed upload exceeds the maximum allowed size"};
+  b.length = n;
+  if (auto md5 = Header(req, "Content-MD5"); !md5.empty()) {
+    auto raw = Base64Decode(md5);
+    if (!raw.ok() || raw->size() != 16)
+      return S3Error{400, "InvalidDigest", "the Content-MD5 you specified is not valid"};
+    b.content_md5 = *raw;
+  }
+  return b;
+}
+
+StreamStart PutObject(S3Ctx& ctx, const HttpRequest& req) {
+  auto fail = [&](const S3Error& e) -> StreamStart { return ErrorXml(e, req.path); };
+  auto access = Access(ctx, req, true);
+  if (auto* e = std::get_if<S3Error>(&access)) return fail(*e);
+  BucketRef& ref = std::get<BucketRef>(access);
+  std::string key = KeyOf(req);
+  if (!Header(req, "x-amz-copy-source").empty())
+    return fail({501, "NotImplemented", "CopyObject is not implemented yet"});
+  auto body = BodyOf(req);
+  if (auto* e = std::get_if<S3Error>(&body)) return fail(*e);
+  auto& b = std::get<PutBody>(body);
+  auto meta = MetaFromHeaders(req);
+  if (auto* e = std::get_if<S3Error>(&meta)) return fail(*e);
+  auto inm = Header(req, "If-None-Match");
+  if (!inm.empty() && inm != "*")
+    return fail({501, "NotImplemented", "If-None-Match on PUT takes only '*'"});
+  if (!key.empty() && key.back() == '/') {
+    if (*b.length != 0)
+      return fail(
+          {400, "InvalidArgument", "a key ending in '/' names a directory here and takes no data"});
+    if (auto parts = KeyParts(key); !parts.ok()) return fail(FromStatus(parts.status()));
+    Status st = ctx.objects.PutDirectory(*ref.volume, ref.vfid, key);
+    if (!st.ok()) return fail(FromStatus(st));
+    HttpResponse r = HttpResponse::Text(200, "", "application/xml");
+    r.headers.emplace_back("ETag", "\"d41d8cd98f00b204e9800998ecf8427e\"");
+    r.headers.emplace_back("x-amz-request-id", RequestId());
+    return r;
+  }
+  auto w = ctx.objects.BeginPut(*ref.volume, ref.vfid, key, b.length, b.payload.size() == 64);
+  if (!w.ok()) return fail(FromStatus(w.status()));
+  return std::unique_ptr<BodySink>(
+      new PutSink(std::move(w).value(), std::move(std::get<ObjectMeta>(meta)), b.payload,
+                  b.content_md5, inm == "*", &ctx, ref, key, req.path, b.length));
+}
+
+std::variant<MultipartUpload, S3Error> UploadOf(S3Ctx& ctx, const BucketRef& ref,
+                                                const HttpRequest& req);
+
+StreamStart UploadPart(S3Ctx& ctx, const HttpRequest& req) {
+  auto fail = [&](const S3Error& e) -> StreamStart { return ErrorXml(e, req.path); };
+  auto access = Access(ctx, req, true);
+  if (auto* e = std::get_if<S3Error>(&access)) return fail(*e);
+  BucketRef& ref = std::get<BucketRef>(access);
+  auto part = IntParam(req, "partNumber", 1, kMaxPartNumber);
+  if (!part)
+    return fail({400, "InvalidArgument", "part number must be an integer between 1 and 10000"});
+  if (!Header(req, "x-amz-copy-source").empty())
+    return fail({501, "NotImplemented", "UploadPartCopy is not implemented yet"});
+  auto uv = UploadOf(ctx, ref, req);
+  if (auto* e = std::get_if<S3Error>(&uv)) return fail(*e);
+  auto body = BodyOf(req);
+  if (auto* e = std::get_if<S3Error>(&body)) return fail(*e);
+  auto& b = std::get<PutBody>(body);
+  auto w = ctx.objects.BeginPart(*ref.volume, ref.vfid, std::get<MultipartUpload>(uv), *part,
+                                 b.length, b.payload.size() == 64);
+  if (!w.ok()) return fail(FromStatus(w.status()));
+  return std::unique_ptr<BodySink>(new PutSink(std::move(w).value(), ObjectMeta(), b.payload,
+                                               b.content_md5, false, &ctx, ref, KeyOf(req),
+                                               req.path, b.length));
+}
+
+// S3's conditional GET/HEAD: 412 for If-Match / If-Unmodified-Since, 304 for If-None-Match /
+// If-Modified-Since.
+std::optional<unsigned> Preconditions(const HttpRequest& req, const std::string& etag,
+                                      std::time_t mtime) {
+  auto im = Header(req, "If-Match");
+  auto ius = Header(req, "If-Unmodified-Since");
+  auto inm = Header(req, "If-None-Match");
+  auto ims = Header(req, "If-Modified-Since");
+  if (!im.empty()) {
+    if (!IfNoneMatchMatches(im, etag)) return 412;
+  } else if (!ius.empty()) {
+    if (auto t = ParseHttpDate(ius); t && mtime > *t) return 412;
+  }
+  if (!inm.empty()) {
+    if (IfNoneMatchMatches(inm, etag)) return 304;
+  } else if (!ims.empty()) {
+    if (auto t = ParseHttpDate(ims); t && mtime <= *t) return 304;
+  }
+  return std::nullopt;
+}
+
+HttpResponse GetObject(S3Ctx& ctx, const HttpRequest& req) {
+  S3_ACCESS(ref, ctx, req, false);
+  std::string key = KeyOf(req);
+  auto o = ctx.objects.Open(*ref.volume, ref.vfid, key);
+  if (!o.ok()) return ErrorXml(FromStatus(o.status()), req.path);
+  const DirEntry& e = o->entry;
+  const std::string etag = ObjectETag(e, o->meta);
+  const std::time_t mtime = std::chrono::system_clock::to_time_t(e.modified);
+  const uint64_t size = o->file ? e.size : 0;
+
+  std::string lines;
+  char date_buf[kHttpDateSize];
+  auto line = [&lines](std::string_view name, std::string_view value) {
+    lines.append(name).append(": ").append(value).append("\r\n");
+  };
+  line("ETag", etag);
+  line("Last-Modified", FormatHttpDate(mtime, date_buf));
+  if (auto pc = Preconditions(req, etag, mtime)) {
+    if (*pc == 412) {
+      HttpResponse r = ErrorXml({412, "PreconditionFailed",
+                                 "at least one of the pre-conditions you specified did not hold"},
+                                req.path);
+      return r;
+    }
+    HttpResponse r;
+    r.status = 304;
+    r.content_type.clear();
+    r.header_lines = std::move(lines);
+    return r;
+  }
+  line("Accept-Ranges", "bytes");
+  const ObjectMeta* m = o->meta ? &*o->meta : nullptr;
+  std::string ctype = m && !m->content_type.empty() ? m->content_type : "binary/octet-stream";
+  if (m) {
+    for (const auto& [k, v] : m->headers) line(k, v);
+    for (const auto& [k, v] : m->user) line("x-amz-meta-" + k, v);
+  }
+  // response-* overrides (signed requests only, which all are here).
+  static constexpr std::pair<const char*, const char*> kOverrides[] = {
+      {"response-cache-control", "Cache-Control"},
+      {"response-content-disposition", "Content-Disposition"},
+      {"response-content-encoding", "Content-Encoding"},
+      {"response-content-language", "Content-Language"},
+      {"response-expires", "Expires"}};
+  for (auto [q, h] : kOverrides)
+    if (auto v = QueryParam(req, q)) line(h, *v);
+  if (auto v = QueryParam(req, "response-content-type")) ctype = *v;
+
+  RangeRequest rr;
+  bool ranged = false;
+  if (auto pn = QueryParam(req, "partNumber")) {
+    if (*pn != "1")
+      return ErrorXml({416, "InvalidPartNumber", "the requested partnumber is not satisfiable"},
+                      req.path);
+    line("x-amz-mp-parts-count", "1");
+  } else if (auto range = Header(req, "Range"); !range.empty()) {
+    rr = ParseRange(range, size, 1);
+    if (rr.kind == RangeRequest::Kind::kUnsatisfiable) {
+      HttpResponse r =
+          ErrorXml({416, "InvalidRange", "the requested range is not satisfiable"}, req.path);
+      r.headers.emplace_back("Content-Range", fmt::format("bytes */{}", size));
+      return r;
+    }
+    ranged = rr.kind == RangeRequest::Kind::kSatisfiable;
+  }
+  if (m && !ranged && boost::beast::iequals(Header(req, "x-amz-checksum-mode"), "ENABLED"))
+    for (const auto& [algo, v] : m->checksums) line("x-amz-checksum-" + algo, v);
+
+  HttpResponse r;
+  r.content_type = ctype;
+  if (!o->file) {
+    r.status = 200;
+  } else if (ranged) {
+    const ByteRange& br = rr.ranges.front();
+    r.status = 206;
+    line("Content-Range", fmt::format("bytes {}-{}/{}", br.first, br.last(), size));
+    r.file = std::move(o->file);
+    r.file_offset = br.first;
+    r.file_length = br.length;
+  } else {
+    r.status = 200;
+    r.file = std::move(o->file);
+    r.file_offset = 0;
+    r.file_length = size;
+  }
+  r.header_lines = std::move(lines);
+  return r;
+}
+
+HttpResponse DeleteObject(S3Ctx& ctx, const HttpRequest& req) {
+  S3_ACCESS(ref, ctx, req, true);
+  Status st = ctx.objects.Delete(*ref.volume, ref.vfid, KeyOf(req));
+  if (!st.ok()) return ErrorXml(FromStatus(st), req.path);
+  HttpResponse r = HttpResponse::NoContent();
+  r.content_type.clear();
+  return r;
+}
+
+HttpResponse DeleteObjects(S3Ctx& ctx, const HttpRequest& req) {
+  S3_ACCESS(ref, ctx, req, true);
+  if (auto e = CheckBody(req)) return ErrorXml(*e, req.path);
+  pugi::xml_document in;
+  const S3Error malformed{400, "MalformedXML",
+                          "the XML you provided was not well-formed or did not validate against "
+                          "our published schema"};
+  if (!in.load_buffer(req.msg.body().data(), req.msg.body().size()))
+    return ErrorXml(malformed, req.path);
+  auto del = in.child("Delete");
+  if (!del) return ErrorXml(malformed, req.path);
+  bool quiet = std::string_view(del.child_value("Quiet")) == "true";
+  std::vector<std::string> keys;
+  for (auto o : del.children("Object")) {
+    if (!o.child("Key")) return ErrorXml(malformed, req.path);
+    keys.emplace_back(o.child_value("Key"));
+  }
+  if (keys.empty() || keys.size() > 1000) return ErrorXml(malformed, req.path);
+  pugi::xml_document doc;
+  auto root = doc.append_child("DeleteResult");
+  root.append_attribute("xmlns") = kXmlns;
+  for (const auto& k : keys) {
+    Status st = ctx.objects.Delete(*ref.volume, ref.vfid, k);
+    if (st.ok()) {
+      if (!quiet) root.append_child("Deleted").append_child("Key").text().set(k.c_str());
+      continue;
+    }
+    S3Error e = FromStatus(st);
+    auto n = root.append_child("Error");
+    n.append_child("Key").text().set(k.c_str());
+    n.append_child("Code").text().set(e.code.c_str());
+    n.append_child("Message").text().set(e.message.c_str());
+  }
+  return Xml(200, doc);
+}
+
+// ------------------------------------------------------------------------------ multipart
+
+constexpr uint64_t kMinPartSize = 5ULL << 20;
+
+S3Error NoSuchUpload() {
+  return {404, "NoSuchUpload",
+          "the specified upload does not exist; the upload ID may be invalid, or the upload may "
+          "have been aborted or completed"};
+}
+
+// The upload named by ?uploadId, if it is one of this key's.
+std::variant<MultipartUpload, S3Error> UploadOf(S3Ctx& ctx, const BucketRef& ref,
+                                                const HttpRequest& req) {
+  auto u =
+      ctx.objects.GetMultipart(*ref.volume, ref.vfid, QueryParam(req, "uploadId").value_or(""));
+  if (!u.ok())
+    return u.status().code() == Code::kNotFound ? NoSuchUpload() : FromStatus(u.status());
+  if (u->key != KeyOf(req)) return NoSuchUpload();
+  return std::move(u).value();
+}
+
+void AddInitiator(S3Ctx& ctx, pugi::xml_node n, const std::string& owner) {
+  std::string display = DisplayNameOf(ctx, owner);
+  AddOwner(n, "Initiator", owner, display);
+  AddOwner(n, "Owner", owner, display);
+  n.append_child("StorageClass").text().set("STANDARD");
+}
+
+HttpResponse CreateMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
+  S3_ACCESS(ref, ctx, req, true);
+  std::string key = KeyOf(req);
+  if (!key.empty() && key.back() == '/')
+    return ErrorXml({400, "InvalidArgument", "a key ending in '/' names a directory here"},
+                    req.path);
+  auto meta = MetaFromHeaders(req);
+  if (auto* e = std::get_if<S3Error>(&meta)) return ErrorXml(*e, req.path);
+  auto u = ctx.objects.CreateMultipart(*ref.volume, ref.vfid, key,
+                                       std::move(std::get<ObjectMeta>(meta)));
+  if (!u.ok()) return ErrorXml(FromStatus(u.status()), req.path);
+  pugi::xml_document doc;
+  auto root = doc.append_child("InitiateMultipartUploadResult");
+  root.append_attribute("xmlns") = kXmlns;
+  root.append_child("Bucket").text().set(ref.bucket.name.c_str());
+  root.append_child("Key").text().set(key.c_str());
+  root.append_child("UploadId").text().set(u->id.c_str());
+  return Xml(200, doc);
+}
+
+HttpResponse CompleteMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
+  S3_ACCESS(ref, ctx, req, true);
+  if (auto e = CheckBody(req)) return ErrorXml(*e, req.path);
+  const S3Error malformed{400, "MalformedXML",
+                          "the XML you provided was not well-formed or did not validate against "
+                          "our published schema"};
+  pugi::xml_document in;
+  if (!in.load_buffer(req.msg.body().data(), req.msg.body().size()))
+    return ErrorXml(malformed, req.path);
+  auto root = in.child("CompleteMultipartUpload");
+  if (!root) return ErrorXml(malformed, req.path);
+  struct Asked {
+    int number;
+    std::string md5;  // raw
+  };
+  std::vector<Asked> asked;
+  for (auto p : root.children("Part")) {
+    std::string num = p.child_value("PartNumber");
+    std::string etag = p.child_value("ETag");
+    if (etag.size() >= 2 && etag.front() == '"' && etag.back() == '"')
+      etag = etag.substr(1, etag.size() - 2);
+    if (num.empty() || num.size() > 5 || !std::all_of(num.begin(), num.end(), ::isdigit))
+      return ErrorXml(malformed, req.path);
+    auto raw = HexDecode(etag);
+    asked.push_back({std::atoi(num.c_str()), raw.ok() && raw->size() == 16 ? *raw : ""});
+  }
+  if (asked.empty()) return ErrorXml(malformed, req.path);
+  auto result = [&](const std::string& etag) {
+    pugi::xml_document doc;
+    auto r = doc.append_child("CompleteMultipartUploadResult");
+    r.append_attribute("xmlns") = kXmlns;
+    r.append_child("Location")
+        .text()
+        .set(fmt::format("/{}/{}", ref.bucket.name, KeyOf(req)).c_str());
+    r.append_child("Bucket").text().set(ref.bucket.name.c_str());
+    r.append_child("Key").text().set(KeyOf(req).c_str());
+    r.append_child("ETag").text().set(("\"" + etag + "\"").c_str());
+    return Xml(200, doc);
+  };
+  auto uv = UploadOf(ctx, ref, req);
+  if (auto* e = std::get_if<S3Error>(&uv)) {
+    // A retried Complete whose first attempt went through: the object is there with the ETag
+    // these parts make.
+    std::vector<std::string> md5s;
+    for (const auto& a : asked) md5s.push_back(a.md5);
+    std::string want = MultipartETag(md5s);
+    auto o = ctx.objects.Open(*ref.volume, ref.vfid, KeyOf(req));
+    if (e->code == "NoSuchUpload" && o.ok() && o->meta && o->meta->etag == want)
+      return result(want);
+    return ErrorXml(*e, req.path);
+  }
+  const MultipartUpload& u = std::get<MultipartUpload>(uv);
+  auto have = ctx.objects.ListParts(*ref.volume, ref.vfid, u);
+  if (!have.ok()) return ErrorXml(FromStatus(have.status()), req.path);
+  std::map<int, const UploadedPart*> by_number;
+  for (const auto& p : *have) by_number[p.number] = &p;
+  std::vector<UploadedPart> use;
+  for (size_t i = 0; i < asked.size(); ++i) {
+    if (i > 0 && asked[i].number <= asked[i - 1].number)
+      return ErrorXml({400, "InvalidPartOrder",
+                       "the list of parts was not in ascending order; parts must be ordered by "
+                       "part number"},
+                      req.path);
+    auto it = by_number.find(asked[i].number);
+    if (it == by_number.end() || it->second->md5 != asked[i].md5)
+      return ErrorXml({400, "InvalidPart",
+                       fmt::format("part {} could not be found, or its entity tag does not match",
+                                   asked[i].number)},
+                      req.path);
+    use.push_back(*it->second);
+  }
+  for (size_t i = 0; i + 1 < use.size(); ++i)
+    if (use[i].size < kMinPartSize)
+      return ErrorXml({400, "EntityTooSmall",
+                       fmt::format("part {} is {} bytes; every part but the last must be at "
+                                   "least 5 MiB",
+                                   use[i].number, use[i].size)},
+                      req.path);
+  auto etag = ctx.objects.CompleteMultipart(*ref.volume, ref.vfid, u, use, ctx.opts.durable);
+  if (!etag.ok()) return ErrorXml(FromStatus(etag.status()), req.path);
+  return result(*etag);
+}
+
+HttpResponse AbortMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
+  S3_ACCESS(ref, ctx, req, true);
+  auto uv = UploadOf(ctx, ref, req);
+  if (auto* e = std::get_if<S3Error>(&uv)) return ErrorXml(*e, req.path);
+  Status st = ctx.objects.AbortMultipart(*ref.volume, ref.vfid, std::get<MultipartUpload>(uv));
+  if (!st.ok())
+    return ErrorXml(st.code() == Code::kNotFound ? NoSuchUpload() : FromStatus(st), req.path);
+  HttpResponse r = HttpResponse::NoContent();
+  r.content_type.clear();
+  return r;
+}
+
+HttpResponse ListParts(S3Ctx& ctx, const HttpRequest& req) {
+  S3_ACCESS(ref, ctx, req, false);
+  auto uv = UploadOf(ctx, ref, req);
+  if (auto* e = std::get_if<S3Error>(&uv)) return ErrorXml(*e, req.path);
+  const MultipartUpload& u = std::get<MultipartUpload>(uv);
+  auto parts = ctx.objects.ListParts(*ref.volume, ref.vfid, u);
+  if (!parts.ok()) return ErrorXml(FromStatus(parts.status()), req.path);
+  int max = 1000, marker = 0;
+  if (QueryParam(req, "max-parts")) {
+    auto m = IntParam(req, "max-parts", 0, 1000000);
+    if (!m) return ErrorXml({400, "InvalidArgument", "max-parts must be an integer"}, req.path);
+    max = std::min(*m, 1000);
+  }
+  if (QueryParam(req, "part-number-marker")) {
+    auto m = IntParam(req, "part-number-marker", 0, kMaxPartNumber);
+    if (!m)
+      return ErrorXml({400, "InvalidArgument", "part-number-marker must be an integer"}, req.path);
+    marker = *m;
+  }
+  pugi::xml_document doc;
+  auto root = doc.append_child("ListPartsResult");
+  root.append_attribute("xmlns") = kXmlns;
+  root.append_child("Bucket").text().set(ref.bucket.name.c_str());
+  root.append_child("Key").text().set(u.key.c_str());
+  root.append_child("UploadId").text().set(u.id.c_str());
+  AddInitiator(ctx, root, ref.bucket.owner);
+  root.append_child("PartNumberMarker").text().set(marker);
+  int shown = 0, last = marker;
+  bool truncated = false;
+  for (const auto& p : *parts) {
+    if (p.number <= marker) continue;
+    if (shown == max) {
+      truncated = true;
+      break;
+    }
+    auto n = root.append_child("Part");
+    n.append_child("PartNumber").text().set(p.number);
+    n.append_child("LastModified").text().set(IsoTime(p.modified).c_str());
+    n.append_child("ETag").text().set(("\"" + HexEncode(p.md5) + "\"").c_str());
+    n.append_child("Size").text().set(std::to_string(p.size).c_str());
+    last = p.number;
+    ++shown;
+  }
+  root.append_child("NextPartNumberMarker").text().set(last);
+  root.append_child("MaxParts").text().set(max);
+  root.append_child("IsTruncated").text().set(truncated ? "true" : "false");
+  return Xml(200, doc);
+}
+
+HttpResponse ListMultipartUploads(S3Ctx& ctx, const HttpRequest& req) {
+  S3_ACCESS(ref, ctx, req, false);
+  auto all = ctx.objects.ListMultipart(*ref.volume, ref.vfid);
+  if (!all.ok()) return ErrorXml(FromStatus(all.status(), "NoSuchBucket"), req.path);
+  std::string prefix = QueryParam(req, "prefix").value_or("");
+  std::string key_marker = QueryParam(req, "key-marker").value_or("");
+  std::string id_marker = QueryParam(req, "upload-id-marker").value_or("");
+  int max = 1000;
+  if (QueryParam(req, "max-uploads")) {
+    auto m = IntParam(req, "max-uploads", 0, 1000000);
+    if (!m) return ErrorXml({400, "InvalidArgument", "max-uploads must be an integer"}, req.path);
+    max = std::min(*m, 1000);
+  }
+  pugi::xml_document doc;
+  auto root = doc.append_child("ListMultipartUploadsResult");
+  root.append_attribute("xmlns") = kXmlns;
+  root.append_child("Bucket").text().set(ref.bucket.name.c_str());
+  root.append_child("KeyMarker").text().set(key_marker.c_str());
+  root.append_child("UploadIdMarker").text().set(id_marker.c_str());
+  if (!prefix.empty()) root.append_child("Prefix").text().set(prefix.c_str());
+  int shown = 0;
+  bool truncated = false;
+  const MultipartUpload* last = nullptr;
+  std::vector<pugi::xml_node> nodes;
+  for (const auto& u : *all) {
+    if (!StartsWith(u.key, prefix)) continue;
+    if (!key_marker.empty() &&
+        (u.key < key_marker || (u.key == key_marker && (id_marker.empty() || u.id <= id_marker))))
+      continue;
+    if (shown == max) {
+      truncated = true;
+      break;
+    }
+    auto n = root.append_child("Upload");
+    n.append_child("Key").text().set(u.key.c_str());
+    n.append_child("UploadId").text().set(u.id.c_str());
+    AddInitiator(ctx, n, ref.bucket.owner);
+    n.append_child("Initiated").text().set(IsoTime(u.initiated).c_str());
+    last = &u;
+    ++shown;
+  }
+  if (last) {
+    root.append_child("NextKeyMarker").text().set(last->key.c_str());
+    root.append_child("NextUploadIdMarker").text().set(last->id.c_str());
+  }
+  root.append_child("MaxUploads").text().set(max);
+  root.append_child("IsTruncated").text().set(truncated ? "true" : "false");
+  return Xml(200, doc);
+}
+
+HttpResponse GetObjectAcl(S3Ctx& ctx, const HttpRequest& req) {
+  S3_ACCESS(ref, ctx, req, false);
+  auto o = ctx.objects.Open(*ref.volume, ref.vfid, KeyOf(req));
+  if (!o.ok()) return ErrorXml(FromStatus(o.status()), req.path);
+  return AclOf(ctx, ref.bucket.owner);
+}
+
+}  // namespace
+
+std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, ThreadPool* io_pool,
+                                     S3Options options) {
+  auto router = std::make_shared<Router>("s3", io_pool);
+  // Lives as long as the router's routes.
+  auto* ctx = new S3Ctx{service, store, ObjectStore(&service->reservations()), std::move(options)};
+  auto g = router->Group(MakeSigV4Authenticator(ctx));
+  using V = http::verb;
+  g.Add(V::get, "/", MakeRoute(ctx, ListBuckets));
+  // Bucket sub-resources first, then the bucket itself.
+  g.Add(V::get, "/{bucket}", MakeRoute(ctx, GetBucketLocation, "location"));
+  g.Add(V::get, "/{bucket}", MakeRoute(ctx, GetBucketVersioning, "versioning"));
+  g.Add(V::get, "/{bucket}", MakeRoute(ctx, GetBucketAcl, "acl"));
+  g.Add(V::put, "/{bucket}", MakeRoute(ctx, PutBucketAcl, "acl", 64 << 10));
+  g.Add(V::get, "/{bucket}",
+        MakeRoute(
+            ctx, [](S3Ctx& c, const HttpRequest& r) { return ListObjectsAny(c, r, true); },
+            "versions"));
+  g.Add(V::post, "/{bucket}", MakeRoute(ctx, DeleteObjects, "delete", 4 << 20));
+  g.Add(V::get, "/{bucket}", MakeRoute(ctx, ListMultipartUploads, "uploads"));
+  g.Add(V::get, "/{bucket}",
+        MakeRoute(ctx, [](S3Ctx& c, const HttpRequest& r) { return ListObjectsAny(c, r, false); }));
+  g.Add(V::put, "/{bucket}", MakeRoute(ctx, CreateBucket, "", 64 << 10));
+  g.Add(V::head, "/{bucket}", MakeRoute(ctx, HeadBucket));
+  g.Add(V::delete_, "/{bucket}", MakeRoute(ctx, DeleteBucket));
+  // Objects.
+  g.Add(V::get, "/{bucket}/{key+}", MakeRoute(ctx, GetObjectAcl, "acl"));
+  g.Add(V::post, "/{bucket}/{key+}", MakeRoute(ctx, CreateMultipartUpload, "uploads", 64 << 10));
+  g.Add(V::post, "/{bucket}/{key+}", MakeRoute(ctx, CompleteMultipartUpload, "uploadId", 4 << 20));
+  g.Add(V::delete_, "/{bucket}/{key+}", MakeRoute(ctx, AbortMultipartUpload, "uploadId"));
+  g.Add(V::get, "/{bucket}/{key+}", MakeRoute(ctx, ListParts, "uploadId"));
+  Route part;
+  part.query_key = "uploadId";
+  part.stream = [ctx](const HttpRequest& req) { return UploadPart(*ctx, req); };
+  g.Add(V::put, "/{bucket}/{key+}", std::move(part));
+  // "/bucket/" (an empty key) is the bucket itself, as some clients address it.
+  auto or_bucket = [](S3Handler object, S3Handler bucket) -> S3Handler {
+    return [object, bucket](S3Ctx& c, const HttpRequest& r) {
+      return r.Param("key").empty() ? bucket(c, r) : object(c, r);
+    };
+  };
+  auto list = [](S3Ctx& c, const HttpRequest& r) { return ListObjectsAny(c, r, false); };
+  g.Add(V::get, "/{bucket}/{key+}", MakeRoute(ctx, or_bucket(GetObject, list)));
+  g.Add(V::head, "/{bucket}/{key+}", MakeRoute(ctx, or_bucket(GetObject, HeadBucket)));
+  g.Add(V::delete_, "/{bucket}/{key+}", MakeRoute(ctx, or_bucket(DeleteObject, DeleteBucket)));
+  Route put;
+  put.stream = [ctx](const HttpRequest& req) -> StreamStart {
+    if (req.Param("key").empty()) {
+      HttpResponse r = CreateBucket(*ctx, req);
+      r.headers.emplace_back("x-amz-request-id", RequestId());
+      return r;
+    }
+    return PutObject(*ctx, req);
+  };
+  g.Add(V::put, "/{bucket}/{key+}", std::move(put));
+  return router;
+}
+
+}  // namespace sluice::api

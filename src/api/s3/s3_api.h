@@ -1,0 +1,26 @@
+// The S3 listener: buckets are vfolders, objects are files (service/s3/). Path-style
+// addressing; every request signed with SigV4 (header or presigned URL) by a key of
+// service/s3/s3_store.h. docs/s3.md lists the operations and the differences from AWS.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "api/http.h"
+
+namespace sluice {
+class StorageService;
+class S3Store;
+}  // namespace sluice
+
+namespace sluice::api {
+
+struct S3Options {
+  std::string region = "us-east-1";
+  bool durable = true;  // fsync objects before answering a write
+};
+
+std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, ThreadPool* io_pool,
+                                     S3Options options);
+
+}  // namespace sluice::api

@@ -1,0 +1,397 @@
+#include "api/s3/sigv4.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "api/http.h"
+#include "api/range.h"
+#include "common/crypto.h"
+
+namespace sluice::api::s3 {
+
+namespace {
+
+constexpr std::string_view kAlgorithm = "AWS4-HMAC-SHA256";
+
+S3Error Err(unsigned status, std::string code, std::string msg) {
+  return S3Error{status, std::move(code), std::move(msg)};
+}
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// Decoded (name, value) pairs of a raw query string, in order.
+std::vector<std::pair<std::string, std::string>> QueryPairs(std::string_view q) {
+  std::vector<std::pair<std::string, std::string>> out;
+  while (!q.empty()) {
+    size_t amp = q.find('&');
+    std::string_view part = q.substr(0, amp);
+    q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
+    if (part.empty()) continue;
+    size_t eq = part.find('=');
+    std::string_view k = part.substr(0, eq);
+    std::string_view v = eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1);
+    out.emplace_back(PercentDecode(k, false), PercentDecode(v, false));
+  }
+  return out;
+}
+
+std::string_view QueryOf(std::string_view target) {
+  size_t q = target.find('?');
+  return q == std::string_view::npos ? std::string_view() : target.substr(q + 1);
+}
+
+// "AK/20130524/us-east-1/s3/aws4_request"
+bool ParseCredential(std::string_view c, SigV4Auth* a) {
+  std::vector<std::string_view> parts;
+  // The access key never holds '/'; split from the right so that a malformed one still parses
+  // into five parts only when it is well formed.
+  while (true) {
+    size_t s = c.find('/');
+    parts.push_back(c.substr(0, s));
+    if (s == std::string_view::npos) break;
+    c.remove_prefix(s + 1);
+  }
+  if (parts.size() != 5 || parts[0].empty() || parts[1].size() != 8 || parts[2].empty() ||
+      parts[3].empty() || parts[4] != "aws4_request")
+    return false;
+  a->access_key = parts[0];
+  a->date = parts[1];
+  a->region = parts[2];
+  a->service = parts[3];
+  return true;
+}
+
+bool IsLowerHex(std::string_view s, size_t n) {
+  return s.size() == n && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+std::vector<std::string> SplitSignedHeaders(std::string_view s) {
+  std::vector<std::string> out;
+  while (!s.empty()) {
+    size_t semi = s.find(';');
+    out.emplace_back(s.substr(0, semi));
+    if (semi == std::string_view::npos) break;
+    s.remove_prefix(semi + 1);
+  }
+  return out;
+}
+
+std::string Lower(std::string_view s) {
+  std::string o(s);
+  for (auto& c : o) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return o;
+}
+
+// Header value as SigV4 canonicalizes it: trimmed, runs of spaces collapsed to one.
+void AppendCanonicalValue(std::string& out, std::string_view v) {
+  v = Trim(v);
+  bool space = false;
+  for (char c : v) {
+    if (c == ' ' || c == '\t') {
+      space = true;
+      continue;
+    }
+    if (space) out.push_back(' ');
+    space = false;
+    out.push_back(c);
+  }
+}
+
+}  // namespace
+
+std::optional<std::time_t> ParseAmzDate(std::string_view s) {
+  if (s.size() != 16 || s[8] != 'T' || s[15] != 'Z') return std::nullopt;
+  for (size_t i : {0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14})
+    if (s[i] < '0' || s[i] > '9') return std::nullopt;
+  auto num = [&](size_t at, size_t n) { return std::atoi(std::string(s.substr(at, n)).c_str()); };
+  struct tm tm {};
+  tm.tm_year = num(0, 4) - 1900;
+  tm.tm_mon = num(4, 2) - 1;
+  tm.tm_mday = num(6, 2);
+  tm.tm_hour = num(9, 2);
+  tm.tm_min = num(11, 2);
+  tm.tm_sec = num(13, 2);
+  if (tm.tm_mon < 0 || tm.tm_mon > 11 || tm.tm_mday < 1 || tm.tm_mday > 31 || tm.tm_hour > 23 ||
+      tm.tm_min > 59 || tm.tm_sec > 60)
+    return std::nullopt;
+  return timegm(&tm);
+}
+
+std::optional<SigV4Auth> ParseSigV4(const http::request_header<>& h, std::string_view target,
+                                    std::time_t now, std::optional<S3Error>* err) {
+  err->reset();
+  SigV4Auth a;
+  auto auth_it = h.find(http::field::authorization);
+  std::string_view query = QueryOf(target);
+  bool has_query_sig = query.find("X-Amz-Signature=") != std::string_view::npos ||
+                       query.find("X-Amz-Credential=") != std::string_view::npos;
+  if (auth_it != h.end()) {
+    std::string_view v = auth_it->value();
+    if (has_query_sig) {
+      *err = Err(400, "InvalidArgument",
+                 "only one auth mechanism allowed; only the X-Amz-Algorithm query parameter or "
+                 "the Authorization header should be specified");
+      return std::nullopt;
+    }
+    if (v.substr(0, 4) == "AWS ") {
+      *err = Err(400, "InvalidRequest",
+                 "Signature Version 2 is not supported: sign requests with AWS4-HMAC-SHA256");
+      return std::nullopt;
+    }
+    if (v.substr(0, kAlgorithm.size()) != kAlgorithm ||
+        (v.size() > kAlgorithm.size() && v[kAlgorithm.size()] != ' ')) {
+      *err = Err(400, "AuthorizationHeaderMalformed",
+                 "the authorization header is malformed; the algorithm must be AWS4-HMAC-SHA256");
+      return std::nullopt;
+    }
+    v.remove_prefix(kAlgorithm.size());
+    bool cred = false, sh = false, sig = false;
+    while (!v.empty()) {
+      size_t comma = v.find(',');
+      std::string_view part = Trim(v.substr(0, comma));
+      v = comma == std::string_view::npos ? std::string_view() : v.substr(comma + 1);
+      size_t eq = part.find('=');
+      if (eq == std::string_view::npos) continue;
+      std::string_view k = part.substr(0, eq), val = part.substr(eq + 1);
+      if (k == "Credential") {
+        cred = ParseCredential(val, &a);
+        if (!cred) {
+          *err = Err(400, "AuthorizationHeaderMalformed",
+                     fmt::format("the authorization header is malformed; the Credential '{}' is "
+                                 "not <access key>/<YYYYMMDD>/<region>/s3/aws4_request",
+                                 val.substr(0, 256)));
+          return std::nullopt;
+        }
+      } else if (k == "SignedHeaders") {
+        a.signed_headers = SplitSignedHeaders(val);
+        sh = !a.signed_headers.empty();
+      } else if (k == "Signature") {
+        a.signature = std::string(val);
+        sig = true;
+      }
+    }
+    if (!cred || !sh || !sig) {
+      *err = Err(400, "AuthorizationHeaderMalformed",
+                 "the authorization header is malformed; it needs Credential, SignedHeaders and "
+                 "Signature");
+      return std::nullopt;
+    }
+    auto d = h.find("x-amz-date");
+    if (d != h.end()) {
+      a.amz_date = std::string(d->value());
+      auto t = ParseAmzDate(a.amz_date);
+      if (!t) {
+        *err = Err(403, "AccessDenied",
+                   "X-Amz-Date must be in the ISO8601 basic format "
+                   "YYYYMMDDTHHMMSSZ");
+        return std::nullopt;
+      }
+      a.time = *t;
+    } else if (auto dd = h.find(http::field::date); dd != h.end()) {
+      auto t = ParseHttpDate(dd->value());
+      if (!t) {
+        *err = Err(403, "AccessDenied", "the Date header is malformed");
+        return std::nullopt;
+      }
+      a.time = *t;
+      char buf[32];
+      struct tm tm;
+      gmtime_r(&a.time, &tm);
+      strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
+      a.amz_date = buf;
+    } else {
+      *err =
+          Err(403, "AccessDenied", "AWS authentication requires a valid Date or x-amz-date header");
+      return std::nullopt;
+    }
+    auto p = h.find("x-amz-content-sha256");
+    if (p == h.end()) {
+      *err = Err(400, "InvalidRequest",
+                 "missing required header for this request: x-amz-content-sha256");
+      return std::nullopt;
+    }
+    a.payload_hash = std::string(p->value());
+    if (std::llabs(static_cast<long long>(a.time - now)) > kMaxSkew) {
+      *err = Err(403, "RequestTimeTooSkewed",
+                 "the difference between the request time and the server's time is too large");
+      return std::nullopt;
+    }
+  } else if (has_query_sig) {
+    a.presigned = true;
+    std::string alg, cred, sh, expires;
+    for (auto& [k, v] : QueryPairs(query)) {
+      if (k == "X-Amz-Algorithm")
+        alg = v;
+      else if (k == "X-Amz-Credential")
+        cred = v;
+      else if (k == "X-Amz-Date")
+        a.amz_date = v;
+      else if (k == "X-Amz-Expires")
+        expires = v;
+      else if (k == "X-Amz-SignedHeaders")
+        sh = v;
+      else if (k == "X-Amz-Signature")
+        a.signature = v;
+      else if (k == "X-Amz-Content-Sha256")
+        a.payload_hash = v;
+    }
+    auto qerr = [&](std::string msg) {
+      *err = Err(400, "AuthorizationQueryParametersError", std::move(msg));
+      return std::nullopt;
+    };
+    if (alg != kAlgorithm) return qerr("X-Amz-Algorithm only supports \"AWS4-HMAC-SHA256\"");
+    if (!ParseCredential(cred, &a))
+      return qerr("X-Amz-Credential is not <access key>/<YYYYMMDD>/<region>/s3/aws4_request");
+    a.signed_headers = SplitSignedHeaders(sh);
+    if (a.signed_headers.empty() || a.signature.empty())
+      return qerr(
+          "query-string authentication requires the X-Amz-Signature, X-Amz-Date, "
+          "X-Amz-SignedHeaders, X-Amz-Credential and X-Amz-Expires parameters");
+    auto t = ParseAmzDate(a.amz_date);
+    if (!t) return qerr("X-Amz-Date must be in the ISO8601 basic format YYYYMMDDTHHMMSSZ");
+    a.time = *t;
+    if (expires.empty() || expires.size() > 7 ||
+        !std::all_of(expires.begin(), expires.end(), ::isdigit))
+      return qerr("X-Amz-Expires should be a number");
+    a.expires = std::atoll(expires.c_str());
+    if (a.expires > kMaxPresignExpiry)
+      return qerr("X-Amz-Expires must be less than a week (in seconds) that is 604800");
+    if (a.expires < 1) return qerr("X-Amz-Expires must be non-negative");
+    if (a.time - now > kMaxSkew) {
+      *err = Err(403, "AccessDenied", "request is not valid yet");
+      return std::nullopt;
+    }
+    if (now > a.time + a.expires) {
+      *err = Err(403, "AccessDenied", "request has expired");
+      return std::nullopt;
+    }
+    if (a.payload_hash.empty()) a.payload_hash = std::string(kUnsignedPayload);
+  } else {
+    return std::nullopt;  // anonymous
+  }
+  if (a.amz_date.substr(0, 8) != a.date) {
+    *err = Err(403, "SignatureDoesNotMatch",
+               fmt::format("the credential date {} is not the date of the request ({})", a.date,
+                           a.amz_date.substr(0, 8)));
+    return std::nullopt;
+  }
+  if (a.service != "s3") {
+    *err = Err(400, "AuthorizationHeaderMalformed",
+               fmt::format("the credential names service '{}'; this is 's3'", a.service));
+    return std::nullopt;
+  }
+  if (!IsLowerHex(a.signature, 64)) {
+    *err = Err(403, "SignatureDoesNotMatch", "the signature is not 64 lower-case hex digits");
+    return std::nullopt;
+  }
+  if (std::find(a.signed_headers.begin(), a.signed_headers.end(), "host") ==
+      a.signed_headers.end()) {
+    *err = Err(403, "AccessDenied", "the Host header must be signed");
+    return std::nullopt;
+  }
+  return a;
+}
+
+std::string UriEncode(std::string_view s, bool keep_slash) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(s.size() + 16);
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' ||
+        (keep_slash && c == '/')) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
+}
+
+std::string CanonicalRequest(const http::request_header<>& h, std::string_view method,
+                             std::string_view path, std::string_view raw_query,
+                             const SigV4Auth& auth) {
+  std::string out;
+  out.reserve(512);
+  out.append(method).push_back('\n');
+  out.append(UriEncode(path.empty() ? std::string_view("/") : path, true)).push_back('\n');
+  auto pairs = QueryPairs(raw_query);
+  std::vector<std::pair<std::string, std::string>> enc;
+  enc.reserve(pairs.size());
+  for (auto& [k, v] : pairs) {
+    if (auth.presigned && k == "X-Amz-Signature") continue;
+    enc.emplace_back(UriEncode(k, false), UriEncode(v, false));
+  }
+  std::sort(enc.begin(), enc.end());
+  for (size_t i = 0; i < enc.size(); ++i) {
+    if (i) out.push_back('&');
+    out.append(enc[i].first).push_back('=');
+    out.append(enc[i].second);
+  }
+  out.push_back('\n');
+  for (const auto& name : auth.signed_headers) {
+    out.append(name).push_back(':');
+    bool first = true;
+    for (const auto& f : h) {
+      if (f.name_string().size() != name.size() || Lower(f.name_string()) != name) continue;
+      if (!first) out.push_back(',');
+      AppendCanonicalValue(out, f.value());
+      first = false;
+    }
+    out.push_back('\n');
+  }
+  out.push_back('\n');
+  for (size_t i = 0; i < auth.signed_headers.size(); ++i) {
+    if (i) out.push_back(';');
+    out.append(auth.signed_headers[i]);
+  }
+  out.push_back('\n');
+  out.append(auth.payload_hash);
+  return out;
+}
+
+std::string StringToSign(const SigV4Auth& auth, std::string_view canonical_request) {
+  return fmt::format("{}\n{}\n{}\n{}", kAlgorithm, auth.amz_date, auth.scope(),
+                     HexEncode(Sha256(canonical_request)));
+}
+
+std::string SigningKey(std::string_view secret, std::string_view date, std::string_view region,
+                       std::string_view service) {
+  std::string k = HmacSha256("AWS4" + std::string(secret), date);
+  k = HmacSha256(k, region);
+  k = HmacSha256(k, service);
+  return HmacSha256(k, "aws4_request");
+}
+
+std::string SignatureOf(std::string_view signing_key, std::string_view string_to_sign) {
+  return HexEncode(HmacSha256(signing_key, string_to_sign));
+}
+
+namespace {
+// SHA-256 of the empty string, hex.
+constexpr std::string_view kEmptySha256 =
+    "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+}  // namespace
+
+std::string ChunkStringToSign(const SigV4Auth& auth, std::string_view previous_signature,
+                              std::string_view chunk_sha256_hex) {
+  return fmt::format("AWS4-HMAC-SHA256-PAYLOAD\n{}\n{}\n{}\n{}\n{}", auth.amz_date, auth.scope(),
+                     previous_signature, kEmptySha256, chunk_sha256_hex);
+}
+
+std::string TrailerStringToSign(const SigV4Auth& auth, std::string_view previous_signature,
+                                std::string_view trailer_sha256_hex) {
+  return fmt::format("AWS4-HMAC-SHA256-TRAILER\n{}\n{}\n{}\n{}", auth.amz_date, auth.scope(),
+                     previous_signature, trailer_sha256_hex);
+}
+
+}  // namespace sluice::api::s3

@@ -1,0 +1,637 @@
+#include "service/s3/objects.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "api/range.h"
+#include "common/path.h"
+#include "common/secrets.h"
+#include "service/upload.h"
+
+namespace sluice {
+
+namespace {
+
+bool StartsWith(std::string_view s, std::string_view p) {
+  return s.substr(0, p.size()) == p;
+}
+
+std::string RelOf(const std::vector<std::string>& parts, size_t n) {
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    if (i) out.push_back('/');
+    out += parts[i];
+  }
+  return out;
+}
+
+bool IsObjectNotFound(const Status& st) {
+  return st.code() == Code::kNotFound || st.sys_errno() == ENOTDIR || st.sys_errno() == EISDIR ||
+         st.code() == Code::kInvalidPath;
+}
+
+}  // namespace
+
+int64_t MtimeNs(const DirEntry& e) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(e.modified.time_since_epoch())
+      .count();
+}
+
+std::string ObjectMeta::Encode() const {
+  nlohmann::json j = {{"v", 1}, {"s", size}, {"n", mtime_ns}};
+  if (!etag.empty()) j["e"] = etag;
+  if (!content_type.empty()) j["t"] = content_type;
+  if (!headers.empty()) j["h"] = headers;
+  if (!user.empty()) j["m"] = user;
+  if (!checksums.empty()) j["c"] = checksums;
+  return j.dump();
+}
+
+std::optional<ObjectMeta> ObjectMeta::Decode(std::string_view blob, const DirEntry& file) {
+  if (blob.empty()) return std::nullopt;
+  auto j = nlohmann::json::parse(blob, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  try {
+    ObjectMeta m;
+    m.size = j.value("s", uint64_t{0});
+    m.mtime_ns = j.value("n", int64_t{0});
+    if (m.size != file.size || m.mtime_ns != MtimeNs(file)) return std::nullopt;
+    m.etag = j.value("e", std::string());
+    m.content_type = j.value("t", std::string());
+    if (j.contains("h")) m.headers = j["h"].get<std::map<std::string, std::string>>();
+    if (j.contains("m")) m.user = j["m"].get<std::map<std::string, std::string>>();
+    if (j.contains("c")) m.checksums = j["c"].get<std::map<std::string, std::string>>();
+    return m;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::string ObjectETag(const DirEntry& e, const std::optional<ObjectMeta>& meta) {
+  if (meta && !meta->etag.empty()) return "\"" + meta->etag + "\"";
+  char buf[api::kMaxETagSize];
+  return std::string(api::MakeETag(e.ino, e.size, static_cast<uint64_t>(MtimeNs(e)), buf));
+}
+
+Result<std::vector<std::string>> KeyParts(std::string_view key) {
+  if (key.size() > 1024)
+    return Status(Code::kUriTooLong,
+                  fmt::format("the key is {} bytes; the limit is 1024", key.size()), ENAMETOOLONG);
+  if (key.empty()) return Status(Code::kInvalidArgument, "the key is empty");
+  if (key.back() == '/') key.remove_suffix(1);
+  std::vector<std::string> parts;
+  while (true) {
+    size_t s = key.find('/');
+    std::string_view c = key.substr(0, s);
+    if (c.empty() || c == "." || c == "..")
+      return Status(Code::kInvalidArgument,
+                    "a key cannot hold empty, '.' or '..' path segments here: objects are files",
+                    EINVAL);
+    if (c.find('\0') != std::string_view::npos)
+      return Status(Code::kInvalidArgument, "a key cannot hold NUL", EINVAL);
+    if (c.size() > 255)
+      return Status(Code::kUriTooLong, "a key's path segments are at most 255 bytes each",
+                    ENAMETOOLONG);
+    parts.emplace_back(c);
+    if (s == std::string_view::npos) break;
+    key.remove_prefix(s + 1);
+  }
+  if (parts.front() == kStagingDirName)
+    return Status(Code::kPermissionDenied,
+                  fmt::format("keys under '{}/' are reserved for upload staging", kStagingDirName),
+                  EACCES);
+  return parts;
+}
+
+// ------------------------------------------------------------------------------------ listing
+
+namespace {
+
+class Lister {
+ public:
+  Lister(Volume& v, const VFolderId& vfid, const ListQuery& q) : v_(v), vfid_(vfid), q_(q) {}
+
+  Result<ListPage> Run() {
+    ListPage page;
+    if (q_.max_keys == 0) return page;
+    size_t slash = q_.prefix.rfind('/');
+    std::string base = slash == std::string::npos ? "" : q_.prefix.substr(0, slash + 1);
+    if (!base.empty()) {
+      auto parts = KeyParts(base);
+      if (!parts.ok()) return page;  // no such directory can exist: nothing to list
+    }
+    std::string rel = base.empty() ? "" : base.substr(0, base.size() - 1);
+    auto dir = v_.OpenDir(vfid_, rel);
+    if (!dir.ok()) {
+      if (IsObjectNotFound(dir.status()) || dir.status().code() == Code::kInvalidArgument)
+        return page;
+      return dir.status();
+    }
+    SLUICE_RETURN_IF_ERROR(Visit(**dir, base, base.empty()));
+    page.items = std::move(items_);
+    if (page.items.size() > q_.max_keys) {
+      page.items.resize(q_.max_keys);
+      page.truncated = true;
+    }
+    return page;
+  }
+
+ private:
+  bool Full() const { return items_.size() > q_.max_keys; }
+
+  // The common prefix `key` rolls up into, or "" when none.
+  std::string RollUp(const std::string& key) const {
+    if (q_.delimiter.empty()) return {};
+    size_t pos = key.find(q_.delimiter, q_.prefix.size());
+    if (pos == std::string::npos) return {};
+    return key.substr(0, pos + q_.delimiter.size());
+  }
+
+  // True when the item was handled as (part of) a common prefix.
+  bool AddPrefixOf(const std::string& key) {
+    std::string cp = RollUp(key);
+    if (cp.empty()) return false;
+    if (cp != last_prefix_ && cp > q_.after) {
+      ListPage::Item it;
+      it.is_prefix = true;
+      it.object.key = cp;
+      items_.push_back(std::move(it));
+      last_prefix_ = cp;
+    }
+    return true;
+  }
+
+  Status AddObject(DirHandle& dir, const std::string& name, const std::string& key) {
+    auto e = dir.StatEntry(name);
+    if (!e.ok()) return e.status().code() == Code::kNotFound ? Status::Ok() : e.status();
+    ListPage::Item it;
+    it.object.key = key;
+    if (e->type == EntryType::kFile) {
+      it.object.size = e->size;
+      std::optional<ObjectMeta> meta;
+      if (q_.want_etag) {
+        auto blob = dir.EntryMeta(name);
+        if (blob.ok()) meta = ObjectMeta::Decode(*blob, *e);
+      }
+      it.object.etag = ObjectETag(*e, meta);
+    } else {
+      it.object.etag = "\"d41d8cd98f00b204e9800998ecf8427e\"";  // a marker: MD5 of nothing
+    }
+    it.object.modified = e->modified;
+    items_.push_back(std::move(it));
+    return Status::Ok();
+  }
+
+  // `base`: the key prefix of this directory's entries ("" or "a/b/").
+  Status Visit(DirHandle& dir, const std::string& base, bool root) {
+    struct Ent {
+      std::string sort;  // name, plus '/' for a directory: key order
+      std::string name;
+      bool is_dir;
+    };
+    std::vector<Ent> ents;
+    for (;;) {
+      SLUICE_ASSIGN_OR_RETURN(auto n, dir.Next());
+      if (!n) break;
+      if (n->type != EntryType::kFile && n->type != EntryType::kDirectory) continue;
+      if (root && n->name == kStagingDirName) continue;
+      bool d = n->type == EntryType::kDirectory;
+      std::string key = base + n->name + (d ? "/" : "");
+      // Only what can be in this page: under the prefix (or above it), not before `after`.
+      if (d) {
+        if (!StartsWith(key, q_.prefix) && !StartsWith(q_.prefix, key)) continue;
+        if (key <= q_.after && !StartsWith(q_.after, key)) continue;
+      } else {
+        if (!StartsWith(key, q_.prefix) || key <= q_.after) continue;
+      }
+      ents.push_back({n->name + (d ? "/" : ""), std::move(n->name), d});
+    }
+    std::sort(ents.begin(), ents.end(), [](const Ent& a, const Ent& b) { return a.sort < b.sort; });
+    for (const auto& e : ents) {
+      if (Full()) break;
+      std::string key = base + e.sort;
+      if (StartsWith(key, q_.prefix) && AddPrefixOf(key)) continue;
+      if (!e.is_dir) {
+        SLUICE_RETURN_IF_ERROR(AddObject(dir, e.name, key));
+        continue;
+      }
+      auto sub = dir.OpenSubdir(e.name);
+      if (!sub.ok()) {
+        if (IsObjectNotFound(sub.status())) continue;  // removed or replaced meanwhile
+        return sub.status();
+      }
+      size_t before = items_.size();
+      bool empty = true;
+      SLUICE_RETURN_IF_ERROR(VisitSub(**sub, key, &empty));
+      // An empty directory is the marker "dir/": it sorts before anything under it.
+      if (empty && items_.size() == before && StartsWith(key, q_.prefix) && key > q_.after)
+        SLUICE_RETURN_IF_ERROR(AddObject(dir, e.name, key));
+    }
+    return Status::Ok();
+  }
+
+  Status VisitSub(DirHandle& sub, const std::string& key, bool* empty) {
+    // Whether the directory has entries at all decides whether it is a marker; Visit filters
+    // them, so look first.
+    auto first = sub.Next();
+    if (!first.ok()) return first.status();
+    if (!*first) return Status::Ok();
+    *empty = false;
+    // Start over: reopen to read from the beginning.
+    return VisitFrom(sub, key, std::move(**first));
+  }
+
+  Status VisitFrom(DirHandle& sub, const std::string& key, DirHandle::Name first) {
+    // A directory handle that yields `first` again before the rest.
+    class Prepend : public DirHandle {
+     public:
+      Prepend(DirHandle& d, DirHandle::Name n) : d_(d), n_(std::move(n)) {}
+      const DirEntry& info() const override { return d_.info(); }
+      Result<std::optional<Name>> Next() override {
+        if (n_) return std::exchange(n_, std::nullopt);
+        return d_.Next();
+      }
+      Result<DirEntry> StatEntry(const std::string& name) override { return d_.StatEntry(name); }
+      Result<std::shared_ptr<FileReader>> OpenFile(const std::string& name) override {
+        return d_.OpenFile(name);
+      }
+      Result<std::unique_ptr<DirHandle>> OpenSubdir(const std::string& name) override {
+        return d_.OpenSubdir(name);
+      }
+      Result<std::string> EntryMeta(const std::string& name) override { return d_.EntryMeta(name); }
+
+     private:
+      DirHandle& d_;
+      std::optional<Name> n_;
+    };
+    Prepend p(sub, std::move(first));
+    return Visit(p, key, false);
+  }
+
+  Volume& v_;
+  const VFolderId& vfid_;
+  const ListQuery& q_;
+  std::vector<ListPage::Item> items_;
+  std::string last_prefix_;
+};
+
+}  // namespace
+
+Result<ListPage> ListObjects(Volume& v, const VFolderId& vfid, const ListQuery& q) {
+  return Lister(v, vfid, q).Run();
+}
+
+// ------------------------------------------------------------------------------------ writing
+
+ObjectWriter::~ObjectWriter() {
+  if (!done_) Abort();
+}
+
+Status ObjectWriter::Write(const char* data, size_t n) {
+  if (written_ + n > reserved_) {
+    // Bodies of unknown length (chunked) reserve as they grow, 8 MiB at a time.
+    uint64_t want = std::max<uint64_t>(written_ + n, reserved_ + (8 << 20));
+    SLUICE_RETURN_IF_ERROR(
+        ReserveScopeQuota(*reservations_, *volume_, vfid_, reservation_key_, want));
+    reserved_ = want;
+  }
+  size_t done = 0;
+  Status st = staging_->WriteAt(written_, data, n, &done);
+  md5_.Update(data, done);
+  if (sha256_) sha256_->Update(data, done);
+  written_ += done;
+  return st;
+}
+
+void ObjectWriter::Digest() {
+  if (md5_raw_.empty()) md5_raw_ = md5_.Final();
+  if (sha256_ && sha256_raw_.empty()) sha256_raw_ = sha256_->Final();
+}
+
+Status ObjectWriter::CopyFrom(FileReader& src, uint64_t n) {
+  Status st = staging_->CopyFrom(src, 0, n, written_);
+  if (st.ok()) written_ += n;
+  return st;
+}
+
+Status ObjectWriter::Publish(ObjectMeta meta, bool durable) {
+  Digest();
+  if (meta.etag.empty()) meta.etag = HexEncode(md5_raw_);
+  return PublishWith(
+      [&](const DirEntry& e) {
+        meta.size = e.size;
+        meta.mtime_ns = MtimeNs(e);
+        return meta.Encode();
+      },
+      durable);
+}
+
+Status ObjectWriter::PublishWith(const std::function<std::string(const DirEntry&)>& blob,
+                                 bool durable) {
+  Status st = staging_->Publish(parts_, blob, durable);
+  if (!st.ok()) {
+    Abort();
+    return st;
+  }
+  done_ = true;
+  staging_.reset();
+  reservations_->Release(reservation_key_);
+  return Status::Ok();
+}
+
+void ObjectWriter::Abort() {
+  if (done_) return;
+  done_ = true;
+  staging_.reset();  // lets go of the lock first
+  Status gone = volume_->DiscardStaging(vfid_, session_);
+  if (!gone.ok() && gone.code() != Code::kNotFound)
+    spdlog::warn("s3: staging file {} of an abandoned write stays until the sweep: {}", session_,
+                 gone.ToString());
+  reservations_->Release(reservation_key_);
+}
+
+Result<std::unique_ptr<ObjectWriter>> ObjectStore::BeginPut(Volume& v, const VFolderId& vfid,
+                                                            std::string_view key,
+                                                            std::optional<uint64_t> size,
+                                                            bool want_sha256) {
+  SLUICE_ASSIGN_OR_RETURN(auto parts, KeyParts(key));
+  return BeginWrite(v, vfid, std::move(parts), size, want_sha256);
+}
+
+Result<std::unique_ptr<ObjectWriter>> ObjectStore::BeginWrite(Volume& v, const VFolderId& vfid,
+                                                              std::vector<std::string> parts,
+                                                              std::optional<uint64_t> size,
+                                                              bool want_sha256) {
+  SLUICE_RETURN_IF_ERROR(v.CheckVFolder(vfid));
+  auto session = v.CreateStaging(vfid);
+  // A sweep may have removed an empty staging directory meanwhile: try once more.
+  if (!session.ok()) session = v.CreateStaging(vfid);
+  if (!session.ok()) return session.status();
+  std::unique_ptr<ObjectWriter> w(new ObjectWriter());
+  w->volume_ = &v;
+  w->vfid_ = vfid;
+  w->session_ = *session;
+  w->parts_ = std::move(parts);
+  w->reservations_ = reservations_;
+  w->reservation_key_ = fmt::format("s3/{}/{}/{}", v.name(), vfid.hex, *session);
+  if (want_sha256) w->sha256_.emplace(Digest::Algo::kSha256);
+  auto staging = v.OpenStaging(vfid, *session);
+  if (!staging.ok()) {
+    w->done_ = true;
+    (void)v.DiscardStaging(vfid, *session);
+    return staging.status();
+  }
+  w->staging_ = std::move(staging).value();
+  if (size && *size > 0) {
+    Status q = ReserveScopeQuota(*reservations_, v, vfid, w->reservation_key_, *size);
+    if (!q.ok()) return q;  // the writer's destructor discards the staging file
+    w->reserved_ = *size;
+  }
+  return w;
+}
+
+// ------------------------------------------------------------------------------------ multipart
+
+namespace {
+
+constexpr const char* kUploadRecord = "upload";
+
+std::string UploadDir(std::string_view id) {
+  return fmt::format("mp-{}", id);
+}
+std::string UploadRel(std::string_view id) {
+  return fmt::format("{}/{}", kStagingDirName, UploadDir(id));
+}
+std::string PartName(int n) {
+  return fmt::format("p{:05d}", n);
+}
+
+Status NoUpload(std::string_view id) {
+  return Status(Code::kNotFound,
+                "the specified upload does not exist: it may have been aborted or completed",
+                ENOENT);
+}
+
+std::optional<MultipartUpload> DecodeUpload(std::string_view blob, std::string id,
+                                            const DirEntry& rec) {
+  auto j = nlohmann::json::parse(blob, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("k") || !j["k"].is_string())
+    return std::nullopt;
+  MultipartUpload u;
+  u.id = std::move(id);
+  u.key = j["k"].get<std::string>();
+  if (j.contains("m") && j["m"].is_string()) {
+    DirEntry any;
+    auto inner = nlohmann::json::parse(j["m"].get<std::string>(), nullptr, false);
+    if (!inner.is_discarded() && inner.is_object()) {
+      any.size = inner.value("s", uint64_t{0});
+      any.modified = std::chrono::system_clock::time_point(
+          std::chrono::duration_cast<std::chrono::system_clock::duration>(
+              std::chrono::nanoseconds(inner.value("n", int64_t{0}))));
+      if (auto m = ObjectMeta::Decode(j["m"].get<std::string>(), any)) u.meta = std::move(*m);
+    }
+  }
+  u.initiated = rec.modified;
+  return u;
+}
+
+}  // namespace
+
+std::string MultipartETag(const std::vector<std::string>& raw_md5s) {
+  Digest d(Digest::Algo::kMd5);
+  for (const auto& m : raw_md5s) d.Update(m);
+  return fmt::format("{}-{}", HexEncode(d.Final()), raw_md5s.size());
+}
+
+Result<MultipartUpload> ObjectStore::CreateMultipart(Volume& v, const VFolderId& vfid,
+                                                     std::string_view key, ObjectMeta meta) {
+  SLUICE_RETURN_IF_ERROR(KeyParts(key).status());
+  MultipartUpload u;
+  u.id = RandomHexString(16);
+  u.key = std::string(key);
+  u.meta = std::move(meta);
+  SLUICE_ASSIGN_OR_RETURN(
+      auto w, BeginWrite(v, vfid, {kStagingDirName, UploadDir(u.id), kUploadRecord}, 0, false));
+  nlohmann::json j = {{"k", u.key}, {"m", u.meta.Encode()}};
+  SLUICE_RETURN_IF_ERROR(w->PublishWith([&](const DirEntry&) { return j.dump(); }, true));
+  u.initiated = std::chrono::system_clock::now();
+  return u;
+}
+
+Result<MultipartUpload> ObjectStore::GetMultipart(Volume& v, const VFolderId& vfid,
+                                                  std::string_view id) {
+  if (!IsLowerHex(id, 32, 32)) return NoUpload(id);
+  auto f = v.OpenReader(vfid, UploadRel(id) + "/" + kUploadRecord);
+  if (!f.ok()) return IsObjectNotFound(f.status()) ? NoUpload(id) : f.status();
+  SLUICE_ASSIGN_OR_RETURN(std::string blob, (*f)->ReadMeta());
+  auto u = DecodeUpload(blob, std::string(id), (*f)->info());
+  if (!u) return Status(Code::kIoError, fmt::format("upload {} has a damaged record", id), EIO);
+  return std::move(*u);
+}
+
+Result<std::unique_ptr<ObjectWriter>> ObjectStore::BeginPart(Volume& v, const VFolderId& vfid,
+                                                             const MultipartUpload& u, int part,
+                                                             std::optional<uint64_t> size,
+                                                             bool want_sha256) {
+  return BeginWrite(v, vfid, {kStagingDirName, UploadDir(u.id), PartName(part)}, size, want_sha256);
+}
+
+Result<std::vector<UploadedPart>> ObjectStore::ListParts(Volume& v, const VFolderId& vfid,
+                                                         const MultipartUpload& u) {
+  auto dir = v.OpenDir(vfid, UploadRel(u.id));
+  if (!dir.ok()) return IsObjectNotFound(dir.status()) ? NoUpload(u.id) : dir.status();
+  std::vector<UploadedPart> out;
+  for (;;) {
+    SLUICE_ASSIGN_OR_RETURN(auto n, (*dir)->Next());
+    if (!n) break;
+    if (n->name.size() != 6 || n->name[0] != 'p' || n->type != EntryType::kFile) continue;
+    int num = std::atoi(n->name.c_str() + 1);
+    if (num < 1 || num > kMaxPartNumber || PartName(num) != n->name) continue;
+    auto e = (*dir)->StatEntry(n->name);
+    if (!e.ok()) continue;
+    auto blob = (*dir)->EntryMeta(n->name);
+    auto meta = blob.ok() ? ObjectMeta::Decode(*blob, *e) : std::nullopt;
+    if (!meta) continue;  // being replaced, or not written by Sluice
+    auto raw = HexDecode(meta->etag);
+    if (!raw.ok()) continue;
+    out.push_back({num, e->size, std::move(raw).value(), e->modified});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const UploadedPart& a, const UploadedPart& b) { return a.number < b.number; });
+  return out;
+}
+
+Result<std::string> ObjectStore::CompleteMultipart(Volume& v, const VFolderId& vfid,
+                                                   const MultipartUpload& u,
+                                                   const std::vector<UploadedPart>& parts,
+                                                   bool durable) {
+  SLUICE_ASSIGN_OR_RETURN(auto key_parts, KeyParts(u.key));
+  SLUICE_ASSIGN_OR_RETURN(auto w, BeginWrite(v, vfid, std::move(key_parts), 0, false));
+  std::vector<std::string> md5s;
+  for (const auto& p : parts) {
+    SLUICE_ASSIGN_OR_RETURN(auto f, v.OpenReader(vfid, UploadRel(u.id) + "/" + PartName(p.number)));
+    if (f->size() != p.size)
+      return Status(Code::kConflict, fmt::format("part {} changed while completing", p.number));
+    SLUICE_RETURN_IF_ERROR(w->CopyFrom(*f, p.size));
+    md5s.push_back(p.md5);
+  }
+  ObjectMeta meta = u.meta;
+  meta.etag = MultipartETag(md5s);
+  SLUICE_RETURN_IF_ERROR(w->Publish(meta, durable));
+  Status gone = v.DeleteFiles(vfid, {UploadRel(u.id)}, true);
+  if (!gone.ok() && !IsObjectNotFound(gone))
+    spdlog::warn("s3: upload {} completed; its parts stay until the sweep: {}", u.id,
+                 gone.ToString());
+  return meta.etag;
+}
+
+Status ObjectStore::AbortMultipart(Volume& v, const VFolderId& vfid, const MultipartUpload& u) {
+  Status st = v.DeleteFiles(vfid, {UploadRel(u.id)}, true);
+  return IsObjectNotFound(st) ? NoUpload(u.id) : st;
+}
+
+Result<std::vector<MultipartUpload>> ObjectStore::ListMultipart(Volume& v, const VFolderId& vfid) {
+  std::vector<MultipartUpload> out;
+  auto dir = v.OpenDir(vfid, kStagingDirName);
+  if (!dir.ok())
+    return IsObjectNotFound(dir.status()) ? out
+                                          : Result<std::vector<MultipartUpload>>(dir.status());
+  for (;;) {
+    SLUICE_ASSIGN_OR_RETURN(auto n, (*dir)->Next());
+    if (!n) break;
+    if (n->type != EntryType::kDirectory || n->name.size() != 35 || n->name.substr(0, 3) != "mp-")
+      continue;
+    auto u = GetMultipart(v, vfid, n->name.substr(3));
+    if (u.ok()) out.push_back(std::move(u).value());
+  }
+  std::sort(out.begin(), out.end(), [](const MultipartUpload& a, const MultipartUpload& b) {
+    return std::tie(a.key, a.initiated, a.id) < std::tie(b.key, b.initiated, b.id);
+  });
+  return out;
+}
+
+size_t ObjectStore::SweepMultipart(Volume& v, const VFolderId& vfid, std::chrono::seconds age) {
+  auto all = ListMultipart(v, vfid);
+  if (!all.ok()) return 0;
+  size_t n = 0;
+  auto cutoff = std::chrono::system_clock::now() - age;
+  for (const auto& u : *all) {
+    if (u.initiated > cutoff) continue;
+    if (AbortMultipart(v, vfid, u).ok()) {
+      ++n;
+      spdlog::info("s3: removed multipart upload {} of '{}', abandoned since {}", u.id, u.key,
+                   std::chrono::system_clock::to_time_t(u.initiated));
+    }
+  }
+  return n;
+}
+
+Status ObjectStore::PutDirectory(Volume& v, const VFolderId& vfid, std::string_view key) {
+  SLUICE_ASSIGN_OR_RETURN(auto parts, KeyParts(key));
+  Status st = v.Mkdir(vfid, RelOf(parts, parts.size()), true, true);
+  if (st.sys_errno() == EEXIST || st.sys_errno() == ENOTDIR)
+    return Status(Code::kConflict,
+                  fmt::format("'{}' or one of its parents exists and is not a directory", key),
+                  ENOTDIR);
+  return st;
+}
+
+Result<ObjectStore::Opened> ObjectStore::Open(Volume& v, const VFolderId& vfid,
+                                              std::string_view key) {
+  auto nokey = [&] { return Status(Code::kNotFound, "the specified key does not exist", ENOENT); };
+  auto parts = KeyParts(key);
+  if (!parts.ok())
+    return parts.status().code() == Code::kPermissionDenied ? nokey() : parts.status();
+  std::string rel = RelOf(*parts, parts->size());
+  Opened o;
+  if (key.back() == '/') {
+    auto e = v.Stat(vfid, rel);
+    if (!e.ok()) return IsObjectNotFound(e.status()) ? nokey() : e.status();
+    if (e->type != EntryType::kDirectory) return nokey();
+    o.entry = std::move(e).value();
+    o.entry.size = 0;
+    return o;
+  }
+  auto f = v.OpenReader(vfid, rel);
+  if (!f.ok()) {
+    if (IsObjectNotFound(f.status()) || f.status().code() == Code::kInvalidArgument) return nokey();
+    return f.status();
+  }
+  o.file = std::move(f).value();
+  o.entry = o.file->info();
+  auto blob = o.file->ReadMeta();
+  if (blob.ok()) o.meta = ObjectMeta::Decode(*blob, o.entry);
+  return o;
+}
+
+Status ObjectStore::Delete(Volume& v, const VFolderId& vfid, std::string_view key) {
+  SLUICE_ASSIGN_OR_RETURN(auto parts, KeyParts(key));
+  std::string rel = RelOf(parts, parts.size());
+  auto e = v.Stat(vfid, rel);
+  if (!e.ok()) return IsObjectNotFound(e.status()) ? Status::Ok() : e.status();
+  bool marker = key.back() == '/';
+  if ((e->type == EntryType::kDirectory) != marker) return Status::Ok();  // no such object
+  Status st = v.DeleteFiles(vfid, {rel}, false);
+  if (st.code() == Code::kNotEmpty || IsObjectNotFound(st)) return Status::Ok();
+  SLUICE_RETURN_IF_ERROR(st);
+  // S3 has no empty prefixes: remove the directories this left empty (never a non-empty one:
+  // the volume removes a directory only while it is empty).
+  for (size_t n = parts.size() - 1; n > 0; --n)
+    if (!v.DeleteFiles(vfid, {RelOf(parts, n)}, false).ok()) break;
+  return Status::Ok();
+}
+
+Result<bool> ObjectStore::Empty(Volume& v, const VFolderId& vfid) {
+  SLUICE_ASSIGN_OR_RETURN(auto dir, v.OpenDir(vfid, ""));
+  for (;;) {
+    SLUICE_ASSIGN_OR_RETURN(auto n, dir->Next());
+    if (!n) return true;
+    if (n->name != kStagingDirName) return false;
+  }
+}
+
+}  // namespace sluice

@@ -1,0 +1,203 @@
+// Objects are files: S3 keys map to paths inside a bucket's vfolder (the same path-safety rules
+// as every other route), object metadata lives in an extended attribute of the file, and writes
+// go through the volume's staging files, published atomically with their metadata.
+//
+// Collisions between keys and the file tree (docs/s3.md):
+//   - a key whose parent is a file cannot be written: kConflict with ENOTDIR (ObjectParentIsFile)
+//   - a key that names a directory cannot be written: kConflict with EISDIR; reading it is
+//     NoSuchKey
+//   - "dir/" (a key ending in '/') names the directory: a zero-byte PUT creates it, GET/HEAD of an
+//     existing directory answer an empty object, DELETE removes it when empty; empty directories
+//     list as "dir/" keys
+//   - deleting an object removes the directories it leaves empty, as S3 has no empty prefixes
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/crypto.h"
+#include "common/status.h"
+#include "service/reservations.h"
+#include "volume/volume.h"
+
+namespace sluice {
+
+// What is stored with an object (JSON in kObjectMetaAttr).
+struct ObjectMeta {
+  std::string etag;          // hex MD5, or "<hex>-<parts>" for multipart; no quotes
+  std::string content_type;  // as given; "" = binary/octet-stream
+  std::map<std::string, std::string> headers;    // Cache-Control, Content-Disposition, ...
+  std::map<std::string, std::string> user;       // x-amz-meta-* (names lower case, no prefix)
+  std::map<std::string, std::string> checksums;  // "CRC32" ... -> base64
+  // The file as it was when published: metadata is trusted only while these still hold, so a
+  // file rewritten in place behind Sluice's back never shows a stale MD5.
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+
+  std::string Encode() const;
+  // nullopt when `blob` is empty, malformed, or describes another version of the file.
+  static std::optional<ObjectMeta> Decode(std::string_view blob, const DirEntry& file);
+};
+
+int64_t MtimeNs(const DirEntry& e);
+// The entity tag S3 clients see, quoted: the stored MD5 when valid, otherwise a validator from
+// inode, size and mtime ("<ino>-<size>-<mtime>" in hex, never 32 hex digits, so no client takes
+// it for an MD5).
+std::string ObjectETag(const DirEntry& e, const std::optional<ObjectMeta>& meta);
+
+// Key -> path components below the vfolder. kInvalidArgument for what no file tree can hold
+// ("", "..", ".", "//", NUL, over 1024 bytes: kUriTooLong), kPermissionDenied for the staging
+// directory. A trailing '/' (a directory marker) is allowed and dropped.
+Result<std::vector<std::string>> KeyParts(std::string_view key);
+
+struct ListQuery {
+  std::string prefix;
+  std::string delimiter;
+  std::string after;  // exclusive: keys (and common prefixes) after this one
+  size_t max_keys = 1000;
+  bool want_etag = true;  // read each object's metadata attribute for its ETag
+};
+
+struct ListedObject {
+  std::string key;
+  uint64_t size = 0;
+  std::chrono::system_clock::time_point modified;
+  std::string etag;  // quoted
+};
+
+struct ListPage {
+  // In key order, merged: `is_prefix` entries are common prefixes.
+  struct Item {
+    bool is_prefix = false;
+    ListedObject object;  // key only for a prefix
+  };
+  std::vector<Item> items;
+  bool truncated = false;
+};
+
+// Lists a bucket's keys in byte order, walking only the directories that can hold keys in the
+// page (those on the path of `after` and after it, below the prefix's directory).
+Result<ListPage> ListObjects(Volume& v, const VFolderId& vfid, const ListQuery& q);
+
+// One object being written: bytes go to a staging file, the MD5 (and, when asked, SHA-256) are
+// computed on the way, and Finish publishes the file with its metadata at once.
+class ObjectWriter {
+ public:
+  ~ObjectWriter();
+  Status Write(const char* data, size_t n);
+  uint64_t written() const { return written_; }
+  // Hex digests of what was written (valid after Finish or at any time before it).
+  const std::string& md5_raw() const { return md5_raw_; }
+  const std::string& sha256_raw() const { return sha256_raw_; }
+  // Computes the digests; called before Publish so the caller can check them.
+  void Digest();
+  // Appends `n` bytes of `src` from its start (copy_file_range where the volume can); the MD5
+  // is not updated (assembled objects carry the multipart ETag).
+  Status CopyFrom(FileReader& src, uint64_t n);
+  // Publishes with `meta` (its etag, when empty, is the MD5; size and mtime are filled in here).
+  Status Publish(ObjectMeta meta, bool durable);
+  // Publishes with the metadata blob `blob` returns for the file as it is.
+  Status PublishWith(const std::function<std::string(const DirEntry&)>& blob, bool durable);
+  // Discards the staging file (a failed or abandoned write): nothing becomes visible.
+  void Abort();
+
+ private:
+  friend class ObjectStore;
+  ObjectWriter() = default;
+  Volume* volume_ = nullptr;
+  VFolderId vfid_;
+  std::string session_;
+  std::vector<std::string> parts_;
+  QuotaReservations* reservations_ = nullptr;
+  std::string reservation_key_;
+  uint64_t reserved_ = 0;
+  std::unique_ptr<StagingWriter> staging_;
+  sluice::Digest md5_{sluice::Digest::Algo::kMd5};
+  std::optional<sluice::Digest> sha256_;
+  std::string md5_raw_, sha256_raw_;
+  uint64_t written_ = 0;
+  bool done_ = false;
+};
+
+// A multipart upload in progress: staged in the vfolder as .upload/mp-<id>/ (the record
+// "upload", parts "p00001"...), so that any node serving the volume can take it on.
+struct MultipartUpload {
+  std::string id;  // 32 lower-case hex digits
+  std::string key;
+  ObjectMeta meta;  // what the object will carry
+  std::chrono::system_clock::time_point initiated;
+};
+
+struct UploadedPart {
+  int number = 0;
+  uint64_t size = 0;
+  std::string md5;  // raw
+  std::chrono::system_clock::time_point modified;
+};
+
+inline constexpr int kMaxPartNumber = 10000;
+
+class ObjectStore {
+ public:
+  explicit ObjectStore(QuotaReservations* reservations) : reservations_(reservations) {}
+
+  // --- multipart uploads ---
+  Result<MultipartUpload> CreateMultipart(Volume& v, const VFolderId& vfid, std::string_view key,
+                                          ObjectMeta meta);
+  // kNotFound (NoSuchUpload) when there is no such upload (never begun, completed or aborted).
+  Result<MultipartUpload> GetMultipart(Volume& v, const VFolderId& vfid, std::string_view id);
+  Result<std::unique_ptr<ObjectWriter>> BeginPart(Volume& v, const VFolderId& vfid,
+                                                  const MultipartUpload& u, int part,
+                                                  std::optional<uint64_t> size, bool want_sha256);
+  // In part-number order.
+  Result<std::vector<UploadedPart>> ListParts(Volume& v, const VFolderId& vfid,
+                                              const MultipartUpload& u);
+  // Assembles `parts` (checked by the caller: ascending, present, sized) into the object, without
+  // the bytes passing through user space where the volume allows, publishes it with the
+  // multipart ETag ("<md5 of the part MD5s>-<count>") and removes the upload. Returns the ETag.
+  Result<std::string> CompleteMultipart(Volume& v, const VFolderId& vfid, const MultipartUpload& u,
+                                        const std::vector<UploadedPart>& parts, bool durable);
+  Status AbortMultipart(Volume& v, const VFolderId& vfid, const MultipartUpload& u);
+  // Every upload in progress in the vfolder, by key then initiation.
+  Result<std::vector<MultipartUpload>> ListMultipart(Volume& v, const VFolderId& vfid);
+  // Uploads initiated longer than `age` ago, removed; returns how many.
+  size_t SweepMultipart(Volume& v, const VFolderId& vfid, std::chrono::seconds age);
+
+  // Starts writing `key`; `size` (when known) is reserved against the quota scope at once.
+  Result<std::unique_ptr<ObjectWriter>> BeginPut(Volume& v, const VFolderId& vfid,
+                                                 std::string_view key, std::optional<uint64_t> size,
+                                                 bool want_sha256);
+  // The directory marker "dir/": creates the directory (and its parents).
+  Status PutDirectory(Volume& v, const VFolderId& vfid, std::string_view key);
+
+  struct Opened {
+    std::shared_ptr<FileReader> file;  // null for a directory marker
+    DirEntry entry;
+    std::optional<ObjectMeta> meta;
+  };
+  // kNotFound (NoSuchKey) for anything that is not an object.
+  Result<Opened> Open(Volume& v, const VFolderId& vfid, std::string_view key);
+  // Deleting a missing key succeeds (as S3 does).
+  Status Delete(Volume& v, const VFolderId& vfid, std::string_view key);
+  // Whether the vfolder holds any object (staging excluded).
+  Result<bool> Empty(Volume& v, const VFolderId& vfid);
+
+ private:
+  Result<std::unique_ptr<ObjectWriter>> BeginWrite(Volume& v, const VFolderId& vfid,
+                                                   std::vector<std::string> parts,
+                                                   std::optional<uint64_t> size, bool want_sha256);
+
+  QuotaReservations* reservations_;
+};
+
+// The multipart ETag of `parts` (hex MD5 of their raw MD5s, "-", their count), unquoted.
+std::string MultipartETag(const std::vector<std::string>& raw_md5s);
+
+}  // namespace sluice

@@ -1,0 +1,426 @@
+#include "service/s3/s3_store.h"
+
+#include <openssl/rand.h>
+
+#include <algorithm>
+#include <cctype>
+#include <ctime>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/crypto.h"
+
+namespace sluice {
+
+namespace {
+
+int64_t Now() {
+  return static_cast<int64_t>(std::time(nullptr));
+}
+
+// `n` characters drawn uniformly from `alphabet` (rejection sampling: no modulo bias).
+std::string RandomChars(size_t n, std::string_view alphabet) {
+  std::string out;
+  const unsigned limit = 256 - 256 % alphabet.size();
+  while (out.size() < n) {
+    unsigned char b[64];
+    RAND_bytes(b, sizeof b);
+    for (unsigned char c : b)
+      if (c < limit && out.size() < n) out.push_back(alphabet[c % alphabet.size()]);
+  }
+  return out;
+}
+
+constexpr std::string_view kUpperAlnum = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+constexpr std::string_view kSecretChars =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+Status CheckAccessKey(std::string_view ak) {
+  if (ak.size() < 3 || ak.size() > 128 ||
+      !std::all_of(ak.begin(), ak.end(), [](char c) { return std::isalnum((unsigned char)c); }))
+    return Status(Code::kInvalidArgument,
+                  "an access key is 3 to 128 letters and digits (A-Z, a-z, 0-9)");
+  return Status::Ok();
+}
+
+Status CheckSecretKey(std::string_view sk) {
+  if (sk.size() < 8 || sk.size() > 128 ||
+      !std::all_of(sk.begin(), sk.end(), [](char c) { return c > ' ' && c < 127; }))
+    return Status(Code::kInvalidArgument,
+                  "a secret key is 8 to 128 printable ASCII characters without spaces");
+  return Status::Ok();
+}
+
+Status CheckUserId(std::string_view id) {
+  if (id.empty() || id.size() > 64 || id.front() == '.' ||
+      !std::all_of(id.begin(), id.end(), [](char c) {
+        return std::isalnum((unsigned char)c) || c == '-' || c == '_' || c == '.' || c == '@';
+      }))
+    return Status(
+        Code::kInvalidArgument,
+        fmt::format("user id '{}': 1 to 64 of A-Z a-z 0-9 - _ . @, not starting with '.'", id));
+  return Status::Ok();
+}
+
+std::string SealAad(std::string_view ak) {
+  return fmt::format("sluice-s3-key:{}", ak);
+}
+
+template <typename T>
+Result<T> Field(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end()) return Status(Code::kIoError, fmt::format("record lacks '{}'", key));
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception&) {
+    return Status(Code::kIoError, fmt::format("record has a bad '{}'", key));
+  }
+}
+
+Result<nlohmann::json> ParseRecord(const std::string& text, const std::string& where) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return Status(Code::kIoError, fmt::format("record {} is not a JSON object", where));
+  return j;
+}
+
+}  // namespace
+
+nlohmann::json S3User::ToJson() const {
+  return {{"id", id},
+          {"display_name", display_name},
+          {"default_volume", default_volume},
+          {"default_scope", default_scope},
+          {"created", created}};
+}
+
+Result<S3User> S3User::FromJson(const nlohmann::json& j) {
+  S3User u;
+  SLUICE_ASSIGN_OR_RETURN(u.id, Field<std::string>(j, "id"));
+  SLUICE_ASSIGN_OR_RETURN(u.display_name, Field<std::string>(j, "display_name"));
+  SLUICE_ASSIGN_OR_RETURN(u.default_volume, Field<std::string>(j, "default_volume"));
+  SLUICE_ASSIGN_OR_RETURN(u.default_scope, Field<std::string>(j, "default_scope"));
+  SLUICE_ASSIGN_OR_RETURN(u.created, Field<int64_t>(j, "created"));
+  return u;
+}
+
+nlohmann::json S3Key::ToPublicJson() const {
+  return {{"access_key", access_key},
+          {"user", user},
+          {"buckets", buckets},
+          {"read_only", read_only},
+          {"created", created}};
+}
+
+bool S3Key::MayUse(const std::string& bucket) const {
+  return buckets.empty() || std::find(buckets.begin(), buckets.end(), bucket) != buckets.end();
+}
+
+nlohmann::json S3Bucket::ToJson() const {
+  return {{"name", name},   {"volume", volume},   {"vfid", vfid},
+          {"owner", owner}, {"created", created}, {"owns_vfolder", owns_vfolder}};
+}
+
+Result<S3Bucket> S3Bucket::FromJson(const nlohmann::json& j) {
+  S3Bucket b;
+  SLUICE_ASSIGN_OR_RETURN(b.name, Field<std::string>(j, "name"));
+  SLUICE_ASSIGN_OR_RETURN(b.volume, Field<std::string>(j, "volume"));
+  SLUICE_ASSIGN_OR_RETURN(b.vfid, Field<std::string>(j, "vfid"));
+  SLUICE_ASSIGN_OR_RETURN(b.owner, Field<std::string>(j, "owner"));
+  SLUICE_ASSIGN_OR_RETURN(b.created, Field<int64_t>(j, "created"));
+  b.owns_vfolder = j.value("owns_vfolder", false);
+  return b;
+}
+
+Status CheckBucketName(std::string_view n) {
+  auto bad = [&](std::string_view why) {
+    return Status(Code::kInvalidArgument, fmt::format("bucket name '{}': {}", n, why));
+  };
+  if (n.size() < 3 || n.size() > 63) return bad("must be 3 to 63 characters long");
+  for (char c : n)
+    if (!(std::islower((unsigned char)c) || std::isdigit((unsigned char)c) || c == '.' || c == '-'))
+      return bad("may hold only lower-case letters, digits, '.' and '-'");
+  auto alnum = [](char c) {
+    return std::islower((unsigned char)c) || std::isdigit((unsigned char)c);
+  };
+  if (!alnum(n.front()) || !alnum(n.back()))
+    return bad("must begin and end with a letter or digit");
+  if (n.find("..") != std::string_view::npos || n.find(".-") != std::string_view::npos ||
+      n.find("-.") != std::string_view::npos)
+    return bad("must not have adjacent periods or a period next to a hyphen");
+  if (n.rfind("xn--", 0) == 0 || n.rfind("sthree-", 0) == 0)
+    return bad("must not begin with 'xn--' or 'sthree-'");
+  if (n.size() > 8 && n.substr(n.size() - 8) == "-s3alias")
+    return bad("must not end in '-s3alias'");
+  int dots = 0;
+  bool digits_and_dots = true;
+  for (char c : n) {
+    dots += c == '.';
+    digits_and_dots &= std::isdigit((unsigned char)c) || c == '.';
+  }
+  if (dots == 3 && digits_and_dots) return bad("must not be formatted as an IP address");
+  return Status::Ok();
+}
+
+S3Store::S3Store(RecordDir users, RecordDir keys, RecordDir buckets, std::string seal_key)
+    : users_(std::move(users)),
+      keys_(std::move(keys)),
+      buckets_(std::move(buckets)),
+      seal_key_(Sha256("sluice-s3-seal-key:" + seal_key)),
+      snap_(std::make_shared<Snapshot>()) {}
+
+S3Store::~S3Store() {
+  Stop();
+}
+
+Result<std::unique_ptr<S3Store>> S3Store::Open(const std::string& root,
+                                               const std::string& seal_key) {
+  SLUICE_ASSIGN_OR_RETURN(RecordDir users, RecordDir::Open(root + "/users"));
+  SLUICE_ASSIGN_OR_RETURN(RecordDir keys, RecordDir::Open(root + "/keys"));
+  SLUICE_ASSIGN_OR_RETURN(RecordDir buckets, RecordDir::Open(root + "/buckets"));
+  std::unique_ptr<S3Store> s(
+      new S3Store(std::move(users), std::move(keys), std::move(buckets), seal_key));
+  s->Refresh();
+  return s;
+}
+
+std::shared_ptr<const S3Store::Snapshot> S3Store::snap() const {
+  std::lock_guard lk(mu_);
+  return snap_;
+}
+
+Result<std::shared_ptr<const S3Key>> S3Store::LoadKey(const std::string& ak) const {
+  SLUICE_ASSIGN_OR_RETURN(auto text, keys_.Get(ak));
+  if (!text) return Status(Code::kNotFound, fmt::format("no access key '{}'", ak));
+  SLUICE_ASSIGN_OR_RETURN(auto j, ParseRecord(*text, "key " + ak));
+  auto k = std::make_shared<S3Key>();
+  SLUICE_ASSIGN_OR_RETURN(k->access_key, Field<std::string>(j, "access_key"));
+  SLUICE_ASSIGN_OR_RETURN(k->user, Field<std::string>(j, "user"));
+  SLUICE_ASSIGN_OR_RETURN(k->buckets, Field<std::vector<std::string>>(j, "buckets"));
+  SLUICE_ASSIGN_OR_RETURN(k->read_only, Field<bool>(j, "read_only"));
+  SLUICE_ASSIGN_OR_RETURN(k->created, Field<int64_t>(j, "created"));
+  SLUICE_ASSIGN_OR_RETURN(std::string sealed64, Field<std::string>(j, "secret"));
+  SLUICE_ASSIGN_OR_RETURN(std::string sealed, Base64Decode(sealed64));
+  SLUICE_ASSIGN_OR_RETURN(k->secret_key, Unseal(seal_key_, sealed, SealAad(k->access_key)));
+  if (k->access_key != ak)
+    return Status(Code::kIoError, fmt::format("key record {} is misnamed", ak));
+  return std::shared_ptr<const S3Key>(std::move(k));
+}
+
+void S3Store::Refresh() {
+  std::lock_guard rl(refresh_mu_);
+  auto old = snap();
+  auto next = std::make_shared<Snapshot>(*old);
+  bool changed = false;
+  auto stamp_of = [](const RecordDir& d) {
+    auto s = d.Stamp();
+    return s.ok() ? *s : std::string();
+  };
+  // Reloads one directory's records into `into` when its stamp moved.
+  auto reload = [&](const RecordDir& dir, std::string& have, auto& into, auto load,
+                    const char* what) {
+    std::string now = stamp_of(dir);
+    if (now == have && !now.empty()) return;
+    into.clear();
+    if (auto names = dir.List(); names.ok()) {
+      for (const auto& n : *names) {
+        auto v = load(n);
+        if (v.ok())
+          into[n] = std::move(v).value();
+        else if (v.status().code() != Code::kNotFound)
+          spdlog::warn("s3: {} record {} skipped: {}", what, n, v.status().message());
+      }
+    }
+    have = now;
+    changed = true;
+  };
+  auto load_json = [](const RecordDir& dir, const std::string& n, auto parse) {
+    auto text = dir.Get(n);
+    if (!text.ok()) return decltype(parse(nlohmann::json()))(text.status());
+    if (!*text) return decltype(parse(nlohmann::json()))(Status(Code::kNotFound, "gone"));
+    auto j = ParseRecord(**text, n);
+    if (!j.ok()) return decltype(parse(nlohmann::json()))(j.status());
+    return parse(*j);
+  };
+  reload(
+      users_, next->users_stamp, next->users,
+      [&](const std::string& n) { return load_json(users_, n, S3User::FromJson); }, "user");
+  reload(
+      keys_, next->keys_stamp, next->keys, [&](const std::string& n) { return LoadKey(n); },
+      "access key");
+  reload(
+      buckets_, next->buckets_stamp, next->buckets,
+      [&](const std::string& n) { return load_json(buckets_, n, S3Bucket::FromJson); }, "bucket");
+  if (changed) {
+    std::lock_guard lk(mu_);
+    snap_ = std::move(next);
+  }
+}
+
+void S3Store::Start(std::chrono::milliseconds interval) {
+  thread_ = std::thread([this, interval] {
+    std::unique_lock lk(run_mu_);
+    while (!run_cv_.wait_for(lk, interval, [this] { return stop_; })) {
+      lk.unlock();
+      Refresh();
+      lk.lock();
+    }
+  });
+}
+
+void S3Store::Stop() {
+  {
+    std::lock_guard lk(run_mu_);
+    stop_ = true;
+  }
+  run_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Status S3Store::CreateUser(S3User u) {
+  SLUICE_RETURN_IF_ERROR(CheckUserId(u.id));
+  if (u.display_name.empty()) u.display_name = u.id;
+  u.created = Now();
+  Status st = users_.Create(u.id, u.ToJson().dump());
+  if (st.code() == Code::kAlreadyExists)
+    return Status(Code::kAlreadyExists, fmt::format("S3 user '{}' exists", u.id));
+  SLUICE_RETURN_IF_ERROR(st);
+  Refresh();
+  return Status::Ok();
+}
+
+Result<S3User> S3Store::GetUser(const std::string& id) const {
+  auto s = snap();
+  auto it = s->users.find(id);
+  if (it != s->users.end()) return it->second;
+  SLUICE_RETURN_IF_ERROR(CheckUserId(id));
+  SLUICE_ASSIGN_OR_RETURN(auto text, users_.Get(id));
+  if (!text) return Status(Code::kNotFound, fmt::format("no S3 user '{}'", id));
+  SLUICE_ASSIGN_OR_RETURN(auto j, ParseRecord(*text, "user " + id));
+  return S3User::FromJson(j);
+}
+
+std::vector<S3User> S3Store::Users() const {
+  std::vector<S3User> out;
+  for (const auto& [id, u] : snap()->users) out.push_back(u);
+  return out;
+}
+
+Status S3Store::DeleteUser(const std::string& id) {
+  SLUICE_RETURN_IF_ERROR(CheckUserId(id));
+  Refresh();
+  auto s = snap();
+  for (const auto& [ak, k] : s->keys)
+    if (k->user == id)
+      return Status(Code::kConflict,
+                    fmt::format("S3 user '{}' still has access key {}: revoke it first", id, ak));
+  for (const auto& [name, b] : s->buckets)
+    if (b.owner == id)
+      return Status(
+          Code::kConflict,
+          fmt::format("S3 user '{}' still owns bucket '{}': delete or unbind it first", id, name));
+  Status st = users_.Remove(id);
+  if (st.code() == Code::kNotFound)
+    return Status(Code::kNotFound, fmt::format("no S3 user '{}'", id));
+  SLUICE_RETURN_IF_ERROR(st);
+  Refresh();
+  return Status::Ok();
+}
+
+Result<S3Key> S3Store::CreateKey(const std::string& user, std::optional<std::string> access_key,
+                                 std::optional<std::string> secret_key,
+                                 std::vector<std::string> buckets, bool read_only) {
+  SLUICE_RETURN_IF_ERROR(GetUser(user).status());
+  if (access_key.has_value() != secret_key.has_value())
+    return Status(Code::kInvalidArgument,
+                  "to import a key pair give both the access key and the secret key");
+  for (const auto& b : buckets) SLUICE_RETURN_IF_ERROR(CheckBucketName(b));
+  S3Key k;
+  k.user = user;
+  k.buckets = std::move(buckets);
+  k.read_only = read_only;
+  k.created = Now();
+  if (access_key) {
+    SLUICE_RETURN_IF_ERROR(CheckAccessKey(*access_key));
+    SLUICE_RETURN_IF_ERROR(CheckSecretKey(*secret_key));
+    k.access_key = *access_key;
+    k.secret_key = *secret_key;
+  } else {
+    k.access_key = "SLU" + RandomChars(17, kUpperAlnum);
+    k.secret_key = RandomChars(40, kSecretChars);
+  }
+  nlohmann::json j = k.ToPublicJson();
+  j["secret"] = Base64Encode(Seal(seal_key_, k.secret_key, SealAad(k.access_key)));
+  Status st = keys_.Create(k.access_key, j.dump());
+  if (st.code() == Code::kAlreadyExists)
+    return Status(Code::kAlreadyExists, fmt::format("access key {} exists", k.access_key));
+  SLUICE_RETURN_IF_ERROR(st);
+  Refresh();
+  return k;
+}
+
+Status S3Store::RevokeKey(const std::string& ak) {
+  SLUICE_RETURN_IF_ERROR(CheckAccessKey(ak));
+  Status st = keys_.Remove(ak);
+  if (st.code() == Code::kNotFound)
+    return Status(Code::kNotFound, fmt::format("no access key {}", ak));
+  SLUICE_RETURN_IF_ERROR(st);
+  Refresh();
+  return Status::Ok();
+}
+
+std::vector<S3Key> S3Store::Keys() const {
+  std::vector<S3Key> out;
+  for (const auto& [ak, k] : snap()->keys) out.push_back(*k);
+  return out;
+}
+
+std::shared_ptr<const S3Key> S3Store::FindKey(const std::string& ak) const {
+  auto s = snap();
+  auto it = s->keys.find(ak);
+  return it == s->keys.end() ? nullptr : it->second;
+}
+
+Status S3Store::BindBucket(S3Bucket b) {
+  SLUICE_RETURN_IF_ERROR(CheckBucketName(b.name));
+  SLUICE_RETURN_IF_ERROR(GetUser(b.owner).status());
+  if (!b.created) b.created = Now();
+  Status st = buckets_.Create(b.name, b.ToJson().dump());
+  if (st.code() == Code::kAlreadyExists)
+    return Status(Code::kAlreadyExists, fmt::format("bucket '{}' exists", b.name));
+  SLUICE_RETURN_IF_ERROR(st);
+  Refresh();
+  return Status::Ok();
+}
+
+Result<S3Bucket> S3Store::FindBucket(const std::string& name) {
+  auto s = snap();
+  auto it = s->buckets.find(name);
+  if (it != s->buckets.end()) return it->second;
+  Status nope(Code::kNotFound, fmt::format("no bucket '{}'", name));
+  if (!CheckBucketName(name).ok()) return nope;
+  // Made on another node since the last reload?
+  auto text = buckets_.Get(name);
+  if (!text.ok() || !*text) return nope;
+  SLUICE_ASSIGN_OR_RETURN(auto j, ParseRecord(**text, "bucket " + name));
+  return S3Bucket::FromJson(j);
+}
+
+Status S3Store::UnbindBucket(const std::string& name) {
+  Status st = RecordDir::CheckName(name);
+  if (st.ok()) st = buckets_.Remove(name);
+  if (st.code() == Code::kNotFound || st.code() == Code::kInvalidArgument)
+    return Status(Code::kNotFound, fmt::format("no bucket '{}'", name));
+  SLUICE_RETURN_IF_ERROR(st);
+  Refresh();
+  return Status::Ok();
+}
+
+std::vector<S3Bucket> S3Store::Buckets() const {
+  std::vector<S3Bucket> out;
+  for (const auto& [n, b] : snap()->buckets) out.push_back(b);
+  return out;
+}
+
+}  // namespace sluice

@@ -1,0 +1,719 @@
+"""The S3 API with boto3: buckets are vfolders, objects are files, every request signed (SigV4).
+
+Each test makes its own user and key on one module daemon; what S3 writes is also checked on
+the volume, where objects are plain files.
+"""
+
+import datetime
+import hashlib
+import os
+import socket
+import time
+import uuid
+
+import pytest
+import requests
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+from botocore.exceptions import ClientError
+
+from conftest import running_daemon
+
+
+@pytest.fixture(scope="module")
+def s3d(tmp_path_factory):
+    with running_daemon(tmp_path_factory.mktemp("s3"), s3={"refresh-interval": 1}) as d:
+        yield d
+
+
+@pytest.fixture
+def user(s3d):
+    return s3d.s3_user()["id"]
+
+
+@pytest.fixture
+def s3(s3d, user):
+    ak, sk = s3d.s3_key(user)
+    return s3d.s3_client(ak, sk)
+
+
+def new_bucket(s3):
+    name = f"b-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=name)
+    return name
+
+
+def bucket_dir(d, name):
+    r = d.mgr("GET", "/s3/buckets")
+    b = next(b for b in r.json()["buckets"] if b["name"] == name)
+    return d.vfolder_path(b["vfid"], b["volume"])
+
+
+def code_of(exc_info):
+    return exc_info.value.response["Error"]["Code"]
+
+
+def status_of(exc_info):
+    return exc_info.value.response["ResponseMetadata"]["HTTPStatusCode"]
+
+
+def staging_leftovers(root):
+    up = root / ".upload"
+    return sorted(p.name for p in up.iterdir()) if up.exists() else []
+
+
+# ----------------------------------------------------------------------------------- buckets
+
+
+def test_bucket_lifecycle(s3d, s3, user):
+    name = new_bucket(s3)
+    assert name in [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    assert s3.list_buckets()["Owner"]["ID"] == user
+    s3.head_bucket(Bucket=name)
+    assert s3.get_bucket_location(Bucket=name)["LocationConstraint"] is None
+    assert "Status" not in s3.get_bucket_versioning(Bucket=name)
+    acl = s3.get_bucket_acl(Bucket=name)
+    assert acl["Owner"]["ID"] == user
+    assert [g["Permission"] for g in acl["Grants"]] == ["FULL_CONTROL"]
+    s3.put_bucket_acl(Bucket=name, ACL="private")
+    # The bucket is a vfolder on the user's default volume.
+    root = bucket_dir(s3d, name)
+    assert root.is_dir()
+    # Re-creating one's own bucket answers as us-east-1 does: success.
+    s3.create_bucket(Bucket=name)
+    s3.put_object(Bucket=name, Key="x", Body=b"1")
+    with pytest.raises(ClientError) as e:
+        s3.delete_bucket(Bucket=name)
+    assert code_of(e) == "BucketNotEmpty" and status_of(e) == 409
+    s3.delete_object(Bucket=name, Key="x")
+    s3.delete_bucket(Bucket=name)
+    with pytest.raises(ClientError) as e:
+        s3.head_bucket(Bucket=name)
+    assert status_of(e) == 404
+    with pytest.raises(ClientError) as e:
+        s3.list_objects_v2(Bucket=name)
+    assert code_of(e) == "NoSuchBucket"
+    # The vfolder S3 made goes with the bucket (a background delete).
+    deadline = time.monotonic() + 10
+    while root.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not root.exists()
+
+
+@pytest.mark.parametrize("bad", ["ab", "UPPER", "a_b", "-ab", "a..b", "192.168.1.1", "x" * 64])
+def test_invalid_bucket_names(s3, bad):
+    with pytest.raises(ClientError) as e:
+        s3.create_bucket(Bucket=bad)
+    assert code_of(e) in ("InvalidBucketName",), e.value.response
+
+
+def test_ownership(s3d, s3):
+    name = new_bucket(s3)
+    s3.put_object(Bucket=name, Key="secret", Body=b"mine")
+    other = s3d.s3_client(*s3d.s3_key(s3d.s3_user()["id"]))
+    with pytest.raises(ClientError) as e:
+        other.get_object(Bucket=name, Key="secret")
+    assert code_of(e) == "AccessDenied"
+    with pytest.raises(ClientError) as e:
+        other.create_bucket(Bucket=name)
+    assert code_of(e) == "BucketAlreadyExists" and status_of(e) == 409
+    assert name not in [b["Name"] for b in other.list_buckets()["Buckets"]]
+
+
+def test_bind_existing_vfolder(s3d, user):
+    """An existing vfolder served as a bucket: its files are objects; deleting the bucket
+    leaves the vfolder."""
+    vfid = s3d.create_vfolder()
+    root = s3d.vfolder_path(vfid)
+    (root / "data").mkdir()
+    (root / "data" / "a.txt").write_bytes(b"from a session")
+    name = f"bound-{uuid.uuid4().hex[:8]}"
+    r = s3d.mgr("POST", "/s3/buckets",
+                json={"name": name, "volume": "local", "vfid": vfid, "owner": user})
+    assert r.status_code == 201, r.text
+    s3 = s3d.s3_client(*s3d.s3_key(user))
+    got = s3.get_object(Bucket=name, Key="data/a.txt")
+    assert got["Body"].read() == b"from a session"
+    # No stored MD5: the ETag is a validator that no client takes for an MD5.
+    etag = got["ETag"].strip('"')
+    assert len(etag) != 32 and "-" in etag
+    s3.delete_object(Bucket=name, Key="data/a.txt")
+    s3.delete_bucket(Bucket=name)
+    time.sleep(0.3)
+    assert root.is_dir()
+    r = s3d.mgr("POST", "/s3/buckets",
+                json={"name": name, "volume": "local", "vfid": vfid, "owner": "nobody-here"})
+    assert r.status_code == 404
+
+
+# ----------------------------------------------------------------------------------- objects
+
+
+def test_put_get_roundtrip(s3d, s3):
+    name = new_bucket(s3)
+    body = os.urandom(300_000)
+    put = s3.put_object(Bucket=name, Key="dir/sub/obj.bin", Body=body, ContentType="image/png",
+                        CacheControl="max-age=60", Metadata={"origin": "test", "n": "1"})
+    md5 = hashlib.md5(body).hexdigest()
+    assert put["ETag"] == f'"{md5}"'
+    # An object is a file at its key's path.
+    root = bucket_dir(s3d, name)
+    assert (root / "dir" / "sub" / "obj.bin").read_bytes() == body
+    assert staging_leftovers(root) == []
+    got = s3.get_object(Bucket=name, Key="dir/sub/obj.bin")
+    assert got["Body"].read() == body
+    assert got["ETag"] == f'"{md5}"'
+    assert got["ContentType"] == "image/png"
+    assert got["CacheControl"] == "max-age=60"
+    assert got["Metadata"] == {"origin": "test", "n": "1"}
+    assert got["ContentLength"] == len(body)
+    head = s3.head_object(Bucket=name, Key="dir/sub/obj.bin")
+    assert head["ETag"] == f'"{md5}"' and head["Metadata"]["origin"] == "test"
+    part = s3.get_object(Bucket=name, Key="dir/sub/obj.bin", Range="bytes=1000-1999")
+    assert part["Body"].read() == body[1000:2000]
+    assert part["ContentRange"] == f"bytes 1000-1999/{len(body)}"
+    over = s3.get_object(Bucket=name, Key="dir/sub/obj.bin",
+                         ResponseContentType="text/plain", ResponseContentDisposition="inline")
+    assert over["ContentType"] == "text/plain" and over["ContentDisposition"] == "inline"
+    # Overwrite: readers see the new object whole.
+    s3.put_object(Bucket=name, Key="dir/sub/obj.bin", Body=b"short")
+    assert s3.get_object(Bucket=name, Key="dir/sub/obj.bin")["Body"].read() == b"short"
+    # The file rewritten in place behind Sluice's back: the stored MD5 is not shown any more.
+    (root / "dir" / "sub" / "obj.bin").write_bytes(b"changed by a session")
+    etag = s3.head_object(Bucket=name, Key="dir/sub/obj.bin")["ETag"].strip('"')
+    assert etag != hashlib.md5(b"short").hexdigest() and len(etag) != 32
+
+
+def test_conditionals(s3):
+    name = new_bucket(s3)
+    etag = s3.put_object(Bucket=name, Key="k", Body=b"v1")["ETag"]
+    with pytest.raises(ClientError) as e:
+        s3.get_object(Bucket=name, Key="k", IfNoneMatch=etag)
+    assert status_of(e) == 304
+    with pytest.raises(ClientError) as e:
+        s3.get_object(Bucket=name, Key="k", IfMatch='"0123"')
+    assert status_of(e) == 412
+    assert s3.get_object(Bucket=name, Key="k", IfMatch=etag)["Body"].read() == b"v1"
+    past = datetime.datetime(2000, 1, 1, tzinfo=datetime.timezone.utc)
+    with pytest.raises(ClientError) as e:
+        s3.get_object(Bucket=name, Key="k", IfUnmodifiedSince=past)
+    assert status_of(e) == 412
+    assert s3.get_object(Bucket=name, Key="k", IfModifiedSince=past)["Body"].read() == b"v1"
+    with pytest.raises(ClientError) as e:
+        s3.get_object(Bucket=name, Key="k", Range="bytes=10-20")
+    assert code_of(e) == "InvalidRange" and status_of(e) == 416
+
+
+def test_put_if_none_match(s3):
+    name = new_bucket(s3)
+    s3.put_object(Bucket=name, Key="once", Body=b"first", IfNoneMatch="*") \
+        if "IfNoneMatch" in s3.meta.service_model.operation_model("PutObject").input_shape.members \
+        else s3.put_object(Bucket=name, Key="once", Body=b"first")
+    # Older botocore has no IfNoneMatch parameter: send the header itself.
+    def add_header(request, **kw):
+        request.headers["If-None-Match"] = "*"
+    s3.meta.events.register("before-sign.s3.PutObject", add_header)
+    try:
+        with pytest.raises(ClientError) as e:
+            s3.put_object(Bucket=name, Key="once", Body=b"second")
+        assert status_of(e) == 412
+        s3.put_object(Bucket=name, Key="fresh", Body=b"new")
+    finally:
+        s3.meta.events.unregister("before-sign.s3.PutObject", add_header)
+    assert s3.get_object(Bucket=name, Key="once")["Body"].read() == b"first"
+
+
+def test_missing_and_collisions(s3d, s3):
+    name = new_bucket(s3)
+    with pytest.raises(ClientError) as e:
+        s3.get_object(Bucket=name, Key="nope")
+    assert code_of(e) == "NoSuchKey" and status_of(e) == 404
+    s3.put_object(Bucket=name, Key="file", Body=b"x")
+    with pytest.raises(ClientError) as e:
+        s3.put_object(Bucket=name, Key="file/child", Body=b"y")
+    assert code_of(e) == "ObjectParentIsFile" and status_of(e) == 409
+    s3.put_object(Bucket=name, Key="dir/child", Body=b"y")
+    with pytest.raises(ClientError) as e:
+        s3.put_object(Bucket=name, Key="dir", Body=b"z")
+    assert code_of(e) == "ObjectIsDirectory" and status_of(e) == 409
+    with pytest.raises(ClientError) as e:
+        s3.get_object(Bucket=name, Key="dir")
+    assert code_of(e) == "NoSuchKey"
+    # "dir/" markers are directories.
+    s3.put_object(Bucket=name, Key="empty/", Body=b"")
+    root = bucket_dir(s3d, name)
+    assert (root / "empty").is_dir()
+    assert s3.head_object(Bucket=name, Key="empty/")["ContentLength"] == 0
+    with pytest.raises(ClientError) as e:
+        s3.put_object(Bucket=name, Key="notempty/", Body=b"data")
+    assert code_of(e) == "InvalidArgument"
+    assert staging_leftovers(root) == []
+
+
+@pytest.mark.parametrize("key,code", [
+    ("a/../b", "InvalidArgument"),
+    ("..", "InvalidArgument"),
+    ("a//b", "InvalidArgument"),
+    ("./a", "InvalidArgument"),
+    (".upload/x", "AccessDenied"),
+    ("k" * 1025, "KeyTooLongError"),
+])
+def test_hostile_keys(s3d, s3, key, code):
+    name = new_bucket(s3)
+    with pytest.raises(ClientError) as e:
+        s3.put_object(Bucket=name, Key=key, Body=b"x")
+    assert code_of(e) == code
+    root = bucket_dir(s3d, name)
+    assert sorted(p.name for p in root.iterdir() if p.name != ".upload") == []
+    assert staging_leftovers(root) == []
+
+
+def test_delete_objects(s3d, s3):
+    name = new_bucket(s3)
+    for k in ["a/1", "a/2", "a/b/3", "c"]:
+        s3.put_object(Bucket=name, Key=k, Body=k.encode())
+    s3.delete_object(Bucket=name, Key="missing")  # S3: deleting nothing succeeds
+    r = s3.delete_objects(Bucket=name, Delete={"Objects": [{"Key": "a/1"}, {"Key": "a/b/3"},
+                                                           {"Key": "nope"}]})
+    assert sorted(d["Key"] for d in r["Deleted"]) == ["a/1", "a/b/3", "nope"]
+    root = bucket_dir(s3d, name)
+    # Directories left empty go with their last object: S3 has no empty prefixes.
+    assert not (root / "a" / "b").exists() and (root / "a" / "2").exists()
+    r = s3.delete_objects(Bucket=name, Delete={"Objects": [{"Key": "a/2"}, {"Key": "c"}],
+                                               "Quiet": True})
+    assert "Deleted" not in r
+    assert sorted(p.name for p in root.iterdir() if p.name != ".upload") == []
+    assert s3.list_objects_v2(Bucket=name)["KeyCount"] == 0
+
+
+# ----------------------------------------------------------------------------------- listing
+
+
+KEYS = ["a-b", "a.txt", "a/b/c", "a/b/d", "a/c", "a0", "ab", "b/x", "b/y/z", "c d/e+f"]
+
+
+@pytest.fixture
+def listed(s3):
+    name = new_bucket(s3)
+    for k in KEYS:
+        s3.put_object(Bucket=name, Key=k, Body=k.encode())
+    return name
+
+
+def test_list_order_and_prefixes(s3, listed):
+    r = s3.list_objects_v2(Bucket=listed)
+    assert [o["Key"] for o in r["Contents"]] == sorted(KEYS)  # byte order, not tree order
+    assert r["KeyCount"] == len(KEYS) and not r["IsTruncated"]
+    obj = next(o for o in r["Contents"] if o["Key"] == "a/b/c")
+    assert obj["Size"] == 5 and obj["ETag"] == f'"{hashlib.md5(b"a/b/c").hexdigest()}"'
+    r = s3.list_objects_v2(Bucket=listed, Delimiter="/")
+    assert [o["Key"] for o in r["Contents"]] == ["a-b", "a.txt", "a0", "ab"]
+    assert [p["Prefix"] for p in r["CommonPrefixes"]] == ["a/", "b/", "c d/"]
+    r = s3.list_objects_v2(Bucket=listed, Prefix="a/", Delimiter="/")
+    assert [o["Key"] for o in r["Contents"]] == ["a/c"]
+    assert [p["Prefix"] for p in r["CommonPrefixes"]] == ["a/b/"]
+    r = s3.list_objects_v2(Bucket=listed, Prefix="a/b")
+    assert [o["Key"] for o in r["Contents"]] == ["a/b/c", "a/b/d"]
+    r = s3.list_objects_v2(Bucket=listed, Prefix="nothing/here/")
+    assert r["KeyCount"] == 0
+    # Any delimiter, not only '/'.
+    r = s3.list_objects_v2(Bucket=listed, Delimiter="b")
+    assert [o["Key"] for o in r["Contents"]] == ["a.txt", "a/c", "a0", "c d/e+f"]
+    assert [p["Prefix"] for p in r["CommonPrefixes"]] == ["a-b", "a/b", "ab", "b"]
+
+
+def test_list_pages(s3, listed):
+    keys, token, pages = [], None, 0
+    while True:
+        kw = {"ContinuationToken": token} if token else {}
+        r = s3.list_objects_v2(Bucket=listed, MaxKeys=3, **kw)
+        pages += 1
+        keys += [o["Key"] for o in r.get("Contents", [])]
+        if not r["IsTruncated"]:
+            break
+        token = r["NextContinuationToken"]
+    assert keys == sorted(KEYS) and pages == 4
+    r = s3.list_objects_v2(Bucket=listed, StartAfter="a/b/c")
+    assert [o["Key"] for o in r["Contents"]] == sorted(KEYS)[3:]
+    r = s3.list_objects_v2(Bucket=listed, MaxKeys=0)
+    assert r["KeyCount"] == 0
+    # Pages over common prefixes resume after the prefix.
+    got = []
+    for page in s3.get_paginator("list_objects_v2").paginate(
+            Bucket=listed, Delimiter="/", PaginationConfig={"PageSize": 2}):
+        got += [o["Key"] for o in page.get("Contents", [])]
+        got += [p["Prefix"] for p in page.get("CommonPrefixes", [])]
+    assert sorted(got) == ["a-b", "a.txt", "a/", "a0", "ab", "b/", "c d/"]
+    v1 = []
+    for page in s3.get_paginator("list_objects").paginate(
+            Bucket=listed, PaginationConfig={"PageSize": 4}):
+        v1 += [o["Key"] for o in page["Contents"]]
+        assert page["Contents"][0]["Owner"]["ID"]
+    assert v1 == sorted(KEYS)
+    with pytest.raises(ClientError) as e:
+        s3.list_objects_v2(Bucket=listed, ContinuationToken="not-a-token!")
+    assert code_of(e) == "InvalidArgument"
+
+
+def test_list_url_encoding_and_versions(s3, listed):
+    r = s3.list_objects_v2(Bucket=listed, Prefix="c d/", EncodingType="url")
+    assert r["EncodingType"] == "url"
+    # Asked for by the caller, boto3 leaves the encoding in place.
+    assert [o["Key"] for o in r["Contents"]] == ["c%20d/e%2Bf"]
+    assert r["Prefix"] == "c%20d/"
+    # Unasked, botocore asks for it and decodes.
+    assert [o["Key"] for o in s3.list_objects(Bucket=listed, Prefix="c d/")["Contents"]] == [
+        "c d/e+f"]
+    v = s3.list_object_versions(Bucket=listed, Prefix="b/")
+    assert [(x["Key"], x["VersionId"], x["IsLatest"]) for x in v["Versions"]] == [
+        ("b/x", "null", True), ("b/y/z", "null", True)]
+
+
+def test_list_files_from_other_paths(s3d, s3):
+    """Files written on the volume directly are objects; empty directories are "dir/"."""
+    name = new_bucket(s3)
+    root = bucket_dir(s3d, name)
+    (root / "raw").mkdir()
+    (root / "raw" / "f").write_bytes(b"12345")
+    (root / "emptydir").mkdir()
+    os.symlink("/etc/passwd", root / "link")  # not an object
+    r = s3.list_objects_v2(Bucket=name)
+    assert [(o["Key"], o["Size"]) for o in r["Contents"]] == [("emptydir/", 0), ("raw/f", 5)]
+
+
+# ----------------------------------------------------------------------------------- auth
+
+
+def test_bad_credentials(s3d, user):
+    ak, sk = s3d.s3_key(user)
+    with pytest.raises(ClientError) as e:
+        s3d.s3_client(ak, sk + "x").list_buckets()
+    assert code_of(e) == "SignatureDoesNotMatch" and status_of(e) == 403
+    with pytest.raises(ClientError) as e:
+        s3d.s3_client("NOSUCHKEY123", sk).list_buckets()
+    assert code_of(e) == "InvalidAccessKeyId"
+    r = requests.get(s3d.s3_url("/"))
+    assert r.status_code == 403 and "<Code>AccessDenied</Code>" in r.text
+    assert r.headers.get("x-amz-request-id")
+    r = requests.get(s3d.s3_url("/"), headers={"Authorization": "AWS AK:sig"})
+    assert r.status_code == 400 and "Signature Version 2" in r.text
+    r = requests.get(s3d.s3_url("/"), headers={"Authorization": "AWS4-HMAC-SHA256 garbage"})
+    assert r.status_code == 400 and "AuthorizationHeaderMalformed" in r.text
+
+
+def signed(s3d, ak, sk, method, path, body=b"", headers=None, when=None, payload_hash=None):
+    """A request signed by botocore's signer, optionally at another time."""
+    req = AWSRequest(method=method, url=s3d.s3_url(path), data=body, headers=dict(headers or {}))
+    req.headers["x-amz-content-sha256"] = payload_hash or hashlib.sha256(body).hexdigest()
+    signer = SigV4Auth(Credentials(ak, sk), "s3", "us-east-1")
+    if when is not None:
+        import botocore.auth
+        real = botocore.auth.datetime.datetime
+
+        class Fixed(real):
+            @classmethod
+            def utcnow(cls):
+                return when
+
+        botocore.auth.datetime.datetime = Fixed
+        try:
+            signer.add_auth(req)
+        finally:
+            botocore.auth.datetime.datetime = real
+    else:
+        signer.add_auth(req)
+    p = req.prepare()
+    return requests.request(method, p.url, headers=dict(p.headers), data=body)
+
+
+def test_skew_and_replay(s3d, user):
+    ak, sk = s3d.s3_key(user)
+    skewed = datetime.datetime.utcnow() - datetime.timedelta(minutes=20)
+    r = signed(s3d, ak, sk, "GET", "/", when=skewed)
+    assert r.status_code == 403 and "RequestTimeTooSkewed" in r.text
+    ok = signed(s3d, ak, sk, "GET", "/", when=datetime.datetime.utcnow() - datetime.timedelta(minutes=5))
+    assert ok.status_code == 200, ok.text
+    # A signature is bound to its request: the same headers on another path fail.
+    req = AWSRequest(method="GET", url=s3d.s3_url("/"), headers={"x-amz-content-sha256":
+                                                                 hashlib.sha256(b"").hexdigest()})
+    SigV4Auth(Credentials(ak, sk), "s3", "us-east-1").add_auth(req)
+    r = requests.get(s3d.s3_url("/other-bucket"), headers=dict(req.headers))
+    assert r.status_code == 403 and "SignatureDoesNotMatch" in r.text
+
+
+def test_payload_hash_mismatch_leaves_nothing(s3d, s3, user):
+    ak, sk = s3d.s3_key(user)
+    name = new_bucket(s3)
+    body = b"the real body"
+    r = signed(s3d, ak, sk, "PUT", f"/{name}/obj", body=body,
+               payload_hash=hashlib.sha256(b"another body").hexdigest())
+    assert r.status_code == 400 and "XAmzContentSHA256Mismatch" in r.text, r.text
+    root = bucket_dir(s3d, name)
+    assert not (root / "obj").exists() and staging_leftovers(root) == []
+    r = signed(s3d, ak, sk, "PUT", f"/{name}/obj", body=body,
+               headers={"Content-MD5": "AAAAAAAAAAAAAAAAAAAAAA=="})
+    assert r.status_code == 400 and "BadDigest" in r.text
+    assert not (root / "obj").exists() and staging_leftovers(root) == []
+    r = signed(s3d, ak, sk, "PUT", f"/{name}/obj", body=body)
+    assert r.status_code == 200 and (root / "obj").read_bytes() == body
+
+
+def test_client_vanishing_mid_upload(s3d, s3, user):
+    ak, sk = s3d.s3_key(user)
+    name = new_bucket(s3)
+    req = AWSRequest(method="PUT", url=s3d.s3_url(f"/{name}/partial"), data=b"",
+                     headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD",
+                              "Content-Length": "1000000"})
+    SigV4Auth(Credentials(ak, sk), "s3", "us-east-1").add_auth(req)
+    head = f"PUT /{name}/partial HTTP/1.1\r\n" + "".join(
+        f"{k}: {v}\r\n" for k, v in req.headers.items()) + "\r\n"
+    with socket.create_connection(("127.0.0.1", s3d.s3_port)) as sock:
+        sock.sendall(head.encode() + b"x" * 200_000)
+        time.sleep(0.3)
+    root = bucket_dir(s3d, name)
+    deadline = time.monotonic() + 5
+    while staging_leftovers(root) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert staging_leftovers(root) == [] and not (root / "partial").exists()
+
+
+def test_presigned_urls(s3d, s3, user):
+    name = new_bucket(s3)
+    s3.put_object(Bucket=name, Key="shared.txt", Body=b"presigned body")
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": name, "Key": "shared.txt"},
+                                    ExpiresIn=60)
+    r = requests.get(url)
+    assert r.status_code == 200 and r.content == b"presigned body"
+    put = s3.generate_presigned_url("put_object", Params={"Bucket": name, "Key": "up.txt"},
+                                    ExpiresIn=60)
+    assert requests.put(put, data=b"via url").status_code == 200
+    assert s3.get_object(Bucket=name, Key="up.txt")["Body"].read() == b"via url"
+    r = requests.get(url.replace("shared.txt", "up.txt"))
+    assert r.status_code == 403 and "SignatureDoesNotMatch" in r.text
+    short = s3.generate_presigned_url("get_object", Params={"Bucket": name, "Key": "shared.txt"},
+                                      ExpiresIn=1)
+    time.sleep(2.1)
+    r = requests.get(short)
+    assert r.status_code == 403 and "expired" in r.text
+    week = s3.generate_presigned_url("get_object", Params={"Bucket": name, "Key": "shared.txt"},
+                                     ExpiresIn=8 * 24 * 3600)
+    r = requests.get(week)
+    assert r.status_code == 400 and "AuthorizationQueryParametersError" in r.text
+
+
+def test_key_scopes_and_revocation(s3d, s3, user):
+    name = new_bucket(s3)
+    s3.put_object(Bucket=name, Key="k", Body=b"v")
+    ro = s3d.s3_client(*s3d.s3_key(user, read_only=True))
+    assert ro.get_object(Bucket=name, Key="k")["Body"].read() == b"v"
+    with pytest.raises(ClientError) as e:
+        ro.put_object(Bucket=name, Key="k2", Body=b"v")
+    assert code_of(e) == "AccessDenied"
+    other_name = new_bucket(s3)
+    limited = s3d.s3_client(*s3d.s3_key(user, buckets=[name]))
+    limited.head_object(Bucket=name, Key="k")
+    with pytest.raises(ClientError) as e:
+        limited.list_objects_v2(Bucket=other_name)
+    assert code_of(e) == "AccessDenied"
+    assert [b["Name"] for b in limited.list_buckets()["Buckets"]] == [name]
+    ak, sk = s3d.s3_key(user)
+    client = s3d.s3_client(ak, sk)
+    client.head_bucket(Bucket=name)
+    assert s3d.mgr("DELETE", f"/s3/keys/{ak}").status_code == 204
+    with pytest.raises(ClientError) as e:
+        client.head_bucket(Bucket=name)
+    assert status_of(e) == 403
+    # An imported key pair (moving from RGW or MinIO) works as given.
+    imported = s3d.mgr("POST", "/s3/keys", json={"user": user, "access_key": "IMPORTED0KEY",
+                                                 "secret_key": "imported/secret+key"})
+    assert imported.status_code == 201, imported.text
+    s3d.s3_client("IMPORTED0KEY", "imported/secret+key").head_bucket(Bucket=name)
+    again = s3d.mgr("POST", "/s3/keys", json={"user": user, "access_key": "IMPORTED0KEY",
+                                              "secret_key": "another-secret"})
+    assert again.status_code == 409
+    # Secrets are sealed at rest.
+    store = s3d.vol / ".sluice" / "s3" / "keys" / "IMPORTED0KEY.json"
+    assert b"imported/secret+key" not in store.read_bytes()
+
+
+def test_quota_exceeded_leaves_nothing(s3d, user):
+    scope = f"user:{uuid.uuid4()}"
+    u = s3d.s3_user(quota_scope=scope)["id"]
+    s3 = s3d.s3_client(*s3d.s3_key(u))
+    name = new_bucket(s3)
+    r = s3d.mgr("PATCH", "/quota-scope", json={"volume": "local", "qsid": scope,
+                                                "options": {"limit_bytes": 100_000}})
+    assert r.status_code in (200, 204), r.text
+    s3.put_object(Bucket=name, Key="small", Body=b"x" * 50_000)
+    with pytest.raises(ClientError) as e:
+        s3.put_object(Bucket=name, Key="big", Body=b"x" * 80_000)
+    assert code_of(e) == "QuotaExceeded" and status_of(e) == 403
+    assert "quota scope" in e.value.response["Error"]["Message"]
+    root = bucket_dir(s3d, name)
+    assert not (root / "big").exists() and staging_leftovers(root) == []
+
+
+# ----------------------------------------------------------------------------------- multipart
+
+
+MiB = 1 << 20
+
+
+def test_multipart_with_transfer_manager(s3d, s3, tmp_path):
+    from boto3.s3.transfer import TransferConfig
+
+    name = new_bucket(s3)
+    body = os.urandom(13 * MiB + 123)
+    src = tmp_path / "big.bin"
+    src.write_bytes(body)
+    cfg = TransferConfig(multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB,
+                         max_concurrency=3)
+    s3.upload_file(str(src), name, "models/big.bin", Config=cfg,
+                   ExtraArgs={"ContentType": "application/x-weights", "Metadata": {"k": "v"}})
+    head = s3.head_object(Bucket=name, Key="models/big.bin")
+    md5s = [hashlib.md5(body[i:i + 5 * MiB]).digest() for i in range(0, len(body), 5 * MiB)]
+    assert head["ETag"] == f'"{hashlib.md5(b"".join(md5s)).hexdigest()}-3"'
+    assert head["ContentLength"] == len(body)
+    assert head["ContentType"] == "application/x-weights" and head["Metadata"] == {"k": "v"}
+    root = bucket_dir(s3d, name)
+    assert (root / "models" / "big.bin").read_bytes() == body
+    assert staging_leftovers(root) == []  # parts and upload record gone
+    out = tmp_path / "back.bin"
+    s3.download_file(name, "models/big.bin", str(out), Config=cfg)
+    assert out.read_bytes() == body
+
+
+def test_multipart_protocol(s3d, s3):
+    name = new_bucket(s3)
+    key = "mp/object"
+    up = s3.create_multipart_upload(Bucket=name, Key=key, ContentType="text/x-test")["UploadId"]
+    p1 = os.urandom(5 * MiB)
+    p2 = b"tail"
+    e1 = s3.upload_part(Bucket=name, Key=key, UploadId=up, PartNumber=1, Body=p1)["ETag"]
+    e2 = s3.upload_part(Bucket=name, Key=key, UploadId=up, PartNumber=2, Body=p2)["ETag"]
+    assert e1 == f'"{hashlib.md5(p1).hexdigest()}"'
+    uploads = s3.list_multipart_uploads(Bucket=name)["Uploads"]
+    assert [(u["Key"], u["UploadId"]) for u in uploads] == [(key, up)]
+    parts = s3.list_parts(Bucket=name, Key=key, UploadId=up)["Parts"]
+    assert [(p["PartNumber"], p["ETag"], p["Size"]) for p in parts] == [(1, e1, len(p1)),
+                                                                      (2, e2, len(p2))]
+    # Nothing is visible before completion.
+    with pytest.raises(ClientError) as e:
+        s3.head_object(Bucket=name, Key=key)
+    assert status_of(e) == 404
+
+    def complete(ps):
+        return s3.complete_multipart_upload(Bucket=name, Key=key, UploadId=up,
+                                            MultipartUpload={"Parts": ps})
+
+    with pytest.raises(ClientError) as e:
+        complete([{"PartNumber": 2, "ETag": e2}, {"PartNumber": 1, "ETag": e1}])
+    assert code_of(e) == "InvalidPartOrder"
+    with pytest.raises(ClientError) as e:
+        complete([{"PartNumber": 1, "ETag": e2}, {"PartNumber": 2, "ETag": e2}])
+    assert code_of(e) == "InvalidPart"
+    with pytest.raises(ClientError) as e:
+        complete([{"PartNumber": 1, "ETag": e1}, {"PartNumber": 3, "ETag": e2}])
+    assert code_of(e) == "InvalidPart"
+    done = complete([{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}])
+    want = hashlib.md5(hashlib.md5(p1).digest() + hashlib.md5(p2).digest()).hexdigest() + "-2"
+    assert done["ETag"] == f'"{want}"'
+    # A retried Complete answers as the first did.
+    assert complete([{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}])["ETag"] == \
+        f'"{want}"'
+    got = s3.get_object(Bucket=name, Key=key)
+    assert got["Body"].read() == p1 + p2 and got["ContentType"] == "text/x-test"
+    assert s3.list_multipart_uploads(Bucket=name).get("Uploads", []) == []
+    assert staging_leftovers(bucket_dir(s3d, name)) == []
+
+
+def test_multipart_small_parts_and_abort(s3d, s3):
+    name = new_bucket(s3)
+    up = s3.create_multipart_upload(Bucket=name, Key="k")["UploadId"]
+    e1 = s3.upload_part(Bucket=name, Key="k", UploadId=up, PartNumber=1, Body=b"a" * 100)["ETag"]
+    e2 = s3.upload_part(Bucket=name, Key="k", UploadId=up, PartNumber=2, Body=b"b")["ETag"]
+    with pytest.raises(ClientError) as e:
+        s3.complete_multipart_upload(Bucket=name, Key="k", UploadId=up, MultipartUpload={
+            "Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]})
+    assert code_of(e) == "EntityTooSmall"
+    # A part uploaded again replaces the earlier one.
+    e1b = s3.upload_part(Bucket=name, Key="k", UploadId=up, PartNumber=1, Body=b"c")["ETag"]
+    assert [p["ETag"] for p in s3.list_parts(Bucket=name, Key="k", UploadId=up)["Parts"]] == [
+        e1b, e2]
+    with pytest.raises(ClientError) as e:
+        s3.upload_part(Bucket=name, Key="k", UploadId=up, PartNumber=10001, Body=b"x")
+    assert code_of(e) == "InvalidArgument"
+    with pytest.raises(ClientError) as e:
+        s3.upload_part(Bucket=name, Key="other", UploadId=up, PartNumber=1, Body=b"x")
+    assert code_of(e) == "NoSuchUpload"
+    s3.abort_multipart_upload(Bucket=name, Key="k", UploadId=up)
+    with pytest.raises(ClientError) as e:
+        s3.abort_multipart_upload(Bucket=name, Key="k", UploadId=up)
+    assert code_of(e) == "NoSuchUpload" and status_of(e) == 404
+    with pytest.raises(ClientError) as e:
+        s3.list_parts(Bucket=name, Key="k", UploadId="0" * 32)
+    assert code_of(e) == "NoSuchUpload"
+    with pytest.raises(ClientError) as e:
+        s3.upload_part(Bucket=name, Key="k", UploadId="../../etc", PartNumber=1, Body=b"x")
+    assert code_of(e) == "NoSuchUpload"
+    assert staging_leftovers(bucket_dir(s3d, name)) == []
+    # A bucket with an upload in progress only is empty for DeleteBucket.
+    s3.delete_bucket(Bucket=name)
+
+
+def test_empty_body_then_reuse(s3d, user):
+    """botocore sends Expect: 100-continue with every PutObject; answered without a 100 for an
+    empty body, it left the connection unusable and the next request waited out its read
+    timeout. One pooled connection, no retries: a stall fails here."""
+    s3 = s3d.s3_client(*s3d.s3_key(user), max_pool_connections=1, read_timeout=5)
+    name = new_bucket(s3)
+    s3.put_object(Bucket=name, Key="empty", Body=b"")
+    s3.put_object(Bucket=name, Key="full", Body=b"x" * 100_000)
+    assert s3.get_object(Bucket=name, Key="empty")["Body"].read() == b""
+    assert s3.head_object(Bucket=name, Key="full")["ContentLength"] == 100_000
+
+
+# ----------------------------------------------------------------------------------- CLI
+
+
+def test_cli_admin(s3d):
+    from conftest import BIN_DIR, MANAGER_SECRET
+    import json
+    import subprocess
+
+    def sluice(*args, rc=0):
+        p = subprocess.run([str(BIN_DIR / "sluice"), "--endpoint", s3d.url(""), "--token",
+                            MANAGER_SECRET, *args], capture_output=True, text=True, timeout=30)
+        assert p.returncode == rc, f"sluice {args}: {p.returncode}\n{p.stdout}\n{p.stderr}"
+        return p.stdout
+
+    uid = f"cli-{uuid.uuid4().hex[:6]}"
+    assert f"created S3 user {uid}" in sluice("s3", "user", "create", uid, "--display-name", "C L")
+    sluice("s3", "user", "create", uid, rc=4)
+    key = json.loads(sluice("--json", "s3", "key", "create", "--user", uid))
+    assert key["secret_key"] and key["user"] == uid
+    out = sluice("s3", "key", "create", "--user", uid, "--access-key", "CLIIMPORTED1",
+                 "--secret-key", "imported-secret-1")
+    assert "CLIIMPORTED1" in out and "imported-secret-1" in out
+    sluice("s3", "key", "create", "--user", uid, "--access-key", "ONLYAK", rc=2)
+    listed = sluice("s3", "key", "list", "--user", uid)
+    assert key["access_key"] in listed and "CLIIMPORTED1" in listed
+    assert key["secret_key"] not in listed and "imported-secret-1" not in listed
+    s3 = s3d.s3_client(key["access_key"], key["secret_key"])
+    vfid = s3d.create_vfolder()
+    (s3d.vfolder_path(vfid) / "weights.bin").write_bytes(b"w" * 10)
+    name = f"cli-{uuid.uuid4().hex[:8]}"
+    sluice("s3", "bucket", "bind", name, "local", vfid, "--owner", uid)
+    assert name in sluice("s3", "bucket", "list")
+    assert s3.get_object(Bucket=name, Key="weights.bin")["Body"].read() == b"w" * 10
+    sluice("s3", "user", "delete", uid, rc=4)  # keys and a bucket remain
+    sluice("s3", "key", "revoke", key["access_key"])
+    sluice("s3", "key", "revoke", key["access_key"], rc=3)
+    with pytest.raises(ClientError):
+        s3.head_bucket(Bucket=name)
+    sluice("s3", "key", "revoke", "CLIIMPORTED1")
+    sluice("s3", "bucket", "unbind", name)
+    assert s3d.vfolder_path(vfid).is_dir()
+    sluice("s3", "user", "delete", uid)
+    assert uid not in sluice("s3", "user", "list")

@@ -1,0 +1,135 @@
+// SigV4 against the worked examples of the Amazon S3 API reference ("Signature Calculations for
+// the Authorization Header" and "Query String Authentication").
+#include "api/s3/sigv4.h"
+
+#include <gtest/gtest.h>
+
+#include "common/crypto.h"
+
+namespace sluice::api::s3 {
+namespace {
+
+constexpr const char* kAk = "AKIAIOSFODNN7EXAMPLE";
+constexpr const char* kSecret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";
+constexpr const char* kEmpty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+std::time_t At(const char* amz) {
+  return *ParseAmzDate(amz);
+}
+
+std::string Sign(const http::request_header<>& h, const SigV4Auth& a, std::string_view path,
+                 std::string_view query) {
+  std::string cr = CanonicalRequest(h, std::string(h.method_string()), path, query, a);
+  return SignatureOf(SigningKey(kSecret, a.date, a.region, a.service), StringToSign(a, cr));
+}
+
+TEST(SigV4, HeaderExampleGetObject) {
+  http::request_header<> h;
+  h.method(http::verb::get);
+  h.target("/test.txt");
+  h.set("Host", "examplebucket.s3.amazonaws.com");
+  h.set("Range", "bytes=0-9");
+  h.set("x-amz-content-sha256", kEmpty);
+  h.set("x-amz-date", "20130524T000000Z");
+  h.set("Authorization",
+        "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request,"
+        "SignedHeaders=host;range;x-amz-content-sha256;x-amz-date,"
+        "Signature=f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41");
+  std::optional<S3Error> err;
+  auto a = ParseSigV4(h, "/test.txt", At("20130524T000100Z"), &err);
+  ASSERT_TRUE(a) << (err ? err->message : "");
+  EXPECT_EQ(a->access_key, kAk);
+  EXPECT_EQ(a->scope(), "20130524/us-east-1/s3/aws4_request");
+  EXPECT_EQ(Sign(h, *a, "/test.txt", ""), a->signature);
+  // Any change to what is signed changes the signature.
+  h.set("Range", "bytes=0-10");
+  EXPECT_NE(Sign(h, *a, "/test.txt", ""), a->signature);
+}
+
+TEST(SigV4, PresignedExample) {
+  http::request_header<> h;
+  h.method(http::verb::get);
+  h.set("Host", "examplebucket.s3.amazonaws.com");
+  std::string q =
+      "X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAIOSFODNN7EXAMPLE%2F20130524%2Fus-"
+      "east-1%2Fs3%2Faws4_request&X-Amz-Date=20130524T000000Z&X-Amz-Expires=86400&X-Amz-"
+      "SignedHeaders=host&X-Amz-Signature="
+      "aeeed9bbccd4d02ee5c0109b86d86835f995330da4c265957d157751f604d404";
+  std::string target = "/test.txt?" + q;
+  h.target(target);
+  std::optional<S3Error> err;
+  auto a = ParseSigV4(h, target, At("20130524T010000Z"), &err);
+  ASSERT_TRUE(a) << (err ? err->message : "");
+  EXPECT_TRUE(a->presigned);
+  EXPECT_EQ(a->payload_hash, kUnsignedPayload);
+  EXPECT_EQ(Sign(h, *a, "/test.txt", q), a->signature);
+  // Past its expiry it is refused before any signature is computed.
+  EXPECT_FALSE(ParseSigV4(h, target, At("20130525T000001Z"), &err));
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->code, "AccessDenied");
+}
+
+TEST(SigV4, ChunkSignatureExample) {
+  // "Signature Calculations for the Authorization Header: Transferring Payload in Multiple
+  // Chunks": the seed signature and the first 64 KiB chunk of 'a'.
+  SigV4Auth a;
+  a.amz_date = "20130524T000000Z";
+  a.date = "20130524";
+  a.region = "us-east-1";
+  a.service = "s3";
+  std::string key = SigningKey(kSecret, a.date, a.region, a.service);
+  std::string chunk(65536, 'a');
+  std::string sts =
+      ChunkStringToSign(a, "4f232c4386841ef735655705268965c44a0e4690baa4adea153f7db9fa80a0a9",
+                        HexEncode(Sha256(chunk)));
+  EXPECT_EQ(SignatureOf(key, sts),
+            "ad80c730a21e5b8d04586a2213dd63b9a0e99e0e2307b0ade35a65485a288648");
+}
+
+TEST(SigV4, RefusesMalformedAndSkewed) {
+  std::optional<S3Error> err;
+  http::request_header<> h;
+  h.method(http::verb::get);
+  h.set("Host", "h");
+  EXPECT_FALSE(ParseSigV4(h, "/", 0, &err));
+  EXPECT_FALSE(err);  // anonymous
+  h.set("Authorization", "AWS4-HMAC-SHA256 Credential=AK/2013/us-east-1/s3/aws4_request");
+  EXPECT_FALSE(ParseSigV4(h, "/", 0, &err));
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->code, "AuthorizationHeaderMalformed");
+  h.set("Authorization",
+        "AWS4-HMAC-SHA256 Credential=AK/20130524/us-east-1/s3/aws4_request, "
+        "SignedHeaders=host;x-amz-date, Signature=" +
+            std::string(64, 'a'));
+  h.set("x-amz-date", "20130524T000000Z");
+  h.set("x-amz-content-sha256", kEmpty);
+  EXPECT_FALSE(ParseSigV4(h, "/", At("20130524T001600Z"), &err));
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->code, "RequestTimeTooSkewed");
+  EXPECT_TRUE(ParseSigV4(h, "/", At("20130524T001400Z"), &err));
+  h.set("x-amz-date", "2013-05-24");
+  EXPECT_FALSE(ParseSigV4(h, "/", At("20130524T000000Z"), &err));
+  h.set("x-amz-date", "20130524T000000Z");
+  h.erase("x-amz-content-sha256");
+  EXPECT_FALSE(ParseSigV4(h, "/", At("20130524T000000Z"), &err));
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->code, "InvalidRequest");
+}
+
+TEST(SigV4, UriEncode) {
+  EXPECT_EQ(UriEncode("a b/c+d~_.-é", true), "a%20b/c%2Bd~_.-%C3%A9");
+  EXPECT_EQ(UriEncode("a/b", false), "a%2Fb");
+}
+
+TEST(Crypto, SealBindsKeyAndContext) {
+  std::string key(32, 'k');
+  std::string sealed = Seal(key, "secret", "ctx");
+  EXPECT_EQ(*Unseal(key, sealed, "ctx"), "secret");
+  EXPECT_FALSE(Unseal(key, sealed, "other").ok());
+  EXPECT_FALSE(Unseal(std::string(32, 'x'), sealed, "ctx").ok());
+  sealed[14] ^= 1;
+  EXPECT_FALSE(Unseal(key, sealed, "ctx").ok());
+}
+
+}  // namespace
+}  // namespace sluice::api::s3

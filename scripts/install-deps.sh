@@ -9,6 +9,7 @@ PKGS=(
   # libraries
   libboost1.74-dev libssl-dev nlohmann-json3-dev libtoml11-dev libspdlog-dev libfmt-dev
   libcli11-dev libsqlite3-dev libbtrfsutil-dev libarchive-dev libhiredis-dev libpugixml-dev
+  libisal-dev zlib1g-dev
   # tests
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-pytest python3-requests curl openssl
   unzip  # `unzip -t` checks the ZIP streams of archive downloads
@@ -61,11 +62,15 @@ if ! command -v npm >/dev/null 2>&1; then
   $SUDO apt-get update -q
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends nodejs npm
 fi
-TUS_CLIENT="$(cd "$(dirname "$0")/.." && pwd)/tests/tus-client"
-if [ ! -f "$TUS_CLIENT/node_modules/.package-lock.json" ] ||
-  [ "$TUS_CLIENT/package-lock.json" -nt "$TUS_CLIENT/node_modules/.package-lock.json" ]; then
-  echo "install-deps: npm ci in tests/tus-client"
-  npm ci --prefix "$TUS_CLIENT" --no-audit --no-fund
-else
-  echo "install-deps: tests/tus-client node modules up to date"
-fi
+# Node packages of the tests, each pinned by its package-lock.json: tus-js-client
+# (tests/tus-client) and the AWS SDK for JavaScript v3 (tests/s3-js-client).
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+for dir in tests/tus-client tests/s3-js-client; do
+  if [ ! -f "$ROOT/$dir/node_modules/.package-lock.json" ] ||
+    [ "$ROOT/$dir/package-lock.json" -nt "$ROOT/$dir/node_modules/.package-lock.json" ]; then
+    echo "install-deps: npm ci in $dir"
+    npm ci --prefix "$ROOT/$dir" --no-audit --no-fund
+  else
+    echo "install-deps: $dir node modules up to date"
+  fi
+done

@@ -4,6 +4,7 @@ Each test makes its own user and key on one module daemon; what S3 writes is als
 the volume, where objects are plain files.
 """
 
+import base64
 import datetime
 import hashlib
 import os
@@ -717,3 +718,221 @@ def test_cli_admin(s3d):
     assert s3d.vfolder_path(vfid).is_dir()
     sluice("s3", "user", "delete", uid)
     assert uid not in sluice("s3", "user", "list")
+
+
+# ----------------------------------------------------------------------------------- aws-chunked
+
+
+def _hmac(key, msg):
+    import hmac
+    return hmac.new(key, msg.encode(), hashlib.sha256).digest()
+
+
+def chunked_put(d, ak, sk, path, data, *, mode="STREAMING-AWS4-HMAC-SHA256-PAYLOAD", chunk=65536,
+                trailer=None, declared=None, tamper=None, cut=None):
+    """A PUT with an aws-chunked body, encoded and signed here as the SDKs do. `trailer`:
+    (name, value) sent after the last chunk; `tamper(i, piece)` changes chunk i's data after it
+    was signed; `cut`: bytes of the encoded body actually sent."""
+    signed = mode.startswith("STREAMING-AWS4-HMAC")
+    pieces = [data[i:i + chunk] for i in range(0, len(data), chunk)] + [b""]
+    trailer_text = f"{trailer[0]}:{trailer[1]}" if trailer else None
+
+    def size_line(p):
+        return f"{len(p):x}" + (";chunk-signature=" + "0" * 64 if signed else "")
+
+    length = sum(len(size_line(p)) + 2 + len(p) + (2 if p else 0) for p in pieces)
+    if trailer:
+        length += len(trailer_text) + 2
+        if signed:
+            length += len("x-amz-trailer-signature:") + 64 + 2
+    length += 2
+    headers = {"x-amz-content-sha256": mode, "Content-Encoding": "aws-chunked",
+               "x-amz-decoded-content-length": str(len(data) if declared is None else declared),
+               "Content-Length": str(length if cut is None else cut)}
+    if trailer:
+        headers["x-amz-trailer"] = trailer[0]
+    req = AWSRequest(method="PUT", url=d.s3_url(path), headers=headers)
+    SigV4Auth(Credentials(ak, sk), "s3", "us-east-1").add_auth(req)
+    amz_date = req.headers["X-Amz-Date"]
+    seed = req.headers["Authorization"].rsplit("Signature=", 1)[1]
+    scope = f"{amz_date[:8]}/us-east-1/s3/aws4_request"
+    key = _hmac(_hmac(_hmac(_hmac(("AWS4" + sk).encode(), amz_date[:8]), "us-east-1"), "s3"),
+                "aws4_request")
+    empty = hashlib.sha256(b"").hexdigest()
+    prev, body = seed, b""
+    for i, p in enumerate(pieces):
+        line = f"{len(p):x}"
+        if signed:
+            sts = "\n".join(["AWS4-HMAC-SHA256-PAYLOAD", amz_date, scope, prev, empty,
+                             hashlib.sha256(p).hexdigest()])
+            prev = hmac_hex(key, sts)
+            line += ";chunk-signature=" + prev
+        if tamper:
+            p = tamper(i, p)
+        body += line.encode() + b"\r\n" + p + (b"\r\n" if p or i < len(pieces) - 1 else b"")
+    if trailer:
+        body += trailer_text.encode() + b"\r\n"
+        if signed:
+            sts = "\n".join(["AWS4-HMAC-SHA256-TRAILER", amz_date, scope, prev,
+                             hashlib.sha256((trailer_text + "\n").encode()).hexdigest()])
+            body += b"x-amz-trailer-signature:" + hmac_hex(key, sts).encode() + b"\r\n"
+    body += b"\r\n"
+    if cut is not None:
+        body = body[:cut]
+    return requests.put(d.s3_url(path), data=body, headers=dict(req.headers))
+
+
+def hmac_hex(key, sts):
+    import hmac
+    return hmac.new(key, sts.encode(), hashlib.sha256).hexdigest()
+
+
+def test_aws_chunked_signed(s3d, s3, user):
+    ak, sk = s3d.s3_key(user)
+    name = new_bucket(s3)
+    root = bucket_dir(s3d, name)
+    data = os.urandom(200_000)
+    r = chunked_put(s3d, ak, sk, f"/{name}/signed.bin", data)
+    assert r.status_code == 200, r.text
+    assert r.headers["ETag"] == f'"{hashlib.md5(data).hexdigest()}"'
+    assert (root / "signed.bin").read_bytes() == data
+    got = s3.get_object(Bucket=name, Key="signed.bin")
+    assert got["Body"].read() == data and "ContentEncoding" not in got  # never stored
+    # A chunk changed after signing: refused, nothing written.
+    r = chunked_put(s3d, ak, sk, f"/{name}/tampered.bin", data,
+                    tamper=lambda i, p: p[:-1] + bytes([p[-1] ^ 1]) if i == 1 else p)
+    assert r.status_code == 403 and "SignatureDoesNotMatch" in r.text, r.text
+    # Lying about the decoded length, or stopping early.
+    r = chunked_put(s3d, ak, sk, f"/{name}/lying.bin", data, declared=len(data) + 10)
+    assert r.status_code == 400 and "IncompleteBody" in r.text
+    r = chunked_put(s3d, ak, sk, f"/{name}/short.bin", data, declared=1000)
+    assert r.status_code == 400 and "IncompleteBody" in r.text
+    r = chunked_put(s3d, ak, sk, f"/{name}/cut.bin", data, cut=70_000)
+    assert r.status_code == 400 and "IncompleteBody" in r.text, r.text
+    for k in ["tampered.bin", "lying.bin", "short.bin", "cut.bin"]:
+        assert not (root / k).exists()
+    assert staging_leftovers(root) == []
+
+
+def test_aws_chunked_trailers(s3d, s3, user):
+    import zlib
+
+    ak, sk = s3d.s3_key(user)
+    name = new_bucket(s3)
+    root = bucket_dir(s3d, name)
+    data = os.urandom(100_000)
+    crc = base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+    for mode in ["STREAMING-UNSIGNED-PAYLOAD-TRAILER", "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER"]:
+        r = chunked_put(s3d, ak, sk, f"/{name}/t", data, mode=mode,
+                        trailer=("x-amz-checksum-crc32", crc))
+        assert r.status_code == 200, (mode, r.text)
+        assert r.headers["x-amz-checksum-crc32"] == crc
+        got = s3.get_object(Bucket=name, Key="t", ChecksumMode="ENABLED")
+        assert got["Body"].read() == data and got["ChecksumCRC32"] == crc
+        bad = base64.b64encode((zlib.crc32(data) ^ 1).to_bytes(4, "big")).decode()
+        r = chunked_put(s3d, ak, sk, f"/{name}/bad", data, mode=mode,
+                        trailer=("x-amz-checksum-crc32", bad))
+        assert r.status_code == 400 and "BadDigest" in r.text, (mode, r.text)
+        assert not (root / "bad").exists()
+    # A ranged GET never carries the whole object's checksum.
+    part = s3.get_object(Bucket=name, Key="t", ChecksumMode="ENABLED", Range="bytes=0-9")
+    assert "ChecksumCRC32" not in part
+    assert staging_leftovers(root) == []
+
+
+@pytest.mark.parametrize("algo", ["CRC32", "CRC32C", "SHA1", "SHA256"])
+def test_checksum_headers(s3, algo):
+    name = new_bucket(s3)
+    body = os.urandom(10_000)
+    put = s3.put_object(Bucket=name, Key="k", Body=body, ChecksumAlgorithm=algo)
+    field = f"Checksum{algo}"
+    assert put[field]
+    got = s3.get_object(Bucket=name, Key="k", ChecksumMode="ENABLED")
+    assert got[field] == put[field] and got["Body"].read() == body
+    assert field not in s3.get_object(Bucket=name, Key="k")  # only when asked for
+
+
+def test_checksum_header_mismatch(s3d, s3, user):
+    ak, sk = s3d.s3_key(user)
+    name = new_bucket(s3)
+    r = signed(s3d, ak, sk, "PUT", f"/{name}/k", body=b"data",
+               headers={"x-amz-checksum-crc32c": base64.b64encode(b"\0\0\0\0").decode()})
+    assert r.status_code == 400 and "BadDigest" in r.text
+    r = signed(s3d, ak, sk, "PUT", f"/{name}/k", body=b"data",
+               headers={"x-amz-checksum-crc32c": "not base64!"})
+    assert r.status_code == 400 and "InvalidRequest" in r.text
+    assert not (bucket_dir(s3d, name) / "k").exists()
+
+
+# ----------------------------------------------------------------------------------- copies
+
+
+def test_copy_object(s3d, s3):
+    src = new_bucket(s3)
+    dst = new_bucket(s3)
+    body = os.urandom(50_000)
+    etag = s3.put_object(Bucket=src, Key="a/src.bin", Body=body, ContentType="x/y",
+                         Metadata={"m": "1"})["ETag"]
+    r = s3.copy_object(Bucket=dst, Key="copy.bin", CopySource={"Bucket": src, "Key": "a/src.bin"})
+    assert r["CopyObjectResult"]["ETag"] == etag
+    got = s3.get_object(Bucket=dst, Key="copy.bin")
+    assert got["Body"].read() == body and got["ContentType"] == "x/y"
+    assert got["Metadata"] == {"m": "1"} and got["ETag"] == etag
+    # REPLACE takes the request's metadata; COPY onto itself is refused, REPLACE is not.
+    s3.copy_object(Bucket=dst, Key="copy.bin", CopySource={"Bucket": dst, "Key": "copy.bin"},
+                   MetadataDirective="REPLACE", ContentType="text/plain", Metadata={"n": "2"})
+    got = s3.get_object(Bucket=dst, Key="copy.bin")
+    assert got["Body"].read() == body and got["ContentType"] == "text/plain"
+    assert got["Metadata"] == {"n": "2"}
+    with pytest.raises(ClientError) as e:
+        s3.copy_object(Bucket=dst, Key="copy.bin", CopySource={"Bucket": dst, "Key": "copy.bin"})
+    assert code_of(e) == "InvalidRequest"
+    # Copy-source conditionals.
+    with pytest.raises(ClientError) as e:
+        s3.copy_object(Bucket=dst, Key="c2", CopySource={"Bucket": src, "Key": "a/src.bin"},
+                       CopySourceIfMatch='"00000000000000000000000000000000"')
+    assert status_of(e) == 412
+    with pytest.raises(ClientError) as e:
+        s3.copy_object(Bucket=dst, Key="c2", CopySource={"Bucket": src, "Key": "a/src.bin"},
+                       CopySourceIfNoneMatch=etag)
+    assert status_of(e) == 412
+    s3.copy_object(Bucket=dst, Key="c2", CopySource={"Bucket": src, "Key": "a/src.bin"},
+                   CopySourceIfMatch=etag)
+    with pytest.raises(ClientError) as e:
+        s3.copy_object(Bucket=dst, Key="c3", CopySource={"Bucket": src, "Key": "missing"})
+    assert code_of(e) == "NoSuchKey"
+    assert staging_leftovers(bucket_dir(s3d, dst)) == []
+
+
+def test_copy_needs_read_access_to_the_source(s3d, s3):
+    theirs = s3d.s3_client(*s3d.s3_key(s3d.s3_user()["id"]))
+    src = new_bucket(theirs)
+    theirs.put_object(Bucket=src, Key="private", Body=b"secret")
+    mine = new_bucket(s3)
+    with pytest.raises(ClientError) as e:
+        s3.copy_object(Bucket=mine, Key="stolen", CopySource={"Bucket": src, "Key": "private"})
+    assert code_of(e) == "AccessDenied"
+    assert not (bucket_dir(s3d, mine) / "stolen").exists()
+
+
+def test_upload_part_copy(s3d, s3):
+    name = new_bucket(s3)
+    body = os.urandom(6 * MiB + 100)
+    s3.put_object(Bucket=name, Key="src", Body=body)
+    up = s3.create_multipart_upload(Bucket=name, Key="assembled")["UploadId"]
+    p1 = s3.upload_part_copy(Bucket=name, Key="assembled", UploadId=up, PartNumber=1,
+                             CopySource={"Bucket": name, "Key": "src"},
+                             CopySourceRange=f"bytes=0-{5 * MiB - 1}")
+    p2 = s3.upload_part_copy(Bucket=name, Key="assembled", UploadId=up, PartNumber=2,
+                             CopySource={"Bucket": name, "Key": "src"},
+                             CopySourceRange=f"bytes={5 * MiB}-{len(body) - 1}")
+    assert p1["CopyPartResult"]["ETag"] == f'"{hashlib.md5(body[:5 * MiB]).hexdigest()}"'
+    with pytest.raises(ClientError) as e:
+        s3.upload_part_copy(Bucket=name, Key="assembled", UploadId=up, PartNumber=3,
+                            CopySource={"Bucket": name, "Key": "src"},
+                            CopySourceRange=f"bytes=0-{len(body)}")
+    assert code_of(e) == "InvalidArgument"
+    s3.complete_multipart_upload(Bucket=name, Key="assembled", UploadId=up, MultipartUpload={
+        "Parts": [{"PartNumber": 1, "ETag": p1["CopyPartResult"]["ETag"]},
+                  {"PartNumber": 2, "ETag": p2["CopyPartResult"]["ETag"]}]})
+    assert s3.get_object(Bucket=name, Key="assembled")["Body"].read() == body

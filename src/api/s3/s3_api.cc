@@ -11,7 +11,9 @@
 #include <pugixml.hpp>
 
 #include "api/range.h"
+#include "api/s3/aws_chunked.h"
 #include "api/s3/sigv4.h"
+#include "common/checksum.h"
 #include "common/crypto.h"
 #include "common/jwt.h"
 #include "common/secrets.h"
@@ -204,9 +206,9 @@ struct BucketRef {
 };
 
 // The bucket, if the caller may use it (`write`: for changes).
-std::variant<BucketRef, S3Error> Access(S3Ctx& ctx, const HttpRequest& req, bool write) {
+std::variant<BucketRef, S3Error> AccessBucket(S3Ctx& ctx, const HttpRequest& req,
+                                              const std::string& name, bool write) {
   const S3Grant& g = GrantOf(req);
-  std::string name(req.Param("bucket"));
   auto b = ctx.store->FindBucket(name);
   if (!b.ok()) return S3Error{404, "NoSuchBucket", "the specified bucket does not exist"};
   if (b->owner != g.key->user || !g.key->MayUse(name))
@@ -220,6 +222,10 @@ std::variant<BucketRef, S3Error> Access(S3Ctx& ctx, const HttpRequest& req, bool
                    fmt::format("bucket '{}' is on volume '{}', which this node does not serve",
                                name, b->volume)};
   return BucketRef{std::move(b).value(), *v, std::move(id).value()};
+}
+
+std::variant<BucketRef, S3Error> Access(S3Ctx& ctx, const HttpRequest& req, bool write) {
+  return AccessBucket(ctx, req, std::string(req.Param("bucket")), write);
 }
 
 // Checks a buffered body against the signed payload hash and Content-MD5.
@@ -239,6 +245,17 @@ std::optional<S3Error> CheckBody(const HttpRequest& req) {
     if (d.Final() != *raw)
       return S3Error{400, "BadDigest",
                      "the Content-MD5 you specified did not match what we received"};
+  }
+  // Current SDKs send a checksum header instead of Content-MD5 (DeleteObjects, Complete).
+  for (auto a : kAllChecksums) {
+    auto v = Header(req, ChecksumHeader(a));
+    if (v.empty()) continue;
+    Checksummer c(a);
+    c.Update(body.data(), body.size());
+    if (Base64Encode(c.Final()) != v)
+      return S3Error{400, "BadDigest",
+                     fmt::format("the {} you specified did not match the calculated checksum",
+                                 ChecksumName(a))};
   }
   return std::nullopt;
 }
@@ -578,41 +595,179 @@ std::variant<ObjectMeta, S3Error> MetaFromHeaders(const HttpRequest& req) {
   return m;
 }
 
-// Streams a PUT body into an ObjectWriter.
+// What a PUT body must be checked against: the signed payload hash, Content-MD5, a checksum,
+// its length; and how it is encoded (aws-chunked, with chunk signatures or a trailer).
+struct PutBody {
+  std::string payload;             // x-amz-content-sha256: hex, UNSIGNED-PAYLOAD or STREAMING-...
+  std::string content_md5;         // raw, or ""
+  std::optional<uint64_t> length;  // of the object (decoded)
+  std::optional<s3::AwsChunkedDecoder::Options> chunked;
+  std::optional<ChecksumAlgo> checksum;
+  std::string checksum_value;  // base64 from the header; "" when it comes in the trailer
+  bool checksum_trailer = false;
+};
+
+std::optional<uint64_t> ParseCount(std::string_view v) {
+  if (v.empty() || v.size() > 19 || !std::all_of(v.begin(), v.end(), ::isdigit))
+    return std::nullopt;
+  return std::stoull(std::string(v));
+}
+
+std::variant<PutBody, S3Error> BodyOf(S3Ctx& ctx, const HttpRequest& req) {
+  PutBody b;
+  const s3::SigV4Auth& auth = GrantOf(req).auth;
+  b.payload = auth.payload_hash;
+  const bool streaming = StartsWith(b.payload, "STREAMING-");
+  if (streaming) {
+    s3::AwsChunkedDecoder::Options o;
+    if (b.payload == s3::kStreamingSigned || b.payload == s3::kStreamingSignedTrailer) {
+      if (auth.presigned)
+        return S3Error{400, "InvalidRequest", "a presigned URL cannot stream a signed payload"};
+      o.signed_chunks = true;
+      o.signing_key = CachedSigningKey(*GrantOf(req).key, auth);
+    } else if (b.payload != s3::kStreamingUnsignedTrailer) {
+      return S3Error{501, "NotImplemented",
+                     fmt::format("payload mode {} is not implemented", b.payload)};
+    }
+    o.trailer = b.payload != s3::kStreamingSigned;
+    o.auth = auth;
+    if (auto d = Header(req, "x-amz-decoded-content-length"); !d.empty()) {
+      o.decoded_length = ParseCount(d);
+      if (!o.decoded_length)
+        return S3Error{400, "InvalidArgument", "x-amz-decoded-content-length is not a number"};
+      b.length = o.decoded_length;
+    } else if (b.payload == s3::kStreamingSigned) {
+      return S3Error{411, "MissingContentLength",
+                     "x-amz-decoded-content-length is required with aws-chunked bodies"};
+    }
+    b.chunked = std::move(o);
+  } else if (b.payload != s3::kUnsignedPayload && b.payload.size() != 64) {
+    return S3Error{400, "InvalidArgument",
+                   "x-amz-content-sha256 must be UNSIGNED-PAYLOAD, STREAMING-... or a SHA-256 in "
+                   "hex"};
+  } else {
+    auto cl = ParseCount(Header(req, "Content-Length"));
+    if (!cl)
+      return S3Error{411, "MissingContentLength",
+                     "you must provide the Content-Length HTTP header"};
+    b.length = *cl;
+  }
+  if (b.length && *b.length > kMaxPutSize)
+    return S3Error{400, "EntityTooLarge", "your proposed upload exceeds the maximum allowed size"};
+  if (auto md5 = Header(req, "Content-MD5"); !md5.empty()) {
+    auto raw = Base64Decode(md5);
+    if (!raw.ok() || raw->size() != 16)
+      return S3Error{400, "InvalidDigest", "the Content-MD5 you specified is not valid"};
+    b.content_md5 = *raw;
+  }
+  // One checksum per request: a header with its value, or a trailer announced by x-amz-trailer,
+  // or just the algorithm (computed and stored).
+  for (auto a : kAllChecksums) {
+    auto v = Header(req, ChecksumHeader(a));
+    if (v.empty()) continue;
+    if (b.checksum)
+      return S3Error{400, "InvalidRequest", "expecting a single x-amz-checksum- header"};
+    auto raw = Base64Decode(v);
+    if (!raw.ok() || raw->size() != ChecksumSize(a))
+      return S3Error{400, "InvalidRequest",
+                     fmt::format("value for {} header is invalid", ChecksumHeader(a))};
+    b.checksum = a;
+    b.checksum_value = std::string(v);
+  }
+  if (auto t = Header(req, "x-amz-trailer"); !t.empty()) {
+    std::string name(t);
+    std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+    auto a =
+        StartsWith(name, "x-amz-checksum-") ? ChecksumAlgoFromName(name.substr(15)) : std::nullopt;
+    if (!a || !b.chunked || !b.chunked->trailer)
+      return S3Error{400, "InvalidRequest",
+                     fmt::format("the trailer {} is not supported with payload {}", t, b.payload)};
+    if (b.checksum && *b.checksum != *a)
+      return S3Error{400, "InvalidRequest", "expecting a single x-amz-checksum- header"};
+    b.checksum = a;
+    b.checksum_trailer = true;
+  }
+  for (auto h : {"x-amz-sdk-checksum-algorithm", "x-amz-checksum-algorithm"}) {
+    auto v = Header(req, h);
+    if (v.empty()) continue;
+    auto a = ChecksumAlgoFromName(v);
+    if (!a)
+      return S3Error{400, "InvalidRequest",
+                     fmt::format("checksum algorithm {} is not supported", v)};
+    if (b.checksum && *b.checksum != *a)
+      return S3Error{400, "InvalidRequest",
+                     fmt::format("{} names another algorithm than the checksum sent", h)};
+    b.checksum = a;
+  }
+  (void)ctx;
+  return b;
+}
+
+// Streams a PUT body (decoding aws-chunked on the way) into an ObjectWriter, checks it, and
+// publishes the object.
 class PutSink : public BodySink {
  public:
-  PutSink(std::unique_ptr<ObjectWriter> w, ObjectMeta meta, std::string payload_hash,
-          std::string content_md5, bool if_none_match, S3Ctx* ctx, BucketRef ref, std::string key,
-          std::string resource, std::optional<uint64_t> length)
+  PutSink(std::unique_ptr<ObjectWriter> w, ObjectMeta meta, PutBody body, bool if_none_match,
+          S3Ctx* ctx, BucketRef ref, std::string key, std::string resource)
       : w_(std::move(w)),
         meta_(std::move(meta)),
-        payload_hash_(std::move(payload_hash)),
-        content_md5_(std::move(content_md5)),
+        b_(std::move(body)),
         if_none_match_(if_none_match),
         ctx_(ctx),
         ref_(std::move(ref)),
         key_(std::move(key)),
-        resource_(std::move(resource)),
-        length_(length) {}
+        resource_(std::move(resource)) {
+    if (b_.chunked) decoder_.emplace(*b_.chunked);
+    if (b_.checksum) sum_.emplace(*b_.checksum);
+  }
 
   Status Write(const char* data, size_t n) override {
-    if (w_->written() + n > kMaxPutSize)
-      return Status(Code::kTooLarge, "your proposed upload exceeds the maximum allowed size");
-    return w_->Write(data, n);
+    if (!decoder_) return Take(data, n);
+    Status out_error;
+    if (auto e = decoder_->Feed(
+            data, n, [this](const char* d, size_t m) { return Take(d, m); }, &out_error)) {
+      if (!out_error.ok()) return out_error;
+      error_ = *e;
+      return Status(Code::kInvalidArgument, e->message);
+    }
+    return Status::Ok();
   }
 
   HttpResponse Finish() override {
     w_->Digest();
-    if (length_ && w_->written() != *length_)
+    if (decoder_) {
+      if (auto e = decoder_->Finish()) return Refuse(*e);
+    }
+    if (b_.length && w_->written() != *b_.length)
       return Refuse({400, "IncompleteBody",
                      "you did not provide the number of bytes specified by the Content-Length "
                      "HTTP header"});
-    if (payload_hash_.size() == 64 && HexEncode(w_->sha256_raw()) != payload_hash_)
+    if (b_.payload.size() == 64 && HexEncode(w_->sha256_raw()) != b_.payload)
       return Refuse({400, "XAmzContentSHA256Mismatch",
                      "the provided x-amz-content-sha256 header does not match what was computed"});
-    if (!content_md5_.empty() && w_->md5_raw() != content_md5_)
+    if (!b_.content_md5.empty() && w_->md5_raw() != b_.content_md5)
       return Refuse(
           {400, "BadDigest", "the Content-MD5 you specified did not match what we received"});
+    std::string checksum;
+    if (sum_) {
+      checksum = Base64Encode(sum_->Final());
+      std::string want = b_.checksum_value;
+      if (b_.checksum_trailer) {
+        auto it = decoder_->trailers().find(std::string(ChecksumHeader(*b_.checksum)));
+        if (it == decoder_->trailers().end())
+          return Refuse({400, "MalformedTrailerError",
+                         fmt::format("the trailer {} was announced but not sent",
+                                     ChecksumHeader(*b_.checksum))});
+        want = it->second;
+      }
+      if (!want.empty() && want != checksum)
+        return Refuse({400, "BadDigest",
+                       fmt::format("the {} you specified did not match the calculated checksum",
+                                   ChecksumName(*b_.checksum))});
+      std::string name(ChecksumName(*b_.checksum));
+      std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+      meta_.checksums[name] = checksum;
+    }
     if (if_none_match_) {
       auto o = ctx_->objects.Open(*ref_.volume, ref_.vfid, key_);
       if (o.ok())
@@ -623,6 +778,10 @@ class PutSink : public BodySink {
     if (!st.ok()) return ErrorXml(FromStatus(st), resource_);
     HttpResponse r = HttpResponse::Text(200, "", "application/xml");
     r.headers.emplace_back("ETag", "\"" + HexEncode(w_->md5_raw()) + "\"");
+    if (sum_) {
+      r.headers.emplace_back(std::string(ChecksumHeader(*b_.checksum)), checksum);
+      r.headers.emplace_back("x-amz-checksum-type", "FULL_OBJECT");
+    }
     r.headers.emplace_back("x-amz-request-id", RequestId());
     return r;
   }
@@ -631,10 +790,17 @@ class PutSink : public BodySink {
 
   HttpResponse Fail(const Status& error) override {
     w_->Abort();
-    return ErrorXml(FromStatus(error), resource_);
+    return ErrorXml(error_ ? *error_ : FromStatus(error), resource_);
   }
 
  private:
+  Status Take(const char* data, size_t n) {
+    if (w_->written() + n > kMaxPutSize)
+      return Status(Code::kTooLarge, "your proposed upload exceeds the maximum allowed size");
+    if (sum_) sum_->Update(data, n);
+    return w_->Write(data, n);
+  }
+
   HttpResponse Refuse(const S3Error& e) {
     w_->Abort();
     return ErrorXml(e, resource_);
@@ -642,50 +808,115 @@ class PutSink : public BodySink {
 
   std::unique_ptr<ObjectWriter> w_;
   ObjectMeta meta_;
-  std::string payload_hash_, content_md5_;
+  PutBody b_;
   bool if_none_match_;
   S3Ctx* ctx_;
   BucketRef ref_;
   std::string key_, resource_;
-  std::optional<uint64_t> length_;
+  std::optional<s3::AwsChunkedDecoder> decoder_;
+  std::optional<Checksummer> sum_;
+  std::optional<S3Error> error_;  // why the body was refused mid-way
 };
 
-// What a PUT body must be checked against: the signed payload hash, Content-MD5, its length.
-struct PutBody {
-  std::string payload;      // x-amz-content-sha256: hex or UNSIGNED-PAYLOAD
-  std::string content_md5;  // raw, or ""
-  std::optional<uint64_t> length;
+// ------------------------------------------------------------------------------ copies
+
+// The object x-amz-copy-source names, opened if the caller may read it and the copy-source
+// conditionals hold.
+struct CopySource {
+  BucketRef ref;
+  std::string key;
+  ObjectStore::Opened object;
+  std::string etag;  // quoted
 };
 
-std::variant<PutBody, S3Error> BodyOf(const HttpRequest& req) {
-  PutBody b;
-  b.payload = GrantOf(req).auth.payload_hash;
-  if (StartsWith(b.payload, "STREAMING-"))
-    return S3Error{501, "NotImplemented",
-                   fmt::format("payload mode {} is not implemented yet", b.payload)};
-  if (b.payload != s3::kUnsignedPayload && b.payload.size() != 64)
-    return S3Error{400, "InvalidArgument",
-                   "x-amz-content-sha256 must be UNSIGNED-PAYLOAD, STREAMING-... or a SHA-256 in "
-                   "hex"};
-  auto cl = Header(req, "Content-Length");
-  if (cl.empty())
-    return S3Error{411, "MissingContentLength", "you must provide the Content-Length HTTP header"};
-  uint64_t n = 0;
-  for (char c : cl) {
-    if (c < '0' || c > '9' || n > kMaxPutSize)
-      return S3Error{400, "InvalidArgument", "bad Content-Length"};
-    n = n * 10 + static_cast<uint64_t>(c - '0');
+std::variant<CopySource, S3Error> OpenCopySource(S3Ctx& ctx, const HttpRequest& req) {
+  std::string v = PercentDecode(Header(req, "x-amz-copy-source"), false);
+  if (size_t q = v.find("?versionId="); q != std::string::npos) {
+    if (v.substr(q + 11) != "null")
+      return S3Error{404, "NoSuchVersion", "the specified version does not exist"};
+    v.resize(q);
   }
-  if (n > kMaxPutSize)
-    return S3Error{400, "EntityTooLarge", "your proposed upload exceeds the maximum allowed size"};
-  b.length = n;
-  if (auto md5 = Header(req, "Content-MD5"); !md5.empty()) {
-    auto raw = Base64Decode(md5);
-    if (!raw.ok() || raw->size() != 16)
-      return S3Error{400, "InvalidDigest", "the Content-MD5 you specified is not valid"};
-    b.content_md5 = *raw;
+  if (!v.empty() && v.front() == '/') v.erase(0, 1);
+  size_t slash = v.find('/');
+  if (slash == std::string::npos || slash == 0 || slash + 1 == v.size())
+    return S3Error{400, "InvalidArgument", "x-amz-copy-source must be <bucket>/<key>, URL-encoded"};
+  CopySource src;
+  auto ref = AccessBucket(ctx, req, v.substr(0, slash), false);
+  if (auto* e = std::get_if<S3Error>(&ref)) return *e;
+  src.ref = std::move(std::get<BucketRef>(ref));
+  src.key = v.substr(slash + 1);
+  auto o = ctx.objects.Open(*src.ref.volume, src.ref.vfid, src.key);
+  if (!o.ok()) return FromStatus(o.status());
+  if (!o->file) return S3Error{400, "InvalidRequest", "a directory marker cannot be copied"};
+  src.object = std::move(o).value();
+  src.etag = ObjectETag(src.object.entry, src.object.meta);
+  const std::time_t mtime = std::chrono::system_clock::to_time_t(src.object.entry.modified);
+  const S3Error failed{412, "PreconditionFailed",
+                       "at least one of the pre-conditions you specified did not hold"};
+  auto im = Header(req, "x-amz-copy-source-if-match");
+  auto inm = Header(req, "x-amz-copy-source-if-none-match");
+  auto ims = Header(req, "x-amz-copy-source-if-modified-since");
+  auto ius = Header(req, "x-amz-copy-source-if-unmodified-since");
+  if (!im.empty() && !IfNoneMatchMatches(im, src.etag)) return failed;
+  if (im.empty() && !ius.empty())
+    if (auto t = ParseHttpDate(ius); t && mtime > *t) return failed;
+  if (!inm.empty() && IfNoneMatchMatches(inm, src.etag)) return failed;
+  if (inm.empty() && !ims.empty())
+    if (auto t = ParseHttpDate(ims); t && mtime <= *t) return failed;
+  return src;
+}
+
+HttpResponse CopyResult(const char* root_name, const std::string& etag,
+                        std::chrono::system_clock::time_point modified) {
+  pugi::xml_document doc;
+  auto root = doc.append_child(root_name);
+  root.append_attribute("xmlns") = kXmlns;
+  root.append_child("LastModified").text().set(IsoTime(modified).c_str());
+  root.append_child("ETag").text().set(etag.c_str());
+  return Xml(200, doc);
+}
+
+// CopyObject: the data with copy_file_range (a reflink where the volume can), the metadata
+// copied or replaced (x-amz-metadata-directive).
+HttpResponse CopyObject(S3Ctx& ctx, const HttpRequest& req, const BucketRef& dst) {
+  std::string key = KeyOf(req);
+  if (!key.empty() && key.back() == '/')
+    return ErrorXml({400, "InvalidArgument", "a key ending in '/' names a directory here"},
+                    req.path);
+  auto sv = OpenCopySource(ctx, req);
+  if (auto* e = std::get_if<S3Error>(&sv)) return ErrorXml(*e, req.path);
+  CopySource& src = std::get<CopySource>(sv);
+  auto directive = Header(req, "x-amz-metadata-directive");
+  if (!directive.empty() && directive != "COPY" && directive != "REPLACE")
+    return ErrorXml({400, "InvalidArgument", "x-amz-metadata-directive is COPY or REPLACE"},
+                    req.path);
+  const bool replace = directive == "REPLACE";
+  if (!replace && src.ref.bucket.name == dst.bucket.name && src.key == key)
+    return ErrorXml({400, "InvalidRequest",
+                     "this copy request is illegal because it is trying to copy an object to "
+                     "itself without changing the object's metadata"},
+                    req.path);
+  ObjectMeta meta;
+  if (replace) {
+    auto m = MetaFromHeaders(req);
+    if (auto* e = std::get_if<S3Error>(&m)) return ErrorXml(*e, req.path);
+    meta = std::move(std::get<ObjectMeta>(m));
+  } else if (src.object.meta) {
+    meta = *src.object.meta;
   }
-  return b;
+  // The same bytes: the source's MD5 ETag and checksums stay true; a source without a stored
+  // ETag leaves the copy with a validator.
+  meta.etag = src.object.meta ? src.object.meta->etag : "";
+  meta.checksums = src.object.meta ? src.object.meta->checksums : decltype(meta.checksums)();
+  const uint64_t size = src.object.entry.size;
+  auto w = ctx.objects.BeginPut(*dst.volume, dst.vfid, key, size, false);
+  if (!w.ok()) return ErrorXml(FromStatus(w.status()), req.path);
+  Status st = (*w)->CopyFrom(*src.object.file, size);
+  if (st.ok()) st = (*w)->Publish(std::move(meta), ctx.opts.durable);
+  if (!st.ok()) return ErrorXml(FromStatus(st), req.path);
+  auto made = ctx.objects.Open(*dst.volume, dst.vfid, key);
+  if (!made.ok()) return ErrorXml(FromStatus(made.status()), req.path);
+  return CopyResult("CopyObjectResult", ObjectETag(made->entry, made->meta), made->entry.modified);
 }
 
 StreamStart PutObject(S3Ctx& ctx, const HttpRequest& req) {
@@ -694,9 +925,8 @@ StreamStart PutObject(S3Ctx& ctx, const HttpRequest& req) {
   if (auto* e = std::get_if<S3Error>(&access)) return fail(*e);
   BucketRef& ref = std::get<BucketRef>(access);
   std::string key = KeyOf(req);
-  if (!Header(req, "x-amz-copy-source").empty())
-    return fail({501, "NotImplemented", "CopyObject is not implemented yet"});
-  auto body = BodyOf(req);
+  if (!Header(req, "x-amz-copy-source").empty()) return CopyObject(ctx, req, ref);
+  auto body = BodyOf(ctx, req);
   if (auto* e = std::get_if<S3Error>(&body)) return fail(*e);
   auto& b = std::get<PutBody>(body);
   auto meta = MetaFromHeaders(req);
@@ -718,13 +948,58 @@ StreamStart PutObject(S3Ctx& ctx, const HttpRequest& req) {
   }
   auto w = ctx.objects.BeginPut(*ref.volume, ref.vfid, key, b.length, b.payload.size() == 64);
   if (!w.ok()) return fail(FromStatus(w.status()));
-  return std::unique_ptr<BodySink>(
-      new PutSink(std::move(w).value(), std::move(std::get<ObjectMeta>(meta)), b.payload,
-                  b.content_md5, inm == "*", &ctx, ref, key, req.path, b.length));
+  return std::unique_ptr<BodySink>(new PutSink(std::move(w).value(),
+                                               std::move(std::get<ObjectMeta>(meta)), std::move(b),
+                                               inm == "*", &ctx, ref, key, req.path));
 }
 
 std::variant<MultipartUpload, S3Error> UploadOf(S3Ctx& ctx, const BucketRef& ref,
                                                 const HttpRequest& req);
+
+// UploadPartCopy: a part from (a range of) an object. Parts are named by their MD5, so the
+// bytes go through memory to be hashed.
+HttpResponse UploadPartCopy(S3Ctx& ctx, const HttpRequest& req, const BucketRef& ref,
+                            const MultipartUpload& u, int part) {
+  auto sv = OpenCopySource(ctx, req);
+  if (auto* e = std::get_if<S3Error>(&sv)) return ErrorXml(*e, req.path);
+  CopySource& src = std::get<CopySource>(sv);
+  const uint64_t size = src.object.entry.size;
+  uint64_t first = 0, length = size;
+  if (auto r = Header(req, "x-amz-copy-source-range"); !r.empty()) {
+    // bytes=first-last, both given, inside the object.
+    unsigned long long a = 0, b = 0;
+    char tail = 0;
+    if (std::sscanf(std::string(r).c_str(), "bytes=%llu-%llu%c", &a, &b, &tail) != 2 || a > b ||
+        b >= size)
+      return ErrorXml({400, "InvalidArgument",
+                       "the x-amz-copy-source-range value must be of the form bytes=first-last "
+                       "where first and last are the zero-based offsets of the first and last "
+                       "bytes to copy"},
+                      req.path);
+    first = a;
+    length = b - a + 1;
+  }
+  if (length > kMaxPutSize)
+    return ErrorXml({400, "EntityTooLarge", "a part is at most 5 GiB"}, req.path);
+  auto w = ctx.objects.BeginPart(*ref.volume, ref.vfid, u, part, length, false);
+  if (!w.ok()) return ErrorXml(FromStatus(w.status()), req.path);
+  std::vector<char> buf(std::min<uint64_t>(length, 1 << 20) + 1);
+  for (uint64_t at = first, left = length; left > 0;) {
+    auto got = src.object.file->ReadAt(at, buf.data(), std::min<uint64_t>(left, buf.size()));
+    if (!got.ok()) return ErrorXml(FromStatus(got.status()), req.path);
+    if (*got == 0)
+      return ErrorXml({409, "OperationAborted", "the source object changed while being copied"},
+                      req.path);
+    Status st = (*w)->Write(buf.data(), *got);
+    if (!st.ok()) return ErrorXml(FromStatus(st), req.path);
+    at += *got;
+    left -= *got;
+  }
+  Status st = (*w)->Publish(ObjectMeta(), ctx.opts.durable);
+  if (!st.ok()) return ErrorXml(FromStatus(st), req.path);
+  return CopyResult("CopyPartResult", "\"" + HexEncode((*w)->md5_raw()) + "\"",
+                    std::chrono::system_clock::now());
+}
 
 StreamStart UploadPart(S3Ctx& ctx, const HttpRequest& req) {
   auto fail = [&](const S3Error& e) -> StreamStart { return ErrorXml(e, req.path); };
@@ -734,19 +1009,18 @@ StreamStart UploadPart(S3Ctx& ctx, const HttpRequest& req) {
   auto part = IntParam(req, "partNumber", 1, kMaxPartNumber);
   if (!part)
     return fail({400, "InvalidArgument", "part number must be an integer between 1 and 10000"});
-  if (!Header(req, "x-amz-copy-source").empty())
-    return fail({501, "NotImplemented", "UploadPartCopy is not implemented yet"});
   auto uv = UploadOf(ctx, ref, req);
   if (auto* e = std::get_if<S3Error>(&uv)) return fail(*e);
-  auto body = BodyOf(req);
+  if (!Header(req, "x-amz-copy-source").empty())
+    return UploadPartCopy(ctx, req, ref, std::get<MultipartUpload>(uv), *part);
+  auto body = BodyOf(ctx, req);
   if (auto* e = std::get_if<S3Error>(&body)) return fail(*e);
   auto& b = std::get<PutBody>(body);
   auto w = ctx.objects.BeginPart(*ref.volume, ref.vfid, std::get<MultipartUpload>(uv), *part,
                                  b.length, b.payload.size() == 64);
   if (!w.ok()) return fail(FromStatus(w.status()));
-  return std::unique_ptr<BodySink>(new PutSink(std::move(w).value(), ObjectMeta(), b.payload,
-                                               b.content_md5, false, &ctx, ref, KeyOf(req),
-                                               req.path, b.length));
+  return std::unique_ptr<BodySink>(new PutSink(std::move(w).value(), ObjectMeta(), std::move(b),
+                                               false, &ctx, ref, KeyOf(req), req.path));
 }
 
 // S3's conditional GET/HEAD: 412 for If-Match / If-Unmodified-Since, 304 for If-None-Match /
@@ -836,7 +1110,10 @@ HttpResponse GetObject(S3Ctx& ctx, const HttpRequest& req) {
     ranged = rr.kind == RangeRequest::Kind::kSatisfiable;
   }
   if (m && !ranged && boost::beast::iequals(Header(req, "x-amz-checksum-mode"), "ENABLED"))
-    for (const auto& [algo, v] : m->checksums) line("x-amz-checksum-" + algo, v);
+    for (const auto& [algo, v] : m->checksums) {
+      line("x-amz-checksum-" + algo, v);
+      line("x-amz-checksum-type", v.find('-') == std::string::npos ? "FULL_OBJECT" : "COMPOSITE");
+    }
 
   HttpResponse r;
   r.content_type = ctype;
@@ -1163,24 +1440,32 @@ std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, Th
   auto g = router->Group(MakeSigV4Authenticator(ctx));
   using V = http::verb;
   g.Add(V::get, "/", MakeRoute(ctx, ListBuckets));
-  // Bucket sub-resources first, then the bucket itself.
-  g.Add(V::get, "/{bucket}", MakeRoute(ctx, GetBucketLocation, "location"));
-  g.Add(V::get, "/{bucket}", MakeRoute(ctx, GetBucketVersioning, "versioning"));
-  g.Add(V::get, "/{bucket}", MakeRoute(ctx, GetBucketAcl, "acl"));
-  g.Add(V::put, "/{bucket}", MakeRoute(ctx, PutBucketAcl, "acl", 64 << 10));
-  g.Add(V::get, "/{bucket}",
-        MakeRoute(
-            ctx, [](S3Ctx& c, const HttpRequest& r) { return ListObjectsAny(c, r, true); },
-            "versions"));
-  g.Add(V::post, "/{bucket}", MakeRoute(ctx, DeleteObjects, "delete", 4 << 20));
-  g.Add(V::get, "/{bucket}", MakeRoute(ctx, ListMultipartUploads, "uploads"));
-  g.Add(V::get, "/{bucket}",
-        MakeRoute(ctx, [](S3Ctx& c, const HttpRequest& r) { return ListObjectsAny(c, r, false); }));
-  g.Add(V::put, "/{bucket}", MakeRoute(ctx, CreateBucket, "", 64 << 10));
-  g.Add(V::head, "/{bucket}", MakeRoute(ctx, HeadBucket));
-  g.Add(V::delete_, "/{bucket}", MakeRoute(ctx, DeleteBucket));
-  // Objects.
-  g.Add(V::get, "/{bucket}/{key+}", MakeRoute(ctx, GetObjectAcl, "acl"));
+  auto versions = [](S3Ctx& c, const HttpRequest& r) { return ListObjectsAny(c, r, true); };
+  auto list = [](S3Ctx& c, const HttpRequest& r) { return ListObjectsAny(c, r, false); };
+  // "/bucket/" (an empty key) is the bucket itself, as some clients address it: every bucket
+  // route is also reached through the object pattern with an empty key. `object` (null: none)
+  // serves the same method and sub-resource when the key is not empty.
+  auto add = [&](V method, std::string sub, S3Handler bucket, S3Handler object,
+                 std::optional<uint64_t> limit = 0) {
+    g.Add(method, "/{bucket}", MakeRoute(ctx, bucket, sub, limit));
+    S3Handler either = [bucket, object](S3Ctx& c, const HttpRequest& r) {
+      if (r.Param("key").empty()) return bucket(c, r);
+      if (object) return object(c, r);
+      return ErrorXml(
+          {405, "MethodNotAllowed", "the specified method is not allowed against this resource"},
+          r.path);
+    };
+    g.Add(method, "/{bucket}/{key+}", MakeRoute(ctx, either, sub, limit));
+  };
+  // Sub-resources first, then the plain routes.
+  add(V::get, "location", GetBucketLocation, GetObject);
+  add(V::get, "versioning", GetBucketVersioning, GetObject);
+  add(V::get, "acl", GetBucketAcl, GetObjectAcl);
+  add(V::put, "acl", PutBucketAcl, nullptr, 64 << 10);
+  add(V::get, "versions", versions, GetObject);
+  add(V::post, "delete", DeleteObjects, nullptr, 4 << 20);
+  add(V::get, "uploads", ListMultipartUploads, GetObject);
+  // Multipart (keys only).
   g.Add(V::post, "/{bucket}/{key+}", MakeRoute(ctx, CreateMultipartUpload, "uploads", 64 << 10));
   g.Add(V::post, "/{bucket}/{key+}", MakeRoute(ctx, CompleteMultipartUpload, "uploadId", 4 << 20));
   g.Add(V::delete_, "/{bucket}/{key+}", MakeRoute(ctx, AbortMultipartUpload, "uploadId"));
@@ -1189,24 +1474,16 @@ std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, Th
   part.query_key = "uploadId";
   part.stream = [ctx](const HttpRequest& req) { return UploadPart(*ctx, req); };
   g.Add(V::put, "/{bucket}/{key+}", std::move(part));
-  // "/bucket/" (an empty key) is the bucket itself, as some clients address it.
-  auto or_bucket = [](S3Handler object, S3Handler bucket) -> S3Handler {
-    return [object, bucket](S3Ctx& c, const HttpRequest& r) {
-      return r.Param("key").empty() ? bucket(c, r) : object(c, r);
-    };
-  };
-  auto list = [](S3Ctx& c, const HttpRequest& r) { return ListObjectsAny(c, r, false); };
-  g.Add(V::get, "/{bucket}/{key+}", MakeRoute(ctx, or_bucket(GetObject, list)));
-  g.Add(V::head, "/{bucket}/{key+}", MakeRoute(ctx, or_bucket(GetObject, HeadBucket)));
-  g.Add(V::delete_, "/{bucket}/{key+}", MakeRoute(ctx, or_bucket(DeleteObject, DeleteBucket)));
+  add(V::get, "", list, GetObject);
+  add(V::head, "", HeadBucket, GetObject);
+  add(V::delete_, "", DeleteBucket, DeleteObject);
+  g.Add(V::put, "/{bucket}", MakeRoute(ctx, CreateBucket, "", 64 << 10));
   Route put;
   put.stream = [ctx](const HttpRequest& req) -> StreamStart {
-    if (req.Param("key").empty()) {
-      HttpResponse r = CreateBucket(*ctx, req);
-      r.headers.emplace_back("x-amz-request-id", RequestId());
-      return r;
-    }
-    return PutObject(*ctx, req);
+    if (!req.Param("key").empty()) return PutObject(*ctx, req);
+    HttpResponse r = CreateBucket(*ctx, req);
+    if (r.status < 300) r.headers.emplace_back("x-amz-request-id", RequestId());
+    return r;
   };
   g.Add(V::put, "/{bucket}/{key+}", std::move(put));
   return router;

@@ -315,12 +315,14 @@ void ObjectWriter::Digest() {
 Status ObjectWriter::CopyFrom(FileReader& src, uint64_t n) {
   Status st = staging_->CopyFrom(src, 0, n, written_);
   if (st.ok()) written_ += n;
+  copied_ = true;
   return st;
 }
 
 Status ObjectWriter::Publish(ObjectMeta meta, bool durable) {
   Digest();
-  if (meta.etag.empty()) meta.etag = HexEncode(md5_raw_);
+  // Copied bytes were never hashed: without an ETag from the caller the file gets a validator.
+  if (meta.etag.empty() && !copied_) meta.etag = HexEncode(md5_raw_);
   return PublishWith(
       [&](const DirEntry& e) {
         meta.size = e.size;

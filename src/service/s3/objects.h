@@ -123,6 +123,7 @@ class ObjectWriter {
   std::optional<sluice::Digest> sha256_;
   std::string md5_raw_, sha256_raw_;
   uint64_t written_ = 0;
+  bool copied_ = false;  // some bytes came by CopyFrom (not hashed)
   bool done_ = false;
 };
 

@@ -306,7 +306,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     is_head_ = false;
     version_ = 11;
     linger_ = true;
-    Write(ErrorResponse(st));
+    Write(router().Error(st));
   }
 
   void OnHeader(beast::error_code ec) {
@@ -352,7 +352,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     const uint64_t limit = route_->body_limit.value_or(opts().body_limit);
     auto declared = parser_->content_length();
     if ((declared && *declared > limit) || limit == 0)
-      return AnswerEarly(ErrorResponse(Status(
+      return AnswerEarly(router().Error(Status(
           Code::kTooLarge,
           limit == 0
               ? fmt::format("{} {} takes no request body", std::string(req->msg.method_string()),
@@ -360,7 +360,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
               : fmt::format("request body of {} bytes exceeds {} bytes", *declared, limit))));
     req->body_lease = srv_->ReserveBody(declared ? *declared : limit);
     if (!req->body_lease) {
-      HttpResponse r = ErrorResponse(
+      HttpResponse r = router().Error(
           Status(Code::kUnavailable, "too many request bodies are being received; retry shortly"));
       r.headers.emplace_back("Retry-After", "1");
       return AnswerEarly(std::move(r));
@@ -405,7 +405,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
       pending_.reset();
       keep_alive_ = false;
       linger_ = true;
-      return Write(ErrorResponse(ParseFailureStatus(ec, body_limit_)));
+      return Write(router().Error(ParseFailureStatus(ec, body_limit_)));
     }
     Dispatch(std::move(pending_));
   }

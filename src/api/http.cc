@@ -367,6 +367,11 @@ bool Router::MatchPattern(const PatternRoute& p, std::string_view path,
   return false;
 }
 
+HttpResponse Router::Error(const Status& st, unsigned status, std::string_view resource) const {
+  if (error_format_) return error_format_(st, status, resource);
+  return ErrorResponse(st, {}, status);
+}
+
 Router::Match Router::Choose(const MethodRoutes& methods, const std::string& label,
                              HttpRequest& req) const {
   Match m;
@@ -390,14 +395,15 @@ Router::Match Router::Choose(const MethodRoutes& methods, const std::string& lab
     m.answer = std::move(r);
     return m;
   }
-  m.answer = ErrorResponse(
+  m.answer = Error(
       Status(Code::kInvalidArgument, fmt::format("method {} is not allowed on '{}'",
                                                  std::string(req.msg.method_string()), req.path)),
-      {}, 405);
+      405, req.path);
   return m;
 }
 
 Router::Match Router::Find(HttpRequest& req) const {
+  if (rewrite_) rewrite_(req);
   if (auto it = exact_.find(req.path); it != exact_.end())
     return Choose(it->second, it->first, req);
   for (const auto& [text, p] : patterns_) {
@@ -407,7 +413,8 @@ Router::Match Router::Find(HttpRequest& req) const {
   req.params.clear();
   Match m;
   m.label = "unmatched";
-  m.answer = ErrorResponse(Status(Code::kNotFound, fmt::format("no route for '{}'", req.path)));
+  m.answer =
+      Error(Status(Code::kNotFound, fmt::format("no route for '{}'", req.path)), 0, req.path);
   return m;
 }
 
@@ -418,7 +425,7 @@ std::optional<HttpResponse> Router::Authenticate(const Route& route, HttpRequest
   } catch (const std::exception& e) {
     spdlog::error("{} {}: authenticator failed: {}", std::string(req.msg.method_string()),
                   route.name, e.what());
-    return ErrorResponse(Status(Code::kInternal, "internal error while authenticating"));
+    return Error(Status(Code::kInternal, "internal error while authenticating"));
   }
 }
 
@@ -426,12 +433,11 @@ HttpResponse Router::Run(const Route& route, const HttpRequest& req) const {
   try {
     return route.handler(req);
   } catch (const nlohmann::json::exception& e) {
-    return ErrorResponse(
-        Status(Code::kInvalidArgument, fmt::format("bad parameter: {}", e.what())));
+    return Error(Status(Code::kInvalidArgument, fmt::format("bad parameter: {}", e.what())));
   } catch (const std::exception& e) {
     spdlog::error("{} {}: unexpected exception: {}", std::string(req.msg.method_string()),
                   route.name, e.what());
-    return ErrorResponse(Status(Code::kInternal, fmt::format("internal error: {}", e.what())));
+    return Error(Status(Code::kInternal, fmt::format("internal error: {}", e.what())));
   }
 }
 
@@ -452,19 +458,19 @@ void Router::Observe(http::verb method, std::string_view route, unsigned status,
 void Router::OpenStream(const Route& route, std::shared_ptr<HttpRequest> req,
                         std::function<void(StreamStart)> done) const {
   auto shared_done = std::make_shared<std::function<void(StreamStart)>>(std::move(done));
-  auto run = [&route, req, shared_done] {
+  auto run = [this, &route, req, shared_done] {
     StreamStart start;
     try {
       start = route.stream(*req);
     } catch (const std::exception& e) {
       spdlog::error("{} {}: unexpected exception: {}", std::string(req->msg.method_string()),
                     route.name, e.what());
-      start = ErrorResponse(Status(Code::kInternal, fmt::format("internal error: {}", e.what())));
+      start = Error(Status(Code::kInternal, fmt::format("internal error: {}", e.what())));
     }
     (*shared_done)(std::move(start));
   };
   if (!pool_->Submit(run)) {
-    (*shared_done)(ErrorResponse(Status(Code::kUnavailable, "server is overloaded; retry later")));
+    (*shared_done)(Error(Status(Code::kUnavailable, "server is overloaded; retry later")));
   }
 }
 
@@ -483,7 +489,7 @@ void Router::Dispatch(const Route& route, std::shared_ptr<HttpRequest> req, Resp
   bool queued =
       pool_->Submit([this, &route, req, shared_done] { (*shared_done)(Run(route, *req)); });
   if (!queued)
-    (*shared_done)(ErrorResponse(Status(Code::kUnavailable, "server is overloaded; retry later")));
+    (*shared_done)(Error(Status(Code::kUnavailable, "server is overloaded; retry later")));
 }
 
 }  // namespace sluice::api

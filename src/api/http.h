@@ -198,6 +198,16 @@ class Router {
   const std::vector<std::pair<std::string, std::string>>& cors_headers() const {
     return cors_headers_;
   }
+  // How this listener words the errors it makes itself (no route, method not allowed, a request
+  // that cannot be parsed, overload): problem+json by default, as the Backend.AI APIs do; the S3
+  // listener answers S3 XML. `status` 0: the code's own; `resource`: the request path.
+  using ErrorFormatter =
+      std::function<HttpResponse(const Status& st, unsigned status, std::string_view resource)>;
+  void SetErrorFormatter(ErrorFormatter f) { error_format_ = std::move(f); }
+  // Runs on every request before it is routed: may change its path (the S3 listener's
+  // virtual-hosted buckets, named by the Host header).
+  void SetRewrite(std::function<void(HttpRequest&)> f) { rewrite_ = std::move(f); }
+  HttpResponse Error(const Status& st, unsigned status = 0, std::string_view resource = {}) const;
 
   // What a request whose header is in goes to: its route (req.params filled), or the answer
   // when there is none (404, 405, OPTIONS). `label` names it in metrics either way.
@@ -241,6 +251,8 @@ class Router {
   std::map<std::string, MethodRoutes, std::less<>> exact_;
   std::vector<std::pair<std::string, PatternRoute>> patterns_;  // pattern text, parsed
   std::vector<std::pair<std::string, std::string>> cors_headers_;
+  ErrorFormatter error_format_;
+  std::function<void(HttpRequest&)> rewrite_;
 };
 
 // The method as a metrics label: its name, or "other" for an extension method.

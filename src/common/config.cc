@@ -247,6 +247,18 @@ void ParseApi(const toml::value& api, Config& c) {
       if (auto r = s.Duration("refresh-interval"))
         c.s3.refresh = std::max(std::chrono::milliseconds(100),
                                 std::chrono::duration_cast<std::chrono::milliseconds>(*r));
+      if (auto e = s.Duration("multipart-expiry")) {
+        if (e->count() < 1) throw ConfigError("api.s3.multipart-expiry must be at least 1s");
+        c.s3.multipart_expiry = *e;
+      }
+      if (auto d = s.String("domain")) {
+        std::string dom = *d;
+        std::transform(dom.begin(), dom.end(), dom.begin(), ::tolower);
+        if (dom.size() > 200 ||
+            dom.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789.-") != std::string::npos)
+          throw ConfigError("api.s3.domain must be a host name (letters, digits, '.', '-')");
+        c.s3.domain = dom;
+      }
       s.RejectUnknown();
     } else {
       c.warnings.push_back(fmt::format("section [api.{}] is not used by Sluice; ignored", k));
@@ -596,6 +608,12 @@ region = "us-east-1"
 durable = true
 # How often changes other nodes made (keys revoked, buckets created) are picked up.
 refresh-interval = "1s"
+# Multipart uploads neither completed nor aborted this long after they began are removed, parts
+# and all (checked by the janitor, on every node).
+multipart-expiry = "7d"
+# Virtual-hosted addressing: with a domain, a Host of "<bucket>.<domain>" names the bucket
+# (point a wildcard DNS record at the nodes). Path style always works. Empty: path style only.
+# domain = "s3.example.com"
 
 [sluice]
 # Node-local state: generated secrets, task history.

@@ -80,6 +80,11 @@ struct S3Config {
   std::string seal_key;  // seals secrets at rest; generated under state_dir when empty
   bool durable = true;   // fsync every object before answering its write
   std::chrono::milliseconds refresh{1000};  // how often other nodes' changes are looked for
+  // Multipart uploads initiated longer ago are removed with their parts (by the janitor).
+  std::chrono::seconds multipart_expiry{7 * 86400};
+  // Virtual-hosted addressing: "<bucket>.<domain>" in Host names the bucket. Empty: path style
+  // only.
+  std::string domain;
 };
 
 struct Config {

@@ -25,6 +25,7 @@
 #include "common/secrets.h"
 #include "service/health.h"
 #include "service/janitor.h"
+#include "service/s3/objects.h"
 #include "service/s3/s3_store.h"
 #include "service/storage_service.h"
 #include "service/task_store.h"
@@ -196,10 +197,6 @@ int RunDaemon(Config cfg) {
   // Probes answer from this, kept current in the background.
   HealthMonitor health_monitor(&service);
   health_monitor.Start();
-  // Empties the volumes' trash and removes upload sessions abandoned for longer than
-  // session-expire: now, then periodically.
-  Janitor janitor(&service);
-  janitor.Start();
 
   size_t nloops = cfg.num_proc > 0 ? static_cast<size_t>(cfg.num_proc)
                                    : std::max(1u, std::thread::hardware_concurrency());
@@ -229,6 +226,23 @@ int RunDaemon(Config cfg) {
     s3_store->Start(cfg.s3.refresh);
     spdlog::info("S3 users, keys and buckets in {}", path);
   }
+  // Empties the volumes' trash and removes upload sessions abandoned for longer than
+  // session-expire (and S3 multipart uploads past multipart-expiry): now, then periodically.
+  // Declared after what its chores use, so it stops first.
+  Janitor janitor(&service);
+  if (s3_store) {
+    // Every node sweeps the buckets it serves (two removing the same upload is harmless).
+    janitor.AddChore("S3 multipart sweep",
+                     [&service, store = s3_store.get(), age = cfg.s3.multipart_expiry] {
+                       ObjectStore objects(&service.reservations());
+                       for (const auto& b : store->Buckets()) {
+                         auto v = service.GetVolume(b.volume);
+                         auto id = VFolderId::Parse(b.vfid);
+                         if (v.ok() && id.ok()) objects.SweepMultipart(**v, *id, age);
+                       }
+                     });
+  }
+  janitor.Start();
 
   auto make_server = [&](const std::string& name, const ListenerConfig& lc,
                          std::shared_ptr<api::Router> router) -> Status {
@@ -260,6 +274,7 @@ int RunDaemon(Config cfg) {
     api::S3Options so;
     so.region = cfg.s3.region;
     so.durable = cfg.s3.durable;
+    so.domain = cfg.s3.domain;
     st = make_server("s3", cfg.s3.listener,
                      api::MakeS3Router(&service, s3_store.get(), &io_pool, so));
   }

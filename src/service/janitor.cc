@@ -26,6 +26,10 @@ void Janitor::Start() {
   pthread_setname_np(thread_.native_handle(), "janitor");
 }
 
+void Janitor::AddChore(std::string name, std::function<void()> chore) {
+  chores_.emplace_back(std::move(name), std::move(chore));
+}
+
 void Janitor::RunOnce() {
   for (Volume* v : svc_->Volumes()) {
     Status st = v->EmptyTrash();
@@ -38,6 +42,13 @@ void Janitor::RunOnce() {
     uploads_.SweepAll();
   } catch (const std::exception& e) {
     spdlog::error("upload sweep failed: {}", e.what());
+  }
+  for (const auto& [name, chore] : chores_) {
+    try {
+      chore();
+    } catch (const std::exception& e) {
+      spdlog::error("{} failed (retried next round): {}", name, e.what());
+    }
   }
 }
 

@@ -6,8 +6,11 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "service/storage_service.h"
 #include "service/upload.h"
@@ -19,6 +22,8 @@ class Janitor {
   explicit Janitor(StorageService* svc);
   ~Janitor();
   void Start();
+  // Another job for every round (before Start): the S3 sweep of abandoned multipart uploads.
+  void AddChore(std::string name, std::function<void()> chore);
   std::chrono::milliseconds interval() const { return interval_; }
   // One round, on the caller's thread.
   void RunOnce();
@@ -28,6 +33,7 @@ class Janitor {
 
   StorageService* svc_;
   UploadService uploads_;
+  std::vector<std::pair<std::string, std::function<void()>>> chores_;
   std::chrono::milliseconds interval_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -467,12 +467,16 @@ def test_client_vanishing_mid_upload(s3d, s3, user):
                      headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD",
                               "Content-Length": "1000000"})
     SigV4Auth(Credentials(ak, sk), "s3", "us-east-1").add_auth(req)
-    head = f"PUT /{name}/partial HTTP/1.1\r\n" + "".join(
+    head = f"PUT /{name}/partial HTTP/1.1\r\nHost: 127.0.0.1:{s3d.s3_port}\r\n" + "".join(
         f"{k}: {v}\r\n" for k, v in req.headers.items()) + "\r\n"
+    root = bucket_dir(s3d, name)
     with socket.create_connection(("127.0.0.1", s3d.s3_port)) as sock:
         sock.sendall(head.encode() + b"x" * 200_000)
-        time.sleep(0.3)
-    root = bucket_dir(s3d, name)
+        # The write began (signature accepted, bytes staged) before the client vanishes.
+        deadline = time.monotonic() + 5
+        while not staging_leftovers(root) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert staging_leftovers(root), "the upload never started"
     deadline = time.monotonic() + 5
     while staging_leftovers(root) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -627,6 +631,59 @@ def test_multipart_protocol(s3d, s3):
     assert got["Body"].read() == p1 + p2 and got["ContentType"] == "text/x-test"
     assert s3.list_multipart_uploads(Bucket=name).get("Uploads", []) == []
     assert staging_leftovers(bucket_dir(s3d, name)) == []
+
+
+def test_multipart_composite_checksums(s3d, s3, user):
+    """COMPOSITE checksums: the checksum of the parts' raw checksums, "-<count>"; parts of such an
+    upload always carry one (computed when the client sent none)."""
+    import zlib
+
+    name = new_bucket(s3)
+    key = "mp/sums"
+    up = s3.create_multipart_upload(Bucket=name, Key=key, ChecksumAlgorithm="CRC32")
+    assert up["ChecksumAlgorithm"] == "CRC32"
+    up = up["UploadId"]
+    p1, p2 = os.urandom(5 * MiB), b"the last part"
+    crc = lambda b: zlib.crc32(b).to_bytes(4, "big")  # noqa: E731
+    r1 = s3.upload_part(Bucket=name, Key=key, UploadId=up, PartNumber=1, Body=p1,
+                        ChecksumAlgorithm="CRC32")
+    assert r1["ChecksumCRC32"] == base64.b64encode(crc(p1)).decode()
+    # No checksum sent (boto3 1.26 sends none unless asked): the server computes it.
+    r2 = s3.upload_part(Bucket=name, Key=key, UploadId=up, PartNumber=2, Body=p2)
+    listed = s3.list_parts(Bucket=name, Key=key, UploadId=up)
+    assert listed["ChecksumAlgorithm"] == "CRC32"
+    assert [p["ChecksumCRC32"] for p in listed["Parts"]] == [
+        base64.b64encode(crc(p1)).decode(), base64.b64encode(crc(p2)).decode()]
+    # A part with another algorithm is refused.
+    with pytest.raises(ClientError) as e:
+        s3.upload_part(Bucket=name, Key=key, UploadId=up, PartNumber=3, Body=b"x",
+                       ChecksumAlgorithm="SHA256")
+    assert code_of(e) == "InvalidRequest"
+    parts = [{"PartNumber": 1, "ETag": r1["ETag"], "ChecksumCRC32": r1["ChecksumCRC32"]},
+             {"PartNumber": 2, "ETag": r2["ETag"],
+              "ChecksumCRC32": base64.b64encode(crc(b"not the part")).decode()}]
+    with pytest.raises(ClientError) as e:
+        s3.complete_multipart_upload(Bucket=name, Key=key, UploadId=up,
+                                     MultipartUpload={"Parts": parts})
+    assert code_of(e) == "InvalidPart"
+    parts[1]["ChecksumCRC32"] = base64.b64encode(crc(p2)).decode()
+    done = s3.complete_multipart_upload(Bucket=name, Key=key, UploadId=up,
+                                        MultipartUpload={"Parts": parts})
+    want = base64.b64encode(crc(crc(p1) + crc(p2))).decode() + "-2"
+    assert done["ChecksumCRC32"] == want
+    head = s3.head_object(Bucket=name, Key=key, ChecksumMode="ENABLED")
+    assert head["ChecksumCRC32"] == want
+    assert head["ResponseMetadata"]["HTTPHeaders"]["x-amz-checksum-type"] == "COMPOSITE"
+    assert s3.get_object(Bucket=name, Key=key)["Body"].read() == p1 + p2
+    # Combinations AWS refuses: SHA full-object, CRC64NVME composite, a type without algorithm.
+    ak, sk = s3d.s3_key(user)
+    for hdrs in ({"x-amz-checksum-algorithm": "SHA1", "x-amz-checksum-type": "FULL_OBJECT"},
+                 {"x-amz-checksum-algorithm": "CRC64NVME", "x-amz-checksum-type": "COMPOSITE"},
+                 {"x-amz-checksum-type": "FULL_OBJECT"},
+                 {"x-amz-checksum-algorithm": "MD4"}):
+        r = signed(s3d, ak, sk, "POST", f"/{name}/k?uploads", headers=hdrs)
+        assert r.status_code == 400 and "InvalidRequest" in r.text, (hdrs, r.text)
+    assert s3.list_multipart_uploads(Bucket=name).get("Uploads", []) == []
 
 
 def test_multipart_small_parts_and_abort(s3d, s3):
@@ -936,3 +993,85 @@ def test_upload_part_copy(s3d, s3):
         "Parts": [{"PartNumber": 1, "ETag": p1["CopyPartResult"]["ETag"]},
                   {"PartNumber": 2, "ETag": p2["CopyPartResult"]["ETag"]}]})
     assert s3.get_object(Bucket=name, Key="assembled")["Body"].read() == body
+
+
+# ----------------------------------------------------------------------------------- addressing,
+# housekeeping, errors of the HTTP layer
+
+
+def test_virtual_hosted_buckets(tmp_path):
+    """With [api.s3] domain, "<bucket>.<domain>" in Host names the bucket; the signature covers
+    the path as sent (without the bucket). Path style keeps working."""
+    with running_daemon(tmp_path / "vh", s3={"domain": "s3.sluice.test"}) as d:
+        ak, sk = d.s3_key(d.s3_user()["id"])
+        s3 = d.s3_client(ak, sk)
+        name = new_bucket(s3)
+        host = f"{name}.s3.sluice.test:{d.s3_port}"
+        r = signed(d, ak, sk, "PUT", "/dir/obj", body=b"virtual", headers={"Host": host})
+        assert r.status_code == 200, r.text
+        assert s3.get_object(Bucket=name, Key="dir/obj")["Body"].read() == b"virtual"
+        r = signed(d, ak, sk, "GET", "/dir/obj", headers={"Host": host})
+        assert r.status_code == 200 and r.content == b"virtual"
+        # "/" of a virtual-hosted bucket lists it.
+        r = signed(d, ak, sk, "GET", "/?list-type=2", headers={"Host": host})
+        assert r.status_code == 200 and "<Key>dir/obj</Key>" in r.text, r.text
+        # The Host is signed: the same request replayed for another bucket fails.
+        req = AWSRequest(method="GET", url=d.s3_url("/dir/obj"), headers={
+            "Host": host, "x-amz-content-sha256": hashlib.sha256(b"").hexdigest()})
+        SigV4Auth(Credentials(ak, sk), "s3", "us-east-1").add_auth(req)
+        other = dict(req.headers)
+        other["Host"] = f"other-bucket.s3.sluice.test:{d.s3_port}"
+        r = requests.get(d.s3_url("/dir/obj"), headers=other)
+        assert r.status_code == 403 and "SignatureDoesNotMatch" in r.text
+        # The domain itself (or any other host) is path style.
+        r = signed(d, ak, sk, "GET", f"/{name}/dir/obj",
+                   headers={"Host": f"s3.sluice.test:{d.s3_port}"})
+        assert r.status_code == 200 and r.content == b"virtual"
+
+
+def test_abandoned_multipart_uploads_are_swept(tmp_path):
+    # session-expire 4 s: janitor rounds every second; uploads older than 3 s go.
+    with running_daemon(tmp_path / "sweep", storage_proxy={"session-expire": "4s"},
+                        s3={"multipart-expiry": "3s"}) as d:
+        s3 = d.s3_client(*d.s3_key(d.s3_user()["id"]))
+        name = new_bucket(s3)
+        up = s3.create_multipart_upload(Bucket=name, Key="abandoned")["UploadId"]
+        s3.upload_part(Bucket=name, Key="abandoned", UploadId=up, PartNumber=1, Body=b"x" * 1000)
+        t0 = time.monotonic()
+        root = bucket_dir(d, name)
+        time.sleep(1)
+        assert [u["UploadId"] for u in s3.list_multipart_uploads(Bucket=name)["Uploads"]] == [up]
+        while s3.list_multipart_uploads(Bucket=name).get("Uploads") and \
+                time.monotonic() - t0 < 15:
+            time.sleep(0.2)
+        assert s3.list_multipart_uploads(Bucket=name).get("Uploads", []) == []
+        assert time.monotonic() - t0 >= 2  # not before its age
+        assert staging_leftovers(root) == []
+        with pytest.raises(ClientError) as e:
+            s3.list_parts(Bucket=name, Key="abandoned", UploadId=up)
+        assert code_of(e) == "NoSuchUpload"
+        assert "removed multipart upload" in d.log()
+
+
+def test_http_layer_errors_are_s3_xml(s3d, s3, user):
+    """What the HTTP layer refuses before any handler runs still answers in S3's words."""
+    name = new_bucket(s3)
+    ak, sk = s3d.s3_key(user)
+    # A method no route takes.
+    r = signed(s3d, ak, sk, "PATCH", f"/{name}/k")
+    assert r.status_code == 405 and r.headers["Content-Type"] == "application/xml"
+    assert "<Code>MethodNotAllowed</Code>" in r.text and r.headers.get("x-amz-request-id")
+    # Header fields past the parser's limit.
+    r = requests.get(s3d.s3_url(f"/{name}"), headers={f"x-big-{i}": "v" * 4000 for i in range(40)})
+    assert r.status_code == 431 and "<Code>RequestHeaderSectionTooLarge</Code>" in r.text, r.text
+    # A buffered body over its route's limit (DeleteObjects takes 4 MiB), refused on its header.
+    req = AWSRequest(method="POST", url=s3d.s3_url(f"/{name}?delete"), data=b"",
+                     headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD",
+                              "Content-Length": str(8 << 20)})
+    SigV4Auth(Credentials(ak, sk), "s3", "us-east-1").add_auth(req)
+    s = socket.create_connection(("127.0.0.1", s3d.s3_port))
+    s.sendall((f"POST /{name}?delete HTTP/1.1\r\nHost: 127.0.0.1:{s3d.s3_port}\r\n" + "".join(
+        f"{k}: {v}\r\n" for k, v in req.headers.items()) + "\r\n").encode())
+    got = s.recv(65536).decode(errors="replace")
+    s.close()
+    assert got.startswith("HTTP/1.1 413") and "<Code>EntityTooLarge</Code>" in got, got[:500]

@@ -48,5 +48,14 @@ def test_js_sdk_defaults(s3d):
     assert out["head_small"] == {"crc32": out["put_small"]["crc32"], "length": len(small)}
     assert out["multipart"]["etag"].endswith('-3"')
     assert out["get_big"] == {"same": True}
+    # Full-object checksums of multipart uploads: the parts' CRCs combined by the server (the SDK
+    # itself validated the object's CRC on GET).
+    f64 = out["full_crc64nvme"]
+    assert f64["created"] == ["CRC64NVME", "FULL_OBJECT"] and f64["same"]
+    assert f64["type"] == "FULL_OBJECT" and f64["get_type"] == "FULL_OBJECT"
+    assert f64["complete"] and f64["complete"] == f64["get"] and "-" not in f64["complete"]
+    f32 = out["full_crc32"]
+    assert f32["created"] == ["CRC32", "FULL_OBJECT"] and f32["same"]
+    assert f32["complete"] == f32["crc32"] == f32["get"]
     assert out["list"] == ["big.bin", "dir/streamed.bin", "small.txt"]
     assert out["deleted"] == ["dir/streamed.bin", "small.txt"]

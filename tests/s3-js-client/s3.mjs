@@ -4,9 +4,11 @@
 // Prints one JSON object: what each step saw. Any SDK error fails the run (exit 1).
 import { Readable } from "node:stream";
 import { createHash, randomBytes } from "node:crypto";
+import { crc32 } from "node:zlib";
 import {
   S3Client, CreateBucketCommand, PutObjectCommand, GetObjectCommand, HeadObjectCommand,
-  ListObjectsV2Command, DeleteObjectsCommand, DeleteObjectCommand,
+  ListObjectsV2Command, DeleteObjectsCommand, DeleteObjectCommand, CreateMultipartUploadCommand,
+  UploadPartCommand, CompleteMultipartUploadCommand,
 } from "@aws-sdk/client-s3";
 import { Upload } from "@aws-sdk/lib-storage";
 
@@ -60,6 +62,35 @@ const done = await up.done();
 out.multipart = { etag: done.ETag };
 const gotBig = await s3.send(new GetObjectCommand({ Bucket: bucket, Key: "big.bin" }));
 out.get_big = { same: (await body(gotBig)).equals(big) };
+
+// Multipart uploads with full-object checksums: the parts' CRCs combined by the server. The SDK
+// checks the object's CRC on GET (checksum mode), so a wrong combination fails the run.
+async function fullObject(key, algo, type, sendWhole) {
+  const data = randomBytes(6 * 1024 * 1024 + 3);
+  const parts = [data.subarray(0, 5 * 1024 * 1024), data.subarray(5 * 1024 * 1024)];
+  const field = `Checksum${algo}`;
+  const mp = await s3.send(new CreateMultipartUploadCommand({ Bucket: bucket, Key: key,
+    ChecksumAlgorithm: algo, ...(type ? { ChecksumType: type } : {}) }));
+  const done = [];
+  for (const [i, body] of parts.entries()) {
+    const r = await s3.send(new UploadPartCommand({ Bucket: bucket, Key: key,
+      UploadId: mp.UploadId, PartNumber: i + 1, Body: body, ChecksumAlgorithm: algo }));
+    done.push({ PartNumber: i + 1, ETag: r.ETag, [field]: r[field] });
+  }
+  const whole = Buffer.alloc(4);
+  whole.writeUInt32BE(crc32(data));
+  const c = await s3.send(new CompleteMultipartUploadCommand({ Bucket: bucket, Key: key,
+    UploadId: mp.UploadId, MultipartUpload: { Parts: done },
+    ...(sendWhole ? { [field]: whole.toString("base64"), ChecksumType: "FULL_OBJECT" } : {}) }));
+  const g = await s3.send(new GetObjectCommand({ Bucket: bucket, Key: key, ChecksumMode: "ENABLED" }));
+  const same = (await body(g)).equals(data);
+  await s3.send(new DeleteObjectCommand({ Bucket: bucket, Key: key }));
+  return { created: [mp.ChecksumAlgorithm ?? null, mp.ChecksumType ?? null],
+    complete: c[field] ?? null, type: c.ChecksumType ?? null, get: g[field] ?? null,
+    get_type: g.ChecksumType ?? null, same, crc32: whole.toString("base64") };
+}
+out.full_crc64nvme = await fullObject("full64.bin", "CRC64NVME", null, false);
+out.full_crc32 = await fullObject("full32.bin", "CRC32", "FULL_OBJECT", true);
 
 const list = await s3.send(new ListObjectsV2Command({ Bucket: bucket }));
 out.list = (list.Contents ?? []).map((c) => c.Key);

@@ -145,6 +145,21 @@ std::optional<int> IntParam(const HttpRequest& req, const std::string& k, int lo
   return n < lo || n > hi ? std::nullopt : std::optional<int>(n);
 }
 
+// The bucket a virtual-hosted request names in its Host ("<bucket>.<domain>[:port]"), if any.
+std::optional<std::string> HostBucket(const HttpRequest& req, const std::string& domain) {
+  if (domain.empty()) return std::nullopt;
+  std::string host(Header(req, "Host"));
+  if (size_t colon = host.rfind(':');
+      colon != std::string::npos && host.find(']') == std::string::npos)
+    host.resize(colon);
+  std::transform(host.begin(), host.end(), host.begin(), ::tolower);
+  if (host.size() <= domain.size() + 1 ||
+      host.compare(host.size() - domain.size(), domain.size(), domain) != 0 ||
+      host[host.size() - domain.size() - 1] != '.')
+    return std::nullopt;
+  return host.substr(0, host.size() - domain.size() - 1);
+}
+
 // Signing keys per (key, day, region): four HMACs saved on every request.
 std::string CachedSigningKey(const S3Key& key, const s3::SigV4Auth& a) {
   thread_local std::unordered_map<std::string, std::string> cache;
@@ -177,6 +192,10 @@ Authenticator MakeSigV4Authenticator(S3Ctx* ctx) {
     std::string_view raw_query =
         target.find('?') == std::string_view::npos ? "" : target.substr(target.find('?') + 1);
     std::string method(req.msg.method_string());
+    // A virtual-hosted request was signed for the path it sent, without the bucket the router
+    // put in front of it.
+    std::string_view signed_path = req.path;
+    if (auto b = HostBucket(req, ctx->opts.domain)) signed_path.remove_prefix(1 + b->size());
     auto matches = [&](std::string_view path) {
       std::string sig = s3::SignatureOf(
           skey,
@@ -184,7 +203,8 @@ Authenticator MakeSigV4Authenticator(S3Ctx* ctx) {
       return ConstantTimeEquals(sig, auth->signature);
     };
     // Clients encode the path once from the key; some sign it exactly as they sent it.
-    if (!matches(req.path) && !(raw_path != req.path && matches(PercentDecode(raw_path, false))))
+    if (!matches(signed_path) &&
+        !(raw_path != signed_path && matches(PercentDecode(raw_path, false))))
       return refuse({403, "SignatureDoesNotMatch",
                      "the request signature we calculated does not match the signature you "
                      "provided; check your key and signing method"});
@@ -228,8 +248,9 @@ std::variant<BucketRef, S3Error> Access(S3Ctx& ctx, const HttpRequest& req, bool
   return AccessBucket(ctx, req, std::string(req.Param("bucket")), write);
 }
 
-// Checks a buffered body against the signed payload hash and Content-MD5.
-std::optional<S3Error> CheckBody(const HttpRequest& req) {
+// Checks a buffered body against the signed payload hash, Content-MD5 and, unless they describe
+// something else (CompleteMultipartUpload's name the object), the x-amz-checksum-* headers.
+std::optional<S3Error> CheckBody(const HttpRequest& req, bool checksum_headers = true) {
   const auto& a = GrantOf(req).auth;
   const std::string& body = req.msg.body();
   if (a.payload_hash.size() == 64 && a.payload_hash != s3::kUnsignedPayload &&
@@ -246,8 +267,9 @@ std::optional<S3Error> CheckBody(const HttpRequest& req) {
       return S3Error{400, "BadDigest",
                      "the Content-MD5 you specified did not match what we received"};
   }
-  // Current SDKs send a checksum header instead of Content-MD5 (DeleteObjects, Complete).
+  // Current SDKs send a checksum header instead of Content-MD5 (DeleteObjects).
   for (auto a : kAllChecksums) {
+    if (!checksum_headers) break;
     auto v = Header(req, ChecksumHeader(a));
     if (v.empty()) continue;
     Checksummer c(a);
@@ -607,6 +629,13 @@ struct PutBody {
   bool checksum_trailer = false;
 };
 
+// How checksums are keyed in ObjectMeta: "crc32", "sha256", ...
+std::string LowerName(ChecksumAlgo a) {
+  std::string n(ChecksumName(a));
+  std::transform(n.begin(), n.end(), n.begin(), ::tolower);
+  return n;
+}
+
 std::optional<uint64_t> ParseCount(std::string_view v) {
   if (v.empty() || v.size() > 19 || !std::all_of(v.begin(), v.end(), ::isdigit))
     return std::nullopt;
@@ -764,9 +793,7 @@ class PutSink : public BodySink {
         return Refuse({400, "BadDigest",
                        fmt::format("the {} you specified did not match the calculated checksum",
                                    ChecksumName(*b_.checksum))});
-      std::string name(ChecksumName(*b_.checksum));
-      std::transform(name.begin(), name.end(), name.begin(), ::tolower);
-      meta_.checksums[name] = checksum;
+      meta_.checksums[LowerName(*b_.checksum)] = checksum;
     }
     if (if_none_match_) {
       auto o = ctx_->objects.Open(*ref_.volume, ref_.vfid, key_);
@@ -866,13 +893,20 @@ std::variant<CopySource, S3Error> OpenCopySource(S3Ctx& ctx, const HttpRequest& 
   return src;
 }
 
+// "<Checksum{ALGO}>value</...>", as S3's XML results carry checksums.
+void AddChecksum(pugi::xml_node n, ChecksumAlgo a, const std::string& value) {
+  n.append_child(fmt::format("Checksum{}", ChecksumName(a)).c_str()).text().set(value.c_str());
+}
+
 HttpResponse CopyResult(const char* root_name, const std::string& etag,
-                        std::chrono::system_clock::time_point modified) {
+                        std::chrono::system_clock::time_point modified,
+                        std::optional<std::pair<ChecksumAlgo, std::string>> checksum = {}) {
   pugi::xml_document doc;
   auto root = doc.append_child(root_name);
   root.append_attribute("xmlns") = kXmlns;
   root.append_child("LastModified").text().set(IsoTime(modified).c_str());
   root.append_child("ETag").text().set(etag.c_str());
+  if (checksum) AddChecksum(root, checksum->first, checksum->second);
   return Xml(200, doc);
 }
 
@@ -983,6 +1017,8 @@ HttpResponse UploadPartCopy(S3Ctx& ctx, const HttpRequest& req, const BucketRef&
     return ErrorXml({400, "EntityTooLarge", "a part is at most 5 GiB"}, req.path);
   auto w = ctx.objects.BeginPart(*ref.volume, ref.vfid, u, part, length, false);
   if (!w.ok()) return ErrorXml(FromStatus(w.status()), req.path);
+  std::optional<Checksummer> sum;
+  if (auto algo = ChecksumAlgoFromName(u.checksum_algo)) sum.emplace(*algo);
   std::vector<char> buf(std::min<uint64_t>(length, 1 << 20) + 1);
   for (uint64_t at = first, left = length; left > 0;) {
     auto got = src.object.file->ReadAt(at, buf.data(), std::min<uint64_t>(left, buf.size()));
@@ -992,13 +1028,23 @@ HttpResponse UploadPartCopy(S3Ctx& ctx, const HttpRequest& req, const BucketRef&
                       req.path);
     Status st = (*w)->Write(buf.data(), *got);
     if (!st.ok()) return ErrorXml(FromStatus(st), req.path);
+    if (sum) sum->Update(buf.data(), *got);
     at += *got;
     left -= *got;
   }
-  Status st = (*w)->Publish(ObjectMeta(), ctx.opts.durable);
+  ObjectMeta meta;
+  std::string checksum;
+  if (sum) {
+    checksum = Base64Encode(sum->Final());
+    meta.checksums[LowerName(sum->algo())] = checksum;
+  }
+  Status st = (*w)->Publish(std::move(meta), ctx.opts.durable);
   if (!st.ok()) return ErrorXml(FromStatus(st), req.path);
-  return CopyResult("CopyPartResult", "\"" + HexEncode((*w)->md5_raw()) + "\"",
-                    std::chrono::system_clock::now());
+  HttpResponse r = CopyResult(
+      "CopyPartResult", "\"" + HexEncode((*w)->md5_raw()) + "\"", std::chrono::system_clock::now(),
+      sum ? std::optional<std::pair<ChecksumAlgo, std::string>>({sum->algo(), checksum})
+          : std::nullopt);
+  return r;
 }
 
 StreamStart UploadPart(S3Ctx& ctx, const HttpRequest& req) {
@@ -1016,6 +1062,15 @@ StreamStart UploadPart(S3Ctx& ctx, const HttpRequest& req) {
   auto body = BodyOf(ctx, req);
   if (auto* e = std::get_if<S3Error>(&body)) return fail(*e);
   auto& b = std::get<PutBody>(body);
+  const MultipartUpload& upload = std::get<MultipartUpload>(uv);
+  if (auto algo = ChecksumAlgoFromName(upload.checksum_algo)) {
+    if (b.checksum && *b.checksum != *algo)
+      return fail({400, "InvalidRequest",
+                   fmt::format("the upload was created using a {} checksum; this part carries a "
+                               "{} checksum",
+                               upload.checksum_algo, ChecksumName(*b.checksum))});
+    b.checksum = algo;  // computed when the client sent none
+  }
   auto w = ctx.objects.BeginPart(*ref.volume, ref.vfid, std::get<MultipartUpload>(uv), *part,
                                  b.length, b.payload.size() == 64);
   if (!w.ok()) return fail(FromStatus(w.status()));
@@ -1217,8 +1272,34 @@ HttpResponse CreateMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
                     req.path);
   auto meta = MetaFromHeaders(req);
   if (auto* e = std::get_if<S3Error>(&meta)) return ErrorXml(*e, req.path);
+  // The object's checksum: an algorithm, and whether the parts' checksums are combined into a
+  // full-object CRC or checksummed together (COMPOSITE). AWS's defaults: CRC64NVME full-object,
+  // the others composite; SHA checksums cannot be full-object, CRC64NVME cannot be composite.
+  std::string algo, type(Header(req, "x-amz-checksum-type"));
+  if (auto a = Header(req, "x-amz-checksum-algorithm"); !a.empty()) {
+    auto known = ChecksumAlgoFromName(a);
+    if (!known)
+      return ErrorXml(
+          {400, "InvalidRequest", fmt::format("checksum algorithm {} is not supported", a)},
+          req.path);
+    algo = ChecksumName(*known);
+    if (type.empty()) type = *known == ChecksumAlgo::kCrc64Nvme ? "FULL_OBJECT" : "COMPOSITE";
+    if (type != "FULL_OBJECT" && type != "COMPOSITE")
+      return ErrorXml({400, "InvalidRequest", "x-amz-checksum-type is COMPOSITE or FULL_OBJECT"},
+                      req.path);
+    if ((type == "FULL_OBJECT" && !IsCrc(*known)) ||
+        (type == "COMPOSITE" && *known == ChecksumAlgo::kCrc64Nvme))
+      return ErrorXml({400, "InvalidRequest",
+                       fmt::format("the {} checksum type cannot be used with the {} checksum "
+                                   "algorithm",
+                                   type, algo)},
+                      req.path);
+  } else if (!type.empty()) {
+    return ErrorXml({400, "InvalidRequest", "x-amz-checksum-type needs x-amz-checksum-algorithm"},
+                    req.path);
+  }
   auto u = ctx.objects.CreateMultipart(*ref.volume, ref.vfid, key,
-                                       std::move(std::get<ObjectMeta>(meta)));
+                                       std::move(std::get<ObjectMeta>(meta)), algo, type);
   if (!u.ok()) return ErrorXml(FromStatus(u.status()), req.path);
   pugi::xml_document doc;
   auto root = doc.append_child("InitiateMultipartUploadResult");
@@ -1226,12 +1307,17 @@ HttpResponse CreateMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
   root.append_child("Bucket").text().set(ref.bucket.name.c_str());
   root.append_child("Key").text().set(key.c_str());
   root.append_child("UploadId").text().set(u->id.c_str());
-  return Xml(200, doc);
+  HttpResponse r = Xml(200, doc);
+  if (!algo.empty()) {
+    r.headers.emplace_back("x-amz-checksum-algorithm", algo);
+    r.headers.emplace_back("x-amz-checksum-type", type);
+  }
+  return r;
 }
 
 HttpResponse CompleteMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
   S3_ACCESS(ref, ctx, req, true);
-  if (auto e = CheckBody(req)) return ErrorXml(*e, req.path);
+  if (auto e = CheckBody(req, false)) return ErrorXml(*e, req.path);
   const S3Error malformed{400, "MalformedXML",
                           "the XML you provided was not well-formed or did not validate against "
                           "our published schema"};
@@ -1242,7 +1328,8 @@ HttpResponse CompleteMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
   if (!root) return ErrorXml(malformed, req.path);
   struct Asked {
     int number;
-    std::string md5;  // raw
+    std::string md5;                               // raw
+    std::map<std::string, std::string> checksums;  // as the client lists them
   };
   std::vector<Asked> asked;
   for (auto p : root.children("Part")) {
@@ -1253,10 +1340,14 @@ HttpResponse CompleteMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
     if (num.empty() || num.size() > 5 || !std::all_of(num.begin(), num.end(), ::isdigit))
       return ErrorXml(malformed, req.path);
     auto raw = HexDecode(etag);
-    asked.push_back({std::atoi(num.c_str()), raw.ok() && raw->size() == 16 ? *raw : ""});
+    Asked a{std::atoi(num.c_str()), raw.ok() && raw->size() == 16 ? *raw : "", {}};
+    for (auto algo : kAllChecksums)
+      if (auto c = p.child(fmt::format("Checksum{}", ChecksumName(algo)).c_str()))
+        a.checksums[LowerName(algo)] = c.child_value();
+    asked.push_back(std::move(a));
   }
   if (asked.empty()) return ErrorXml(malformed, req.path);
-  auto result = [&](const std::string& etag) {
+  auto result = [&](const std::string& etag, const std::map<std::string, std::string>& sums) {
     pugi::xml_document doc;
     auto r = doc.append_child("CompleteMultipartUploadResult");
     r.append_attribute("xmlns") = kXmlns;
@@ -1266,6 +1357,12 @@ HttpResponse CompleteMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
     r.append_child("Bucket").text().set(ref.bucket.name.c_str());
     r.append_child("Key").text().set(KeyOf(req).c_str());
     r.append_child("ETag").text().set(("\"" + etag + "\"").c_str());
+    for (const auto& [name, value] : sums) {
+      if (auto a = ChecksumAlgoFromName(name)) AddChecksum(r, *a, value);
+      r.append_child("ChecksumType")
+          .text()
+          .set(value.find('-') == std::string::npos ? "FULL_OBJECT" : "COMPOSITE");
+    }
     return Xml(200, doc);
   };
   auto uv = UploadOf(ctx, ref, req);
@@ -1277,7 +1374,7 @@ HttpResponse CompleteMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
     std::string want = MultipartETag(md5s);
     auto o = ctx.objects.Open(*ref.volume, ref.vfid, KeyOf(req));
     if (e->code == "NoSuchUpload" && o.ok() && o->meta && o->meta->etag == want)
-      return result(want);
+      return result(want, o->meta->checksums);
     return ErrorXml(*e, req.path);
   }
   const MultipartUpload& u = std::get<MultipartUpload>(uv);
@@ -1298,6 +1395,15 @@ HttpResponse CompleteMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
                        fmt::format("part {} could not be found, or its entity tag does not match",
                                    asked[i].number)},
                       req.path);
+    for (const auto& [name, value] : asked[i].checksums) {
+      auto have = it->second->checksums.find(name);
+      if (have == it->second->checksums.end() || have->second != value)
+        return ErrorXml({400, "InvalidPart",
+                         fmt::format("part {}'s {} checksum does not match the one it was "
+                                     "uploaded with",
+                                     asked[i].number, name)},
+                        req.path);
+    }
     use.push_back(*it->second);
   }
   for (size_t i = 0; i + 1 < use.size(); ++i)
@@ -1307,9 +1413,25 @@ HttpResponse CompleteMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
                                    "least 5 MiB",
                                    use[i].number, use[i].size)},
                       req.path);
-  auto etag = ctx.objects.CompleteMultipart(*ref.volume, ref.vfid, u, use, ctx.opts.durable);
+  // The object's checksum from the parts' (never from the data again), checked against the
+  // one the client computed, when it sent one.
+  std::map<std::string, std::string> sums;
+  if (auto algo = ChecksumAlgoFromName(u.checksum_algo)) {
+    auto sum = MultipartChecksum(u, use);
+    if (!sum.ok()) return ErrorXml({400, "InvalidRequest", sum.status().message()}, req.path);
+    if (auto want = Header(req, ChecksumHeader(*algo)); !want.empty()) {
+      std::string_view mine = *sum;
+      if (want != mine && want != mine.substr(0, mine.rfind('-')))
+        return ErrorXml({400, "BadDigest",
+                         fmt::format("the {} you specified did not match the calculated checksum",
+                                     u.checksum_algo)},
+                        req.path);
+    }
+    sums[LowerName(*algo)] = *sum;
+  }
+  auto etag = ctx.objects.CompleteMultipart(*ref.volume, ref.vfid, u, use, sums, ctx.opts.durable);
   if (!etag.ok()) return ErrorXml(FromStatus(etag.status()), req.path);
-  return result(*etag);
+  return result(*etag, sums);
 }
 
 HttpResponse AbortMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
@@ -1350,6 +1472,11 @@ HttpResponse ListParts(S3Ctx& ctx, const HttpRequest& req) {
   root.append_child("Key").text().set(u.key.c_str());
   root.append_child("UploadId").text().set(u.id.c_str());
   AddInitiator(ctx, root, ref.bucket.owner);
+  auto algo = ChecksumAlgoFromName(u.checksum_algo);
+  if (algo) {
+    root.append_child("ChecksumAlgorithm").text().set(u.checksum_algo.c_str());
+    root.append_child("ChecksumType").text().set(u.checksum_type.c_str());
+  }
   root.append_child("PartNumberMarker").text().set(marker);
   int shown = 0, last = marker;
   bool truncated = false;
@@ -1364,6 +1491,8 @@ HttpResponse ListParts(S3Ctx& ctx, const HttpRequest& req) {
     n.append_child("LastModified").text().set(IsoTime(p.modified).c_str());
     n.append_child("ETag").text().set(("\"" + HexEncode(p.md5) + "\"").c_str());
     n.append_child("Size").text().set(std::to_string(p.size).c_str());
+    for (const auto& [name, value] : p.checksums)
+      if (auto a = ChecksumAlgoFromName(name)) AddChecksum(n, *a, value);
     last = p.number;
     ++shown;
   }
@@ -1411,6 +1540,10 @@ HttpResponse ListMultipartUploads(S3Ctx& ctx, const HttpRequest& req) {
     n.append_child("UploadId").text().set(u.id.c_str());
     AddInitiator(ctx, n, ref.bucket.owner);
     n.append_child("Initiated").text().set(IsoTime(u.initiated).c_str());
+    if (!u.checksum_algo.empty()) {
+      n.append_child("ChecksumAlgorithm").text().set(u.checksum_algo.c_str());
+      n.append_child("ChecksumType").text().set(u.checksum_type.c_str());
+    }
     last = &u;
     ++shown;
   }
@@ -1437,6 +1570,16 @@ std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, Th
   auto router = std::make_shared<Router>("s3", io_pool);
   // Lives as long as the router's routes.
   auto* ctx = new S3Ctx{service, store, ObjectStore(&service->reservations()), std::move(options)};
+  // Errors the HTTP layer makes (unparsable requests, limits, no route) are S3 XML too.
+  router->SetErrorFormatter([](const Status& st, unsigned status, std::string_view resource) {
+    unsigned http = status ? status : static_cast<unsigned>(CodeHttpStatus(st.code()));
+    std::string code = http == 405 ? "MethodNotAllowed" : std::string(CodeS3Error(st.code()));
+    return ErrorXml({http, code, st.message()}, resource);
+  });
+  if (!ctx->opts.domain.empty())
+    router->SetRewrite([ctx](HttpRequest& req) {
+      if (auto b = HostBucket(req, ctx->opts.domain)) req.path = "/" + *b + req.path;
+    });
   auto g = router->Group(MakeSigV4Authenticator(ctx));
   using V = http::verb;
   g.Add(V::get, "/", MakeRoute(ctx, ListBuckets));

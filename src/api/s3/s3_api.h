@@ -18,6 +18,7 @@ namespace sluice::api {
 struct S3Options {
   std::string region = "us-east-1";
   bool durable = true;  // fsync objects before answering a write
+  std::string domain;   // virtual-hosted buckets: "<bucket>.<domain>" in Host; "" for none
 };
 
 std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, ThreadPool* io_pool,

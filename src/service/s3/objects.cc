@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/range.h"
+#include "common/checksum.h"
 #include "common/path.h"
 #include "common/secrets.h"
 #include "service/upload.h"
@@ -438,6 +439,8 @@ std::optional<MultipartUpload> DecodeUpload(std::string_view blob, std::string i
     }
   }
   u.initiated = rec.modified;
+  u.checksum_algo = j.value("ca", std::string());
+  u.checksum_type = j.value("ct", std::string());
   return u;
 }
 
@@ -449,16 +452,52 @@ std::string MultipartETag(const std::vector<std::string>& raw_md5s) {
   return fmt::format("{}-{}", HexEncode(d.Final()), raw_md5s.size());
 }
 
+Result<std::string> MultipartChecksum(const MultipartUpload& u,
+                                      const std::vector<UploadedPart>& parts) {
+  auto algo = ChecksumAlgoFromName(u.checksum_algo);
+  if (!algo) return Status(Code::kInvalidArgument, "the upload names no checksum algorithm");
+  std::string name(u.checksum_algo);
+  std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+  const bool full = u.checksum_type == "FULL_OBJECT";
+  if (full && !IsCrc(*algo))
+    return Status(Code::kInvalidArgument, "FULL_OBJECT checksums are CRCs only");
+  Checksummer composite(*algo);
+  uint64_t crc = 0;
+  for (const auto& p : parts) {
+    auto it = p.checksums.find(name);
+    auto raw = it == p.checksums.end() ? Result<std::string>(Status(Code::kNotFound, ""))
+                                       : Base64Decode(it->second);
+    if (!raw.ok() || raw->size() != ChecksumSize(*algo))
+      return Status(Code::kInvalidArgument,
+                    fmt::format("part {} has no {} checksum; the upload was created with one",
+                                p.number, u.checksum_algo));
+    if (full)
+      crc = CrcCombine(*algo, crc, CrcFromBytes(*raw), p.size);
+    else
+      composite.Update(raw->data(), raw->size());
+  }
+  if (full) return Base64Encode(CrcBytes(*algo, crc));
+  return fmt::format("{}-{}", Base64Encode(composite.Final()), parts.size());
+}
+
 Result<MultipartUpload> ObjectStore::CreateMultipart(Volume& v, const VFolderId& vfid,
-                                                     std::string_view key, ObjectMeta meta) {
+                                                     std::string_view key, ObjectMeta meta,
+                                                     std::string checksum_algo,
+                                                     std::string checksum_type) {
   SLUICE_RETURN_IF_ERROR(KeyParts(key).status());
   MultipartUpload u;
   u.id = RandomHexString(16);
   u.key = std::string(key);
   u.meta = std::move(meta);
+  u.checksum_algo = std::move(checksum_algo);
+  u.checksum_type = std::move(checksum_type);
   SLUICE_ASSIGN_OR_RETURN(
       auto w, BeginWrite(v, vfid, {kStagingDirName, UploadDir(u.id), kUploadRecord}, 0, false));
   nlohmann::json j = {{"k", u.key}, {"m", u.meta.Encode()}};
+  if (!u.checksum_algo.empty()) {
+    j["ca"] = u.checksum_algo;
+    j["ct"] = u.checksum_type;
+  }
   SLUICE_RETURN_IF_ERROR(w->PublishWith([&](const DirEntry&) { return j.dump(); }, true));
   u.initiated = std::chrono::system_clock::now();
   return u;
@@ -500,7 +539,7 @@ Result<std::vector<UploadedPart>> ObjectStore::ListParts(Volume& v, const VFolde
     if (!meta) continue;  // being replaced, or not written by Sluice
     auto raw = HexDecode(meta->etag);
     if (!raw.ok()) continue;
-    out.push_back({num, e->size, std::move(raw).value(), e->modified});
+    out.push_back({num, e->size, std::move(raw).value(), e->modified, std::move(meta->checksums)});
   }
   std::sort(out.begin(), out.end(),
             [](const UploadedPart& a, const UploadedPart& b) { return a.number < b.number; });
@@ -510,6 +549,7 @@ Result<std::vector<UploadedPart>> ObjectStore::ListParts(Volume& v, const VFolde
 Result<std::string> ObjectStore::CompleteMultipart(Volume& v, const VFolderId& vfid,
                                                    const MultipartUpload& u,
                                                    const std::vector<UploadedPart>& parts,
+                                                   std::map<std::string, std::string> checksums,
                                                    bool durable) {
   SLUICE_ASSIGN_OR_RETURN(auto key_parts, KeyParts(u.key));
   SLUICE_ASSIGN_OR_RETURN(auto w, BeginWrite(v, vfid, std::move(key_parts), 0, false));
@@ -523,6 +563,7 @@ Result<std::string> ObjectStore::CompleteMultipart(Volume& v, const VFolderId& v
   }
   ObjectMeta meta = u.meta;
   meta.etag = MultipartETag(md5s);
+  meta.checksums = std::move(checksums);
   SLUICE_RETURN_IF_ERROR(w->Publish(meta, durable));
   Status gone = v.DeleteFiles(vfid, {UploadRel(u.id)}, true);
   if (!gone.ok() && !IsObjectNotFound(gone))

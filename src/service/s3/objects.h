@@ -134,6 +134,10 @@ struct MultipartUpload {
   std::string key;
   ObjectMeta meta;  // what the object will carry
   std::chrono::system_clock::time_point initiated;
+  // The object's checksum, when CreateMultipartUpload asked for one: the algorithm ("CRC32",
+  // ...; "" for none) and how the parts' checksums make it ("COMPOSITE" or "FULL_OBJECT").
+  std::string checksum_algo;
+  std::string checksum_type;
 };
 
 struct UploadedPart {
@@ -141,6 +145,7 @@ struct UploadedPart {
   uint64_t size = 0;
   std::string md5;  // raw
   std::chrono::system_clock::time_point modified;
+  std::map<std::string, std::string> checksums;  // as ObjectMeta::checksums
 };
 
 inline constexpr int kMaxPartNumber = 10000;
@@ -151,7 +156,8 @@ class ObjectStore {
 
   // --- multipart uploads ---
   Result<MultipartUpload> CreateMultipart(Volume& v, const VFolderId& vfid, std::string_view key,
-                                          ObjectMeta meta);
+                                          ObjectMeta meta, std::string checksum_algo = "",
+                                          std::string checksum_type = "");
   // kNotFound (NoSuchUpload) when there is no such upload (never begun, completed or aborted).
   Result<MultipartUpload> GetMultipart(Volume& v, const VFolderId& vfid, std::string_view id);
   Result<std::unique_ptr<ObjectWriter>> BeginPart(Volume& v, const VFolderId& vfid,
@@ -163,8 +169,10 @@ class ObjectStore {
   // Assembles `parts` (checked by the caller: ascending, present, sized) into the object, without
   // the bytes passing through user space where the volume allows, publishes it with the
   // multipart ETag ("<md5 of the part MD5s>-<count>") and removes the upload. Returns the ETag.
+  // `checksums` (the object's, from MultipartChecksum) replace those of the upload's metadata.
   Result<std::string> CompleteMultipart(Volume& v, const VFolderId& vfid, const MultipartUpload& u,
-                                        const std::vector<UploadedPart>& parts, bool durable);
+                                        const std::vector<UploadedPart>& parts,
+                                        std::map<std::string, std::string> checksums, bool durable);
   Status AbortMultipart(Volume& v, const VFolderId& vfid, const MultipartUpload& u);
   // Every upload in progress in the vfolder, by key then initiation.
   Result<std::vector<MultipartUpload>> ListMultipart(Volume& v, const VFolderId& vfid);
@@ -200,5 +208,12 @@ class ObjectStore {
 
 // The multipart ETag of `parts` (hex MD5 of their raw MD5s, "-", their count), unquoted.
 std::string MultipartETag(const std::vector<std::string>& raw_md5s);
+
+// The object checksum (base64) of an upload made of `parts`, each of which must carry a checksum
+// of the upload's algorithm: COMPOSITE is the checksum of the parts' raw checksums followed by
+// "-<count>"; FULL_OBJECT (CRCs only) combines the parts' CRCs as if the data were read once.
+// kInvalidArgument names a part without one.
+Result<std::string> MultipartChecksum(const MultipartUpload& u,
+                                      const std::vector<UploadedPart>& parts);
 
 }  // namespace sluice

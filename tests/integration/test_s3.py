@@ -1075,3 +1075,62 @@ def test_http_layer_errors_are_s3_xml(s3d, s3, user):
     got = s.recv(65536).decode(errors="replace")
     s.close()
     assert got.startswith("HTTP/1.1 413") and "<Code>EntityTooLarge</Code>" in got, got[:500]
+
+
+# ----------------------------------------------------------------------------------- split listing
+
+
+def test_split_listing_in_parallel(s3d, s3, user):
+    """?list-split answers N key ranges; N workers list theirs (start-after, end-key) at once and
+    together see every key exactly once, in order."""
+    import concurrent.futures
+    import xml.etree.ElementTree as ET
+
+    ns = {"s3": "http://s3.amazonaws.com/doc/2006-03-01/"}
+    name = new_bucket(s3)
+    root = bucket_dir(s3d, name)
+    for c in range(8):  # written on the volume: objects are files
+        (root / "train" / f"class{c}").mkdir(parents=True)
+        for i in range(50):
+            (root / "train" / f"class{c}" / f"img{i:03d}.jpg").write_bytes(b"j")
+    (root / "train" / "class1-extra.txt").write_bytes(b"t")
+    (root / "val.txt").write_bytes(b"v")
+    ak, sk = s3d.s3_key(user)
+    r = signed(s3d, ak, sk, "GET", f"/{name}?list-split&parts=4&prefix=train%2F")
+    assert r.status_code == 200, r.text
+    doc = ET.fromstring(r.content)
+    assert doc.find("s3:EstimatedKeyCount", ns).text == "401"
+    assert doc.find("s3:Exact", ns).text == "true"
+    ranges = [(x.findtext("s3:StartAfter", None, ns), x.findtext("s3:EndKey", None, ns))
+              for x in doc.findall("s3:Range", ns)]
+    assert len(ranges) == 4 and ranges[0][0] is None and ranges[-1][1] is None
+
+    def list_range(rng):
+        start, end = rng
+        keys, token = [], None
+        while True:
+            q = "list-type=2&prefix=train%2F&max-keys=37"
+            if start is not None:
+                q += "&start-after=" + requests.utils.quote(start, safe="")
+            if end is not None:
+                q += "&end-key=" + requests.utils.quote(end, safe="")
+            if token:
+                q += "&continuation-token=" + requests.utils.quote(token, safe="")
+            resp = signed(s3d, ak, sk, "GET", f"/{name}?{q}")
+            assert resp.status_code == 200, resp.text
+            page = ET.fromstring(resp.content)
+            keys += [c.findtext("s3:Key", None, ns) for c in page.findall("s3:Contents", ns)]
+            token = page.findtext("s3:NextContinuationToken", None, ns)
+            if page.findtext("s3:IsTruncated", None, ns) != "true":
+                return keys
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        parts = list(pool.map(list_range, ranges))
+    everything = [o["Key"] for p in s3.get_paginator("list_objects_v2").paginate(
+        Bucket=name, Prefix="train/") for o in p.get("Contents", [])]
+    assert len(everything) == 401
+    assert sum(parts, []) == everything
+    assert all(abs(len(p) - 100) <= 2 for p in parts), [len(p) for p in parts]
+    for bad in ("&parts=0", "&parts=x", "&parts=10001", ""):
+        r = signed(s3d, ak, sk, "GET", f"/{name}?list-split{bad}")
+        assert r.status_code == 400 and "InvalidArgument" in r.text, (bad, r.text)

@@ -513,6 +513,9 @@ HttpResponse ListObjectsAny(S3Ctx& ctx, const HttpRequest& req, bool versions) {
     marker = QueryParam(req, versions ? "key-marker" : "marker");
     if (marker) q.after = *marker;
   }
+  // Sluice's bounded listing: nothing after end-key (inclusive), so that workers given the
+  // ranges of ?list-split stop at the end of theirs.
+  if (auto end = QueryParam(req, "end-key")) q.end = *end;
   auto page = ListObjects(*ref.volume, ref.vfid, q);
   if (!page.ok()) return ErrorXml(FromStatus(page.status(), "NoSuchBucket"), req.path);
 
@@ -545,6 +548,7 @@ HttpResponse ListObjectsAny(S3Ctx& ctx, const HttpRequest& req, bool versions) {
     } else if (!q.delimiter.empty())
       add(root, "NextMarker", Enc(last, url));
   }
+  if (q.end) add(root, "EndKey", Enc(*q.end, url));
   if (url) add(root, "EncodingType", "url");
   const bool owner = !v2 || QueryParam(req, "fetch-owner").value_or("") == "true";
   std::string display = owner ? DisplayNameOf(ctx, ref.bucket.owner) : "";
@@ -565,6 +569,44 @@ HttpResponse ListObjectsAny(S3Ctx& ctx, const HttpRequest& req, bool versions) {
   for (const auto& it : page->items) {
     if (!it.is_prefix) continue;
     add(root.append_child("CommonPrefixes"), "Prefix", Enc(it.object.key, url));
+  }
+  return Xml(200, doc);
+}
+
+// Sluice's split listing (GET /bucket?list-split&parts=N[&prefix=P]): N key ranges holding
+// about the same number of keys, for N workers to list in parallel with start-after and end-key.
+HttpResponse ListSplit(S3Ctx& ctx, const HttpRequest& req) {
+  S3_ACCESS(ref, ctx, req, false);
+  SplitQuery q;
+  q.prefix = QueryParam(req, "prefix").value_or("");
+  auto parts = IntParam(req, "parts", 1, 10000);
+  if (!parts)
+    return ErrorXml({400, "InvalidArgument", "parts must be an integer from 1 to 10000"}, req.path);
+  q.parts = static_cast<size_t>(*parts);
+  auto enc_type = QueryParam(req, "encoding-type");
+  if (enc_type && *enc_type != "url")
+    return ErrorXml({400, "InvalidArgument", "Invalid Encoding Method specified in Request"},
+                    req.path);
+  const bool url = enc_type.has_value();
+  auto split = SplitKeys(*ref.volume, ref.vfid, q);
+  if (!split.ok()) return ErrorXml(FromStatus(split.status(), "NoSuchBucket"), req.path);
+  pugi::xml_document doc;
+  auto root = doc.append_child("ListSplitResult");
+  root.append_attribute("xmlns") = kXmlns;
+  auto add = [](pugi::xml_node n, const char* name, const std::string& v) {
+    n.append_child(name).text().set(v.c_str());
+  };
+  add(root, "Name", ref.bucket.name);
+  add(root, "Prefix", Enc(q.prefix, url));
+  add(root, "Parts", std::to_string(q.parts));
+  add(root, "EstimatedKeyCount", std::to_string(split->estimated));
+  add(root, "Exact", split->exact ? "true" : "false");
+  if (url) add(root, "EncodingType", "url");
+  for (const auto& r : split->ranges) {
+    auto n = root.append_child("Range");
+    if (r.start_after) add(n, "StartAfter", Enc(*r.start_after, url));
+    if (r.end_key) add(n, "EndKey", Enc(*r.end_key, url));
+    add(n, "EstimatedKeyCount", std::to_string(r.estimated));
   }
   return Xml(200, doc);
 }
@@ -1608,6 +1650,7 @@ std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, Th
   add(V::get, "versions", versions, GetObject);
   add(V::post, "delete", DeleteObjects, nullptr, 4 << 20);
   add(V::get, "uploads", ListMultipartUploads, GetObject);
+  add(V::get, "list-split", ListSplit, GetObject);
   // Multipart (keys only).
   g.Add(V::post, "/{bucket}/{key+}", MakeRoute(ctx, CreateMultipartUpload, "uploads", 64 << 10));
   g.Add(V::post, "/{bucket}/{key+}", MakeRoute(ctx, CompleteMultipartUpload, "uploadId", 4 << 20));

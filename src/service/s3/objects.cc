@@ -1,6 +1,7 @@
 #include "service/s3/objects.h"
 
 #include <algorithm>
+#include <deque>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -156,7 +157,7 @@ class Lister {
   bool AddPrefixOf(const std::string& key) {
     std::string cp = RollUp(key);
     if (cp.empty()) return false;
-    if (cp != last_prefix_ && cp > q_.after) {
+    if (cp != last_prefix_ && cp > q_.after && (!q_.end || cp <= *q_.end)) {
       ListPage::Item it;
       it.is_prefix = true;
       it.object.key = cp;
@@ -202,13 +203,15 @@ class Lister {
       if (root && n->name == kStagingDirName) continue;
       bool d = n->type == EntryType::kDirectory;
       std::string key = base + n->name + (d ? "/" : "");
-      // Only what can be in this page: under the prefix (or above it), not before `after`.
+      // Only what can be in this page: under the prefix (or above it), not before `after`, not
+      // past `end` (every key below "d/" sorts after it).
       if (d) {
         if (!StartsWith(key, q_.prefix) && !StartsWith(q_.prefix, key)) continue;
         if (key <= q_.after && !StartsWith(q_.after, key)) continue;
       } else {
         if (!StartsWith(key, q_.prefix) || key <= q_.after) continue;
       }
+      if (q_.end && key > *q_.end) continue;
       ents.push_back({n->name + (d ? "/" : ""), std::move(n->name), d});
     }
     std::sort(ents.begin(), ents.end(), [](const Ent& a, const Ent& b) { return a.sort < b.sort; });
@@ -284,6 +287,145 @@ class Lister {
 
 Result<ListPage> ListObjects(Volume& v, const VFolderId& vfid, const ListQuery& q) {
   return Lister(v, vfid, q).Run();
+}
+
+// ------------------------------------------------------------------------------ split listing
+
+namespace {
+
+// A run of keys in key order: one key (a file, an empty directory's marker), or everything
+// below a directory not read ("d/", its count estimated).
+struct KeyUnit {
+  std::string key;
+  uint64_t count = 1;
+  bool subtree = false;
+};
+
+// The least string after every key that starts with `dir` ("a/b/" -> "a/b0"): the end of a range
+// that closes after a whole directory.
+std::string AfterSubtree(const std::string& dir) {
+  std::string s = dir;
+  s.back() = static_cast<char>('/' + 1);
+  return s;
+}
+
+}  // namespace
+
+Result<SplitResult> SplitKeys(Volume& v, const VFolderId& vfid, const SplitQuery& q) {
+  SplitResult out;
+  size_t slash = q.prefix.rfind('/');
+  std::string base = slash == std::string::npos ? "" : q.prefix.substr(0, slash + 1);
+  if (!base.empty() && !KeyParts(base).ok()) {
+    out.ranges.push_back({});
+    return out;
+  }
+  // Breadth first from the prefix's directory, reading names only, until the budget is spent.
+  // Directories wait by key (reopened beneath the vfolder when their turn comes), so the queue
+  // holds no descriptors.
+  std::deque<std::string> queue{base};
+  std::vector<KeyUnit> units;
+  std::vector<std::string> unread;  // directories left for the estimate
+  size_t read = 0;
+  // What the directories read at each depth held, for the estimate of those not read.
+  struct Level {
+    uint64_t dirs = 0, keys = 0, subdirs = 0;
+  };
+  std::vector<Level> levels;
+  auto depth = [](const std::string& key) {
+    return static_cast<size_t>(std::count(key.begin(), key.end(), '/'));
+  };
+  while (!queue.empty()) {
+    std::string key = std::move(queue.front());
+    queue.pop_front();
+    if (read >= q.budget && !levels.empty()) {  // the prefix's own directory is always read
+      unread.push_back(std::move(key));
+      continue;
+    }
+    auto dir = v.OpenDir(vfid, key.empty() ? "" : key.substr(0, key.size() - 1));
+    if (!dir.ok()) {
+      if (IsObjectNotFound(dir.status()) || dir.status().code() == Code::kInvalidArgument)
+        continue;  // no such prefix, or removed or replaced meanwhile
+      return dir.status();
+    }
+    bool any = false;
+    uint64_t keys = 0, subdirs = 0;
+    for (;;) {
+      SLUICE_ASSIGN_OR_RETURN(auto n, (*dir)->Next());
+      if (!n) break;
+      ++read;
+      if (n->type != EntryType::kFile && n->type != EntryType::kDirectory) continue;
+      if (key.empty() && n->name == kStagingDirName) continue;
+      any = true;
+      const bool d = n->type == EntryType::kDirectory;
+      std::string child = key + n->name + (d ? "/" : "");
+      if (!StartsWith(child, q.prefix)) continue;
+      if (d) {
+        queue.push_back(std::move(child));
+        ++subdirs;
+      } else {
+        units.push_back({std::move(child), 1, false});
+        ++keys;
+      }
+    }
+    // An empty directory is one key (its marker), when the prefix covers it.
+    if (!any && !key.empty() && StartsWith(key, q.prefix)) {
+      units.push_back({key, 1, false});
+      ++keys;
+    }
+    size_t l = depth(key);
+    if (levels.size() <= l) levels.resize(l + 1);
+    levels[l].dirs++;
+    levels[l].keys += keys;
+    levels[l].subdirs += subdirs;
+  }
+  // A directory not read holds what the average directory read at its depth held: its keys,
+  // and its subdirectories' estimates (one level further down); below the deepest level read,
+  // directories are taken to hold keys like those at the level above.
+  if (!unread.empty()) {
+    out.exact = false;
+    std::vector<double> est(levels.size(), 0);
+    for (size_t l = levels.size(); l-- > 0;) {
+      const Level& lv = levels[l];
+      if (lv.dirs == 0) continue;
+      double below = l + 1 < levels.size() && levels[l + 1].dirs > 0
+                         ? est[l + 1]
+                         : std::max(1.0, double(lv.keys) / double(lv.dirs));
+      est[l] = (double(lv.keys) + double(lv.subdirs) * below) / double(lv.dirs);
+    }
+    for (auto& k : unread) {
+      double e = 1;
+      for (size_t l = std::min(depth(k), levels.size() - 1);; --l) {  // the nearest level read
+        if (levels[l].dirs > 0) {
+          e = l == depth(k) ? est[l] : std::max(1.0, double(levels[l].keys) / levels[l].dirs);
+          break;
+        }
+        if (l == 0) break;
+      }
+      units.push_back({std::move(k), static_cast<uint64_t>(std::max(1.0, e + 0.5)), true});
+    }
+  }
+  std::sort(units.begin(), units.end(),
+            [](const KeyUnit& a, const KeyUnit& b) { return a.key < b.key; });
+  for (const auto& u : units) out.estimated += u.count;
+  // Cut where the running count passes each share.
+  const size_t parts = std::max<size_t>(1, q.parts);
+  KeyRange cur;
+  uint64_t seen = 0;
+  size_t next_cut = 1;
+  for (const auto& u : units) {
+    seen += u.count;
+    cur.estimated += u.count;
+    if (next_cut < parts && seen * parts >= out.estimated * next_cut) {
+      std::string end = u.subtree ? AfterSubtree(u.key) : u.key;
+      cur.end_key = end;
+      out.ranges.push_back(std::move(cur));
+      cur = KeyRange();
+      cur.start_after = std::move(end);
+      while (next_cut < parts && seen * parts >= out.estimated * next_cut) ++next_cut;
+    }
+  }
+  out.ranges.push_back(std::move(cur));
+  return out;
 }
 
 // ------------------------------------------------------------------------------------ writing

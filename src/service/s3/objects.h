@@ -61,6 +61,9 @@ struct ListQuery {
   std::string prefix;
   std::string delimiter;
   std::string after;  // exclusive: keys (and common prefixes) after this one
+  // Inclusive: no key (or common prefix) after this one; a bounded listing, one of the ranges
+  // SplitKeys answers.
+  std::optional<std::string> end;
   size_t max_keys = 1000;
   bool want_etag = true;  // read each object's metadata attribute for its ETag
 };
@@ -85,6 +88,32 @@ struct ListPage {
 // Lists a bucket's keys in byte order, walking only the directories that can hold keys in the
 // page (those on the path of `after` and after it, below the prefix's directory).
 Result<ListPage> ListObjects(Volume& v, const VFolderId& vfid, const ListQuery& q);
+
+// Split listing: key ranges that hold about the same number of keys each, so that N workers can
+// list a large bucket in parallel (ListObjectsV2 with start-after and end-key). The ranges
+// partition the key space below the prefix whatever the estimate: range i is (start_after,
+// end_key], the first without a start, the last without an end.
+struct SplitQuery {
+  std::string prefix;
+  size_t parts = 1;
+  // Directory entries read at most: directories past it are estimated from those read, not
+  // walked (names only, from readdir: no stat, no attribute).
+  size_t budget = 200000;
+};
+
+struct KeyRange {
+  std::optional<std::string> start_after;
+  std::optional<std::string> end_key;
+  uint64_t estimated = 0;  // keys in the range
+};
+
+struct SplitResult {
+  std::vector<KeyRange> ranges;
+  uint64_t estimated = 0;  // keys below the prefix
+  bool exact = true;       // every directory was read: the counts are exact
+};
+
+Result<SplitResult> SplitKeys(Volume& v, const VFolderId& vfid, const SplitQuery& q);
 
 // One object being written: bytes go to a staging file, the MD5 (and, when asked, SHA-256) are
 // computed on the way, and Finish publishes the file with its metadata at once.

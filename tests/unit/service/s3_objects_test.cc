@@ -1,0 +1,155 @@
+// Split listing and bounded listing over the in-memory volume: whatever the estimate, the ranges
+// partition the keys, and bounded listings of them, paged, give every key exactly once.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include "service/s3/objects.h"
+#include "support/assert_status.h"
+#include "volume/mem/mem_volume.h"
+
+namespace sluice {
+namespace {
+
+class SplitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    VolumeConfig c;
+    c.name = "mem";
+    c.backend = "mem";
+    c.path = "mem";
+    vol_ = std::make_unique<MemVolume>(c, 1 << 30);
+    ASSERT_OK(vol_->CreateVFolder(vf_, 0755, true, std::nullopt));
+  }
+  void Put(const std::string& key) { ASSERT_OK(vol_->PutFile(vf_, key, "x")); }
+
+  // Every key of the listing with `end` (and optionally a start), in pages of `page`.
+  std::vector<std::string> ListRange(const KeyRange& r, const std::string& prefix, size_t page) {
+    std::vector<std::string> keys;
+    ListQuery q;
+    q.prefix = prefix;
+    q.after = r.start_after.value_or("");
+    q.end = r.end_key;
+    q.max_keys = page;
+    q.want_etag = false;
+    for (;;) {
+      auto p = ListObjects(*vol_, vf_, q);
+      EXPECT_OK(p);
+      if (!p.ok()) break;
+      for (const auto& it : p->items) keys.push_back(it.object.key);
+      if (!p->truncated) break;
+      q.after = p->items.back().object.key;
+    }
+    return keys;
+  }
+
+  std::vector<std::string> All(const std::string& prefix) {
+    return ListRange(KeyRange{}, prefix, 1000);
+  }
+
+  // Asserts that the ranges of `s` cover `prefix`'s keys once each, in order; returns the
+  // number of keys in each range.
+  std::vector<size_t> CheckPartition(const SplitResult& s, const std::string& prefix) {
+    std::vector<std::string> joined;
+    std::vector<size_t> counts;
+    for (size_t i = 0; i < s.ranges.size(); ++i) {
+      const KeyRange& r = s.ranges[i];
+      EXPECT_EQ(r.start_after.has_value(), i > 0);
+      EXPECT_EQ(r.end_key.has_value(), i + 1 < s.ranges.size());
+      if (i > 0) {
+        EXPECT_EQ(*r.start_after, *s.ranges[i - 1].end_key);
+      }
+      auto keys = ListRange(r, prefix, 7);
+      counts.push_back(keys.size());
+      joined.insert(joined.end(), keys.begin(), keys.end());
+    }
+    EXPECT_EQ(joined, All(prefix));
+    return counts;
+  }
+
+  std::unique_ptr<MemVolume> vol_;
+  VFolderId vf_ =
+      VFolderId::Parse("user:11111111111111111111111111111111/abcdef0123456789abcdef0123456789")
+          .value();
+};
+
+TEST_F(SplitTest, FlatDirectorySplitsExactlyByCount) {
+  for (int i = 0; i < 1000; ++i) Put(fmt::format("flat/k{:04d}", i));
+  Put("other");
+  SplitQuery q;
+  q.prefix = "flat/";
+  q.parts = 4;
+  auto s = SplitKeys(*vol_, vf_, q);
+  ASSERT_OK(s);
+  EXPECT_TRUE(s->exact);
+  EXPECT_EQ(s->estimated, 1000u);
+  ASSERT_EQ(s->ranges.size(), 4u);
+  EXPECT_EQ(CheckPartition(*s, "flat/"), (std::vector<size_t>{250, 250, 250, 250}));
+  for (const auto& r : s->ranges) EXPECT_EQ(r.estimated, 250u);
+}
+
+TEST_F(SplitTest, NestedTreeWithinBudgetIsExact) {
+  // Keys in byte order are not the order of a tree walk: "a-b" < "a/b" < "a0".
+  for (int d = 0; d < 10; ++d)
+    for (int f = 0; f < 30; ++f) Put(fmt::format("ds/c{}/img{:03d}", d, f));
+  Put("ds/c1-x");
+  Put("ds/c10");
+  ASSERT_OK(vol_->Mkdir(vf_, "ds/empty", true, true));
+  SplitQuery q;
+  q.prefix = "ds/";
+  q.parts = 5;
+  auto s = SplitKeys(*vol_, vf_, q);
+  ASSERT_OK(s);
+  EXPECT_TRUE(s->exact);
+  EXPECT_EQ(s->estimated, 303u);  // 300 images, two files, one empty directory's marker
+  auto counts = CheckPartition(*s, "ds/");
+  ASSERT_EQ(counts.size(), 5u);
+  for (size_t c : counts) EXPECT_NEAR(static_cast<double>(c), 303.0 / 5, 1.5);
+}
+
+TEST_F(SplitTest, PastTheBudgetDirectoriesAreEstimatedNotWalked) {
+  for (int d = 0; d < 20; ++d)
+    for (int f = 0; f < 50; ++f) Put(fmt::format("c{:02d}/f{:02d}", d, f));
+  SplitQuery q;
+  q.parts = 4;
+  q.budget = 20 + 5 * 50;  // the root and five class directories
+  auto s = SplitKeys(*vol_, vf_, q);
+  ASSERT_OK(s);
+  EXPECT_FALSE(s->exact);
+  EXPECT_EQ(s->estimated, 1000u);  // the fifteen not read hold what the five read did
+  auto counts = CheckPartition(*s, "");
+  ASSERT_EQ(counts.size(), 4u);
+  for (size_t c : counts) EXPECT_NEAR(static_cast<double>(c), 250.0, 50.0);
+}
+
+TEST_F(SplitTest, FewerKeysThanPartsAndNoKeys) {
+  Put("a");
+  Put("b");
+  SplitQuery q;
+  q.parts = 8;
+  auto s = SplitKeys(*vol_, vf_, q);
+  ASSERT_OK(s);
+  EXPECT_LE(s->ranges.size(), 3u);
+  CheckPartition(*s, "");
+  q.prefix = "missing/";
+  s = SplitKeys(*vol_, vf_, q);
+  ASSERT_OK(s);
+  ASSERT_EQ(s->ranges.size(), 1u);
+  EXPECT_EQ(s->estimated, 0u);
+}
+
+TEST_F(SplitTest, BoundedListingStopsAtItsEndWithPrefixes) {
+  for (const char* k : {"a/1", "a/2", "b/1", "c", "d/1"}) Put(k);
+  ListQuery q;
+  q.delimiter = "/";
+  q.end = "c";
+  auto p = ListObjects(*vol_, vf_, q);
+  ASSERT_OK(p);
+  std::vector<std::string> keys;
+  for (const auto& it : p->items) keys.push_back(it.object.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"a/", "b/", "c"}));
+  EXPECT_FALSE(p->truncated);
+}
+
+}  // namespace
+}  // namespace sluice

@@ -416,6 +416,12 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     if (!parser_->is_done()) {
       keep_alive_ = false;
       linger_ = true;
+    } else if (expect_continue_) {
+      // An empty body the client still waits to be asked for (botocore's PUT of a "dir/"
+      // marker): the 100 first, as for any body, or its connection hangs on the next request.
+      auto held = std::make_shared<HttpResponse>(std::move(res));
+      return ContinueThen([this, held] { Write(std::move(*held)); },
+                          [this](beast::error_code) { Close(); });
     }
     Write(std::move(res));
   }

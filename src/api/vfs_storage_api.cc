@@ -1,7 +1,5 @@
 #include "api/vfs_storage_api.h"
 
-#include <archive.h>
-#include <archive_entry.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <sys/stat.h>
@@ -20,6 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include "api/range.h"
+#include "api/tar_writer.h"
 #include "common/dir_reader.h"
 #include "common/fd.h"
 #include "common/path.h"
@@ -343,13 +342,7 @@ class TarBody {
     stack_.push_back(Frame{std::move(root), "./"});
   }
   ~TarBody() {
-    if (ar_) {
-      // An unfinished archive must not be finished now: free only releases memory.
-      if (!finished_) archive_write_fail(ar_);
-      archive_write_free(ar_);
-    }
-    if (entry_) archive_entry_free(entry_);
-    if (used_ && finished_)
+    if (used_ && tar_.closed())
       spdlog::info("{}: sent, {} entries ({} bytes of file data)", label_, entries_, bytes_read_);
   }
   TarBody(const TarBody&) = delete;
@@ -358,20 +351,13 @@ class TarBody {
   Result<size_t> Read(char* buf, size_t cap) {
     used_ = true;
     if (failed_) return Status(Code::kInternal, fmt::format("{} already failed", label_));
-    if (out_pos_ > 0) {
-      out_.erase(0, out_pos_);
-      out_pos_ = 0;
-    }
-    while (out_.size() < cap && !finished_) {
+    while (tar_.pending() < cap && !tar_.closed()) {
       if (Status s = Step(); !s.ok()) {
         failed_ = true;
         return WalkFailed(label_, std::move(s));
       }
     }
-    size_t n = std::min(cap, out_.size());
-    std::memcpy(buf, out_.data(), n);
-    out_pos_ = n;
-    return n;
+    return tar_.Take(buf, cap);
   }
 
  private:
@@ -380,25 +366,8 @@ class TarBody {
     std::string prefix;  // archive name of the directory plus '/'
   };
 
-  static la_ssize_t OnWrite(struct archive*, void* self, const void* buf, size_t n) {
-    static_cast<TarBody*>(self)->out_.append(static_cast<const char*>(buf), n);
-    return static_cast<la_ssize_t>(n);
-  }
-
-  Status ArchiveError(std::string_view what) {
-    const char* msg = ar_ ? archive_error_string(ar_) : nullptr;
-    return Status(Code::kInternal,
-                  fmt::format("cannot {}: {}", what, msg ? msg : "unknown archive error"));
-  }
-
   Status Start() {
-    started_ = true;
-    ar_ = archive_write_new();
-    entry_ = archive_entry_new();
-    if (!ar_ || !entry_) return Status(Code::kInternal, "out of memory creating an archive");
-    if (archive_write_set_format_pax_restricted(ar_) != ARCHIVE_OK ||
-        archive_write_open2(ar_, this, nullptr, &TarBody::OnWrite, nullptr, nullptr) != ARCHIVE_OK)
-      return ArchiveError("start a TAR stream");
+    SLUICE_RETURN_IF_ERROR(tar_.Open());
     return Header(".", root_st_, nullptr);
   }
 
@@ -406,28 +375,22 @@ class TarBody {
   Status Header(const std::string& name, const struct stat& st, const char* link) {
     if (++entries_ > kMaxEntries)
       return Status(Code::kTooLarge, fmt::format("more than {} entries", kMaxEntries));
-    archive_entry_clear(entry_);
-    archive_entry_copy_pathname(entry_, name.c_str());
-    archive_entry_set_filetype(entry_, S_ISDIR(st.st_mode)   ? AE_IFDIR
-                                       : S_ISLNK(st.st_mode) ? AE_IFLNK
-                                                             : AE_IFREG);
-    archive_entry_set_perm(entry_, st.st_mode & 07777);
-    archive_entry_set_uid(entry_, st.st_uid);
-    archive_entry_set_gid(entry_, st.st_gid);
-    archive_entry_set_size(entry_, S_ISREG(st.st_mode) ? static_cast<la_int64_t>(st.st_size) : 0);
-    archive_entry_set_mtime(entry_, st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
-    if (link) archive_entry_copy_symlink(entry_, link);
-    // ARCHIVE_WARN: a name that is not ASCII went into a PAX header as raw bytes.
-    if (archive_write_header(ar_, entry_) < ARCHIVE_WARN)
-      return ArchiveError(fmt::format("add '{}'", name));
-    return Status::Ok();
+    TarWriter::Entry e;
+    e.name = name;
+    e.type = S_ISDIR(st.st_mode)   ? EntryType::kDirectory
+             : S_ISLNK(st.st_mode) ? EntryType::kSymlink
+                                   : EntryType::kFile;
+    e.perm = st.st_mode & 07777;
+    e.uid = st.st_uid;
+    e.gid = st.st_gid;
+    e.size = S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
+    e.mtime_s = st.st_mtim.tv_sec;
+    e.mtime_ns = st.st_mtim.tv_nsec;
+    if (link) e.link = link;
+    return tar_.Header(e);
   }
 
-  Status FinishEntry(const std::string& name) {
-    if (archive_write_finish_entry(ar_) < ARCHIVE_WARN)
-      return ArchiveError(fmt::format("finish '{}'", name));
-    return Status::Ok();
-  }
+  Status FinishEntry(const std::string& name) { return tar_.FinishEntry(name); }
 
   Status FileData() {
     size_t want = static_cast<size_t>(std::min<uint64_t>(file_left_, in_.size()));
@@ -439,8 +402,7 @@ class TarBody {
     // The header promised the size seen when the file was opened.
     if (n == 0)
       return Status(Code::kIoError, fmt::format("'{}' shrank while being archived", file_name_));
-    if (archive_write_data(ar_, in_.data(), static_cast<size_t>(n)) < 0)
-      return ArchiveError(fmt::format("write '{}'", file_name_));
+    SLUICE_RETURN_IF_ERROR(tar_.Data(in_.data(), static_cast<size_t>(n)));
     bytes_read_ += static_cast<uint64_t>(n);
     file_off_ += static_cast<uint64_t>(n);
     file_left_ -= static_cast<uint64_t>(n);
@@ -516,26 +478,21 @@ class TarBody {
   }
 
   Status Step() {
-    if (!started_) return Start();
+    if (!tar_.opened()) return Start();
     if (file_.valid()) return FileData();
     if (!stack_.empty()) return NextEntry();
-    if (archive_write_close(ar_) != ARCHIVE_OK) return ArchiveError("finish the archive");
-    finished_ = true;
-    return Status::Ok();
+    return tar_.Close();
   }
 
   std::string label_;
   struct stat root_st_;
-  struct archive* ar_ = nullptr;
-  struct archive_entry* entry_ = nullptr;
+  TarWriter tar_;
   std::vector<Frame> stack_;
   UniqueFd file_;  // the file whose data is being written
   std::string file_name_;
   uint64_t file_off_ = 0, file_left_ = 0;
-  std::string out_;  // archive bytes produced but not yet handed out
-  size_t out_pos_ = 0;
   std::vector<char> in_;
-  bool started_ = false, finished_ = false, failed_ = false, used_ = false;
+  bool failed_ = false, used_ = false;
   uint64_t entries_ = 0, bytes_read_ = 0;
 };
 

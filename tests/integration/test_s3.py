@@ -728,6 +728,9 @@ def test_empty_body_then_reuse(s3d, user):
     name = new_bucket(s3)
     s3.put_object(Bucket=name, Key="empty", Body=b"")
     s3.put_object(Bucket=name, Key="full", Body=b"x" * 100_000)
+    # A directory marker is answered without reading a body: the 100 still comes first.
+    s3.put_object(Bucket=name, Key="dir/", Body=b"")
+    s3.put_object(Bucket=name, Key="after-dir", Body=b"y")
     assert s3.get_object(Bucket=name, Key="empty")["Body"].read() == b""
     assert s3.head_object(Bucket=name, Key="full")["ContentLength"] == 100_000
 
@@ -1134,3 +1137,126 @@ def test_split_listing_in_parallel(s3d, s3, user):
     for bad in ("&parts=0", "&parts=x", "&parts=10001", ""):
         r = signed(s3d, ak, sk, "GET", f"/{name}?list-split{bad}")
         assert r.status_code == 400 and "InvalidArgument" in r.text, (bad, r.text)
+
+
+# ----------------------------------------------------------------------------------- batch get
+
+
+def batch_get(s3d, ak, sk, path, body):
+    import json as _json
+
+    return signed(s3d, ak, sk, "POST", path, body=_json.dumps(body).encode())
+
+
+def untar(data):
+    import io
+    import tarfile
+
+    out = []
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as t:
+        for m in t:
+            out.append((m.name, t.extractfile(m).read() if m.isfile() else None, m))
+    return out
+
+
+def test_batch_get_in_request_order(s3d, s3, user):
+    import json as _json
+
+    a, b = new_bucket(s3), new_bucket(s3)
+    bodies = {f"img/{i:03d}.jpg": os.urandom(100 + i * 37) for i in range(50)}
+    for k, v in bodies.items():
+        s3.put_object(Bucket=a, Key=k, Body=v)
+    s3.put_object(Bucket=b, Key="labels.txt", Body=b"cat\ndog\n")
+    s3.put_object(Bucket=a, Key="dir/", Body=b"")
+    long_key = "deep/" + "x" * 200 + "/name.bin"  # past ustar's 100-byte names: a pax header
+    s3.put_object(Bucket=a, Key=long_key, Body=b"long")
+    keys = list(bodies)[::-1]  # not the order of the tree
+    items = [{"key": k, "opaque": str(i)} for i, k in enumerate(keys)]
+    items += [{"bucket": b, "key": "labels.txt"},
+              {"key": keys[0], "range": "bytes=10-19"},
+              {"key": keys[0]},  # twice: two entries
+              {"key": "dir/"},
+              {"key": long_key}]
+    ak, sk = s3d.s3_key(user)
+    r = batch_get(s3d, ak, sk, f"/{a}?batch-get", {"items": items})
+    assert r.status_code == 200, r.text
+    assert r.headers["Content-Type"] == "application/x-tar"
+    assert r.headers.get("Transfer-Encoding") == "chunked"  # streamed as it is assembled
+    entries = untar(r.content)
+    names = [n for n, _, _ in entries]
+    assert names == [f"{a}/{k}" for k in keys] + [
+        f"{b}/labels.txt", f"{a}/{keys[0]}", f"{a}/{keys[0]}", f"{a}/dir", f"{a}/{long_key}",
+        "__manifest__.json"]
+    for (n, data, _), k in zip(entries, keys):
+        assert data == bodies[k], n
+    assert entries[50][1] == b"cat\ndog\n"
+    assert entries[51][1] == bodies[keys[0]][10:20]
+    assert entries[52][1] == bodies[keys[0]]
+    assert entries[53][2].isdir()
+    assert entries[54][1] == b"long"
+    manifest = _json.loads(entries[-1][1])
+    assert manifest["ok"] == len(items) and manifest["errors"] == 0
+    assert [m["opaque"] for m in manifest["items"][:50]] == [str(i) for i in range(50)]
+    assert manifest["items"][51]["status"] == 206
+    assert manifest["items"][51]["range"] == f"bytes 10-19/{len(bodies[keys[0]])}"
+    assert all(m["status"] == 200 for i, m in enumerate(manifest["items"]) if i != 51)
+    # Across buckets from the service root: every item names its bucket.
+    r = batch_get(s3d, ak, sk, "/?batch-get", {"items": [
+        {"bucket": b, "key": "labels.txt"}, {"bucket": a, "key": keys[1]}], "manifest": False})
+    assert r.status_code == 200, r.text
+    assert [(n, d) for n, d, _ in untar(r.content)] == [
+        (f"{b}/labels.txt", b"cat\ndog\n"), (f"{a}/{keys[1]}", bodies[keys[1]])]
+
+
+def test_batch_get_errors(s3d, s3, user):
+    import json as _json
+
+    name = new_bucket(s3)
+    s3.put_object(Bucket=name, Key="a", Body=b"A" * 1000)
+    s3.put_object(Bucket=name, Key="c", Body=b"C" * 1000)
+    other = s3d.s3_client(*s3d.s3_key(s3d.s3_user()["id"]))
+    theirs = new_bucket(other)
+    other.put_object(Bucket=theirs, Key="secret", Body=b"no")
+    ak, sk = s3d.s3_key(user)
+    items = [{"key": "a"}, {"key": "missing", "opaque": "m"}, {"bucket": theirs, "key": "secret"},
+             {"key": "a", "range": "bytes=5000-"}, {"key": "../escape"}, {"key": "c"}]
+    # continue-on-error: placeholders in place, the batch goes on, the manifest says why.
+    r = batch_get(s3d, ak, sk, f"/{name}?batch-get", {"items": items, "continue-on-error": True})
+    assert r.status_code == 200, r.text
+    entries = untar(r.content)
+    assert [n for n, _, _ in entries] == [
+        f"{name}/a", f"__404__/{name}/missing", f"__error__/{theirs}/secret",
+        f"__error__/{name}/a", f"__error__/{name}/../escape", f"{name}/c", "__manifest__.json"]
+    assert entries[0][1] == b"A" * 1000 and entries[5][1] == b"C" * 1000
+    assert all(d == b"" for _, d, _ in entries[1:5])
+    m = _json.loads(entries[-1][1])
+    assert m["ok"] == 2 and m["errors"] == 4
+    assert [(x["status"], x.get("code")) for x in m["items"]] == [
+        (200, None), (404, "NoSuchKey"), (403, "AccessDenied"), (416, "InvalidRange"),
+        (400, "InvalidArgument"), (200, None)]
+    assert m["items"][1]["opaque"] == "m"
+    # Without it: an error known before streaming is the answer...
+    r = batch_get(s3d, ak, sk, f"/{name}?batch-get", {"items": [{"key": "missing"}, {"key": "a"}]})
+    assert r.status_code == 404 and "<Code>NoSuchKey</Code>" in r.text
+    r = batch_get(s3d, ak, sk, f"/{name}?batch-get",
+                  {"items": [{"key": "a"}, {"bucket": theirs, "key": "secret"}]})
+    assert r.status_code == 403 and "AccessDenied" in r.text and "item 1" in r.text
+    # ...and one found midway cuts the stream short: no end of archive, no manifest.
+    t0 = time.monotonic()
+    with pytest.raises(requests.exceptions.ChunkedEncodingError):
+        batch_get(s3d, ak, sk, f"/{name}?batch-get",
+                  {"items": [{"key": "a"}, {"key": "missing"}, {"key": "c"}]})
+    assert time.monotonic() - t0 < 10, "the cut came late"
+    # Malformed requests.
+    for body, why in [({"items": []}, "1 to"), ({"item": [{"key": "a"}]}, "items"),
+                      ({"items": [{"key": "a", "size": 1}]}, "unknown field 'size'"),
+                      ({"items": [{"key": 7}]}, "must be a string"),
+                      ({"items": [{"key": "a"}], "continue-on-error": "yes"}, "true or false"),
+                      ({"items": [{"key": "a", "range": "0-9"}]}, "bytes="),
+                      ({"items": [{"key": "a"}] * 100001}, "100000")]:
+        r = batch_get(s3d, ak, sk, f"/{name}?batch-get", body)
+        assert r.status_code == 400 and "InvalidArgument" in r.text and why in r.text, (why, r.text)
+    r = signed(s3d, ak, sk, "POST", f"/{name}?batch-get", body=b"{not json")
+    assert r.status_code == 400 and "InvalidArgument" in r.text
+    r = batch_get(s3d, ak, sk, "/?batch-get", {"items": [{"key": "a"}]})
+    assert r.status_code == 400 and "names no bucket" in r.text

@@ -3,8 +3,8 @@
 //   [<trailer name>:<value>\r\n ...][x-amz-trailer-signature:<sig>\r\n]\r\n
 // Each chunk's signature (STREAMING-AWS4-HMAC-SHA256-PAYLOAD[-TRAILER]) chains from the
 // request's seed signature and is checked when the chunk ends (its bytes are only staged until
-// then, never published); the trailer's signature likewise. Every line has a limit; the decoded length must be
-// what x-amz-decoded-content-length declared.
+// then, never published); the trailer's signature likewise. Every line has a limit; the decoded
+// length must be what x-amz-decoded-content-length declared.
 #pragma once
 
 #include <cstdint>

@@ -12,9 +12,12 @@
 
 #include "api/range.h"
 #include "api/s3/aws_chunked.h"
+#include "api/s3/batch_get.h"
+#include "api/s3/s3_errors.h"
 #include "api/s3/sigv4.h"
 #include "common/checksum.h"
 #include "common/crypto.h"
+#include "common/json.h"
 #include "common/jwt.h"
 #include "common/secrets.h"
 #include "service/s3/objects.h"
@@ -25,11 +28,13 @@ namespace sluice::api {
 
 namespace {
 
+using s3::FromStatus;
 using s3::S3Error;
 
 constexpr const char* kXmlns = "http://s3.amazonaws.com/doc/2006-03-01/";
 constexpr uint64_t kMaxPutSize = 5ULL << 30;  // S3's limit for one PUT
 constexpr size_t kMaxUserMeta = 2048;         // x-amz-meta-* names and values together
+constexpr uint64_t kMaxBatchBody = 16 << 20;  // a batch-get request's JSON
 
 // What the authenticator found: the key and the parts of the signature a body is checked
 // against.
@@ -87,39 +92,6 @@ HttpResponse ErrorXml(const S3Error& e, std::string_view resource) {
   HttpResponse r = Xml(e.status, doc);
   r.headers.emplace_back("x-amz-request-id", RequestId());
   return r;
-}
-
-// Status -> S3 error, where the operation says what a missing thing is.
-S3Error FromStatus(const Status& st, std::string_view not_found = "NoSuchKey") {
-  switch (st.code()) {
-    case Code::kNotFound:
-      return {404, std::string(not_found), st.message()};
-    case Code::kQuotaExceeded:
-      return {403, "QuotaExceeded", st.message()};
-    case Code::kNoSpace:
-      return {507, "InsufficientStorage", st.message()};
-    case Code::kUriTooLong:
-      return {400, "KeyTooLongError", st.message()};
-    case Code::kConflict:
-      if (st.sys_errno() == ENOTDIR) return {409, "ObjectParentIsFile", st.message()};
-      if (st.sys_errno() == EISDIR || st.sys_errno() == ENOTEMPTY || st.sys_errno() == EEXIST)
-        return {409, "ObjectIsDirectory", st.message()};
-      return {409, "OperationAborted", st.message()};
-    case Code::kPermissionDenied:
-    case Code::kUnauthenticated:
-      return {403, "AccessDenied", st.message()};
-    case Code::kInvalidArgument:
-    case Code::kInvalidPath:
-      return {400, "InvalidArgument", st.message()};
-    case Code::kTooLarge:
-      return {400, "EntityTooLarge", st.message()};
-    case Code::kUnavailable:
-      return {503, "SlowDown", st.message()};
-    case Code::kUnsupported:
-      return {501, "NotImplemented", st.message()};
-    default:
-      return {500, "InternalError", st.message()};
-  }
 }
 
 const S3Grant& GrantOf(const HttpRequest& req) {
@@ -1605,6 +1577,90 @@ HttpResponse GetObjectAcl(S3Ctx& ctx, const HttpRequest& req) {
   return AclOf(ctx, ref.bucket.owner);
 }
 
+// ------------------------------------------------------------------------------ batch get
+
+// Sluice's batch get (api/s3/batch_get.h): POST /?batch-get, or /bucket?batch-get for items
+// without a bucket of their own, with a JSON body:
+//   {"items": [{"key": "a/b.jpg"}, {"bucket": "other", "key": "k", "range": "bytes=0-99",
+//               "opaque": "7"}], "continue-on-error": false, "manifest": true}
+// answered with one TAR stream in request order.
+HttpResponse BatchGet(S3Ctx& ctx, const HttpRequest& req) {
+  if (auto e = CheckBody(req)) return ErrorXml(*e, req.path);
+  auto bad = [&](std::string msg) {
+    return ErrorXml({400, "InvalidArgument", std::move(msg)}, req.path);
+  };
+  auto j = ParseJson(req.msg.body(), "the batch-get request");
+  if (!j.ok()) return bad(j.status().message());
+  if (!j->is_object() || !j->contains("items") || !(*j)["items"].is_array())
+    return bad("the body must be a JSON object with an \"items\" array");
+  bool continue_on_error = false, manifest = true;
+  for (const auto& [k, v] : j->items()) {
+    if (k == "items") continue;
+    bool* flag = k == "continue-on-error" ? &continue_on_error
+                 : k == "manifest"        ? &manifest
+                                          : nullptr;
+    if (!flag) return bad(fmt::format("unknown field '{}'", k));
+    if (!v.is_boolean()) return bad(fmt::format("'{}' must be true or false", k));
+    *flag = v.get<bool>();
+  }
+  const auto& list = (*j)["items"];
+  if (list.empty() || list.size() > s3::kMaxBatchItems)
+    return bad(fmt::format("a batch holds 1 to {} items; this one has {}", s3::kMaxBatchItems,
+                           list.size()));
+  const std::string default_bucket(req.Param("bucket"));
+  std::map<std::string, std::variant<BucketRef, S3Error>> buckets;
+  std::vector<s3::BatchItem> items;
+  items.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    const auto& x = list[i];
+    if (!x.is_object()) return bad(fmt::format("item {} is not an object", i));
+    s3::BatchItem it;
+    it.bucket = default_bucket;
+    for (const auto& [k, v] : x.items()) {
+      std::string* field = k == "key"      ? &it.key
+                           : k == "bucket" ? &it.bucket
+                           : k == "range"  ? &it.range
+                           : k == "opaque" ? &it.opaque
+                                           : nullptr;
+      if (!field) return bad(fmt::format("item {}: unknown field '{}'", i, k));
+      if (!v.is_string()) return bad(fmt::format("item {}: '{}' must be a string", i, k));
+      *field = v.get<std::string>();
+    }
+    if (it.key.empty()) return bad(fmt::format("item {} has no key", i));
+    if (it.bucket.empty())
+      return bad(
+          fmt::format("item {} names no bucket (POST /bucket?batch-get gives a default)", i));
+    if (it.opaque.size() > 1024) return bad(fmt::format("item {}: opaque is over 1024 bytes", i));
+    if (!it.range.empty() && !StartsWith(it.range, "bytes="))
+      return bad(fmt::format("item {}: range must be 'bytes=first-last'", i));
+    auto at = buckets.find(it.bucket);
+    if (at == buckets.end())
+      at = buckets.emplace(it.bucket, AccessBucket(ctx, req, it.bucket, false)).first;
+    if (auto* e = std::get_if<S3Error>(&at->second)) {
+      if (!continue_on_error)
+        return ErrorXml({e->status, e->code,
+                         fmt::format("item {} (bucket '{}'): {}", i, it.bucket, e->message)},
+                        req.path);
+      it.refused = *e;
+    } else {
+      const BucketRef& ref = std::get<BucketRef>(at->second);
+      it.volume = ref.volume;
+      it.vfid = ref.vfid;
+    }
+    it.name = it.bucket + "/" + it.key;
+    items.push_back(std::move(it));
+  }
+  auto stream = std::make_shared<s3::BatchGetStream>(
+      &ctx.objects, std::move(items), continue_on_error, manifest,
+      fmt::format("s3 batch-get of {} items for {}", list.size(), GrantOf(req).key->user));
+  if (auto e = stream->Prepare()) return ErrorXml(*e, req.path);
+  HttpResponse r;
+  r.status = 200;
+  r.content_type = "application/x-tar";
+  r.generator = [stream](char* buf, size_t cap) { return stream->Read(buf, cap); };
+  return r;
+}
+
 }  // namespace
 
 std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, ThreadPool* io_pool,
@@ -1625,6 +1681,7 @@ std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, Th
   auto g = router->Group(MakeSigV4Authenticator(ctx));
   using V = http::verb;
   g.Add(V::get, "/", MakeRoute(ctx, ListBuckets));
+  g.Add(V::post, "/", MakeRoute(ctx, BatchGet, "batch-get", kMaxBatchBody));
   auto versions = [](S3Ctx& c, const HttpRequest& r) { return ListObjectsAny(c, r, true); };
   auto list = [](S3Ctx& c, const HttpRequest& r) { return ListObjectsAny(c, r, false); };
   // "/bucket/" (an empty key) is the bucket itself, as some clients address it: every bucket
@@ -1651,6 +1708,7 @@ std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, Th
   add(V::post, "delete", DeleteObjects, nullptr, 4 << 20);
   add(V::get, "uploads", ListMultipartUploads, GetObject);
   add(V::get, "list-split", ListSplit, GetObject);
+  add(V::post, "batch-get", BatchGet, nullptr, kMaxBatchBody);
   // Multipart (keys only).
   g.Add(V::post, "/{bucket}/{key+}", MakeRoute(ctx, CreateMultipartUpload, "uploads", 64 << 10));
   g.Add(V::post, "/{bucket}/{key+}", MakeRoute(ctx, CompleteMultipartUpload, "uploadId", 4 << 20));

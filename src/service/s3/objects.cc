@@ -766,7 +766,7 @@ Status ObjectStore::PutDirectory(Volume& v, const VFolderId& vfid, std::string_v
 }
 
 Result<ObjectStore::Opened> ObjectStore::Open(Volume& v, const VFolderId& vfid,
-                                              std::string_view key) {
+                                              std::string_view key, bool want_meta) {
   auto nokey = [&] { return Status(Code::kNotFound, "the specified key does not exist", ENOENT); };
   auto parts = KeyParts(key);
   if (!parts.ok())
@@ -788,6 +788,7 @@ Result<ObjectStore::Opened> ObjectStore::Open(Volume& v, const VFolderId& vfid,
   }
   o.file = std::move(f).value();
   o.entry = o.file->info();
+  if (!want_meta) return o;
   auto blob = o.file->ReadMeta();
   if (blob.ok()) o.meta = ObjectMeta::Decode(*blob, o.entry);
   return o;

@@ -220,8 +220,10 @@ class ObjectStore {
     DirEntry entry;
     std::optional<ObjectMeta> meta;
   };
-  // kNotFound (NoSuchKey) for anything that is not an object.
-  Result<Opened> Open(Volume& v, const VFolderId& vfid, std::string_view key);
+  // kNotFound (NoSuchKey) for anything that is not an object. `want_meta`: read the stored
+  // metadata too (one more attribute read).
+  Result<Opened> Open(Volume& v, const VFolderId& vfid, std::string_view key,
+                      bool want_meta = true);
   // Deleting a missing key succeeds (as S3 does).
   Status Delete(Volume& v, const VFolderId& vfid, std::string_view key);
   // Whether the vfolder holds any object (staging excluded).

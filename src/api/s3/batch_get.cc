@@ -1,0 +1,172 @@
+#include "api/s3/batch_get.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "api/range.h"
+#include "api/s3/s3_errors.h"
+
+namespace sluice::api::s3 {
+
+namespace {
+constexpr size_t kReadChunk = 256 << 10;
+
+void SetMtime(TarWriter::Entry& e, std::chrono::system_clock::time_point t) {
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+  e.mtime_s = ns / 1000000000;
+  e.mtime_ns = ns % 1000000000;
+}
+}  // namespace
+
+BatchGetStream::BatchGetStream(ObjectStore* objects, std::vector<BatchItem> items,
+                               bool continue_on_error, bool manifest, std::string label)
+    : objects_(objects),
+      items_(std::move(items)),
+      continue_on_error_(continue_on_error),
+      manifest_(manifest),
+      label_(std::move(label)) {
+  in_.resize(kReadChunk);
+}
+
+BatchGetStream::~BatchGetStream() {
+  if (tar_.closed())
+    spdlog::debug("{}: {} items sent, {} failed, {} bytes", label_, ok_, errors_, bytes_);
+  else if (next_ > 0)
+    spdlog::info("{}: cut short after {} of {} items", label_, next_, items_.size());
+}
+
+std::optional<S3Error> BatchGetStream::Prepare() {
+  Status st = tar_.Open();
+  if (st.ok() && !items_.empty()) st = StartItem();
+  if (stop_) return stop_;
+  if (!st.ok()) {
+    failed_ = true;
+    return FromStatus(st);
+  }
+  return std::nullopt;
+}
+
+Status BatchGetStream::Failed(const S3Error& e) {
+  ++errors_;
+  const BatchItem& it = items_[next_ - 1];
+  nlohmann::json o = {{"index", next_ - 1}, {"bucket", it.bucket}, {"key", it.key},
+                      {"status", e.status}, {"code", e.code},      {"message", e.message}};
+  if (!it.opaque.empty()) o["opaque"] = it.opaque;
+  if (!continue_on_error_) {
+    stop_ = e;
+    return Status(Code::kUnavailable, fmt::format("item {} ('{}' in {}): {}: {}", next_ - 1, it.key,
+                                                  it.bucket, e.code, e.message));
+  }
+  // A placeholder in the item's place, so that the archive's order still matches the request.
+  TarWriter::Entry ph;
+  ph.name = (e.status == 404 ? "__404__/" : "__error__/") + it.name;
+  if (!ph.name.empty() && ph.name.back() == '/') ph.name.pop_back();
+  SetMtime(ph, std::chrono::system_clock::now());
+  o["name"] = ph.name;
+  outcomes_.push_back(std::move(o));
+  SLUICE_RETURN_IF_ERROR(tar_.Header(ph));
+  return tar_.FinishEntry(ph.name);
+}
+
+Status BatchGetStream::StartItem() {
+  const BatchItem& it = items_[next_++];
+  if (it.refused) return Failed(*it.refused);
+  auto o = objects_->Open(*it.volume, it.vfid, it.key, false);
+  if (!o.ok()) return Failed(FromStatus(o.status()));
+  TarWriter::Entry e;
+  e.name = it.name;
+  SetMtime(e, o->entry.modified);
+  nlohmann::json out = {
+      {"index", next_ - 1}, {"bucket", it.bucket}, {"key", it.key}, {"name", it.name}};
+  if (!it.opaque.empty()) out["opaque"] = it.opaque;
+  if (!o->file) {  // a directory marker ("dir/")
+    e.type = EntryType::kDirectory;
+    e.perm = 0755;
+    out["status"] = 200;
+    out["size"] = 0;
+    outcomes_.push_back(std::move(out));
+    ++ok_;
+    SLUICE_RETURN_IF_ERROR(tar_.Header(e));
+    return tar_.FinishEntry(e.name);
+  }
+  const uint64_t size = o->entry.size;
+  uint64_t first = 0, length = size;
+  unsigned status = 200;
+  if (!it.range.empty()) {
+    RangeRequest rr = ParseRange(it.range, size, 1);
+    if (rr.kind == RangeRequest::Kind::kUnsatisfiable)
+      return Failed(
+          {416, "InvalidRange",
+           fmt::format("the range '{}' is not satisfiable for {} bytes", it.range, size)});
+    if (rr.kind == RangeRequest::Kind::kSatisfiable) {
+      first = rr.ranges.front().first;
+      length = rr.ranges.front().length;
+      status = 206;
+      out["range"] = fmt::format("bytes {}-{}/{}", first, first + length - 1, size);
+    }
+  }
+  e.size = length;
+  out["status"] = status;
+  out["size"] = length;
+  outcomes_.push_back(std::move(out));
+  ++ok_;
+  SLUICE_RETURN_IF_ERROR(tar_.Header(e));
+  if (length == 0) return tar_.FinishEntry(e.name);
+  file_ = std::move(o->file);
+  file_off_ = first;
+  file_left_ = length;
+  return Status::Ok();
+}
+
+Status BatchGetStream::FileData() {
+  size_t want = static_cast<size_t>(std::min<uint64_t>(file_left_, in_.size()));
+  auto n = file_->ReadAt(file_off_, in_.data(), want);
+  if (!n.ok()) return n.status();
+  // The header promised the size seen when the object was opened.
+  if (*n == 0)
+    return Status(Code::kIoError,
+                  fmt::format("'{}' shrank while being sent", items_[next_ - 1].key));
+  SLUICE_RETURN_IF_ERROR(tar_.Data(in_.data(), *n));
+  file_off_ += *n;
+  file_left_ -= *n;
+  bytes_ += *n;
+  if (file_left_ > 0) return Status::Ok();
+  file_.reset();
+  return tar_.FinishEntry(items_[next_ - 1].name);
+}
+
+Status BatchGetStream::WriteManifest() {
+  manifest_written_ = true;
+  nlohmann::json m = {{"items", std::move(outcomes_)}, {"ok", ok_}, {"errors", errors_}};
+  std::string text = m.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  TarWriter::Entry e;
+  e.name = kBatchManifestName;
+  e.size = text.size();
+  SetMtime(e, std::chrono::system_clock::now());
+  SLUICE_RETURN_IF_ERROR(tar_.Header(e));
+  SLUICE_RETURN_IF_ERROR(tar_.Data(text.data(), text.size()));
+  return tar_.FinishEntry(e.name);
+}
+
+Status BatchGetStream::Step() {
+  if (file_) return FileData();
+  if (next_ < items_.size()) return StartItem();
+  if (manifest_ && !manifest_written_) return WriteManifest();
+  return tar_.Close();
+}
+
+Result<size_t> BatchGetStream::Read(char* buf, size_t cap) {
+  if (failed_) return Status(Code::kInternal, fmt::format("{} already failed", label_));
+  while (tar_.pending() < cap && !tar_.closed()) {
+    if (Status st = Step(); !st.ok()) {
+      failed_ = true;
+      spdlog::warn("{}: {}", label_, st.ToString());
+      // What the stream holds up to the failed item still goes out; the cut follows it.
+      if (tar_.pending() > 0) return tar_.Take(buf, cap);
+      return st;
+    }
+  }
+  return tar_.Take(buf, cap);
+}
+
+}  // namespace sluice::api::s3

@@ -48,14 +48,19 @@ class HmacContext {
   std::string key_;
 };
 
+// Fetched once: with an implicit algorithm (EVP_sha256()) OpenSSL 3 looks the implementation up
+// again, under a lock, at every init (SigV4 hashes every request).
 const EVP_MD* MdOf(Digest::Algo a) {
+  static EVP_MD* const md5 = EVP_MD_fetch(nullptr, "MD5", nullptr);
+  static EVP_MD* const sha1 = EVP_MD_fetch(nullptr, "SHA1", nullptr);
+  static EVP_MD* const sha256 = EVP_MD_fetch(nullptr, "SHA256", nullptr);
   switch (a) {
     case Digest::Algo::kMd5:
-      return EVP_md5();
+      return md5 ? md5 : EVP_md5();
     case Digest::Algo::kSha1:
-      return EVP_sha1();
+      return sha1 ? sha1 : EVP_sha1();
     case Digest::Algo::kSha256:
-      return EVP_sha256();
+      return sha256 ? sha256 : EVP_sha256();
   }
   return EVP_sha256();
 }
@@ -81,9 +86,13 @@ std::string HmacSha256(std::string_view key, std::string_view data) {
 }
 
 std::string Sha256(std::string_view data) {
+  thread_local EVP_MD_CTX* ctx = EVP_MD_CTX_new();
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), out, &len, EVP_sha256(), nullptr);
+  if (!ctx || EVP_DigestInit_ex(ctx, MdOf(Digest::Algo::kSha256), nullptr) != 1 ||
+      EVP_DigestUpdate(ctx, data.data(), data.size()) != 1 ||
+      EVP_DigestFinal_ex(ctx, out, &len) != 1)
+    EVP_Digest(data.data(), data.size(), out, &len, EVP_sha256(), nullptr);
   return std::string(reinterpret_cast<char*>(out), len);
 }
 

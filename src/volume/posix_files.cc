@@ -56,6 +56,7 @@ Result<DirEntry> StatAt(int dirfd, const std::string& name, bool dont_sync, bool
   e.size = sx.stx_size;
   e.ino = sx.stx_ino;
   e.modified = ToTimePoint(sx.stx_mtime);
+  e.changed = ToTimePoint(sx.stx_ctime);
   e.created = (sx.stx_mask & STATX_BTIME) ? ToTimePoint(sx.stx_btime) : ToTimePoint(sx.stx_ctime);
   if (e.type == EntryType::kSymlink && !name.empty()) {
     std::string target(PATH_MAX, '\0');
@@ -69,23 +70,22 @@ Result<DirEntry> StatAt(int dirfd, const std::string& name, bool dont_sync, bool
 }
 
 Result<std::string> ReadObjectMeta(int fd, const std::string& name) {
-  std::string buf(kMaxObjectMeta, '\0');
+  char buf[kMaxObjectMeta];  // on the stack: this runs for every object read
   ssize_t n;
   if (name.empty()) {
-    n = ::fgetxattr(fd, kObjectMetaAttr, buf.data(), buf.size());
+    n = ::fgetxattr(fd, kObjectMetaAttr, buf, sizeof buf);
   } else {
     // No getxattrat() before Linux 6.13: the entry is named through the directory's descriptor,
     // one component, never followed.
     std::string p = fmt::format("/proc/self/fd/{}/{}", fd, name);
-    n = ::lgetxattr(p.c_str(), kObjectMetaAttr, buf.data(), buf.size());
+    n = ::lgetxattr(p.c_str(), kObjectMetaAttr, buf, sizeof buf);
   }
   if (n < 0) {
     if (errno == ENODATA || errno == ENOTSUP || errno == EOPNOTSUPP || errno == ERANGE)
       return std::string();
     return Status::FromErrno(errno, fmt::format("read metadata of '{}'", name));
   }
-  buf.resize(static_cast<size_t>(n));
-  return buf;
+  return std::string(buf, static_cast<size_t>(n));
 }
 
 Status WriteObjectMeta(int fd, std::string_view meta) {

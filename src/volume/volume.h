@@ -62,6 +62,9 @@ struct DirEntry {
   uint64_t size = 0;
   std::chrono::system_clock::time_point created;
   std::chrono::system_clock::time_point modified;
+  // The last change to the inode (data, attributes, extended attributes, links): what caches
+  // of anything stored with a file are checked against.
+  std::chrono::system_clock::time_point changed;
   std::optional<std::string> symlink_target;
   // What identifies this version of the content, with size and modified: the inode where the
   // backend has one, and the backend's own entity tag where it keeps one (an origin's ETag).

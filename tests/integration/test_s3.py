@@ -1260,3 +1260,27 @@ def test_batch_get_errors(s3d, s3, user):
     assert r.status_code == 400 and "InvalidArgument" in r.text
     r = batch_get(s3d, ak, sk, "/?batch-get", {"items": [{"key": "a"}]})
     assert r.status_code == 400 and "names no bucket" in r.text
+
+
+def test_metadata_cache_follows_the_file(s3d, s3):
+    """GETs answer from cached metadata (on the event loop when nothing needs I/O), but never
+    past a change to the file: removing or replacing its attribute on the volume shows at once."""
+    name = new_bucket(s3)
+    body = b"cached metadata"
+    s3.put_object(Bucket=name, Key="m.txt", Body=body, ContentType="text/x-cached",
+                  Metadata={"k": "v"})
+    md5 = f'"{hashlib.md5(body).hexdigest()}"'
+    for _ in range(3):  # the first fills the cache, the others come from it
+        got = s3.get_object(Bucket=name, Key="m.txt")
+        assert got["ETag"] == md5 and got["ContentType"] == "text/x-cached"
+        assert got["Metadata"] == {"k": "v"} and got["Body"].read() == body
+    path = bucket_dir(s3d, name) / "m.txt"
+    os.removexattr(path, "user.sluice.object")
+    got = s3.head_object(Bucket=name, Key="m.txt")
+    assert got["ETag"] != md5 and len(got["ETag"].strip('"')) != 32  # a validator, not an MD5
+    assert got["ContentType"] == "binary/octet-stream" and got["Metadata"] == {}
+    # Written again through S3 (a new file): the new metadata.
+    s3.put_object(Bucket=name, Key="m.txt", Body=b"second", ContentType="text/x-second")
+    got = s3.get_object(Bucket=name, Key="m.txt")
+    assert got["ETag"] == f'"{hashlib.md5(b"second").hexdigest()}"'
+    assert got["ContentType"] == "text/x-second" and got["Body"].read() == b"second"

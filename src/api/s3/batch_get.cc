@@ -26,6 +26,13 @@ BatchGetStream::BatchGetStream(ObjectStore* objects, std::vector<BatchItem> item
       manifest_(manifest),
       label_(std::move(label)) {
   in_.resize(kReadChunk);
+  if (manifest_) outcomes_.reserve(items_.size());
+}
+
+BatchGetStream::Outcome* BatchGetStream::Record() {
+  if (!manifest_) return nullptr;
+  outcomes_.emplace_back();
+  return &outcomes_.back();
 }
 
 BatchGetStream::~BatchGetStream() {
@@ -49,9 +56,6 @@ std::optional<S3Error> BatchGetStream::Prepare() {
 Status BatchGetStream::Failed(const S3Error& e) {
   ++errors_;
   const BatchItem& it = items_[next_ - 1];
-  nlohmann::json o = {{"index", next_ - 1}, {"bucket", it.bucket}, {"key", it.key},
-                      {"status", e.status}, {"code", e.code},      {"message", e.message}};
-  if (!it.opaque.empty()) o["opaque"] = it.opaque;
   if (!continue_on_error_) {
     stop_ = e;
     return Status(Code::kUnavailable, fmt::format("item {} ('{}' in {}): {}: {}", next_ - 1, it.key,
@@ -62,8 +66,11 @@ Status BatchGetStream::Failed(const S3Error& e) {
   ph.name = (e.status == 404 ? "__404__/" : "__error__/") + it.name;
   if (!ph.name.empty() && ph.name.back() == '/') ph.name.pop_back();
   SetMtime(ph, std::chrono::system_clock::now());
-  o["name"] = ph.name;
-  outcomes_.push_back(std::move(o));
+  if (Outcome* o = Record()) {
+    o->status = e.status;
+    o->code = e.code;
+    o->message = e.message;
+  }
   SLUICE_RETURN_IF_ERROR(tar_.Header(ph));
   return tar_.FinishEntry(ph.name);
 }
@@ -76,15 +83,10 @@ Status BatchGetStream::StartItem() {
   TarWriter::Entry e;
   e.name = it.name;
   SetMtime(e, o->entry.modified);
-  nlohmann::json out = {
-      {"index", next_ - 1}, {"bucket", it.bucket}, {"key", it.key}, {"name", it.name}};
-  if (!it.opaque.empty()) out["opaque"] = it.opaque;
   if (!o->file) {  // a directory marker ("dir/")
     e.type = EntryType::kDirectory;
     e.perm = 0755;
-    out["status"] = 200;
-    out["size"] = 0;
-    outcomes_.push_back(std::move(out));
+    if (Outcome* out = Record()) out->status = 200;
     ++ok_;
     SLUICE_RETURN_IF_ERROR(tar_.Header(e));
     return tar_.FinishEntry(e.name);
@@ -102,13 +104,15 @@ Status BatchGetStream::StartItem() {
       first = rr.ranges.front().first;
       length = rr.ranges.front().length;
       status = 206;
-      out["range"] = fmt::format("bytes {}-{}/{}", first, first + length - 1, size);
     }
   }
   e.size = length;
-  out["status"] = status;
-  out["size"] = length;
-  outcomes_.push_back(std::move(out));
+  if (Outcome* out = Record()) {
+    out->status = status;
+    out->size = length;
+    out->range_first = first;
+    out->range_total = status == 206 ? size : 0;
+  }
   ++ok_;
   SLUICE_RETURN_IF_ERROR(tar_.Header(e));
   if (length == 0) return tar_.FinishEntry(e.name);
@@ -137,7 +141,27 @@ Status BatchGetStream::FileData() {
 
 Status BatchGetStream::WriteManifest() {
   manifest_written_ = true;
-  nlohmann::json m = {{"items", std::move(outcomes_)}, {"ok", ok_}, {"errors", errors_}};
+  nlohmann::json list = nlohmann::json::array();
+  for (size_t i = 0; i < outcomes_.size(); ++i) {
+    const Outcome& o = outcomes_[i];
+    const BatchItem& it = items_[i];
+    nlohmann::json j = {{"index", i}, {"bucket", it.bucket}, {"key", it.key}, {"status", o.status}};
+    if (o.code.empty()) {
+      j["name"] = it.name;
+      j["size"] = o.size;
+      if (o.range_total)
+        j["range"] =
+            fmt::format("bytes {}-{}/{}", o.range_first, o.range_first + o.size - 1, o.range_total);
+    } else {
+      j["name"] = std::string(o.status == 404 ? "__404__/" : "__error__/") +
+                  (it.name.back() == '/' ? it.name.substr(0, it.name.size() - 1) : it.name);
+      j["code"] = o.code;
+      j["message"] = o.message;
+    }
+    if (!it.opaque.empty()) j["opaque"] = it.opaque;
+    list.push_back(std::move(j));
+  }
+  nlohmann::json m = {{"items", std::move(list)}, {"ok", ok_}, {"errors", errors_}};
   std::string text = m.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   TarWriter::Entry e;
   e.name = kBatchManifestName;

@@ -60,7 +60,15 @@ class BatchGetStream {
   std::shared_ptr<FileReader> file_;
   uint64_t file_off_ = 0, file_left_ = 0;
   std::vector<char> in_;
-  nlohmann::json outcomes_ = nlohmann::json::array();
+  // Per item, for the manifest: what became of it (no allocation for an item served whole).
+  struct Outcome {
+    unsigned status = 0;
+    uint64_t size = 0;
+    uint64_t range_first = 0, range_total = 0;  // a range: its start and the object's size
+    std::string code, message;                  // an error
+  };
+  std::vector<Outcome> outcomes_;
+  Outcome* Record();  // this item's outcome, when a manifest is kept
   bool manifest_written_ = false, failed_ = false;
   std::optional<S3Error> stop_;  // the item that ended a batch without continue-on-error
   uint64_t ok_ = 0, errors_ = 0, bytes_ = 0;

@@ -132,15 +132,22 @@ std::optional<std::string> HostBucket(const HttpRequest& req, const std::string&
   return host.substr(0, host.size() - domain.size() - 1);
 }
 
-// Signing keys per (key, day, region): four HMACs saved on every request.
+// Signing keys per access key, for its day, region and service: four HMACs saved on every
+// request.
 std::string CachedSigningKey(const S3Key& key, const s3::SigV4Auth& a) {
-  thread_local std::unordered_map<std::string, std::string> cache;
-  std::string id = fmt::format("{}\n{}\n{}\n{}", key.access_key, a.date, a.region, key.secret_key);
-  auto it = cache.find(id);
-  if (it != cache.end()) return it->second;
+  struct Entry {
+    std::string date, region, service, secret, signing;
+  };
+  thread_local std::unordered_map<std::string, Entry> cache;  // by access key
+  auto it = cache.find(key.access_key);
+  if (it != cache.end() && it->second.date == a.date && it->second.region == a.region &&
+      it->second.service == a.service && it->second.secret == key.secret_key)
+    return it->second.signing;
   if (cache.size() > 1024) cache.clear();
-  std::string k = s3::SigningKey(key.secret_key, a.date, a.region, a.service);
-  cache.emplace(std::move(id), k);
+  Entry e{a.date, a.region, a.service, key.secret_key,
+          s3::SigningKey(key.secret_key, a.date, a.region, a.service)};
+  std::string k = e.signing;
+  cache[key.access_key] = std::move(e);
   return k;
 }
 
@@ -1113,11 +1120,8 @@ std::optional<unsigned> Preconditions(const HttpRequest& req, const std::string&
   return std::nullopt;
 }
 
-HttpResponse GetObject(S3Ctx& ctx, const HttpRequest& req) {
-  S3_ACCESS(ref, ctx, req, false);
-  std::string key = KeyOf(req);
-  auto o = ctx.objects.Open(*ref.volume, ref.vfid, key);
-  if (!o.ok()) return ErrorXml(FromStatus(o.status()), req.path);
+// The answer to GET or HEAD of an object, opened.
+HttpResponse ObjectResponse(const HttpRequest& req, ObjectStore::Opened* o) {
   const DirEntry& e = o->entry;
   const std::string etag = ObjectETag(e, o->meta);
   const std::time_t mtime = std::chrono::system_clock::to_time_t(e.modified);
@@ -1203,6 +1207,51 @@ HttpResponse GetObject(S3Ctx& ctx, const HttpRequest& req) {
   }
   r.header_lines = std::move(lines);
   return r;
+}
+
+HttpResponse GetObject(S3Ctx& ctx, const HttpRequest& req) {
+  S3_ACCESS(ref, ctx, req, false);
+  auto o = ctx.objects.Open(*ref.volume, ref.vfid, KeyOf(req));
+  if (!o.ok()) return ErrorXml(FromStatus(o.status()), req.path);
+  return ObjectResponse(req, &*o);
+}
+
+// GET or HEAD of an object on the event loop, when that needs no I/O: the bucket loaded, the
+// key allowed, the object's path and metadata in memory. Anything else (errors included) is
+// left to GetObject on the pool (nullopt).
+std::optional<HttpResponse> GetObjectInline(S3Ctx& ctx, const HttpRequest& req) {
+  std::string key = KeyOf(req);
+  if (key.empty()) return std::nullopt;  // the bucket itself
+  const S3Grant& g = GrantOf(req);
+  // Buckets as this thread last resolved them (volume, parsed vfid), while the store's
+  // generation says nothing changed.
+  struct Resolved {
+    std::string owner;
+    Volume* volume;
+    VFolderId vfid;
+  };
+  thread_local std::unordered_map<std::string, Resolved> resolved;
+  thread_local uint64_t generation = ~0ULL;
+  if (uint64_t now = ctx.store->generation(); now != generation) {
+    resolved.clear();
+    generation = now;
+  }
+  std::string name(req.Param("bucket"));
+  auto at = resolved.find(name);
+  if (at == resolved.end()) {
+    auto b = ctx.store->FindCachedBucket(name);
+    if (!b) return std::nullopt;
+    auto v = ctx.svc->GetVolume(b->volume);
+    auto id = VFolderId::Parse(b->vfid);
+    if (!v.ok() || !id.ok()) return std::nullopt;
+    if (resolved.size() >= 4096) resolved.clear();
+    at = resolved.emplace(name, Resolved{b->owner, *v, std::move(id).value()}).first;
+  }
+  const Resolved& b = at->second;
+  if (b.owner != g.key->user || !g.key->MayUse(name)) return std::nullopt;
+  auto o = ctx.objects.OpenCached(*b.volume, b.vfid, key);
+  if (!o.ok()) return std::nullopt;
+  return ObjectResponse(req, &*o);
 }
 
 HttpResponse DeleteObject(S3Ctx& ctx, const HttpRequest& req) {
@@ -1687,8 +1736,10 @@ std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, Th
   // "/bucket/" (an empty key) is the bucket itself, as some clients address it: every bucket
   // route is also reached through the object pattern with an empty key. `object` (null: none)
   // serves the same method and sub-resource when the key is not empty.
+  // `object_inline`: GET and HEAD of objects are answered on the event loop when they need no
+  // I/O (GetObjectInline).
   auto add = [&](V method, std::string sub, S3Handler bucket, S3Handler object,
-                 std::optional<uint64_t> limit = 0) {
+                 std::optional<uint64_t> limit = 0, bool object_inline = false) {
     g.Add(method, "/{bucket}", MakeRoute(ctx, bucket, sub, limit));
     S3Handler either = [bucket, object](S3Ctx& c, const HttpRequest& r) {
       if (r.Param("key").empty()) return bucket(c, r);
@@ -1697,7 +1748,14 @@ std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, Th
           {405, "MethodNotAllowed", "the specified method is not allowed against this resource"},
           r.path);
     };
-    g.Add(method, "/{bucket}/{key+}", MakeRoute(ctx, either, sub, limit));
+    Route route = MakeRoute(ctx, either, sub, limit);
+    if (object_inline)
+      route.try_inline = [ctx](const HttpRequest& req) {
+        auto res = GetObjectInline(*ctx, req);
+        if (res) res->headers.emplace_back("x-amz-request-id", RequestId());
+        return res;
+      };
+    g.Add(method, "/{bucket}/{key+}", std::move(route));
   };
   // Sub-resources first, then the plain routes.
   add(V::get, "location", GetBucketLocation, GetObject);
@@ -1718,8 +1776,8 @@ std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, Th
   part.query_key = "uploadId";
   part.stream = [ctx](const HttpRequest& req) { return UploadPart(*ctx, req); };
   g.Add(V::put, "/{bucket}/{key+}", std::move(part));
-  add(V::get, "", list, GetObject);
-  add(V::head, "", HeadBucket, GetObject);
+  add(V::get, "", list, GetObject, 0, true);
+  add(V::head, "", HeadBucket, GetObject, 0, true);
   add(V::delete_, "", DeleteBucket, DeleteObject);
   g.Add(V::put, "/{bucket}", MakeRoute(ctx, CreateBucket, "", 64 << 10));
   Route put;

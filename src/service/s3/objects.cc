@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <deque>
+#include <mutex>
 #include <tuple>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -79,13 +81,14 @@ std::string ObjectETag(const DirEntry& e, const std::optional<ObjectMeta>& meta)
   return std::string(api::MakeETag(e.ino, e.size, static_cast<uint64_t>(MtimeNs(e)), buf));
 }
 
-Result<std::vector<std::string>> KeyParts(std::string_view key) {
+Result<std::string_view> KeyPath(std::string_view key) {
   if (key.size() > 1024)
     return Status(Code::kUriTooLong,
                   fmt::format("the key is {} bytes; the limit is 1024", key.size()), ENAMETOOLONG);
   if (key.empty()) return Status(Code::kInvalidArgument, "the key is empty");
   if (key.back() == '/') key.remove_suffix(1);
-  std::vector<std::string> parts;
+  const std::string_view path = key;
+  bool first = true;
   while (true) {
     size_t s = key.find('/');
     std::string_view c = key.substr(0, s);
@@ -98,14 +101,26 @@ Result<std::vector<std::string>> KeyParts(std::string_view key) {
     if (c.size() > 255)
       return Status(Code::kUriTooLong, "a key's path segments are at most 255 bytes each",
                     ENAMETOOLONG);
-    parts.emplace_back(c);
+    if (first && c == kStagingDirName)
+      return Status(
+          Code::kPermissionDenied,
+          fmt::format("keys under '{}/' are reserved for upload staging", kStagingDirName), EACCES);
+    first = false;
     if (s == std::string_view::npos) break;
     key.remove_prefix(s + 1);
   }
-  if (parts.front() == kStagingDirName)
-    return Status(Code::kPermissionDenied,
-                  fmt::format("keys under '{}/' are reserved for upload staging", kStagingDirName),
-                  EACCES);
+  return path;
+}
+
+Result<std::vector<std::string>> KeyParts(std::string_view key) {
+  SLUICE_ASSIGN_OR_RETURN(std::string_view path, KeyPath(key));
+  std::vector<std::string> parts;
+  for (size_t at = 0;;) {
+    size_t s = path.find('/', at);
+    parts.emplace_back(path.substr(at, s == std::string_view::npos ? s : s - at));
+    if (s == std::string_view::npos) break;
+    at = s + 1;
+  }
   return parts;
 }
 
@@ -426,6 +441,54 @@ Result<SplitResult> SplitKeys(Volume& v, const VFolderId& vfid, const SplitQuery
   }
   out.ranges.push_back(std::move(cur));
   return out;
+}
+
+// -------------------------------------------------------------------------------- meta cache
+
+namespace {
+int64_t Ns(std::chrono::system_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+}  // namespace
+
+struct ObjectMetaCache::Shard {
+  struct KeyHash {
+    size_t operator()(const std::pair<const Volume*, uint64_t>& k) const {
+      return std::hash<uint64_t>()(k.second) ^ (std::hash<const void*>()(k.first) << 1);
+    }
+  };
+  std::mutex mu;
+  std::unordered_map<std::pair<const Volume*, uint64_t>, Entry, KeyHash> map;
+};
+
+ObjectMetaCache::ObjectMetaCache(size_t capacity)
+    : per_shard_(std::max<size_t>(1, capacity / kShards)), shards_(new Shard[kShards]) {}
+
+ObjectMetaCache::~ObjectMetaCache() = default;
+
+ObjectMetaCache::Shard& ObjectMetaCache::ShardOf(const Volume* v, uint64_t ino) const {
+  return shards_[(ino * 0x9E3779B97F4A7C15ULL >> 60) % kShards];
+}
+
+std::optional<std::optional<ObjectMeta>> ObjectMetaCache::Find(const Volume* v,
+                                                               const DirEntry& e) const {
+  if (e.ino == 0) return std::nullopt;
+  Shard& s = ShardOf(v, e.ino);
+  std::lock_guard lk(s.mu);
+  auto it = s.map.find({v, e.ino});
+  if (it == s.map.end() || it->second.size != e.size || it->second.mtime_ns != Ns(e.modified) ||
+      it->second.ctime_ns != Ns(e.changed))
+    return std::nullopt;
+  return it->second.meta;
+}
+
+void ObjectMetaCache::Put(const Volume* v, const DirEntry& e,
+                          const std::optional<ObjectMeta>& meta) {
+  if (e.ino == 0 || e.changed.time_since_epoch().count() == 0) return;
+  Shard& s = ShardOf(v, e.ino);
+  std::lock_guard lk(s.mu);
+  if (s.map.size() >= per_shard_) s.map.clear();
+  s.map[{v, e.ino}] = Entry{e.size, Ns(e.modified), Ns(e.changed), meta};
 }
 
 // ------------------------------------------------------------------------------------ writing
@@ -767,13 +830,26 @@ Status ObjectStore::PutDirectory(Volume& v, const VFolderId& vfid, std::string_v
 
 Result<ObjectStore::Opened> ObjectStore::Open(Volume& v, const VFolderId& vfid,
                                               std::string_view key, bool want_meta) {
+  return OpenWith(v, vfid, key, want_meta, Lookup::kMayBlock);
+}
+
+Result<ObjectStore::Opened> ObjectStore::OpenCached(Volume& v, const VFolderId& vfid,
+                                                    std::string_view key) {
+  return OpenWith(v, vfid, key, true, Lookup::kCachedOnly);
+}
+
+Result<ObjectStore::Opened> ObjectStore::OpenWith(Volume& v, const VFolderId& vfid,
+                                                  std::string_view key, bool want_meta,
+                                                  Lookup lookup) {
+  const bool cached_only = lookup == Lookup::kCachedOnly;
+  auto would_block = [] { return Status(Code::kUnavailable, "not in memory"); };
   auto nokey = [&] { return Status(Code::kNotFound, "the specified key does not exist", ENOENT); };
-  auto parts = KeyParts(key);
-  if (!parts.ok())
-    return parts.status().code() == Code::kPermissionDenied ? nokey() : parts.status();
-  std::string rel = RelOf(*parts, parts->size());
+  auto path = KeyPath(key);
+  if (!path.ok()) return path.status().code() == Code::kPermissionDenied ? nokey() : path.status();
+  const std::string_view rel = *path;
   Opened o;
   if (key.back() == '/') {
+    if (cached_only) return would_block();
     auto e = v.Stat(vfid, rel);
     if (!e.ok()) return IsObjectNotFound(e.status()) ? nokey() : e.status();
     if (e->type != EntryType::kDirectory) return nokey();
@@ -781,16 +857,24 @@ Result<ObjectStore::Opened> ObjectStore::Open(Volume& v, const VFolderId& vfid,
     o.entry.size = 0;
     return o;
   }
-  auto f = v.OpenReader(vfid, rel);
+  auto f = v.OpenReader(vfid, rel, lookup);
   if (!f.ok()) {
+    if (cached_only) return would_block();  // answered, errors too, where it may block
     if (IsObjectNotFound(f.status()) || f.status().code() == Code::kInvalidArgument) return nokey();
     return f.status();
   }
   o.file = std::move(f).value();
   o.entry = o.file->info();
   if (!want_meta) return o;
+  if (auto hit = meta_cache_->Find(&v, o.entry)) {
+    o.meta = std::move(*hit);
+    return o;
+  }
+  if (cached_only) return would_block();
   auto blob = o.file->ReadMeta();
-  if (blob.ok()) o.meta = ObjectMeta::Decode(*blob, o.entry);
+  if (!blob.ok()) return o;  // no metadata this time; not remembered
+  o.meta = ObjectMeta::Decode(*blob, o.entry);
+  meta_cache_->Put(&v, o.entry, o.meta);
   return o;
 }
 

@@ -56,6 +56,9 @@ std::string ObjectETag(const DirEntry& e, const std::optional<ObjectMeta>& meta)
 // ("", "..", ".", "//", NUL, over 1024 bytes: kUriTooLong), kPermissionDenied for the staging
 // directory. A trailing '/' (a directory marker) is allowed and dropped.
 Result<std::vector<std::string>> KeyParts(std::string_view key);
+// The same checks, answering the key as a path below the vfolder (a view of `key` without its
+// trailing '/'), without splitting it.
+Result<std::string_view> KeyPath(std::string_view key);
 
 struct ListQuery {
   std::string prefix;
@@ -179,9 +182,36 @@ struct UploadedPart {
 
 inline constexpr int kMaxPartNumber = 10000;
 
+// Object metadata by file version, so that GET and HEAD need not read a file's extended
+// attribute again (and an event loop can answer them with no I/O at all). An entry holds for
+// its inode while the file's size, mtime and ctime are those it was read with: writing the file
+// or any of its attributes moves ctime, which nobody can set back. Bounded: a full shard starts
+// over.
+class ObjectMetaCache {
+ public:
+  explicit ObjectMetaCache(size_t capacity = 1 << 16);
+  ~ObjectMetaCache();
+  // Found: what the file carries (nullopt inside for none).
+  std::optional<std::optional<ObjectMeta>> Find(const Volume* v, const DirEntry& e) const;
+  void Put(const Volume* v, const DirEntry& e, const std::optional<ObjectMeta>& meta);
+
+ private:
+  struct Entry {
+    uint64_t size;
+    int64_t mtime_ns, ctime_ns;
+    std::optional<ObjectMeta> meta;
+  };
+  struct Shard;
+  static constexpr size_t kShards = 16;
+  size_t per_shard_;
+  std::unique_ptr<Shard[]> shards_;
+  Shard& ShardOf(const Volume* v, uint64_t ino) const;
+};
+
 class ObjectStore {
  public:
-  explicit ObjectStore(QuotaReservations* reservations) : reservations_(reservations) {}
+  explicit ObjectStore(QuotaReservations* reservations)
+      : reservations_(reservations), meta_cache_(std::make_shared<ObjectMetaCache>()) {}
 
   // --- multipart uploads ---
   Result<MultipartUpload> CreateMultipart(Volume& v, const VFolderId& vfid, std::string_view key,
@@ -224,6 +254,9 @@ class ObjectStore {
   // metadata too (one more attribute read).
   Result<Opened> Open(Volume& v, const VFolderId& vfid, std::string_view key,
                       bool want_meta = true);
+  // The same on an event loop: no I/O at all, kUnavailable where Open would need some (the
+  // path or the metadata not in memory, a directory marker).
+  Result<Opened> OpenCached(Volume& v, const VFolderId& vfid, std::string_view key);
   // Deleting a missing key succeeds (as S3 does).
   Status Delete(Volume& v, const VFolderId& vfid, std::string_view key);
   // Whether the vfolder holds any object (staging excluded).
@@ -233,8 +266,11 @@ class ObjectStore {
   Result<std::unique_ptr<ObjectWriter>> BeginWrite(Volume& v, const VFolderId& vfid,
                                                    std::vector<std::string> parts,
                                                    std::optional<uint64_t> size, bool want_sha256);
+  Result<Opened> OpenWith(Volume& v, const VFolderId& vfid, std::string_view key, bool want_meta,
+                          Lookup lookup);
 
   QuotaReservations* reservations_;
+  std::shared_ptr<ObjectMetaCache> meta_cache_;
 };
 
 // The multipart ETag of `parts` (hex MD5 of their raw MD5s, "-", their count), unquoted.

@@ -255,6 +255,7 @@ void S3Store::Refresh() {
   if (changed) {
     std::lock_guard lk(mu_);
     snap_ = std::move(next);
+    generation_.fetch_add(1, std::memory_order_release);
   }
 }
 
@@ -405,6 +406,13 @@ Result<S3Bucket> S3Store::FindBucket(const std::string& name) {
   if (!text.ok() || !*text) return nope;
   SLUICE_ASSIGN_OR_RETURN(auto j, ParseRecord(**text, "bucket " + name));
   return S3Bucket::FromJson(j);
+}
+
+std::optional<S3Bucket> S3Store::FindCachedBucket(const std::string& name) const {
+  auto s = snap();
+  auto it = s->buckets.find(name);
+  if (it == s->buckets.end()) return std::nullopt;
+  return it->second;
 }
 
 Status S3Store::UnbindBucket(const std::string& name) {

@@ -8,6 +8,7 @@
 // the one record on a miss, so a bucket made on another node a moment ago is found at once.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -92,6 +93,10 @@ class S3Store {
   Status BindBucket(S3Bucket b);  // kAlreadyExists
   // kNotFound when no such bucket (on any node).
   Result<S3Bucket> FindBucket(const std::string& name);
+  // Memory only, never blocks: nullopt when not loaded here (FindBucket may still find it).
+  std::optional<S3Bucket> FindCachedBucket(const std::string& name) const;
+  // Moves whenever what is loaded changes: what callers derived from it is stale once it does.
+  uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
   Status UnbindBucket(const std::string& name);
   std::vector<S3Bucket> Buckets() const;
 
@@ -116,6 +121,7 @@ class S3Store {
   std::string seal_key_;  // 32 bytes
   mutable std::mutex mu_;
   std::shared_ptr<const Snapshot> snap_;
+  std::atomic<uint64_t> generation_{0};
   std::mutex refresh_mu_;  // one reload at a time
 
   std::mutex run_mu_;

@@ -35,6 +35,7 @@ DirEntry Describe(const std::string& name, const Node& n) {
   e.ino = n.ino;
   e.created = n.created;
   e.modified = n.modified;
+  e.changed = n.modified;
   return e;
 }
 

@@ -1,0 +1,421 @@
+#!/usr/bin/python3
+"""S3 API benchmarks: sluiced's S3 listener against its peers, in the same run, on the same data.
+
+  get     N objects of S bytes fetched at random with SigV4 over C keep-alive connections (wrk
+          + Lua over presigned URLs, so every request's signature is computed and checked) ->
+          req/s against nginx serving the same files without any authentication
+  batch   the same N objects fetched with batch gets (one signed request, one TAR stream; as
+          many streams at once as there are cores, each of N/cores objects) -> objects/s
+          against nginx's per-object GETs of `get`
+  list    K keys (files on the volume) listed page after page (ListObjectsV2, 1000 a page) and
+          split over W workers (?list-split, then ListObjectsV2 with start-after and end-key,
+          one process each) -> keys/s, and the split's speed-up over the sequential listing
+  large   one object of B bytes fetched over one connection (wrk, presigned) against nginx, and
+          uploaded as a multipart upload (parts of P bytes, 4 at once, presigned UploadPart URLs
+          with unsigned payloads) against `dd bs=P conv=fsync` writing the same bytes to the
+          same file system
+  put     objects of S bytes PUT at random over C connections (wrk, presigned), durable (each
+          fsync'ed before the answer) -> req/s
+
+Ceph RGW, the peer the issue names for listing and PUTs, joins these runs once the Ceph tool
+starts radosgw (docs/s3.md lists what is measured against what). Both servers and wrk share
+this machine's cores and this script's session (see bench_download.py). Ratios > 1 mean
+Sluice is faster.
+
+  /usr/bin/python3 bench/bench_s3.py [--only get,batch,list,large,put] [--objects 10000]
+      [--object-size 4k] [--conns 64] [--duration 10] [--rounds 3] [--keys 100000]
+      [--workers 8] [--big 1g] [--part 8m]
+"""
+import argparse
+import concurrent.futures
+import json
+import multiprocessing
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import xml.etree.ElementTree as ET
+
+import boto3
+import requests
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.config import Config
+from botocore.credentials import Credentials
+
+from bench_download import LUA, Nginx, alternating, rounds_text, wrk
+from benchlib import Sluiced, free_port, parse_size
+
+NS = {"s3": "http://s3.amazonaws.com/doc/2006-03-01/"}
+PUT_LUA = """
+local paths = {}
+for line in io.lines(os.getenv("BENCH_PATHS")) do paths[#paths + 1] = line end
+local n = #paths
+local body = string.rep("x", tonumber(os.getenv("BENCH_SIZE")))
+math.randomseed(os.time() + tonumber(tostring({}):sub(8), 16))
+request = function()
+  return wrk.format("PUT", paths[math.random(n)], nil, body)
+end
+"""
+
+
+class S3Sluiced(Sluiced):
+    """sluiced with its S3 listener on, a user, a key and a boto3 client."""
+
+    def __init__(self, root):
+        self.s3_port = free_port()
+        super().__init__(root, volumes=f"""
+[api.s3]
+service-addr = {{ host = "127.0.0.1", port = {self.s3_port} }}
+seal-key = "bench-seal-key-0123456789"
+durable = true
+""")
+        self.s3_url = f"http://127.0.0.1:{self.s3_port}"
+        user = f"bench-{uuid.uuid4().hex[:8]}"
+        r = self.s.post(self.mgr + "/s3/users", json={"id": user})
+        r.raise_for_status()
+        r = self.s.post(self.mgr + "/s3/keys", json={"user": user})
+        r.raise_for_status()
+        self.ak, self.sk = r.json()["access_key"], r.json()["secret_key"]
+        self.client = boto3.client(
+            "s3", endpoint_url=self.s3_url, aws_access_key_id=self.ak,
+            aws_secret_access_key=self.sk, region_name="us-east-1",
+            config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
+                          max_pool_connections=16))
+
+    def bucket(self):
+        """A new bucket: (name, its directory on the volume)."""
+        name = f"bench-{uuid.uuid4().hex[:12]}"
+        self.client.create_bucket(Bucket=name)
+        b = next(b for b in self.s.get(self.mgr + "/s3/buckets").json()["buckets"]
+                 if b["name"] == name)
+        path = self.s.get(self.mgr + "/folder/mount", json={"volume": b["volume"],
+                                                             "vfid": b["vfid"]}).json()["path"]
+        return name, path
+
+
+def signed(server, method, path, body=b"", session=None):
+    """A request signed with botocore's SigV4 (path and query already URL-encoded)."""
+    req = AWSRequest(method=method, url=server.s3_url + path, data=body)
+    req.headers["x-amz-content-sha256"] = "UNSIGNED-PAYLOAD"
+    SigV4Auth(Credentials(server.ak, server.sk), "s3", "us-east-1").add_auth(req)
+    p = req.prepare()
+    return (session or requests).request(method, p.url, headers=dict(p.headers), data=body,
+                                         timeout=3600, stream=True)
+
+
+def make_objects(path, n, size, prefix="obj"):
+    data = os.urandom(size)
+    keys = []
+    for i in range(n):
+        d = f"{prefix}/d{i // 1000:03d}"
+        if i % 1000 == 0:
+            os.makedirs(os.path.join(path, d), exist_ok=True)
+        key = f"{d}/o{i:06d}"
+        with open(os.path.join(path, key), "wb") as f:
+            f.write(data)
+        keys.append(key)
+    return keys
+
+
+def write_paths(root, name, lines):
+    p = os.path.join(root, f"{name}-paths.txt")
+    with open(p, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return p
+
+
+def presigned_paths(server, bucket, keys, op="get_object"):
+    base = len(server.s3_url)
+    return [server.client.generate_presigned_url(op, Params={"Bucket": bucket, "Key": k},
+                                                 ExpiresIn=86400)[base:] for k in keys]
+
+
+# ---------------------------------------------------------------------------------------- get
+
+def bench_get(s, root, args, state):
+    bucket, path = s.bucket()
+    keys = make_objects(path, args.objects, args.object_size)
+    state["objects"] = (bucket, path, keys)
+    urls = presigned_paths(s, bucket, keys)
+    probe = requests.get(s.s3_url + urls[0]).content
+    ngx = Nginx(root, path)
+    try:
+        assert requests.get(f"{ngx.base}/{keys[0]}").content == probe
+        lua = os.path.join(root, "random.lua")
+        with open(lua, "w") as f:
+            f.write(LUA)
+        files = {"sluice": write_paths(root, "s3-get", urls),
+                 "nginx": write_paths(root, "nginx-get", ["/" + k for k in keys])}
+        bases = {"sluice": s.s3_url, "nginx": ngx.base}
+        threads = min(os.cpu_count(), args.conns)
+        rps = alternating(args.rounds, args.warmup, {
+            name: (lambda d, name=name: wrk(bases[name], files[name], lua, args.conns, threads,
+                                            d or args.duration)[0]) for name in bases})
+    finally:
+        ngx.stop()
+    for name in rps:
+        print(f"get: {name} rounds: {rounds_text(rps[name], 1, 'req/s')}")
+    med = {n: statistics.median(r) for n, r in rps.items()}
+    state["nginx_rps"] = med["nginx"]
+    print(f"get: {args.objects} objects of {args.object_size} B at random, SigV4 (presigned), "
+          f"{args.conns} connections: medians sluice {med['sluice']:,.0f} req/s, nginx (no auth) "
+          f"{med['nginx']:,.0f} req/s, ratio {med['sluice'] / med['nginx']:.2f}x")
+
+
+# -------------------------------------------------------------------------------------- batch
+
+def count_tar_entries(stream):
+    """Regular entries (and their data bytes) of a TAR stream, walked header to header (Python's
+    tarfile costs more per entry than the server does: it would measure the client)."""
+    buf = bytearray()
+    entries = data = 0
+    pos = 0
+    for chunk in stream.iter_content(1 << 20):
+        buf += chunk
+        while len(buf) - pos >= 512:
+            h = buf[pos:pos + 512]
+            if h == bytes(512):
+                return entries, data
+            size = int(h[124:136].split(b"\0")[0].strip() or b"0", 8)
+            need = 512 + (size + 511) // 512 * 512
+            if len(buf) - pos < need:
+                break
+            if h[156:157] in (b"0", b"\0"):
+                entries += 1
+                data += size
+            pos += need
+        del buf[:pos]
+        pos = 0
+    raise RuntimeError("the TAR stream ended early")
+
+
+def one_batch(s, bucket, keys):
+    """Objects received from one batch get, read to its end."""
+    body = json.dumps({"items": [{"key": k} for k in keys], "manifest": False}).encode()
+    with requests.Session() as session:
+        r = signed(s, "POST", f"/{bucket}?batch-get", body=body, session=session)
+        r.raise_for_status()
+        return count_tar_entries(r)[0]
+
+
+def bench_batch(s, root, args, state):
+    if "objects" not in state:
+        bucket, path = s.bucket()
+        state["objects"] = (bucket, path, make_objects(path, args.objects, args.object_size))
+    bucket, _, keys = state["objects"]
+    streams = os.cpu_count()
+    chunks = [keys[i::streams] for i in range(streams)]
+
+    def run():
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(streams) as ex:
+            got = sum(ex.map(lambda c: one_batch(s, bucket, c), chunks))
+        assert got == len(keys), got
+        return len(keys) / (time.perf_counter() - t0)
+
+    run()  # warm-up
+    rates = [run() for _ in range(args.rounds)]
+    print(f"batch: rounds: {rounds_text(rates, 1, 'objects/s')}")
+    med = statistics.median(rates)
+    ngx = state.get("nginx_rps")
+    vs = f", ratio to nginx's per-object GETs {med / ngx:.2f}x" if ngx else ""
+    print(f"batch: {len(keys)} objects of {args.object_size} B in {streams} batch gets at once: "
+          f"median {med:,.0f} objects/s{vs}")
+
+
+# --------------------------------------------------------------------------------------- list
+
+def list_range(spec):
+    """Keys of one listing (all of it, or one range of a split), page after page."""
+    url, ak, sk, bucket, start, end = spec
+    count = 0
+    token = None
+    with requests.Session() as session:
+        while True:
+            q = "list-type=2&max-keys=1000"
+            if start is not None:
+                q += "&start-after=" + requests.utils.quote(start, safe="")
+            if end is not None:
+                q += "&end-key=" + requests.utils.quote(end, safe="")
+            if token:
+                q += "&continuation-token=" + requests.utils.quote(token, safe="")
+            req = AWSRequest(method="GET", url=f"{url}/{bucket}?{q}")
+            req.headers["x-amz-content-sha256"] = "UNSIGNED-PAYLOAD"
+            SigV4Auth(Credentials(ak, sk), "s3", "us-east-1").add_auth(req)
+            p = req.prepare()
+            r = session.get(p.url, headers=dict(p.headers), timeout=600)
+            r.raise_for_status()
+            page = ET.fromstring(r.content)
+            count += len(page.findall("s3:Contents", NS))
+            token = page.findtext("s3:NextContinuationToken", None, NS)
+            if page.findtext("s3:IsTruncated", None, NS) != "true":
+                return count
+
+
+def bench_list(s, root, args, state):
+    bucket, path = s.bucket()
+    t0 = time.perf_counter()
+    make_objects(path, args.keys, 1, prefix="k")
+    print(f"list: {args.keys} keys made in {time.perf_counter() - t0:.1f} s")
+    spec = (s.s3_url, s.ak, s.sk, bucket, None, None)
+    assert list_range(spec) == args.keys  # warm-up (dentries), and a check
+
+    def sequential():
+        t0 = time.perf_counter()
+        assert list_range(spec) == args.keys
+        return args.keys / (time.perf_counter() - t0)
+
+    def split(pool):
+        t0 = time.perf_counter()
+        r = signed(s, "GET", f"/{bucket}?list-split&parts={args.workers}")
+        r.raise_for_status()
+        ranges = [(x.findtext("s3:StartAfter", None, NS), x.findtext("s3:EndKey", None, NS))
+                  for x in ET.fromstring(r.content).findall("s3:Range", NS)]
+        counts = pool.map(list_range, [(s.s3_url, s.ak, s.sk, bucket, a, b) for a, b in ranges])
+        assert sum(counts) == args.keys, counts
+        return args.keys / (time.perf_counter() - t0)
+
+    with multiprocessing.Pool(args.workers) as pool:
+        seq, par = [], []
+        for _ in range(args.rounds):
+            seq.append(sequential())
+            par.append(split(pool))
+    print(f"list: sequential rounds: {rounds_text(seq, 1, 'keys/s')}")
+    print(f"list: split rounds: {rounds_text(par, 1, 'keys/s')}")
+    ms, mp = statistics.median(seq), statistics.median(par)
+    print(f"list: {args.keys} keys, 1000 a page: sequential median {ms:,.0f} keys/s; split over "
+          f"{args.workers} workers {mp:,.0f} keys/s, {mp / ms:.2f}x the sequential listing")
+
+
+# -------------------------------------------------------------------------------------- large
+
+def bench_large(s, root, args, state):
+    bucket, path = s.bucket()
+    src = os.path.join(root, "big.src")
+    chunk = os.urandom(1 << 20)
+    with open(src, "wb") as f:
+        for _ in range(args.big >> 20):
+            f.write(chunk)
+    shutil.copy(src, os.path.join(path, "big.bin"))
+    subprocess.run(["cat", os.path.join(path, "big.bin")], stdout=subprocess.DEVNULL, check=True)
+    url = presigned_paths(s, bucket, ["big.bin"])[0]
+    ngx = Nginx(root, path)
+    try:
+        bps = alternating(args.rounds, args.warmup, {
+            "nginx": lambda d: wrk(ngx.base, None, None, 1, 1, d or args.duration,
+                                   "/big.bin")[1],
+            "sluice": lambda d: wrk(s.s3_url, None, None, 1, 1, d or args.duration, url)[1]})
+    finally:
+        ngx.stop()
+    for name in bps:
+        print(f"large: GET {name} rounds: {rounds_text(bps[name], 1e-9, 'GB/s')}")
+    med = {n: statistics.median(r) for n, r in bps.items()}
+    print(f"large: GET of {args.big >> 20} MiB over one connection: medians sluice "
+          f"{med['sluice'] / 1e9:.2f} GB/s, nginx {med['nginx'] / 1e9:.2f} GB/s, ratio "
+          f"{med['sluice'] / med['nginx']:.2f}x")
+
+    # Multipart upload from the page cache, against dd writing the same bytes durably.
+    subprocess.run(["cat", src], stdout=subprocess.DEVNULL, check=True)
+    with open(src, "rb") as f:
+        data = memoryview(f.read())
+
+    def upload():
+        key = f"up-{uuid.uuid4().hex[:8]}"
+        t0 = time.perf_counter()
+        up = s.client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        nparts = (len(data) + args.part - 1) // args.part
+
+        def part(i):
+            u = s.client.generate_presigned_url("upload_part", Params={
+                "Bucket": bucket, "Key": key, "UploadId": up, "PartNumber": i + 1})
+            with requests.Session() as session:
+                r = session.put(u, data=data[i * args.part:(i + 1) * args.part], timeout=600)
+                r.raise_for_status()
+                return {"PartNumber": i + 1, "ETag": r.headers["ETag"]}
+
+        with concurrent.futures.ThreadPoolExecutor(4) as ex:
+            parts = list(ex.map(part, range(nparts)))
+        s.client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up,
+                                           MultipartUpload={"Parts": parts})
+        took = time.perf_counter() - t0
+        os.unlink(os.path.join(path, key))
+        return len(data) / took
+
+    def dd():
+        dst = os.path.join(path, f"dd-{uuid.uuid4().hex[:8]}")
+        t0 = time.perf_counter()
+        subprocess.run(["dd", f"if={src}", f"of={dst}", f"bs={args.part}", "conv=fsync",
+                        "status=none"], check=True)
+        took = time.perf_counter() - t0
+        os.unlink(dst)
+        return len(data) / took
+
+    up = alternating(args.rounds, 0, {"sluice": lambda d: upload(), "dd": lambda d: dd()})
+    for name in up:
+        print(f"large: upload {name} rounds: {rounds_text(up[name], 1e-9, 'GB/s')}")
+    med = {n: statistics.median(r) for n, r in up.items()}
+    print(f"large: multipart upload of {args.big >> 20} MiB in {args.part >> 20} MiB parts, 4 at "
+          f"once, durable: median sluice {med['sluice'] / 1e9:.2f} GB/s, dd conv=fsync "
+          f"{med['dd'] / 1e9:.2f} GB/s, ratio {med['sluice'] / med['dd']:.2f}x")
+
+
+# ---------------------------------------------------------------------------------------- put
+
+def bench_put(s, root, args, state):
+    bucket, _ = s.bucket()
+    keys = [f"put/o{i:05d}" for i in range(min(args.objects, 5000))]
+    urls = presigned_paths(s, bucket, keys, "put_object")
+    lua = os.path.join(root, "put.lua")
+    with open(lua, "w") as f:
+        f.write(PUT_LUA)
+    os.environ["BENCH_SIZE"] = str(args.object_size)
+    paths = write_paths(root, "s3-put", urls)
+    threads = min(os.cpu_count(), args.conns)
+    rps = alternating(args.rounds, args.warmup, {
+        "sluice": lambda d: wrk(s.s3_url, paths, lua, args.conns, threads,
+                                d or args.duration)[0]})
+    print(f"put: rounds: {rounds_text(rps['sluice'], 1, 'req/s')}")
+    print(f"put: {args.object_size} B objects, durable, {args.conns} connections: median "
+          f"{statistics.median(rps['sluice']):,.0f} req/s")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default="get,batch,list,large,put")
+    ap.add_argument("--objects", type=int, default=10000)
+    ap.add_argument("--object-size", type=parse_size, default=parse_size("4k"))
+    ap.add_argument("--conns", type=int, default=64)
+    ap.add_argument("--duration", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--keys", type=int, default=100000)
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--big", type=parse_size, default=parse_size("1g"))
+    ap.add_argument("--part", type=parse_size, default=parse_size("8m"))
+    ap.add_argument("--workdir", default=None, help="where to put data (default: a temp dir)")
+    args = ap.parse_args()
+    for tool in ("wrk", "nginx"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} is not installed (scripts/install-deps.sh installs it)")
+    root = tempfile.mkdtemp(prefix="sluice-bench-s3-", dir=args.workdir)
+    os.chmod(root, 0o755)
+    s = S3Sluiced(root)
+    state = {}
+    try:
+        print(f"machine: {os.cpu_count()} cores shared by the servers and their clients")
+        for name in args.only.split(","):
+            {"get": bench_get, "batch": bench_batch, "list": bench_list, "large": bench_large,
+             "put": bench_put}[name](s, root, args, state)
+    finally:
+        s.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

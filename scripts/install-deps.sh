@@ -23,8 +23,8 @@ PKGS=(
   # Backend.AI event bus of tests/integration/eventbus.py: Redis stream and etcd config, started
   # by the tests on their own ports, never as services
   redis-server etcd-server etcd-client python3-redis python3-msgpack
-  # S3 clients of the S3 API's tests (tests/integration/test_s3*.py)
-  python3-boto3 awscli
+  # S3 clients of the S3 API's tests (tests/integration/test_s3*.py); s3fs mounts with FUSE
+  python3-boto3 awscli s3cmd rclone s3fs
   # benchmarks
   wrk
   nginx  # the peer of bench/bench_download.py (started by the script, never as a service)

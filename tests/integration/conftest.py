@@ -423,7 +423,8 @@ class Daemon:
         return f"http://127.0.0.1:{self.internal_port}{path}"
 
     def s3_url(self, path=""):
-        return f"http://127.0.0.1:{self.s3_port}{path}"
+        scheme = "https" if (self.s3_opts or {}).get("ssl-enabled") else "http"
+        return f"{scheme}://127.0.0.1:{self.s3_port}{path}"
 
     # ---- S3
 

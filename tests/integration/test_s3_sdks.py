@@ -1,10 +1,12 @@
 """The S3 API driven by the current AWS SDK for JavaScript v3 (tests/s3-js-client, installed by
 scripts/install-deps.sh), with its defaults: request checksums on every upload, aws-chunked
-bodies with checksum trailers, response checksum validation, multipart through lib-storage."""
+bodies with checksum trailers, response checksum validation, multipart through lib-storage;
+over http and over https (certificate verified by the SDK)."""
 
 import base64
 import hashlib
 import json
+import os
 import subprocess
 import uuid
 import zlib
@@ -17,15 +19,33 @@ from conftest import running_daemon
 JS = Path(__file__).resolve().parents[1] / "s3-js-client"
 
 
-@pytest.fixture(scope="module")
-def s3d(tmp_path_factory):
-    with running_daemon(tmp_path_factory.mktemp("sdk"), s3={}) as d:
+def self_signed(dirpath):
+    """A certificate for 127.0.0.1 (and its key), which the test trusts as its own CA."""
+    cert, key = dirpath / "cert.pem", dirpath / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", key, "-out", cert], check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.fixture(scope="module", params=["http", "https"])
+def s3d(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"sdk-{request.param}")
+    opts = {}
+    if request.param == "https":
+        cert, key = self_signed(root)
+        opts = {"ssl-enabled": True, "ssl-cert": str(cert), "ssl-privkey": str(key)}
+    with running_daemon(root / "d", s3=opts) as d:
+        d.ca = opts.get("ssl-cert")
         yield d
 
 
 def run_js(d, ak, sk, bucket):
+    env = dict(os.environ)
+    if d.ca:
+        env["NODE_EXTRA_CA_CERTS"] = d.ca  # the SDK verifies the server's certificate
     p = subprocess.run(["node", str(JS / "s3.mjs"), d.s3_url(), ak, sk, bucket],
-                       capture_output=True, text=True, timeout=120, cwd=JS)
+                       capture_output=True, text=True, timeout=120, cwd=JS, env=env)
     assert p.returncode == 0, f"node s3.mjs failed:\n{p.stdout}\n{p.stderr}\n" \
                               f"--- sluiced ---\n{d.log()[-3000:]}"
     return json.loads(p.stdout.strip().splitlines()[-1])

@@ -17,14 +17,14 @@
   put     objects of S bytes PUT at random over C connections (wrk, presigned), durable (each
           fsync'ed before the answer) -> req/s
 
-Ceph RGW, the peer the issue names for listing and PUTs, joins these runs once the Ceph tool
-starts radosgw (docs/s3.md lists what is measured against what). Both servers and wrk share
-this machine's cores and this script's session (see bench_download.py). Ratios > 1 mean
-Sluice is faster.
+With --rgw, a Ceph RGW (tests/tools/ceph-cluster.sh up + rgw: memstore OSD, beast frontend)
+joins get, list and put as a peer on the same data (uploaded to it first). Both servers and
+wrk share this machine's cores and this script's session (see bench_download.py). Ratios > 1
+mean Sluice is faster.
 
   /usr/bin/python3 bench/bench_s3.py [--only get,batch,list,large,put] [--objects 10000]
       [--object-size 4k] [--conns 64] [--duration 10] [--rounds 3] [--keys 100000]
-      [--workers 8] [--big 1g] [--part 8m]
+      [--workers 8] [--big 1g] [--part 8m] [--rgw]
 """
 import argparse
 import concurrent.futures
@@ -51,6 +51,7 @@ from bench_download import LUA, Nginx, alternating, rounds_text, wrk
 from benchlib import Sluiced, free_port, parse_size
 
 NS = {"s3": "http://s3.amazonaws.com/doc/2006-03-01/"}
+RGW = None  # --rgw: the Ceph RGW peer
 PUT_LUA = """
 local paths = {}
 for line in io.lines(os.getenv("BENCH_PATHS")) do paths[#paths + 1] = line end
@@ -96,6 +97,39 @@ durable = true
         path = self.s.get(self.mgr + "/folder/mount", json={"volume": b["volume"],
                                                              "vfid": b["vfid"]}).json()["path"]
         return name, path
+
+
+class Rgw:
+    """A throw-away single-node Ceph cluster with radosgw, and a boto3 client for it."""
+
+    TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests",
+                        "tools", "ceph-cluster.sh")
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="sluice-ceph-bench-", dir="/tmp")
+        env = dict(os.environ, SLUICE_CEPH_OWNER=str(os.getpid()))
+        subprocess.run([self.TOOL, "up", self.dir, "4G"], check=True, env=env,
+                       capture_output=True, text=True, timeout=300)
+        out = subprocess.run([self.TOOL, "rgw", self.dir], check=True, capture_output=True,
+                             text=True, timeout=300).stdout.split()
+        self.s3_url, self.ak, self.sk = out[-3:]
+        self.client = boto3.client(
+            "s3", endpoint_url=self.s3_url, aws_access_key_id=self.ak,
+            aws_secret_access_key=self.sk, region_name="us-east-1",
+            config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
+                          max_pool_connections=32))
+
+    def bucket(self):
+        name = f"bench-{uuid.uuid4().hex[:12]}"
+        self.client.create_bucket(Bucket=name)
+        return name
+
+    def upload(self, bucket, keys, body):
+        with concurrent.futures.ThreadPoolExecutor(32) as ex:
+            list(ex.map(lambda k: self.client.put_object(Bucket=bucket, Key=k, Body=body), keys))
+
+    def stop(self):
+        subprocess.run([self.TOOL, "down", self.dir], check=False, timeout=120)
 
 
 def signed(server, method, path, body=b"", session=None):
@@ -152,6 +186,11 @@ def bench_get(s, root, args, state):
         files = {"sluice": write_paths(root, "s3-get", urls),
                  "nginx": write_paths(root, "nginx-get", ["/" + k for k in keys])}
         bases = {"sluice": s.s3_url, "nginx": ngx.base}
+        if RGW:
+            rb = RGW.bucket()
+            RGW.upload(rb, keys, probe)
+            files["rgw"] = write_paths(root, "rgw-get", presigned_paths(RGW, rb, keys))
+            bases["rgw"] = RGW.s3_url
         threads = min(os.cpu_count(), args.conns)
         rps = alternating(args.rounds, args.warmup, {
             name: (lambda d, name=name: wrk(bases[name], files[name], lua, args.conns, threads,
@@ -165,6 +204,9 @@ def bench_get(s, root, args, state):
     print(f"get: {args.objects} objects of {args.object_size} B at random, SigV4 (presigned), "
           f"{args.conns} connections: medians sluice {med['sluice']:,.0f} req/s, nginx (no auth) "
           f"{med['nginx']:,.0f} req/s, ratio {med['sluice'] / med['nginx']:.2f}x")
+    if RGW:
+        print(f"get: medians: ceph rgw {med['rgw']:,.0f} req/s, sluice/rgw "
+              f"{med['sluice'] / med['rgw']:.2f}x")
 
 
 # -------------------------------------------------------------------------------------- batch
@@ -290,6 +332,22 @@ def bench_list(s, root, args, state):
     ms, mp = statistics.median(seq), statistics.median(par)
     print(f"list: {args.keys} keys, 1000 a page: sequential median {ms:,.0f} keys/s; split over "
           f"{args.workers} workers {mp:,.0f} keys/s, {mp / ms:.2f}x the sequential listing")
+    if RGW:
+        rb = RGW.bucket()
+        t0 = time.perf_counter()
+        RGW.upload(rb, [f"k/d{i // 1000:03d}/o{i:06d}" for i in range(args.keys)], b"k")
+        print(f"list: {args.keys} keys uploaded to rgw in {time.perf_counter() - t0:.0f} s")
+        rspec = (RGW.s3_url, RGW.ak, RGW.sk, rb, None, None)
+        assert list_range(rspec) == args.keys
+        rates = []
+        for _ in range(args.rounds):
+            t0 = time.perf_counter()
+            assert list_range(rspec) == args.keys
+            rates.append(args.keys / (time.perf_counter() - t0))
+        mr = statistics.median(rates)
+        print(f"list: ceph rgw sequential rounds: {rounds_text(rates, 1, 'keys/s')}")
+        print(f"list: medians: sluice sequential/rgw {ms / mr:.2f}x, sluice split over "
+              f"{args.workers} workers/rgw {mp / mr:.2f}x")
 
 
 # -------------------------------------------------------------------------------------- large
@@ -376,12 +434,20 @@ def bench_put(s, root, args, state):
     os.environ["BENCH_SIZE"] = str(args.object_size)
     paths = write_paths(root, "s3-put", urls)
     threads = min(os.cpu_count(), args.conns)
-    rps = alternating(args.rounds, args.warmup, {
-        "sluice": lambda d: wrk(s.s3_url, paths, lua, args.conns, threads,
-                                d or args.duration)[0]})
-    print(f"put: rounds: {rounds_text(rps['sluice'], 1, 'req/s')}")
-    print(f"put: {args.object_size} B objects, durable, {args.conns} connections: median "
-          f"{statistics.median(rps['sluice']):,.0f} req/s")
+    runs = {"sluice": lambda d: wrk(s.s3_url, paths, lua, args.conns, threads,
+                                    d or args.duration)[0]}
+    if RGW:
+        rpaths = write_paths(root, "rgw-put", presigned_paths(RGW, RGW.bucket(), keys,
+                                                              "put_object"))
+        runs["rgw"] = lambda d: wrk(RGW.s3_url, rpaths, lua, args.conns, threads,
+                                    d or args.duration)[0]
+    rps = alternating(args.rounds, args.warmup, runs)
+    for name in rps:
+        print(f"put: {name} rounds: {rounds_text(rps[name], 1, 'req/s')}")
+    med = {n: statistics.median(r) for n, r in rps.items()}
+    print(f"put: {args.object_size} B objects, durable, {args.conns} connections: median sluice "
+          f"{med['sluice']:,.0f} req/s" + (f", ceph rgw {med['rgw']:,.0f} req/s, ratio "
+                                           f"{med['sluice'] / med['rgw']:.2f}x" if RGW else ""))
 
 
 def main():
@@ -399,7 +465,10 @@ def main():
     ap.add_argument("--big", type=parse_size, default=parse_size("1g"))
     ap.add_argument("--part", type=parse_size, default=parse_size("8m"))
     ap.add_argument("--workdir", default=None, help="where to put data (default: a temp dir)")
+    ap.add_argument("--rgw", action="store_true",
+                    help="also measure a Ceph RGW started with tests/tools/ceph-cluster.sh")
     args = ap.parse_args()
+    global RGW
     for tool in ("wrk", "nginx"):
         if not shutil.which(tool):
             sys.exit(f"{tool} is not installed (scripts/install-deps.sh installs it)")
@@ -408,11 +477,15 @@ def main():
     s = S3Sluiced(root)
     state = {}
     try:
+        if args.rgw:
+            RGW = Rgw()
         print(f"machine: {os.cpu_count()} cores shared by the servers and their clients")
         for name in args.only.split(","):
             {"get": bench_get, "batch": bench_batch, "list": bench_list, "large": bench_large,
              "put": bench_put}[name](s, root, args, state)
     finally:
+        if RGW:
+            RGW.stop()
         s.stop()
         shutil.rmtree(root, ignore_errors=True)
 

@@ -19,6 +19,7 @@ PKGS=(
   # started as services. ceph-mgr only reports usage (statfs on the mount is zero without it);
   # ceph-mds depends on it anyway (through the `ceph` package).
   ceph-mon ceph-mgr ceph-osd ceph-mds ceph-fuse ceph-common
+  radosgw  # Ceph RGW (ceph-cluster.sh rgw): the S3 peer of the differential tests and benchmarks
   attr  # getfattr/setfattr for ceph.quota.* and ceph.dir.r* on the CephFS mount
   # Backend.AI event bus of tests/integration/eventbus.py: Redis stream and etcd config, started
   # by the tests on their own ports, never as services

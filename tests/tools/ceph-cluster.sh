@@ -10,6 +10,10 @@
 #                                  DIR/mnt. Prints the mount point as the last line. DIR/owner
 #                                  holds the pid that owns the cluster ($SLUICE_CEPH_OWNER, else
 #                                  the caller). A failed `up` leaves nothing behind.
+#   ceph-cluster.sh rgw DIR        adds a Ceph RGW (radosgw, beast frontend) to the cluster in DIR,
+#                                  on a free 127.0.0.1 port, with one S3 user; prints
+#                                  "ENDPOINT ACCESS_KEY SECRET_KEY" as the last line (also in
+#                                  DIR/rgw). Its pools are made on first use. ~3 s.
 #   ceph-cluster.sh down DIR       unmounts, stops the daemons by their pid files (TERM, then
 #                                  KILL), removes DIR. Idempotent.
 #   ceph-cluster.sh sweep          runs `down` on every /tmp/sluice-ceph-* whose owner is gone
@@ -24,8 +28,8 @@
 # a later setting overrides an earlier one (e.g. $'[mds]\nmds tick interval = 5').
 # A ceph-mgr runs only for the usage figures: without one, statfs on the mount reports zero
 # sizes (and `ceph df` nothing); CephFS, quotas and rstats work without it.
-# Needs root and ceph-mon, ceph-mgr, ceph-osd, ceph-mds, ceph-fuse, ceph-common
-# (scripts/install-deps.sh).
+# Needs root and ceph-mon, ceph-mgr, ceph-osd, ceph-mds, ceph-fuse, ceph-common, and radosgw for
+# `rgw` (scripts/install-deps.sh).
 # The mount is removed with umount (root; Debian's ceph-fuse uses libfuse2, no fusermount3).
 # Every step is bounded by a timeout; nothing waits forever.
 set -euo pipefail
@@ -220,6 +224,15 @@ mds cache memory limit = 268435456
 mds tick interval = 1
 mds scatter nudge interval = 1
 
+[client.rgw]
+rgw data = $dir/rgw.data
+# With \`auth none\` no connection can be "secure" (that needs cephx's session keys), and
+# radosgw asks for secure mon connections by default: it would never get past AUTH_CONNECTING.
+ms mon client mode = crc
+ms client mode = crc
+rgw enable usage log = false
+rgw thread pool size = 64
+
 [client]
 client mount timeout = 30
 client quota = true
@@ -329,6 +342,30 @@ mds_active() {
   cephc mds stat 2>/dev/null | grep -q 'up:active'
 }
 
+rgw() {
+  dir=$1
+  [ -f "$dir/ceph.conf" ] || die "no cluster in $dir"
+  dir=$(cd "$dir" && pwd -P)
+  command -v radosgw >/dev/null || die "radosgw not found: run scripts/install-deps.sh"
+  [ ! -e "$dir/rgw" ] || die "$dir already has an RGW: $(cat "$dir/rgw")"
+  mkdir -p "$dir/rgw.data"
+  local port ak sk
+  port=$(free_port)
+  # radosgw forks once it is connected and serving; tcp_nodelay as any HTTP server sets it.
+  timeout 60 radosgw -c "$dir/ceph.conf" -n client.rgw --rgw-data "$dir/rgw.data" \
+    --rgw-frontends "beast endpoint=127.0.0.1:$port tcp_nodelay=1" </dev/null \
+    >>"$dir/log/daemons.out" 2>&1 || die "radosgw did not start (log/client.rgw.log)"
+  wait_for 30 "radosgw to answer on $port" curl -s -o /dev/null "http://127.0.0.1:$port/"
+  ak=$(python3 -c 'import secrets; print("RGW" + secrets.token_hex(8).upper())')
+  sk=$(python3 -c 'import secrets; print(secrets.token_urlsafe(30))')
+  timeout 60 radosgw-admin -c "$dir/ceph.conf" user create --uid sluice-tests \
+    --display-name "Sluice tests" --access-key "$ak" --secret-key "$sk" >>"$dir/log/setup.out" 2>&1 ||
+    die "radosgw-admin user create failed (log/setup.out)"
+  echo "http://127.0.0.1:$port $ak $sk" >"$dir/rgw"
+  note "rgw up on 127.0.0.1:$port"
+  cat "$dir/rgw"
+}
+
 sweep() {
   local d pid
   for d in /tmp/sluice-ceph-*; do
@@ -348,6 +385,7 @@ case "${1:-}" in
     up "$2" "$(numfmt --from=iec "${3:-$DEFAULT_SIZE}")"
     ;;
   down) [ $# -eq 2 ] || die "usage: $0 down DIR"; down "$2" ;;
+  rgw) [ $# -eq 2 ] || die "usage: $0 rgw DIR"; rgw "$2" ;;
   sweep) sweep ;;
-  *) die "usage: $0 up DIR [SIZE] | down DIR | sweep" ;;
+  *) die "usage: $0 up DIR [SIZE] | rgw DIR | down DIR | sweep" ;;
 esac

@@ -172,11 +172,13 @@ def wrk(base, paths_file, lua, conns, threads, duration, path="/"):
     return rps, bps
 
 
-def make_small_tree(path, files, size):
+def make_small_tree(path, files, size, prefix=""):
+    """`files` files of `size` bytes, 1000 a directory, below `prefix` ("" or "a/"): their
+    paths."""
     rels = []
     data = os.urandom(size)
     for i in range(files):
-        d = f"d{i // 1000:03d}"
+        d = f"{prefix}d{i // 1000:03d}"
         if i % 1000 == 0:
             os.makedirs(os.path.join(path, d), exist_ok=True)
         rel = f"{d}/f{i:05d}"

@@ -47,7 +47,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.credentials import Credentials
 
-from bench_download import LUA, Nginx, alternating, rounds_text, wrk
+from bench_download import LUA, Nginx, alternating, make_small_tree, rounds_text, wrk
 from benchlib import Sluiced, free_port, parse_size
 
 NS = {"s3": "http://s3.amazonaws.com/doc/2006-03-01/"}
@@ -143,17 +143,8 @@ def signed(server, method, path, body=b"", session=None):
 
 
 def make_objects(path, n, size, prefix="obj"):
-    data = os.urandom(size)
-    keys = []
-    for i in range(n):
-        d = f"{prefix}/d{i // 1000:03d}"
-        if i % 1000 == 0:
-            os.makedirs(os.path.join(path, d), exist_ok=True)
-        key = f"{d}/o{i:06d}"
-        with open(os.path.join(path, key), "wb") as f:
-            f.write(data)
-        keys.append(key)
-    return keys
+    """n objects of `size` bytes written on the volume (objects are files): their keys."""
+    return make_small_tree(path, n, size, prefix + "/")
 
 
 def write_paths(root, name, lines):
@@ -335,7 +326,7 @@ def bench_list(s, root, args, state):
     if RGW:
         rb = RGW.bucket()
         t0 = time.perf_counter()
-        RGW.upload(rb, [f"k/d{i // 1000:03d}/o{i:06d}" for i in range(args.keys)], b"k")
+        RGW.upload(rb, [f"k/d{i // 1000:03d}/f{i:05d}" for i in range(args.keys)], b"k")
         print(f"list: {args.keys} keys uploaded to rgw in {time.perf_counter() - t0:.0f} s")
         rspec = (RGW.s3_url, RGW.ak, RGW.sk, rb, None, None)
         assert list_range(rspec) == args.keys

@@ -310,6 +310,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
   }
 
   void OnHeader(beast::error_code ec) {
+    expect_continue_ = false;  // this request's, once its header is read (not the last one's)
     if (IsDisconnect(ec)) return Close();
     if (ec) return RefuseMalformed(ParseFailureStatus(ec, opts().body_limit));
     auto& hdr = parser_->header();

@@ -137,6 +137,7 @@ int HexValue(char c) {
 }  // namespace
 
 std::string PercentDecode(std::string_view s, bool plus_is_space) {
+  if (s.empty()) return {};  // its data() may be null, which memchr must not get
   std::string out;
   out.reserve(s.size());
   // Runs of plain bytes are copied whole (a download token is hundreds of them), found with

@@ -17,8 +17,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "api/archive_writer.h"
 #include "api/range.h"
-#include "api/tar_writer.h"
 #include "common/dir_reader.h"
 #include "common/fd.h"
 #include "common/path.h"
@@ -375,7 +375,7 @@ class TarBody {
   Status Header(const std::string& name, const struct stat& st, const char* link) {
     if (++entries_ > kMaxEntries)
       return Status(Code::kTooLarge, fmt::format("more than {} entries", kMaxEntries));
-    TarWriter::Entry e;
+    ArchiveWriter::Entry e;
     e.name = name;
     e.type = S_ISDIR(st.st_mode)   ? EntryType::kDirectory
              : S_ISLNK(st.st_mode) ? EntryType::kSymlink
@@ -486,7 +486,7 @@ class TarBody {
 
   std::string label_;
   struct stat root_st_;
-  TarWriter tar_;
+  ArchiveWriter tar_;
   std::vector<Frame> stack_;
   UniqueFd file_;  // the file whose data is being written
   std::string file_name_;

@@ -1,7 +1,5 @@
 #include "api/zip_stream.h"
 
-#include <archive.h>
-#include <archive_entry.h>
 #include <sys/stat.h>
 
 #include <chrono>
@@ -9,6 +7,8 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+
+#include "api/archive_writer.h"
 
 #include "common/path.h"
 
@@ -69,35 +69,6 @@ Result<ArchiveMember> OpenMember(DirEntry info, std::string_view shown, OpenFile
   return m;
 }
 
-// Names in the archive are UTF-8 (the ZIP "language encoding" flag is set); bytes that are not
-// valid UTF-8 become U+FFFD so that readers can decode every name.
-std::string SanitizeUtf8(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  size_t i = 0;
-  while (i < s.size()) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    bool ok = n > 0 && i + n <= s.size();
-    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
-    if (ok && n > 1) {
-      // Reject overlong forms, surrogates and code points past U+10FFFF.
-      uint32_t cp = c & (0xff >> (n + 1));
-      for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
-      static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-      ok = cp >= kMin[n] && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff);
-    }
-    if (ok) {
-      out.append(s.substr(i, n));
-      i += n;
-    } else {
-      out += "\xef\xbf\xbd";
-      i += 1;
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 Result<ArchiveMember> OpenArchiveMember(Volume& volume, const VFolderId& vfid,
@@ -130,69 +101,41 @@ ZipStream::ZipStream(Volume* volume, VFolderId vfid, std::vector<ZipSource> sour
       sources_(std::move(sources)),
       label_(std::move(label)) {}
 
-ZipStream::~ZipStream() {
-  if (ar_) {
-    // An archive that did not finish must not be finished now (that could mean writing the
-    // rest of an entry): mark it failed so that free only releases memory.
-    if (!finished_) archive_write_fail(ar_);
-    archive_write_free(ar_);
-  }
-  if (entry_) archive_entry_free(entry_);
-}
-
-ssize_t ZipStream::OnWrite(struct archive*, void* self, const void* buf, size_t n) {
-  static_cast<ZipStream*>(self)->out_.append(static_cast<const char*>(buf), n);
-  return static_cast<ssize_t>(n);
-}
-
-Status ZipStream::ArchiveError(std::string_view what) {
-  const char* msg = ar_ ? archive_error_string(ar_) : nullptr;
-  return Status(Code::kInternal, fmt::format("archive {}: cannot {}: {}", label_, what,
-                                             msg ? msg : "unknown error"));
-}
+ZipStream::~ZipStream() = default;
 
 Status ZipStream::Start() {
   started_ = true;
-  ar_ = archive_write_new();
-  entry_ = archive_entry_new();
-  if (!ar_ || !entry_) return Status(Code::kInternal, "out of memory creating an archive");
   in_.resize(kReadChunk);
-  if (archive_write_set_format_zip(ar_) != ARCHIVE_OK ||
-      archive_write_zip_set_compression_deflate(ar_) != ARCHIVE_OK ||
-      archive_write_set_options(ar_, "zip:hdrcharset=UTF-8") != ARCHIVE_OK ||
-      // No blocking: every piece goes straight to OnWrite, and nothing pads the end.
-      archive_write_set_bytes_per_block(ar_, 0) != ARCHIVE_OK ||
-      archive_write_open2(ar_, this, nullptr, &ZipStream::OnWrite, nullptr, nullptr) != ARCHIVE_OK)
-    return ArchiveError("start a ZIP stream");
-  return Status::Ok();
+  // No blocking: every piece goes straight out, and nothing pads the end.
+  zip_ = std::make_unique<ArchiveWriter>(ArchiveWriter::Format::kZip, 0);
+  return Context(zip_->Open());
+}
+
+Status ZipStream::Context(Status st) const {
+  return st.ok() ? st : st.WithContext(fmt::format("archive {}", label_));
 }
 
 Status ZipStream::WriteHeader(const std::string& arcname, const DirEntry& info) {
   if (++entries_ > kMaxZipEntries)
     return Status(Code::kTooLarge,
                   fmt::format("archive {}: more than {} entries", label_, kMaxZipEntries));
-  archive_entry_clear(entry_);
-  std::string name = SanitizeUtf8(arcname);
-  archive_entry_set_pathname_utf8(entry_, name.c_str());
-  bool dir = info.type == EntryType::kDirectory;
-  archive_entry_set_filetype(entry_, dir ? AE_IFDIR : AE_IFREG);
-  archive_entry_set_perm(entry_, info.mode & 07777);
-  archive_entry_set_size(entry_, dir ? 0 : static_cast<la_int64_t>(info.size));
+  ArchiveWriter::Entry e;
+  e.name = arcname;
+  e.type = info.type == EntryType::kDirectory ? EntryType::kDirectory : EntryType::kFile;
+  e.perm = info.mode & 07777;
+  e.size = info.size;
   auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(info.modified.time_since_epoch())
                 .count();
-  archive_entry_set_mtime(entry_, ns / 1000000000, ns % 1000000000);
-  if (archive_write_header(ar_, entry_) < ARCHIVE_WARN)
-    return ArchiveError(fmt::format("add '{}'", arcname));
-  return Status::Ok();
+  e.mtime_s = ns / 1000000000;
+  e.mtime_ns = ns % 1000000000;
+  return Context(zip_->Header(e));
 }
 
 Status ZipStream::BeginFile(std::string arcname, ArchiveMember m) {
   SLUICE_RETURN_IF_ERROR(WriteHeader(arcname, m.info));
   if (m.info.size == 0) {
     ++files_;
-    if (archive_write_finish_entry(ar_) < ARCHIVE_WARN)
-      return ArchiveError(fmt::format("finish '{}'", arcname));
-    return Status::Ok();
+    return Context(zip_->FinishEntry(arcname));
   }
   file_ = std::move(m.file);
   file_off_ = 0;
@@ -222,16 +165,14 @@ Status ZipStream::FileData() {
   if (n == 0)
     return Status(Code::kIoError,
                   fmt::format("archive {}: '{}' shrank while being archived", label_, file_name_));
-  if (archive_write_data(ar_, in_.data(), n) < 0)
-    return ArchiveError(fmt::format("compress '{}'", file_name_));
+  SLUICE_RETURN_IF_ERROR(Context(zip_->Data(in_.data(), n)));
   bytes_read_ += n;
   file_off_ += n;
   file_left_ -= n;
   if (file_left_ == 0) {
     file_.reset();
     ++files_;
-    if (archive_write_finish_entry(ar_) < ARCHIVE_WARN)
-      return ArchiveError(fmt::format("finish '{}'", file_name_));
+    SLUICE_RETURN_IF_ERROR(Context(zip_->FinishEntry(file_name_)));
   }
   return Status::Ok();
 }
@@ -294,7 +235,7 @@ Status ZipStream::Step() {
   if (file_) return FileData();
   if (!stack_.empty()) return NextFromDir();
   if (next_source_ < sources_.size()) return NextFromSource();
-  if (archive_write_close(ar_) != ARCHIVE_OK) return ArchiveError("finish the archive");
+  SLUICE_RETURN_IF_ERROR(Context(zip_->Close()));
   finished_ = true;
   if (skipped_ > kSkipLogLines)
     spdlog::info("archive {}: {} entries skipped in all (symbolic links, special files)", label_,
@@ -304,21 +245,14 @@ Status ZipStream::Step() {
 
 Result<size_t> ZipStream::Read(char* buf, size_t cap) {
   if (failed_) return Status(Code::kInternal, fmt::format("archive {} already failed", label_));
-  if (out_pos_ > 0) {
-    out_.erase(0, out_pos_);
-    out_pos_ = 0;
-  }
-  while (out_.size() < cap && !finished_) {
+  while ((!zip_ || zip_->pending() < cap) && !finished_) {
     Status s = Step();
     if (!s.ok()) {
       failed_ = true;
       return s;
     }
   }
-  size_t n = std::min(cap, out_.size());
-  std::memcpy(buf, out_.data(), n);
-  out_pos_ = n;
-  return n;
+  return zip_->Take(buf, cap);
 }
 
 }  // namespace sluice::api

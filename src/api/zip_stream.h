@@ -18,10 +18,9 @@
 #include "common/status.h"
 #include "volume/volume.h"
 
-struct archive;
-struct archive_entry;
-
 namespace sluice::api {
+
+class ArchiveWriter;
 
 // Deepest directory nesting a walk descends into; deeper trees fail the stream.
 inline constexpr size_t kMaxZipDepth = 256;
@@ -82,22 +81,18 @@ class ZipStream {
   Status BeginDir(std::string arcname, ArchiveMember m, bool skip_upload_dir);
   Status WriteHeader(const std::string& arcname, const DirEntry& info);
   Status FileData();
-  Status ArchiveError(std::string_view what);
-  static ssize_t OnWrite(struct archive* a, void* self, const void* buf, size_t n);
+  Status Context(Status st) const;
 
   Volume* volume_;
   VFolderId vfid_;
   std::vector<ZipSource> sources_;
   std::string label_;
   size_t next_source_ = 0;
-  struct archive* ar_ = nullptr;
-  struct archive_entry* entry_ = nullptr;
+  std::unique_ptr<ArchiveWriter> zip_;
   std::vector<Frame> stack_;
   std::shared_ptr<FileReader> file_;  // the file whose data is being written
   std::string file_name_;
   uint64_t file_off_ = 0, file_left_ = 0;
-  std::string out_;  // archive bytes produced but not yet handed out
-  size_t out_pos_ = 0;
   std::vector<char> in_;
   bool started_ = false, finished_ = false, failed_ = false;
   uint64_t files_ = 0, skipped_ = 0, entries_ = 0, bytes_read_ = 0;

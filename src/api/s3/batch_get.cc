@@ -11,7 +11,7 @@ namespace sluice::api::s3 {
 namespace {
 constexpr size_t kReadChunk = 256 << 10;
 
-void SetMtime(TarWriter::Entry& e, std::chrono::system_clock::time_point t) {
+void SetMtime(ArchiveWriter::Entry& e, std::chrono::system_clock::time_point t) {
   auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
   e.mtime_s = ns / 1000000000;
   e.mtime_ns = ns % 1000000000;
@@ -62,7 +62,7 @@ Status BatchGetStream::Failed(const S3Error& e) {
                                                   it.bucket, e.code, e.message));
   }
   // A placeholder in the item's place, so that the archive's order still matches the request.
-  TarWriter::Entry ph;
+  ArchiveWriter::Entry ph;
   ph.name = (e.status == 404 ? "__404__/" : "__error__/") + it.name;
   if (!ph.name.empty() && ph.name.back() == '/') ph.name.pop_back();
   SetMtime(ph, std::chrono::system_clock::now());
@@ -80,7 +80,7 @@ Status BatchGetStream::StartItem() {
   if (it.refused) return Failed(*it.refused);
   auto o = objects_->Open(*it.volume, it.vfid, it.key, false);
   if (!o.ok()) return Failed(FromStatus(o.status()));
-  TarWriter::Entry e;
+  ArchiveWriter::Entry e;
   e.name = it.name;
   SetMtime(e, o->entry.modified);
   if (!o->file) {  // a directory marker ("dir/")
@@ -163,7 +163,7 @@ Status BatchGetStream::WriteManifest() {
   }
   nlohmann::json m = {{"items", std::move(list)}, {"ok", ok_}, {"errors", errors_}};
   std::string text = m.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  TarWriter::Entry e;
+  ArchiveWriter::Entry e;
   e.name = kBatchManifestName;
   e.size = text.size();
   SetMtime(e, std::chrono::system_clock::now());

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "api/archive_writer.h"
 #include "api/s3/sigv4.h"
-#include "api/tar_writer.h"
 #include "service/s3/objects.h"
 
 namespace sluice::api::s3 {
@@ -55,7 +55,7 @@ class BatchGetStream {
   std::vector<BatchItem> items_;
   bool continue_on_error_, manifest_;
   std::string label_;
-  TarWriter tar_{0};
+  ArchiveWriter tar_{ArchiveWriter::Format::kTar, 0};
   size_t next_ = 0;
   std::shared_ptr<FileReader> file_;
   uint64_t file_off_ = 0, file_left_ = 0;

@@ -1,6 +1,7 @@
-// An uncompressed TAR stream (POSIX pax, restricted: ustar headers, pax headers only for what
-// ustar cannot hold, such as long or non-ASCII names) written by libarchive into memory, handed
-// out piece by piece as a response body asks for it: never built whole, never on disk.
+// An archive stream written by libarchive into memory and handed out piece by piece as a
+// response body asks for it: never built whole, never on disk. TAR is POSIX pax, restricted
+// (ustar headers, pax headers only for what ustar cannot hold, such as long or non-ASCII
+// names), uncompressed; ZIP is deflated, with UTF-8 names (invalid sequences replaced).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,7 @@ struct archive_entry;
 
 namespace sluice::api {
 
-class TarWriter {
+class ArchiveWriter {
  public:
   struct Entry {
     std::string name;
@@ -28,12 +29,14 @@ class TarWriter {
     std::string link;  // a symbolic link's target
   };
 
+  enum class Format { kTar, kZip };
   // `block_bytes`: libarchive pads its output to blocks of this size (10240 as tar(1) and
   // Python's tarfile do); 0 hands every byte out as it is written.
-  explicit TarWriter(size_t block_bytes = 10240) : block_bytes_(block_bytes) {}
-  ~TarWriter();
-  TarWriter(const TarWriter&) = delete;
-  TarWriter& operator=(const TarWriter&) = delete;
+  explicit ArchiveWriter(Format format = Format::kTar, size_t block_bytes = 10240)
+      : format_(format), block_bytes_(block_bytes) {}
+  ~ArchiveWriter();
+  ArchiveWriter(const ArchiveWriter&) = delete;
+  ArchiveWriter& operator=(const ArchiveWriter&) = delete;
 
   Status Open();
   bool opened() const { return ar_ != nullptr; }
@@ -54,6 +57,7 @@ class TarWriter {
   static long OnWrite(struct archive* a, void* self, const void* buf, size_t n);
   Status Error(std::string_view what) const;
 
+  Format format_;
   size_t block_bytes_;
   struct archive* ar_ = nullptr;
   struct archive_entry* entry_ = nullptr;
@@ -61,5 +65,8 @@ class TarWriter {
   size_t out_pos_ = 0;
   bool closed_ = false;
 };
+
+// Bytes that are not valid UTF-8 become U+FFFD, so that every reader can decode a ZIP's names.
+std::string SanitizeUtf8(std::string_view s);
 
 }  // namespace sluice::api

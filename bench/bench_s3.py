@@ -64,6 +64,14 @@ end
 """
 
 
+def s3_client(url, ak, sk, pool):
+    """A boto3 client of `url` (path style, SigV4) with `pool` connections."""
+    return boto3.client("s3", endpoint_url=url, aws_access_key_id=ak, aws_secret_access_key=sk,
+                        region_name="us-east-1",
+                        config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
+                                      max_pool_connections=pool))
+
+
 class S3Sluiced(Sluiced):
     """sluiced with its S3 listener on, a user, a key and a boto3 client."""
 
@@ -82,11 +90,7 @@ durable = true
         r = self.s.post(self.mgr + "/s3/keys", json={"user": user})
         r.raise_for_status()
         self.ak, self.sk = r.json()["access_key"], r.json()["secret_key"]
-        self.client = boto3.client(
-            "s3", endpoint_url=self.s3_url, aws_access_key_id=self.ak,
-            aws_secret_access_key=self.sk, region_name="us-east-1",
-            config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
-                          max_pool_connections=16))
+        self.client = s3_client(self.s3_url, self.ak, self.sk, 16)
 
     def bucket(self):
         """A new bucket: (name, its directory on the volume)."""
@@ -113,11 +117,7 @@ class Rgw:
         out = subprocess.run([self.TOOL, "rgw", self.dir], check=True, capture_output=True,
                              text=True, timeout=300).stdout.split()
         self.s3_url, self.ak, self.sk = out[-3:]
-        self.client = boto3.client(
-            "s3", endpoint_url=self.s3_url, aws_access_key_id=self.ak,
-            aws_secret_access_key=self.sk, region_name="us-east-1",
-            config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
-                          max_pool_connections=32))
+        self.client = s3_client(self.s3_url, self.ak, self.sk, 32)
 
     def bucket(self):
         name = f"bench-{uuid.uuid4().hex[:12]}"

@@ -9,7 +9,7 @@ PKGS=(
   # libraries
   libboost1.74-dev libssl-dev nlohmann-json3-dev libtoml11-dev libspdlog-dev libfmt-dev
   libcli11-dev libsqlite3-dev libbtrfsutil-dev libarchive-dev libhiredis-dev libpugixml-dev
-  libisal-dev zlib1g-dev
+  libisal-dev zlib1g-dev libcurl4-openssl-dev
   # tests
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-pytest python3-requests curl openssl
   unzip  # `unzip -t` checks the ZIP streams of archive downloads

@@ -22,6 +22,7 @@
 #include "common/request_context.h"
 #include "common/status.h"
 #include "common/thread_pool.h"
+#include "common/uri.h"
 
 namespace sluice {
 class FileReader;  // volume/volume.h
@@ -91,7 +92,7 @@ HttpResponse ErrorResponse(const Status& st, const std::vector<std::string>& pat
     if (!_s.ok()) return ::sluice::api::ErrorResponse(_s); \
   } while (0)
 
-std::string PercentDecode(std::string_view s, bool plus_is_space);
+using sluice::PercentDecode;
 // Splits "/a/b?x=1&y=2" into path and query.
 void ParseTarget(std::string_view target, std::string& path,
                  std::map<std::string, std::string>& query);

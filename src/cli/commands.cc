@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/output.h"
+#include "cli/s3_data.h"
 #include "common/config.h"
 #include "common/http_client.h"
 
@@ -1061,11 +1062,17 @@ void AddTaskCommands(CLI::App& app, Args& a, Action* run) {
 
 void AddS3Commands(CLI::App& app, Args& a, Action* run) {
   auto* s3 = Command(&app, "s3",
-                     "Manage the S3 API's users, access keys and bucket names.\n"
-                     "Buckets are vfolders; every S3 request is signed by an access key of a "
-                     "user.",
+                     "The S3 API: users, access keys and bucket names (through the manager\n"
+                     "API), and data commands that speak S3 with an access key: ls, cp, sync,\n"
+                     "rm, get-batch. Buckets are vfolders; every S3 request is signed by an\n"
+                     "access key of a user.",
                      "sluice s3 key create --user alice");
   s3->require_subcommand(1);
+  AddS3DataCommands(s3, [run](DataAction fn) {
+    *run = [fn = std::move(fn)](Cli& c) {
+      return fn(DataGlobals{c.g.json, c.g.insecure, c.g.timeout});
+    };
+  });
 
   auto* user = Command(s3, "user", "Manage S3 users.", "sluice s3 user create alice");
   user->require_subcommand(1);

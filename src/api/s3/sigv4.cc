@@ -13,32 +13,8 @@ namespace sluice::api::s3 {
 
 namespace {
 
-constexpr std::string_view kAlgorithm = "AWS4-HMAC-SHA256";
-
 S3Error Err(unsigned status, std::string code, std::string msg) {
   return S3Error{status, std::move(code), std::move(msg)};
-}
-
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
-// Decoded (name, value) pairs of a raw query string, in order.
-std::vector<std::pair<std::string, std::string>> QueryPairs(std::string_view q) {
-  std::vector<std::pair<std::string, std::string>> out;
-  while (!q.empty()) {
-    size_t amp = q.find('&');
-    std::string_view part = q.substr(0, amp);
-    q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
-    if (part.empty()) continue;
-    size_t eq = part.find('=');
-    std::string_view k = part.substr(0, eq);
-    std::string_view v = eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1);
-    out.emplace_back(PercentDecode(k, false), PercentDecode(v, false));
-  }
-  return out;
 }
 
 std::string_view QueryOf(std::string_view target) {
@@ -84,46 +60,7 @@ std::vector<std::string> SplitSignedHeaders(std::string_view s) {
   return out;
 }
 
-std::string Lower(std::string_view s) {
-  std::string o(s);
-  for (auto& c : o) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return o;
-}
-
-// Header value as SigV4 canonicalizes it: trimmed, runs of spaces collapsed to one.
-void AppendCanonicalValue(std::string& out, std::string_view v) {
-  v = Trim(v);
-  bool space = false;
-  for (char c : v) {
-    if (c == ' ' || c == '\t') {
-      space = true;
-      continue;
-    }
-    if (space) out.push_back(' ');
-    space = false;
-    out.push_back(c);
-  }
-}
-
 }  // namespace
-
-std::optional<std::time_t> ParseAmzDate(std::string_view s) {
-  if (s.size() != 16 || s[8] != 'T' || s[15] != 'Z') return std::nullopt;
-  for (size_t i : {0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14})
-    if (s[i] < '0' || s[i] > '9') return std::nullopt;
-  auto num = [&](size_t at, size_t n) { return std::atoi(std::string(s.substr(at, n)).c_str()); };
-  struct tm tm {};
-  tm.tm_year = num(0, 4) - 1900;
-  tm.tm_mon = num(4, 2) - 1;
-  tm.tm_mday = num(6, 2);
-  tm.tm_hour = num(9, 2);
-  tm.tm_min = num(11, 2);
-  tm.tm_sec = num(13, 2);
-  if (tm.tm_mon < 0 || tm.tm_mon > 11 || tm.tm_mday < 1 || tm.tm_mday > 31 || tm.tm_hour > 23 ||
-      tm.tm_min > 59 || tm.tm_sec > 60)
-    return std::nullopt;
-  return timegm(&tm);
-}
 
 std::optional<SigV4Auth> ParseSigV4(const http::request_header<>& h, std::string_view target,
                                     std::time_t now, std::optional<S3Error>* err) {
@@ -146,17 +83,17 @@ std::optional<SigV4Auth> ParseSigV4(const http::request_header<>& h, std::string
                  "Signature Version 2 is not supported: sign requests with AWS4-HMAC-SHA256");
       return std::nullopt;
     }
-    if (v.substr(0, kAlgorithm.size()) != kAlgorithm ||
-        (v.size() > kAlgorithm.size() && v[kAlgorithm.size()] != ' ')) {
+    if (v.substr(0, kSigV4Algorithm.size()) != kSigV4Algorithm ||
+        (v.size() > kSigV4Algorithm.size() && v[kSigV4Algorithm.size()] != ' ')) {
       *err = Err(400, "AuthorizationHeaderMalformed",
                  "the authorization header is malformed; the algorithm must be AWS4-HMAC-SHA256");
       return std::nullopt;
     }
-    v.remove_prefix(kAlgorithm.size());
+    v.remove_prefix(kSigV4Algorithm.size());
     bool cred = false, sh = false, sig = false;
     while (!v.empty()) {
       size_t comma = v.find(',');
-      std::string_view part = Trim(v.substr(0, comma));
+      std::string_view part = TrimBlanks(v.substr(0, comma));
       v = comma == std::string_view::npos ? std::string_view() : v.substr(comma + 1);
       size_t eq = part.find('=');
       if (eq == std::string_view::npos) continue;
@@ -227,7 +164,7 @@ std::optional<SigV4Auth> ParseSigV4(const http::request_header<>& h, std::string
   } else if (has_query_sig) {
     a.presigned = true;
     std::string alg, cred, sh, expires;
-    for (auto& [k, v] : QueryPairs(query)) {
+    for (auto& [k, v] : DecodeQuery(query)) {
       if (k == "X-Amz-Algorithm")
         alg = v;
       else if (k == "X-Amz-Credential")
@@ -247,7 +184,7 @@ std::optional<SigV4Auth> ParseSigV4(const http::request_header<>& h, std::string
       *err = Err(400, "AuthorizationQueryParametersError", std::move(msg));
       return std::nullopt;
     };
-    if (alg != kAlgorithm) return qerr("X-Amz-Algorithm only supports \"AWS4-HMAC-SHA256\"");
+    if (alg != kSigV4Algorithm) return qerr("X-Amz-Algorithm only supports \"AWS4-HMAC-SHA256\"");
     if (!ParseCredential(cred, &a))
       return qerr("X-Amz-Credential is not <access key>/<YYYYMMDD>/<region>/s3/aws4_request");
     a.signed_headers = SplitSignedHeaders(sh);
@@ -298,100 +235,6 @@ std::optional<SigV4Auth> ParseSigV4(const http::request_header<>& h, std::string
     return std::nullopt;
   }
   return a;
-}
-
-std::string UriEncode(std::string_view s, bool keep_slash) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  out.reserve(s.size() + 16);
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' ||
-        (keep_slash && c == '/')) {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out.push_back('%');
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
-    }
-  }
-  return out;
-}
-
-std::string CanonicalRequest(const http::request_header<>& h, std::string_view method,
-                             std::string_view path, std::string_view raw_query,
-                             const SigV4Auth& auth) {
-  std::string out;
-  out.reserve(512);
-  out.append(method).push_back('\n');
-  out.append(UriEncode(path.empty() ? std::string_view("/") : path, true)).push_back('\n');
-  auto pairs = QueryPairs(raw_query);
-  std::vector<std::pair<std::string, std::string>> enc;
-  enc.reserve(pairs.size());
-  for (auto& [k, v] : pairs) {
-    if (auth.presigned && k == "X-Amz-Signature") continue;
-    enc.emplace_back(UriEncode(k, false), UriEncode(v, false));
-  }
-  std::sort(enc.begin(), enc.end());
-  for (size_t i = 0; i < enc.size(); ++i) {
-    if (i) out.push_back('&');
-    out.append(enc[i].first).push_back('=');
-    out.append(enc[i].second);
-  }
-  out.push_back('\n');
-  for (const auto& name : auth.signed_headers) {
-    out.append(name).push_back(':');
-    bool first = true;
-    for (const auto& f : h) {
-      if (f.name_string().size() != name.size() || Lower(f.name_string()) != name) continue;
-      if (!first) out.push_back(',');
-      AppendCanonicalValue(out, f.value());
-      first = false;
-    }
-    out.push_back('\n');
-  }
-  out.push_back('\n');
-  for (size_t i = 0; i < auth.signed_headers.size(); ++i) {
-    if (i) out.push_back(';');
-    out.append(auth.signed_headers[i]);
-  }
-  out.push_back('\n');
-  out.append(auth.payload_hash);
-  return out;
-}
-
-std::string StringToSign(const SigV4Auth& auth, std::string_view canonical_request) {
-  return fmt::format("{}\n{}\n{}\n{}", kAlgorithm, auth.amz_date, auth.scope(),
-                     HexEncode(Sha256(canonical_request)));
-}
-
-std::string SigningKey(std::string_view secret, std::string_view date, std::string_view region,
-                       std::string_view service) {
-  std::string k = HmacSha256("AWS4" + std::string(secret), date);
-  k = HmacSha256(k, region);
-  k = HmacSha256(k, service);
-  return HmacSha256(k, "aws4_request");
-}
-
-std::string SignatureOf(std::string_view signing_key, std::string_view string_to_sign) {
-  return HexEncode(HmacSha256(signing_key, string_to_sign));
-}
-
-namespace {
-// SHA-256 of the empty string, hex.
-constexpr std::string_view kEmptySha256 =
-    "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
-}  // namespace
-
-std::string ChunkStringToSign(const SigV4Auth& auth, std::string_view previous_signature,
-                              std::string_view chunk_sha256_hex) {
-  return fmt::format("AWS4-HMAC-SHA256-PAYLOAD\n{}\n{}\n{}\n{}\n{}", auth.amz_date, auth.scope(),
-                     previous_signature, kEmptySha256, chunk_sha256_hex);
-}
-
-std::string TrailerStringToSign(const SigV4Auth& auth, std::string_view previous_signature,
-                                std::string_view trailer_sha256_hex) {
-  return fmt::format("AWS4-HMAC-SHA256-TRAILER\n{}\n{}\n{}\n{}", auth.amz_date, auth.scope(),
-                     previous_signature, trailer_sha256_hex);
 }
 
 }  // namespace sluice::api::s3

@@ -1,0 +1,877 @@
+#include "client/transfer.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/crypto.h"
+#include "common/fd.h"
+
+namespace sluice::client {
+
+namespace fs = std::filesystem;
+using io::s3::Body;
+using io::s3::ObjectInfo;
+using io::s3::PartInfo;
+using io::s3::S3Client;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr int kMaxParts = 10000;
+constexpr size_t kDeleteBatch = 1000;
+
+Status Errno(std::string_view what, const std::string& path) {
+  return Status::FromErrno(errno, fmt::format("{} '{}'", what, path));
+}
+
+// `rel` (a key below the prefix) as a relative local path; refuses what would leave the
+// destination: a hostile or odd server can answer any key.
+Result<std::string> SafeRelative(std::string_view rel) {
+  if (rel.empty() || rel.front() == '/' || rel.find('\0') != std::string_view::npos)
+    return Status(Code::kInvalidPath, fmt::format("key part '{}' is not a relative path", rel));
+  std::string_view r = rel;
+  while (!r.empty()) {
+    size_t s = r.find('/');
+    std::string_view part = r.substr(0, s);
+    if (part == "." || part == ".." || (part.empty() && s != std::string_view::npos))
+      return Status(Code::kInvalidPath,
+                    fmt::format("key part '{}' would leave the destination", rel));
+    if (s == std::string_view::npos) break;
+    r.remove_prefix(s + 1);
+  }
+  return std::string(rel);
+}
+
+std::string JoinKey(const std::string& prefix, std::string_view rel) {
+  if (prefix.empty() || prefix.back() == '/') return prefix + std::string(rel);
+  return prefix + "/" + std::string(rel);
+}
+
+// The listing prefix of a "directory" named by a URL: "a/b" lists "a/b/".
+std::string DirPrefix(const std::string& key) {
+  return key.empty() || key.back() == '/' ? key : key + "/";
+}
+
+std::string BaseName(std::string_view key) {
+  while (!key.empty() && key.back() == '/') key.remove_suffix(1);
+  size_t s = key.rfind('/');
+  return std::string(s == std::string_view::npos ? key : key.substr(s + 1));
+}
+
+std::string RandomSuffix() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("{:016x}", rng());
+}
+
+Status WriteAll(int fd, std::string_view data, uint64_t* off) {
+  while (!data.empty()) {
+    ssize_t n = off ? ::pwrite(fd, data.data(), data.size(), static_cast<off_t>(*off))
+                    : ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno(errno, "write");
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+    if (off) *off += static_cast<uint64_t>(n);
+  }
+  return Status::Ok();
+}
+
+struct LocalFile {
+  std::string rel, path;
+  uint64_t size = 0;
+  std::time_t mtime = 0;
+};
+
+// Regular files below `root`, symlinks not followed; what is neither file nor directory is
+// reported through `skip`.
+Result<std::vector<LocalFile>> WalkLocal(const std::string& root,
+                                         const std::function<void(const std::string&)>& skip) {
+  std::vector<LocalFile> out;
+  std::error_code ec;
+  fs::recursive_directory_iterator it(root, fs::directory_options::none, ec), end;
+  if (ec) return Status(Code::kNotFound, fmt::format("cannot read '{}': {}", root, ec.message()));
+  for (; it != end; it.increment(ec)) {
+    if (ec) return Status(Code::kIoError, fmt::format("walking '{}': {}", root, ec.message()));
+    const auto& e = *it;
+    auto st = e.symlink_status(ec);
+    if (ec) continue;
+    if (fs::is_directory(st)) continue;
+    std::string path = e.path().string();
+    if (!fs::is_regular_file(st)) {
+      if (skip) skip(fmt::format("skip: '{}' is not a regular file", path));
+      continue;
+    }
+    struct stat sb {};
+    if (::lstat(path.c_str(), &sb) != 0) continue;  // gone meanwhile
+    LocalFile f;
+    f.rel = fs::relative(e.path(), root).generic_string();
+    f.path = path;
+    f.size = static_cast<uint64_t>(sb.st_size);
+    f.mtime = sb.st_mtime;
+    out.push_back(std::move(f));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const LocalFile& a, const LocalFile& b) { return a.rel < b.rel; });
+  return out;
+}
+
+}  // namespace
+
+Result<S3Url> S3Url::Parse(std::string_view s) {
+  if (!Is(s)) return Status(Code::kInvalidArgument, fmt::format("'{}' is not an s3:// URL", s));
+  s.remove_prefix(5);
+  size_t slash = s.find('/');
+  S3Url u;
+  u.bucket = std::string(s.substr(0, slash));
+  if (slash != std::string_view::npos) u.key = std::string(s.substr(slash + 1));
+  if (u.bucket.empty())
+    return Status(Code::kInvalidArgument, "the URL names no bucket (s3://BUCKET/KEY)");
+  return u;
+}
+
+struct Transfer::Job {
+  enum Kind { kUpload, kDownload, kDelete } kind = kUpload;
+  std::string local, bucket, key;
+  uint64_t size = 0;
+  std::time_t mtime = 0;  // the source's
+  std::string etag;       // a download's object version
+  std::vector<std::string> delete_keys;
+  // In parts (multipart upload, or parallel ranged GETs), else one unit.
+  bool in_parts = false;
+  uint64_t part_size = 0;
+  int nparts = 1;
+  std::mutex mu;
+  bool started = false;
+  Status start_status;
+  std::string upload_id, tmp;
+  int fd = -1;
+  std::map<int, PartInfo> existing;  // parts the server already had (resume)
+  std::vector<PartInfo> parts;
+  std::atomic<int> left{1};
+  std::atomic<bool> failed{false};
+  std::string error;
+
+  std::string Remote() const { return "s3://" + bucket + "/" + key; }
+};
+
+Transfer::Job& Transfer::AddUpload(std::deque<Job>& jobs, std::string local, std::string bucket,
+                                   std::string key, uint64_t size, std::time_t mtime) {
+  Job& j = jobs.emplace_back();
+  j.kind = Job::kUpload;
+  j.local = std::move(local);
+  j.bucket = std::move(bucket);
+  j.key = std::move(key);
+  j.size = size;
+  j.mtime = mtime;
+  return j;
+}
+
+Transfer::Job& Transfer::AddDownload(std::deque<Job>& jobs, std::string bucket, const ObjectInfo& o,
+                                     std::string local) {
+  Job& j = jobs.emplace_back();
+  j.kind = Job::kDownload;
+  j.bucket = std::move(bucket);
+  j.key = o.key;
+  j.local = std::move(local);
+  j.size = o.size;
+  j.mtime = o.mtime;
+  j.etag = o.etag;
+  return j;
+}
+
+struct Transfer::Unit {
+  size_t job;
+  int part;  // 0-based; -1 for the whole file
+};
+
+Transfer::Transfer(TransferOptions opts) : opts_(std::move(opts)) {
+  if (opts_.jobs < 1) opts_.jobs = 1;
+  if (opts_.part_size < (5u << 20)) opts_.part_size = 5u << 20;
+  if (opts_.state_dir.empty()) {
+    const char* xdg = std::getenv("XDG_CACHE_HOME");
+    const char* home = std::getenv("HOME");
+    std::string base = xdg && *xdg ? xdg : std::string(home && *home ? home : "/tmp") + "/.cache";
+    opts_.state_dir = base + "/sluice/uploads";
+  }
+}
+
+void Transfer::Say(const std::string& line) {
+  if (!opts_.say) return;
+  std::lock_guard<std::mutex> g(say_mu_);
+  opts_.say(line);
+}
+
+uint64_t Transfer::PartSizeFor(uint64_t size) const {
+  uint64_t ps = opts_.part_size;
+  while ((size + ps - 1) / ps > kMaxParts) ps *= 2;
+  return ps;
+}
+
+std::string Transfer::StatePath(const Job& j) const {
+  std::string id = fmt::format("{}\n{}\n{}\n{}\n{}\n{}\n{}", opts_.s3.endpoint, j.bucket, j.key,
+                               fs::absolute(j.local).string(), j.size, j.mtime, j.part_size);
+  return opts_.state_dir + "/" + HexEncode(Sha256(id)).substr(0, 32) + ".json";
+}
+
+Status Transfer::StartUpload(S3Client& c, Job& j) {
+  j.fd = ::open(j.local.c_str(), O_RDONLY | O_CLOEXEC);
+  if (j.fd < 0) return Errno("open", j.local);
+  std::string state = StatePath(j);
+  if (opts_.resume) {
+    std::ifstream in(state);
+    json st = json::parse(in, nullptr, false);
+    if (st.is_object() && st.value("upload_id", "") != "") {
+      auto parts = c.ListParts(j.bucket, j.key, st["upload_id"].get<std::string>());
+      if (parts.ok()) {
+        j.upload_id = st["upload_id"].get<std::string>();
+        for (auto& p : *parts) j.existing[p.number] = p;
+        Say(fmt::format("resume: {} ({} of {} parts already uploaded)", j.Remote(),
+                        j.existing.size(), j.nparts));
+      } else if (parts.status().code() != Code::kNotFound) {
+        return parts.status();
+      }
+    }
+  }
+  if (j.upload_id.empty()) {
+    SLUICE_ASSIGN_OR_RETURN(j.upload_id, c.CreateMultipart(j.bucket, j.key));
+    if (opts_.resume) {
+      std::error_code ec;
+      fs::create_directories(opts_.state_dir, ec);
+      json st = {{"upload_id", j.upload_id}, {"bucket", j.bucket}, {"key", j.key},
+                 {"source", j.local},        {"size", j.size},     {"part_size", j.part_size}};
+      // Written whole then renamed, so a kill leaves the old state or the new one.
+      std::string tmp = state + ".tmp";
+      std::ofstream out(tmp, std::ios::trunc);
+      out << st.dump();
+      out.close();
+      if (!out || ::rename(tmp.c_str(), state.c_str()) != 0)
+        Say(fmt::format("warning: cannot keep resume state in {} (the upload still runs)",
+                        opts_.state_dir));
+    }
+  }
+  return Status::Ok();
+}
+
+Status Transfer::FinishUpload(S3Client& c, Job& j) {
+  std::sort(j.parts.begin(), j.parts.end(),
+            [](const PartInfo& a, const PartInfo& b) { return a.number < b.number; });
+  auto r = c.CompleteMultipart(j.bucket, j.key, j.upload_id, j.parts);
+  if (!r.ok()) return r.status();
+  ::unlink(StatePath(j).c_str());
+  return Status::Ok();
+}
+
+Status Transfer::FinishDownload(Job& j) {
+  struct timespec ts[2] = {{j.mtime, 0}, {j.mtime, 0}};
+  if (j.mtime > 0 && ::futimens(j.fd, ts) != 0) return Errno("set the time of", j.tmp);
+  if (::close(j.fd) != 0) {
+    j.fd = -1;
+    return Errno("close", j.tmp);
+  }
+  j.fd = -1;
+  if (::rename(j.tmp.c_str(), j.local.c_str()) != 0) return Errno("rename into", j.local);
+  j.tmp.clear();
+  return Status::Ok();
+}
+
+namespace {
+// A temporary file next to `dst`, so the rename that publishes it stays on one file system.
+Result<std::pair<int, std::string>> OpenTemp(const std::string& dst) {
+  fs::path p(dst);
+  std::error_code ec;
+  if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
+  std::string tmp = (p.has_parent_path() ? p.parent_path().string() + "/" : std::string()) +
+                    ".sluice-" + p.filename().string() + "." + RandomSuffix();
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("create", tmp);
+  return std::make_pair(fd, tmp);
+}
+}  // namespace
+
+Status Transfer::RunUnit(S3Client& c, Job& j, const Unit& u) {
+  if (j.kind == Job::kDelete) {
+    SLUICE_ASSIGN_OR_RETURN(auto failed, c.DeleteMany(j.bucket, j.delete_keys));
+    for (const auto& f : failed) Say("delete failed: " + f);
+    stats_.files_done += j.delete_keys.size() - failed.size();
+    if (!failed.empty())
+      return Status(Code::kIoError, fmt::format("{} keys not deleted", failed.size()));
+    return Status::Ok();
+  }
+  if (!j.in_parts) {
+    if (j.kind == Job::kUpload) {
+      UniqueFd fd(::open(j.local.c_str(), O_RDONLY | O_CLOEXEC));
+      if (fd.get() < 0) return Errno("open", j.local);
+      struct stat sb {};
+      if (::fstat(fd.get(), &sb) != 0) return Errno("stat", j.local);
+      uint64_t size = static_cast<uint64_t>(sb.st_size);
+      auto r = c.Put(j.bucket, j.key, Body{{}, fd.get(), 0, size});
+      if (!r.ok()) return r.status();
+      stats_.bytes_done += size;
+      return Status::Ok();
+    }
+    SLUICE_ASSIGN_OR_RETURN(auto tf, OpenTemp(j.local));
+    j.fd = tf.first;
+    j.tmp = tf.second;
+    uint64_t got = 0;
+    auto r = c.Get(j.bucket, j.key, [&](std::string_view d) {
+      stats_.bytes_done += d.size();
+      got += d.size();
+      return WriteAll(j.fd, d, nullptr);
+    });
+    if (!r.ok()) return r.status();
+    j.mtime = r->mtime;
+    return FinishDownload(j);
+  }
+  // One part of a large file.
+  {
+    std::lock_guard<std::mutex> g(j.mu);
+    if (!j.started) {
+      j.started = true;
+      if (j.kind == Job::kUpload) {
+        j.start_status = StartUpload(c, j);
+      } else {
+        auto tf = OpenTemp(j.local);
+        if (!tf.ok()) {
+          j.start_status = tf.status();
+        } else {
+          j.fd = tf->first;
+          j.tmp = tf->second;
+          if (::ftruncate(j.fd, static_cast<off_t>(j.size)) != 0)
+            j.start_status = Errno("size", j.tmp);
+        }
+      }
+    }
+    if (!j.start_status.ok()) return j.start_status;
+  }
+  uint64_t off = static_cast<uint64_t>(u.part) * j.part_size;
+  uint64_t len = std::min(j.part_size, j.size - off);
+  if (j.kind == Job::kDownload) {
+    uint64_t at = off;
+    auto r = c.Get(
+        j.bucket, j.key,
+        [&](std::string_view d) {
+          stats_.bytes_done += d.size();
+          return WriteAll(j.fd, d, &at);
+        },
+        std::make_pair(off, len), j.etag);
+    return r.status();
+  }
+  PartInfo p;
+  p.number = u.part + 1;
+  p.size = len;
+  auto ex = j.existing.find(p.number);  // read-only once started
+  if (ex != j.existing.end() && ex->second.size == len) {
+    SLUICE_ASSIGN_OR_RETURN(std::string crc, io::s3::FileCrc32c(j.fd, off, len));
+    if (!ex->second.crc32c.empty() && ex->second.crc32c == crc) {
+      p.etag = ex->second.etag;
+      p.crc32c = crc;
+      stats_.parts_reused++;
+      stats_.bytes_done += len;
+      std::lock_guard<std::mutex> g(j.mu);
+      j.parts.push_back(std::move(p));
+      return Status::Ok();
+    }
+  }
+  std::string crc;
+  SLUICE_ASSIGN_OR_RETURN(
+      p.etag, c.UploadPart(j.bucket, j.key, j.upload_id, p.number, Body{{}, j.fd, off, len}, &crc));
+  p.crc32c = crc;
+  stats_.bytes_done += len;
+  std::lock_guard<std::mutex> g(j.mu);
+  j.parts.push_back(std::move(p));
+  return Status::Ok();
+}
+
+void Transfer::Work(std::deque<Job>& jobs, std::vector<Unit>& units, std::atomic<size_t>& next) {
+  S3Client c(opts_.s3);
+  for (;;) {
+    size_t i = next.fetch_add(1);
+    if (i >= units.size()) break;
+    const Unit& u = units[i];
+    Job& j = jobs[u.job];
+    Status st = j.failed ? Status::Ok() : RunUnit(c, j, u);
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> g(j.mu);
+      if (!j.failed.exchange(true)) j.error = st.message();
+    }
+    if (j.left.fetch_sub(1) != 1) continue;
+    // The last unit of its job: finish it.
+    if (!j.failed && j.in_parts) {
+      Status fin = j.kind == Job::kUpload ? FinishUpload(c, j) : FinishDownload(j);
+      if (!fin.ok()) {
+        j.failed = true;
+        j.error = fin.message();
+      }
+    }
+    if (j.fd >= 0) {
+      ::close(j.fd);
+      j.fd = -1;
+    }
+    if (!j.tmp.empty()) ::unlink(j.tmp.c_str());  // a download that failed
+    if (j.kind == Job::kDelete) {
+      if (!j.failed)
+        for (const auto& k : j.delete_keys) Say(fmt::format("delete: s3://{}/{}", j.bucket, k));
+      continue;
+    }
+    if (j.failed) {
+      stats_.files_failed++;
+      std::string line = fmt::format("failed: {} {} {}: {}", j.local,
+                                     j.kind == Job::kUpload ? "->" : "<-", j.Remote(), j.error);
+      if (j.kind == Job::kUpload && j.in_parts && !j.upload_id.empty() && opts_.resume)
+        line += " (run the same command again to resume the upload)";
+      Say(line);
+    } else {
+      stats_.files_done++;
+      Say(j.kind == Job::kUpload ? fmt::format("upload: {} -> {}", j.local, j.Remote())
+                                 : fmt::format("download: {} -> {}", j.Remote(), j.local));
+    }
+  }
+  stats_.retries += c.retries();
+}
+
+Result<TransferResult> Transfer::Run(std::deque<Job>& jobs) {
+  std::vector<Unit> units;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    Job& j = jobs[i];
+    if (j.kind != Job::kDelete && j.size >= opts_.multipart_threshold && j.size > 0) {
+      j.in_parts = true;
+      j.part_size = PartSizeFor(j.size);
+      j.nparts = static_cast<int>((j.size + j.part_size - 1) / j.part_size);
+    }
+    j.left = j.nparts;
+    if (j.in_parts)
+      for (int p = 0; p < j.nparts; ++p) units.push_back({i, p});
+    else
+      units.push_back({i, -1});
+    if (j.kind != Job::kDelete) {
+      stats_.files_total++;
+      stats_.bytes_total += j.size;
+    } else {
+      stats_.files_total += j.delete_keys.size();
+    }
+    if (opts_.dry_run) {
+      if (j.kind == Job::kUpload)
+        Say(fmt::format("(dry run) upload: {} -> {}", j.local, j.Remote()));
+      if (j.kind == Job::kDownload)
+        Say(fmt::format("(dry run) download: {} -> {}", j.Remote(), j.local));
+      for (const auto& k : j.delete_keys)
+        Say(fmt::format("(dry run) delete: s3://{}/{}", j.bucket, k));
+    }
+  }
+  stats_.planning = false;
+  TransferResult res;
+  if (opts_.dry_run) return res;
+  std::atomic<size_t> next{0};
+  int n = static_cast<int>(std::min<size_t>(static_cast<size_t>(opts_.jobs), units.size()));
+  std::vector<std::thread> workers;
+  for (int w = 0; w < n; ++w) workers.emplace_back([&] { Work(jobs, units, next); });
+  for (auto& t : workers) t.join();
+  for (auto& j : jobs)
+    if (j.failed)
+      res.errors.push_back(j.kind == Job::kDelete
+                               ? fmt::format("delete in s3://{}: {}", j.bucket, j.error)
+                               : fmt::format("{}: {}", j.Remote(), j.error));
+  return res;
+}
+
+Result<TransferResult> Transfer::Copy(std::string_view src, std::string_view dst, bool recursive) {
+  std::deque<Job> jobs;
+  bool src_s3 = S3Url::Is(src), dst_s3 = S3Url::Is(dst);
+  if (src_s3 == dst_s3)
+    return Status(Code::kInvalidArgument,
+                  src_s3 ? "copy between two s3:// locations is not supported: one side must be "
+                           "a local path"
+                         : "one side must be an s3:// URL");
+  if (dst_s3) {
+    SLUICE_ASSIGN_OR_RETURN(S3Url to, S3Url::Parse(dst));
+    std::string from(src);
+    struct stat sb {};
+    if (::stat(from.c_str(), &sb) != 0) return Errno("cannot read", from);
+    if (S_ISDIR(sb.st_mode)) {
+      if (!recursive)
+        return Status(Code::kInvalidArgument,
+                      fmt::format("'{}' is a directory: use --recursive", from));
+      SLUICE_ASSIGN_OR_RETURN(auto files, WalkLocal(from, [&](const std::string& l) { Say(l); }));
+      for (auto& f : files)
+        AddUpload(jobs, f.path, to.bucket, JoinKey(to.key, f.rel), f.size, f.mtime);
+    } else if (S_ISREG(sb.st_mode)) {
+      AddUpload(jobs, from, to.bucket,
+                to.key.empty() || to.key.back() == '/' ? to.key + BaseName(from) : to.key,
+                static_cast<uint64_t>(sb.st_size), sb.st_mtime);
+    } else {
+      return Status(Code::kInvalidArgument, fmt::format("'{}' is not a regular file", from));
+    }
+    return Run(jobs);
+  }
+  SLUICE_ASSIGN_OR_RETURN(S3Url from, S3Url::Parse(src));
+  std::string to(dst);
+  if (!recursive) {
+    if (from.key.empty() || from.key.back() == '/')
+      return Status(Code::kInvalidArgument,
+                    fmt::format("'{}' names no object: use --recursive for a prefix", src));
+    S3Client c(opts_.s3);
+    SLUICE_ASSIGN_OR_RETURN(ObjectInfo info, c.Head(from.bucket, from.key));
+    struct stat sb {};
+    bool to_dir =
+        (!to.empty() && to.back() == '/') || (::stat(to.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode));
+    info.key = from.key;
+    AddDownload(jobs, from.bucket, info,
+                to_dir ? (fs::path(to) / BaseName(from.key)).string() : to);
+    return Run(jobs);
+  }
+  std::string prefix = DirPrefix(from.key);
+  std::vector<ObjectInfo> objects;
+  SLUICE_RETURN_IF_ERROR(ListKeys(
+      opts_.s3, S3Url{from.bucket, prefix}, true, opts_.jobs,
+      [&](const ObjectInfo& o) { objects.push_back(o); }, nullptr));
+  for (auto& o : objects) {
+    if (o.key.size() <= prefix.size()) continue;  // the prefix's own marker
+    std::string_view rest = std::string_view(o.key).substr(prefix.size());
+    bool marker = rest.back() == '/';
+    auto rel = SafeRelative(marker ? rest.substr(0, rest.size() - 1) : rest);
+    if (!rel.ok()) {
+      Say(fmt::format("skip: s3://{}/{}: {}", from.bucket, o.key, rel.status().message()));
+      stats_.files_skipped++;
+      continue;
+    }
+    if (marker) {  // a "dir/" marker: the directory, made now
+      std::error_code ec;
+      if (!opts_.dry_run) fs::create_directories(fs::path(to) / *rel, ec);
+      continue;
+    }
+    AddDownload(jobs, from.bucket, o, (fs::path(to) / *rel).string());
+  }
+  return Run(jobs);
+}
+
+Result<TransferResult> Transfer::Sync(std::string_view src, std::string_view dst) {
+  bool src_s3 = S3Url::Is(src), dst_s3 = S3Url::Is(dst);
+  if (src_s3 == dst_s3)
+    return Status(Code::kInvalidArgument, "sync needs one local directory and one s3:// prefix");
+  std::string local(src_s3 ? dst : src);
+  SLUICE_ASSIGN_OR_RETURN(S3Url remote, S3Url::Parse(src_s3 ? src : dst));
+  std::string prefix = DirPrefix(remote.key);
+  struct stat sb {};
+  bool have_local = ::stat(local.c_str(), &sb) == 0;
+  if (have_local && !S_ISDIR(sb.st_mode))
+    return Status(Code::kInvalidArgument, fmt::format("'{}' is not a directory", local));
+  if (!have_local && !src_s3) return Errno("cannot read", local);
+
+  std::vector<LocalFile> files;
+  if (have_local) {
+    std::function<void(const std::string&)> skip;
+    if (!src_s3) skip = [&](const std::string& l) { Say(l); };
+    SLUICE_ASSIGN_OR_RETURN(files, WalkLocal(local, skip));
+  }
+  std::map<std::string, ObjectInfo> objects;
+  SLUICE_RETURN_IF_ERROR(ListKeys(
+      opts_.s3, S3Url{remote.bucket, prefix}, true, opts_.jobs,
+      [&](const ObjectInfo& o) {
+        if (o.key.size() > prefix.size() && o.key.back() != '/')
+          objects.emplace(o.key.substr(prefix.size()), o);
+      },
+      nullptr));
+  std::map<std::string, const LocalFile*> by_rel;
+  for (const auto& f : files) by_rel.emplace(f.rel, &f);
+
+  std::deque<Job> jobs;
+  if (!src_s3) {
+    for (const auto& f : files) {
+      auto it = objects.find(f.rel);
+      if (it != objects.end() && it->second.size == f.size && f.mtime <= it->second.mtime) {
+        stats_.files_skipped++;
+        continue;
+      }
+      AddUpload(jobs, f.path, remote.bucket, prefix + f.rel, f.size, f.mtime);
+    }
+    if (opts_.delete_extra) {
+      Job* batch = nullptr;
+      for (const auto& [rel, o] : objects) {
+        if (by_rel.count(rel)) continue;
+        if (!batch || batch->delete_keys.size() >= kDeleteBatch) {
+          batch = &jobs.emplace_back();
+          batch->kind = Job::kDelete;
+          batch->bucket = remote.bucket;
+        }
+        batch->delete_keys.push_back(o.key);
+      }
+    }
+    return Run(jobs);
+  }
+  for (const auto& [rel, o] : objects) {
+    auto safe = SafeRelative(rel);
+    if (!safe.ok()) {
+      Say(fmt::format("skip: s3://{}/{}: {}", remote.bucket, o.key, safe.status().message()));
+      stats_.files_skipped++;
+      continue;
+    }
+    auto it = by_rel.find(rel);
+    if (it != by_rel.end() && it->second->size == o.size && o.mtime <= it->second->mtime) {
+      stats_.files_skipped++;
+      continue;
+    }
+    AddDownload(jobs, remote.bucket, o, (fs::path(local) / rel).string());
+  }
+  if (opts_.delete_extra) {
+    for (const auto& f : files) {
+      if (objects.count(f.rel)) continue;
+      if (opts_.dry_run) {
+        Say(fmt::format("(dry run) delete: {}", f.path));
+      } else if (::unlink(f.path.c_str()) == 0) {
+        Say(fmt::format("delete: {}", f.path));
+      } else {
+        Say(fmt::format("delete failed: {}: {}", f.path, std::strerror(errno)));
+      }
+    }
+  }
+  return Run(jobs);
+}
+
+Result<TransferResult> Transfer::Remove(const S3Url& url, bool recursive) {
+  std::deque<Job> jobs;
+  // Keys in DeleteObjects batches of up to `per` keys each.
+  auto batches = [&](const std::vector<std::string>& ks, size_t per) {
+    for (size_t i = 0; i < ks.size(); i += per) {
+      Job& j = jobs.emplace_back();
+      j.kind = Job::kDelete;
+      j.bucket = url.bucket;
+      j.delete_keys.assign(ks.begin() + static_cast<long>(i),
+                           ks.begin() + static_cast<long>(std::min(ks.size(), i + per)));
+    }
+  };
+  if (!recursive) {
+    if (url.key.empty())
+      return Status(Code::kInvalidArgument, "name a key, or use --recursive for a prefix");
+    batches({url.key}, 1);
+    return Run(jobs);
+  }
+  std::string prefix = DirPrefix(url.key);
+  std::vector<std::string> keys, markers;
+  SLUICE_RETURN_IF_ERROR(ListKeys(
+      opts_.s3, S3Url{url.bucket, prefix}, true, opts_.jobs,
+      [&](const ObjectInfo& o) { (o.key.back() == '/' ? markers : keys).push_back(o.key); },
+      nullptr));
+  batches(keys, kDeleteBatch);
+  SLUICE_ASSIGN_OR_RETURN(TransferResult res, Run(jobs));
+  if (markers.empty() || !res.ok()) return res;
+  // Directory markers last, deepest first, one at a time: a directory goes once what it held is
+  // gone.
+  std::sort(markers.begin(), markers.end(),
+            [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+  jobs.clear();
+  batches(markers, 1);
+  int saved = opts_.jobs;
+  opts_.jobs = 1;
+  auto r = Run(jobs);
+  opts_.jobs = saved;
+  return r;
+}
+
+Status ListKeys(const io::s3::ClientOptions& opts, const S3Url& url, bool recursive, int jobs,
+                const std::function<void(const ObjectInfo&)>& on_object,
+                const std::function<void(const std::string&)>& on_prefix) {
+  S3Client c(opts);
+  auto list_range = [&](S3Client& cl, const io::s3::KeyRange& r,
+                        const std::function<void(const ObjectInfo&)>& each) -> Status {
+    io::s3::ListRequest req;
+    req.prefix = url.key;
+    req.delimiter = recursive ? "" : "/";
+    req.start_after = r.start_after;
+    req.end_key = r.end_key;
+    for (;;) {
+      SLUICE_ASSIGN_OR_RETURN(auto page, cl.ListObjects(url.bucket, req));
+      for (const auto& p : page.prefixes)
+        if (on_prefix) on_prefix(p);
+      for (const auto& o : page.objects) {
+        // A server that ignores end-key (not Sluice) still stops at the range's end.
+        if (!r.end_key.empty() && o.key > r.end_key) return Status::Ok();
+        each(o);
+      }
+      if (page.next_token.empty()) return Status::Ok();
+      req.continuation = page.next_token;
+      req.start_after.clear();
+    }
+  };
+  std::vector<io::s3::KeyRange> ranges;
+  if (recursive && jobs > 1) {
+    auto split = c.ListSplit(url.bucket, url.key, jobs);
+    // Other S3 servers do not split: one sequential listing then.
+    if (split.ok())
+      ranges = std::move(*split);
+    else if (split.status().code() == Code::kNotFound &&
+             split.status().message().find("NoSuchBucket") != std::string::npos)
+      return split.status();
+  }
+  if (ranges.size() <= 1) return list_range(c, io::s3::KeyRange{}, on_object);
+  std::vector<std::vector<ObjectInfo>> found(ranges.size());
+  std::vector<Status> errors(ranges.size());
+  std::vector<std::thread> threads;
+  std::atomic<size_t> next{1};
+  auto worker = [&] {
+    S3Client cl(opts);
+    for (size_t i; (i = next.fetch_add(1)) < ranges.size();)
+      errors[i] = list_range(cl, ranges[i], [&](const ObjectInfo& o) { found[i].push_back(o); });
+  };
+  for (int t = 1; t < std::min<int>(jobs, static_cast<int>(ranges.size())); ++t)
+    threads.emplace_back(worker);
+  // The first range is listed here and printed as it comes; the others wait their turn.
+  errors[0] = list_range(c, ranges[0], on_object);
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    if (!errors[i].ok()) return errors[i];
+    for (const auto& o : found[i]) on_object(o);
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// Extracts a TAR read from `fd` below `dir`, refusing names that would leave it.
+Status ExtractTar(int fd, const std::string& dir, BatchGetResult* res, std::string* manifest) {
+  std::unique_ptr<archive, decltype(&archive_read_free)> in(archive_read_new(), archive_read_free);
+  std::unique_ptr<archive, decltype(&archive_write_free)> out(archive_write_disk_new(),
+                                                              archive_write_free);
+  archive_read_support_format_tar(in.get());
+  archive_write_disk_set_options(out.get(), ARCHIVE_EXTRACT_TIME | ARCHIVE_EXTRACT_SECURE_NODOTDOT |
+                                                ARCHIVE_EXTRACT_SECURE_SYMLINKS);
+  if (archive_read_open_fd(in.get(), fd, 1 << 16) != ARCHIVE_OK)
+    return Status(Code::kUnavailable, fmt::format("batch get: {}", archive_error_string(in.get())));
+  for (;;) {
+    archive_entry* e = nullptr;
+    int r = archive_read_next_header(in.get(), &e);
+    if (r == ARCHIVE_EOF) break;
+    if (r != ARCHIVE_OK)
+      return Status(Code::kUnavailable,
+                    fmt::format("batch get: the stream broke off: {}",
+                                archive_error_string(in.get()) ? archive_error_string(in.get())
+                                                               : "truncated"));
+    std::string name = archive_entry_pathname(e) ? archive_entry_pathname(e) : "";
+    if (name == "__manifest__.json") {
+      char buf[65536];
+      la_ssize_t n;
+      while ((n = archive_read_data(in.get(), buf, sizeof buf)) > 0)
+        manifest->append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (name.rfind("__404__/", 0) == 0 || name.rfind("__error__/", 0) == 0) continue;
+    if (!SafeRelative(name.back() == '/' ? name.substr(0, name.size() - 1) : name).ok())
+      return Status(Code::kInvalidPath,
+                    fmt::format("batch get: entry '{}' would leave '{}'", name, dir));
+    std::string path = dir + "/" + name;
+    archive_entry_set_pathname(e, path.c_str());
+    if (archive_write_header(out.get(), e) != ARCHIVE_OK)
+      return Status(Code::kIoError,
+                    fmt::format("extract '{}': {}", path, archive_error_string(out.get())));
+    const void* block;
+    size_t size;
+    la_int64_t off;
+    while ((r = archive_read_data_block(in.get(), &block, &size, &off)) == ARCHIVE_OK)
+      if (archive_write_data_block(out.get(), block, size, off) != ARCHIVE_OK)
+        return Status(Code::kIoError,
+                      fmt::format("extract '{}': {}", path, archive_error_string(out.get())));
+    if (r != ARCHIVE_EOF)
+      return Status(Code::kUnavailable,
+                    fmt::format("batch get: the stream broke off in '{}'", name));
+    if (archive_write_finish_entry(out.get()) != ARCHIVE_OK)
+      return Status(Code::kIoError,
+                    fmt::format("extract '{}': {}", path, archive_error_string(out.get())));
+    res->entries++;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<BatchGetResult> BatchGet(const io::s3::ClientOptions& opts, const std::string& bucket,
+                                const std::vector<std::string>& keys, const BatchGetOptions& bo,
+                                TransferStats* stats) {
+  if (keys.empty()) return Status(Code::kInvalidArgument, "no keys to get");
+  json items = json::array();
+  for (const auto& k : keys) {
+    if (S3Url::Is(k)) {
+      SLUICE_ASSIGN_OR_RETURN(S3Url u, S3Url::Parse(k));
+      items.push_back({{"bucket", u.bucket}, {"key", u.key}});
+    } else {
+      if (bucket.empty())
+        return Status(Code::kInvalidArgument,
+                      fmt::format("'{}' names no bucket: give s3://BUCKET or s3:// keys", k));
+      items.push_back({{"key", k}});
+    }
+  }
+  std::string body = json{{"items", items}, {"continue-on-error", bo.continue_on_error}}.dump();
+  if (stats) {
+    stats->files_total = keys.size();
+    stats->planning = false;
+  }
+  S3Client c(opts);
+  BatchGetResult res;
+  if (bo.extract_dir.empty()) {
+    bool to_stdout = bo.output.empty() || bo.output == "-";
+    int fd = STDOUT_FILENO;
+    std::string tmp;
+    if (!to_stdout) {
+      SLUICE_ASSIGN_OR_RETURN(auto tf, OpenTemp(bo.output));
+      fd = tf.first;
+      tmp = tf.second;
+    }
+    Status st = c.BatchGet(bucket, body, [&](std::string_view d) {
+      res.bytes += d.size();
+      if (stats) stats->bytes_done += d.size();
+      return WriteAll(fd, d, nullptr);
+    });
+    if (!to_stdout) {
+      if (::close(fd) != 0 && st.ok()) st = Errno("close", tmp);
+      if (st.ok() && ::rename(tmp.c_str(), bo.output.c_str()) != 0)
+        st = Errno("rename into", bo.output);
+      if (!st.ok()) ::unlink(tmp.c_str());
+    }
+    SLUICE_RETURN_IF_ERROR(st);
+    return res;
+  }
+  std::error_code ec;
+  fs::create_directories(bo.extract_dir, ec);
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) return Status::FromErrno(errno, "pipe");
+  Status fetch;
+  std::thread reader([&] {
+    fetch = c.BatchGet(bucket, body, [&](std::string_view d) {
+      res.bytes += d.size();
+      if (stats) stats->bytes_done += d.size();
+      return WriteAll(p[1], d, nullptr);
+    });
+    ::close(p[1]);
+  });
+  std::string manifest;
+  Status ext = ExtractTar(p[0], bo.extract_dir, &res, &manifest);
+  ::close(p[0]);  // a failed extraction stops the fetch (EPIPE)
+  reader.join();
+  SLUICE_RETURN_IF_ERROR(fetch);
+  SLUICE_RETURN_IF_ERROR(ext);
+  if (!manifest.empty()) {
+    json m = json::parse(manifest, nullptr, false);
+    if (m.is_object()) {
+      res.ok = m.value("ok", 0u);
+      res.errors = m.value("errors", 0u);
+    }
+    std::ofstream(bo.extract_dir + "/__manifest__.json", std::ios::trunc) << manifest;
+  }
+  if (stats) stats->files_done = res.ok;
+  return res;
+}
+
+}  // namespace sluice::client

@@ -1,0 +1,68 @@
+#include "common/uri.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+
+namespace sluice {
+
+namespace {
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+}  // namespace
+
+std::string PercentDecode(std::string_view s, bool plus_is_space) {
+  if (s.empty()) return {};  // its data() may be null, which memchr must not get
+  std::string out;
+  out.reserve(s.size());
+  // Runs of plain bytes are copied whole (a download token is hundreds of them), found with
+  // memchr; each search resumes where the last one stopped, so the work stays linear.
+  const char* p = s.data();
+  const char* end = p + s.size();
+  auto next = [end](const char* from, char c) {
+    const void* at = std::memchr(from, c, static_cast<size_t>(end - from));
+    return at ? static_cast<const char*>(at) : end;
+  };
+  const char* pct = next(p, '%');
+  const char* plus = plus_is_space ? next(p, '+') : end;
+  while (p < end) {
+    const char* q = std::min(pct, plus);
+    out.append(p, q);
+    if (q == end) break;
+    int hi = end - q > 2 ? HexValue(q[1]) : -1;
+    int lo = hi >= 0 ? HexValue(q[2]) : -1;
+    if (*q == '%' && lo >= 0) {
+      out += static_cast<char>(hi * 16 + lo);
+      p = q + 3;
+    } else {
+      out += *q == '+' ? ' ' : *q;
+      p = q + 1;
+    }
+    if (pct < p) pct = next(p, '%');
+    if (plus < p) plus = next(p, '+');
+  }
+  return out;
+}
+
+std::string UriEncode(std::string_view s, bool keep_slash) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(s.size() + 16);
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' ||
+        (keep_slash && c == '/')) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
+}
+
+}  // namespace sluice

@@ -1,0 +1,754 @@
+#include "io/s3/s3_client.h"
+
+#include <curl/curl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+#include <pugixml.hpp>
+
+#include "common/checksum.h"
+#include "common/crypto.h"
+
+namespace sluice::io::s3 {
+
+namespace {
+
+// Error answers and XML listings are read whole; a listing page of 1000 long keys stays far
+// below this.
+constexpr size_t kMaxAnswerBody = 32u << 20;
+
+std::string Lower(std::string_view s) {
+  std::string o(s);
+  for (auto& c : o) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return o;
+}
+
+std::string StripQuotes(std::string_view s) {
+  if (s.size() >= 2 && s.front() == '"' && s.back() == '"') s = s.substr(1, s.size() - 2);
+  return std::string(s);
+}
+
+void GlobalInit() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+// The code an S3 error answer stands for.
+Code CodeOf(unsigned status, std::string_view s3code) {
+  if (s3code == "NoSuchKey" || s3code == "NoSuchBucket" || s3code == "NoSuchUpload")
+    return Code::kNotFound;
+  if (s3code == "BucketNotEmpty") return Code::kNotEmpty;
+  if (s3code == "BucketAlreadyExists" || s3code == "BucketAlreadyOwnedByYou")
+    return Code::kAlreadyExists;
+  if (s3code == "QuotaExceeded") return Code::kQuotaExceeded;
+  if (s3code == "SignatureDoesNotMatch" || s3code == "InvalidAccessKeyId")
+    return Code::kUnauthenticated;
+  switch (status) {
+    case 404:
+      return Code::kNotFound;
+    case 401:
+    case 403:
+      return Code::kPermissionDenied;
+    case 409:
+    case 412:
+      return Code::kConflict;
+    case 413:
+      return Code::kTooLarge;
+    case 501:
+      return Code::kUnsupported;
+    case 507:
+      return Code::kNoSpace;
+    default:
+      break;
+  }
+  return status >= 500 ? Code::kUnavailable : Code::kInvalidArgument;
+}
+
+bool Retryable(unsigned status, std::string_view s3code) {
+  return status == 500 || status == 502 || status == 503 || status == 504 || s3code == "SlowDown" ||
+         s3code == "RequestTimeout" || s3code == "InternalError";
+}
+
+std::string Child(const pugi::xml_node& n, const char* name) {
+  return n.child(name).text().get();
+}
+
+Result<pugi::xml_document> ParseXml(const std::string& body, std::string_view what) {
+  pugi::xml_document doc;
+  if (!doc.load_buffer(body.data(), body.size()))
+    return Status(Code::kUnavailable, fmt::format("{}: the answer is not XML", what));
+  return doc;
+}
+
+std::string XmlEscape(std::string_view s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      case '\'':
+        o += "&apos;";
+        break;
+      default:
+        o.push_back(c);
+    }
+  }
+  return o;
+}
+
+std::string Md5(std::string_view s) {
+  Digest d(Digest::Algo::kMd5);
+  d.Update(s);
+  return d.Final();
+}
+
+}  // namespace
+
+Result<std::string> FileCrc32c(int fd, uint64_t off, uint64_t len) {
+  std::vector<char> buf(1u << 20);
+  uint32_t crc = 0;
+  while (len > 0) {
+    ssize_t n =
+        ::pread(fd, buf.data(), std::min<uint64_t>(len, buf.size()), static_cast<off_t>(off));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno(errno, "read");
+    }
+    if (n == 0) return Status(Code::kIoError, "the file is shorter than expected");
+    crc = Crc32c(buf.data(), static_cast<size_t>(n), crc);
+    off += static_cast<uint64_t>(n);
+    len -= static_cast<uint64_t>(n);
+  }
+  return Base64Encode(CrcBytes(ChecksumAlgo::kCrc32c, crc));
+}
+
+std::time_t ParseIso8601(std::string_view s) {
+  // 2026-12-01T21:15:29[.000]Z: the same fields as SigV4's 20261201T211529Z.
+  if (s.size() < 20 || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' || s[16] != ':' ||
+      s.back() != 'Z')
+    return 0;
+  std::string compact =
+      fmt::format("{}{}{}T{}{}{}Z", s.substr(0, 4), s.substr(5, 2), s.substr(8, 2), s.substr(11, 2),
+                  s.substr(14, 2), s.substr(17, 2));
+  return ParseAmzDate(compact).value_or(0);
+}
+
+struct S3Client::Request {
+  std::string method = "GET";
+  std::string path;  // decoded
+  std::vector<std::pair<std::string, std::string>> query;
+  std::vector<std::pair<std::string, std::string>> headers;
+  Body body;
+  const Sink* sink = nullptr;  // a 2xx body goes here instead of Answer::body
+  uint64_t delivered = 0;      // bytes handed to the sink so far, over every attempt
+  std::string what;            // for messages: "GET bucket/key"
+};
+
+struct S3Client::Answer {
+  unsigned status = 0;
+  std::vector<std::pair<std::string, std::string>> headers;  // names lower case
+  std::string body;
+  std::string s3code, message;
+
+  std::string header(std::string_view name) const {
+    for (const auto& [k, v] : headers)
+      if (k == name) return v;
+    return {};
+  }
+  bool ok() const { return status >= 200 && status < 300; }
+};
+
+Status S3Client::Validate(const ClientOptions& o) {
+  std::string_view e = o.endpoint;
+  if (e.rfind("http://", 0) != 0 && e.rfind("https://", 0) != 0)
+    return Status(Code::kInvalidArgument,
+                  fmt::format("endpoint '{}' must start with http:// or https://", o.endpoint));
+  size_t start = e.find("//") + 2;
+  if (start >= e.size() || e[start] == '/')
+    return Status(Code::kInvalidArgument, fmt::format("endpoint '{}' names no host", o.endpoint));
+  if (o.creds.access_key.empty() || o.creds.secret_key.empty())
+    return Status(Code::kInvalidArgument, "an access key and a secret key are needed");
+  if (o.creds.region.empty()) return Status(Code::kInvalidArgument, "the region is empty");
+  return Status::Ok();
+}
+
+S3Client::S3Client(ClientOptions opts) : opts_(std::move(opts)) {
+  GlobalInit();
+  std::string_view e = opts_.endpoint;
+  size_t start = e.find("//");
+  start = start == std::string_view::npos ? 0 : start + 2;
+  size_t slash = e.find('/', start);
+  scheme_host_ = std::string(e.substr(0, slash));
+  host_header_ =
+      std::string(e.substr(start, slash == std::string_view::npos ? e.npos : slash - start));
+  if (slash != std::string_view::npos) {
+    base_path_ = std::string(e.substr(slash));
+    while (!base_path_.empty() && base_path_.back() == '/') base_path_.pop_back();
+  }
+  // The default port is not part of Host as clients send it.
+  auto drop = [&](std::string_view scheme, std::string_view port) {
+    if (e.rfind(scheme, 0) == 0 && host_header_.size() > port.size() &&
+        host_header_.compare(host_header_.size() - port.size(), port.size(), port) == 0)
+      host_header_.resize(host_header_.size() - port.size());
+  };
+  drop("http://", ":80");
+  drop("https://", ":443");
+  curl_ = curl_easy_init();
+}
+
+S3Client::~S3Client() {
+  if (curl_) curl_easy_cleanup(static_cast<CURL*>(curl_));
+}
+
+std::string S3Client::PathOf(std::string_view bucket, std::string_view key) const {
+  std::string p = base_path_ + "/";
+  p += bucket;
+  if (!key.empty()) {
+    p.push_back('/');
+    p += key;
+  }
+  return p;
+}
+
+namespace {
+
+struct Transfer {
+  Sink const* sink = nullptr;
+  uint64_t* delivered = nullptr;
+  unsigned status = 0;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+  Status sink_error;
+  bool too_big = false;
+  // the request body
+  const Body* in = nullptr;
+  uint64_t in_done = 0;
+  int read_errno = 0;
+};
+
+size_t OnHeader(char* p, size_t sz, size_t n, void* ud) {
+  auto* t = static_cast<Transfer*>(ud);
+  std::string_view line(p, sz * n);
+  while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.remove_suffix(1);
+  if (line.rfind("HTTP/", 0) == 0) {
+    // A new answer (after 100 Continue, say): start over.
+    t->headers.clear();
+    size_t sp = line.find(' ');
+    t->status = sp == std::string_view::npos
+                    ? 0
+                    : static_cast<unsigned>(std::atoi(std::string(line.substr(sp + 1, 3)).c_str()));
+  } else if (size_t colon = line.find(':'); colon != std::string_view::npos) {
+    t->headers.emplace_back(Lower(line.substr(0, colon)),
+                            std::string(TrimBlanks(line.substr(colon + 1))));
+  }
+  return sz * n;
+}
+
+size_t OnBody(char* p, size_t sz, size_t n, void* ud) {
+  auto* t = static_cast<Transfer*>(ud);
+  size_t len = sz * n;
+  if (t->sink && t->status >= 200 && t->status < 300) {
+    Status st = (*t->sink)(std::string_view(p, len));
+    if (!st.ok()) {
+      t->sink_error = std::move(st);
+      return 0;
+    }
+    *t->delivered += len;
+    return len;
+  }
+  if (t->body.size() + len > kMaxAnswerBody) {
+    t->too_big = true;
+    return 0;
+  }
+  t->body.append(p, len);
+  return len;
+}
+
+size_t OnRead(char* p, size_t sz, size_t n, void* ud) {
+  auto* t = static_cast<Transfer*>(ud);
+  const Body& b = *t->in;
+  size_t cap = sz * n;
+  uint64_t left = b.size() - t->in_done;
+  size_t want = static_cast<size_t>(std::min<uint64_t>(cap, left));
+  if (want == 0) return 0;
+  if (b.fd < 0) {
+    std::memcpy(p, b.data.data() + t->in_done, want);
+    t->in_done += want;
+    return want;
+  }
+  for (;;) {
+    ssize_t r = ::pread(b.fd, p, want, static_cast<off_t>(b.offset + t->in_done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      t->read_errno = r < 0 ? errno : EIO;
+      return CURL_READFUNC_ABORT;
+    }
+    t->in_done += static_cast<uint64_t>(r);
+    return static_cast<size_t>(r);
+  }
+}
+
+}  // namespace
+
+Result<S3Client::Answer> S3Client::SendOnce(Request& req) {
+  auto* c = static_cast<CURL*>(curl_);
+  if (!c) return Status(Code::kInternal, "cannot set up a libcurl handle");
+  curl_easy_reset(c);  // keeps the live connection
+
+  std::string raw_query;
+  for (const auto& [k, v] : req.query) {
+    if (!raw_query.empty()) raw_query.push_back('&');
+    raw_query += UriEncode(k, false);
+    if (!v.empty()) raw_query += "=" + UriEncode(v, false);
+  }
+  std::string url = scheme_host_ + UriEncode(req.path, true);
+  if (!raw_query.empty()) url += "?" + raw_query;
+
+  http::request_header<> h;
+  h.set(http::field::host, host_header_);
+  for (const auto& [k, v] : req.headers) h.set(k, v);
+  std::string payload_hash;
+  if (req.body.fd >= 0)
+    payload_hash = kUnsignedPayload;
+  else if (req.body.data.empty())
+    payload_hash = kEmptySha256;
+  else
+    payload_hash = HexEncode(Sha256(req.body.data));
+  SignRequest(h, req.method, req.path, raw_query, payload_hash, opts_.creds, std::time(nullptr));
+
+  curl_slist* hdrs = nullptr;
+  for (const auto& f : h)
+    hdrs = curl_slist_append(hdrs, fmt::format("{}: {}", f.name_string(), f.value()).c_str());
+  // Small bodies go at once; large ones wait for 100 Continue so that a refusal (quota, auth)
+  // costs no upload.
+  if (req.body.size() < (1u << 20)) hdrs = curl_slist_append(hdrs, "Expect:");
+  std::unique_ptr<curl_slist, decltype(&curl_slist_free_all)> hold(hdrs, curl_slist_free_all);
+
+  Transfer t;
+  t.sink = req.sink;
+  t.delivered = &req.delivered;
+  t.in = &req.body;
+  curl_easy_setopt(c, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, OnHeader);
+  curl_easy_setopt(c, CURLOPT_HEADERDATA, &t);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnBody);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &t);
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(opts_.connect_timeout.count()));
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME,
+                   std::max(1L, static_cast<long>(opts_.stall_timeout.count() / 1000)));
+  curl_easy_setopt(c, CURLOPT_TCP_NODELAY, 1L);
+  if (!opts_.ca_file.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, opts_.ca_file.c_str());
+  if (opts_.insecure) {
+    curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 0L);
+    curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 0L);
+  }
+  if (req.method == "HEAD") {
+    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+  } else if (req.method == "PUT") {
+    curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
+    curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(req.body.size()));
+    curl_easy_setopt(c, CURLOPT_READFUNCTION, OnRead);
+    curl_easy_setopt(c, CURLOPT_READDATA, &t);
+  } else if (req.method == "POST") {
+    curl_easy_setopt(c, CURLOPT_POST, 1L);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(req.body.size()));
+    curl_easy_setopt(c, CURLOPT_READFUNCTION, OnRead);
+    curl_easy_setopt(c, CURLOPT_READDATA, &t);
+  } else if (req.method != "GET") {
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, req.method.c_str());
+  }
+
+  CURLcode rc = curl_easy_perform(c);
+  if (!t.sink_error.ok()) return t.sink_error;
+  if (t.read_errno != 0) return Status::FromErrno(t.read_errno, req.what + ": read the body");
+  if (t.too_big)
+    return Status(Code::kUnavailable,
+                  fmt::format("{}: the answer is over {} MiB", req.what, kMaxAnswerBody >> 20));
+  if (rc != CURLE_OK)
+    return Status(Code::kUnavailable,
+                  fmt::format("{}: {} ({})", req.what, curl_easy_strerror(rc), scheme_host_));
+  Answer a;
+  a.status = t.status;
+  a.headers = std::move(t.headers);
+  a.body = std::move(t.body);
+  if (!a.ok() && a.status != 304) {
+    pugi::xml_document doc;
+    if (!a.body.empty() && doc.load_buffer(a.body.data(), a.body.size())) {
+      a.s3code = Child(doc.child("Error"), "Code");
+      a.message = Child(doc.child("Error"), "Message");
+    }
+  }
+  return a;
+}
+
+Result<S3Client::Answer> S3Client::Send(Request& req) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  for (int attempt = 1;; ++attempt) {
+    uint64_t delivered_before = req.delivered;
+    auto r = SendOnce(req);
+    bool last = attempt >= opts_.max_attempts || req.delivered != delivered_before;
+    bool transport = !r.ok() && r.status().code() == Code::kUnavailable;
+    bool retry = !last && (transport || (r.ok() && Retryable(r->status, r->s3code)));
+    if (!retry) {
+      if (!r.ok()) return r.status();
+      if (!r->ok() && r->status != 304) {
+        std::string msg = r->message.empty() ? std::string(r->s3code) : r->message;
+        if (msg.empty()) msg = r->status == 404 ? "not found" : "request refused";
+        return Status(CodeOf(r->status, r->s3code),
+                      fmt::format("{}: {}{}{} (HTTP {})", req.what, r->s3code,
+                                  r->s3code.empty() ? "" : ": ", msg, r->status));
+      }
+      return r;
+    }
+    ++retries_;
+    // Full jitter: a random wait up to the doubled ceiling, so retrying clients spread out.
+    auto ceiling = std::min<int64_t>(opts_.max_backoff.count(), opts_.backoff.count()
+                                                                    << std::min(attempt - 1, 16));
+    std::uniform_int_distribution<int64_t> d(0, std::max<int64_t>(ceiling, 1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(d(rng)));
+  }
+}
+
+Result<std::vector<BucketInfo>> S3Client::ListBuckets() {
+  Request req;
+  req.path = base_path_ + "/";
+  req.what = "ListBuckets";
+  SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
+  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));
+  std::vector<BucketInfo> out;
+  for (auto b : doc.child("ListAllMyBucketsResult").child("Buckets").children("Bucket"))
+    out.push_back({Child(b, "Name"), ParseIso8601(Child(b, "CreationDate"))});
+  return out;
+}
+
+Result<ListPage> S3Client::ListObjects(std::string_view bucket, const ListRequest& lr) {
+  Request req;
+  req.path = PathOf(bucket, "");
+  req.what = fmt::format("list s3://{}/{}", bucket, lr.prefix);
+  req.query = {{"list-type", "2"}, {"max-keys", std::to_string(lr.max_keys)}};
+  auto add = [&](const char* k, const std::string& v) {
+    if (!v.empty()) req.query.emplace_back(k, v);
+  };
+  add("prefix", lr.prefix);
+  add("delimiter", lr.delimiter);
+  add("continuation-token", lr.continuation);
+  add("start-after", lr.start_after);
+  add("end-key", lr.end_key);
+  SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
+  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));
+  auto root = doc.child("ListBucketResult");
+  ListPage page;
+  for (auto c : root.children("Contents")) {
+    ObjectInfo o;
+    o.key = Child(c, "Key");
+    o.size = std::strtoull(Child(c, "Size").c_str(), nullptr, 10);
+    o.etag = StripQuotes(Child(c, "ETag"));
+    o.mtime = ParseIso8601(Child(c, "LastModified"));
+    page.objects.push_back(std::move(o));
+  }
+  for (auto p : root.children("CommonPrefixes")) page.prefixes.push_back(Child(p, "Prefix"));
+  if (Child(root, "IsTruncated") == "true") {
+    page.next_token = Child(root, "NextContinuationToken");
+    if (page.next_token.empty())
+      return Status(Code::kUnavailable, req.what + ": truncated listing without a token");
+  }
+  return page;
+}
+
+Result<std::vector<KeyRange>> S3Client::ListSplit(std::string_view bucket, std::string_view prefix,
+                                                  int parts) {
+  Request req;
+  req.path = PathOf(bucket, "");
+  req.what = fmt::format("split listing of s3://{}/{}", bucket, prefix);
+  req.query = {{"list-split", ""}, {"parts", std::to_string(parts)}};
+  if (!prefix.empty()) req.query.emplace_back("prefix", std::string(prefix));
+  SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
+  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));
+  std::vector<KeyRange> out;
+  for (auto r : doc.child("ListSplitResult").children("Range"))
+    out.push_back({Child(r, "StartAfter"), Child(r, "EndKey"),
+                   std::strtoull(Child(r, "EstimatedKeyCount").c_str(), nullptr, 10)});
+  if (out.empty()) return Status(Code::kUnavailable, req.what + ": the answer has no range");
+  return out;
+}
+
+namespace {
+ObjectInfo InfoFrom(std::string_view key,
+                    const std::vector<std::pair<std::string, std::string>>& hs) {
+  ObjectInfo o;
+  o.key = key;
+  for (const auto& [k, v] : hs) {
+    if (k == "content-length") o.size = std::strtoull(v.c_str(), nullptr, 10);
+    if (k == "etag") o.etag = StripQuotes(v);
+    if (k == "last-modified") {
+      struct tm tm {};
+      if (strptime(v.c_str(), "%a, %d %b %Y %H:%M:%S GMT", &tm)) o.mtime = timegm(&tm);
+    }
+    if (k == "content-type") o.content_type = v;
+  }
+  return o;
+}
+}  // namespace
+
+Result<ObjectInfo> S3Client::Head(std::string_view bucket, std::string_view key) {
+  Request req;
+  req.method = "HEAD";
+  req.path = PathOf(bucket, key);
+  req.what = fmt::format("HEAD s3://{}/{}", bucket, key);
+  SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
+  return InfoFrom(key, a.headers);
+}
+
+Result<ObjectInfo> S3Client::Get(std::string_view bucket, std::string_view key, const Sink& sink,
+                                 std::optional<std::pair<uint64_t, uint64_t>> range,
+                                 std::string_view if_match) {
+  Request req;
+  req.path = PathOf(bucket, key);
+  req.what = fmt::format("GET s3://{}/{}", bucket, key);
+  req.sink = &sink;
+  ObjectInfo info;
+  bool have_info = false;
+  std::string etag(if_match);
+  for (int resumes = 0;; ++resumes) {
+    req.headers.clear();
+    uint64_t first = (range ? range->first : 0) + req.delivered;
+    if (range) {
+      if (range->second == 0) break;
+      req.headers.emplace_back("Range",
+                               fmt::format("bytes={}-{}", first, range->first + range->second - 1));
+    } else if (req.delivered > 0) {
+      req.headers.emplace_back("Range", fmt::format("bytes={}-", first));
+    }
+    // Every piece after the first must come from the same version of the object.
+    if (!etag.empty()) req.headers.emplace_back("If-Match", "\"" + etag + "\"");
+    uint64_t before = req.delivered;
+    auto r = Send(req);
+    if (r.ok()) {
+      if (!have_info) {
+        info = InfoFrom(key, r->headers);
+        etag = info.etag;
+        have_info = true;
+        std::string cr = r->header("content-range");  // bytes a-b/total
+        if (size_t slash = cr.rfind('/'); slash != std::string::npos)
+          info.size = std::strtoull(cr.c_str() + slash + 1, nullptr, 10);
+      }
+      return info;
+    }
+    // A transfer cut after some bytes is resumed where it stopped, a bounded number of times.
+    bool progressed = req.delivered > before;
+    if (!progressed || r.status().code() != Code::kUnavailable || resumes >= opts_.max_attempts)
+      return r.status();
+    if (!have_info && etag.empty()) {
+      // The first answer's headers are gone with its failure; ask for them.
+      SLUICE_ASSIGN_OR_RETURN(info, Head(bucket, key));
+      etag = info.etag;
+      have_info = true;
+    }
+    ++retries_;
+  }
+  return info;
+}
+
+Result<std::string> S3Client::Put(std::string_view bucket, std::string_view key, const Body& body,
+                                  std::string_view content_type) {
+  Request req;
+  req.method = "PUT";
+  req.path = PathOf(bucket, key);
+  req.what = fmt::format("PUT s3://{}/{}", bucket, key);
+  req.body = body;
+  if (!content_type.empty()) req.headers.emplace_back("Content-Type", std::string(content_type));
+  if (opts_.checksums && body.fd >= 0) {
+    SLUICE_ASSIGN_OR_RETURN(std::string crc, FileCrc32c(body.fd, body.offset, body.length));
+    req.headers.emplace_back("x-amz-checksum-crc32c", crc);
+  }
+  SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
+  return StripQuotes(a.header("etag"));
+}
+
+Status S3Client::Delete(std::string_view bucket, std::string_view key) {
+  Request req;
+  req.method = "DELETE";
+  req.path = PathOf(bucket, key);
+  req.what = fmt::format("DELETE s3://{}/{}", bucket, key);
+  auto r = Send(req);
+  return r.status();
+}
+
+Result<std::vector<std::string>> S3Client::DeleteMany(std::string_view bucket,
+                                                      const std::vector<std::string>& keys) {
+  std::string xml = "<Delete><Quiet>true</Quiet>";
+  for (const auto& k : keys) xml += "<Object><Key>" + XmlEscape(k) + "</Key></Object>";
+  xml += "</Delete>";
+  Request req;
+  req.method = "POST";
+  req.path = PathOf(bucket, "");
+  req.query = {{"delete", ""}};
+  req.what = fmt::format("DeleteObjects in s3://{}", bucket);
+  req.body.data = xml;
+  req.headers = {{"Content-Type", "application/xml"}, {"Content-MD5", Base64Encode(Md5(xml))}};
+  SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
+  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));
+  std::vector<std::string> failed;
+  for (auto e : doc.child("DeleteResult").children("Error"))
+    failed.push_back(
+        fmt::format("{}: {} {}", Child(e, "Key"), Child(e, "Code"), Child(e, "Message")));
+  return failed;
+}
+
+Result<std::string> S3Client::CreateMultipart(std::string_view bucket, std::string_view key,
+                                              std::string_view content_type) {
+  Request req;
+  req.method = "POST";
+  req.path = PathOf(bucket, key);
+  req.query = {{"uploads", ""}};
+  req.what = fmt::format("CreateMultipartUpload s3://{}/{}", bucket, key);
+  if (!content_type.empty()) req.headers.emplace_back("Content-Type", std::string(content_type));
+  if (opts_.checksums) req.headers.emplace_back("x-amz-checksum-algorithm", "CRC32C");
+  SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
+  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));
+  std::string id = Child(doc.child("InitiateMultipartUploadResult"), "UploadId");
+  if (id.empty()) return Status(Code::kUnavailable, req.what + ": no UploadId in the answer");
+  return id;
+}
+
+Result<std::string> S3Client::UploadPart(std::string_view bucket, std::string_view key,
+                                         std::string_view upload_id, int number, const Body& body,
+                                         std::string* crc32c) {
+  Request req;
+  req.method = "PUT";
+  req.path = PathOf(bucket, key);
+  req.query = {{"partNumber", std::to_string(number)}, {"uploadId", std::string(upload_id)}};
+  req.what = fmt::format("UploadPart {} of s3://{}/{}", number, bucket, key);
+  req.body = body;
+  if (opts_.checksums && body.fd >= 0) {
+    SLUICE_ASSIGN_OR_RETURN(std::string crc, FileCrc32c(body.fd, body.offset, body.length));
+    req.headers.emplace_back("x-amz-checksum-crc32c", crc);
+    if (crc32c) *crc32c = crc;
+  }
+  SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
+  std::string etag = StripQuotes(a.header("etag"));
+  if (etag.empty()) return Status(Code::kUnavailable, req.what + ": no ETag in the answer");
+  return etag;
+}
+
+Result<std::vector<PartInfo>> S3Client::ListParts(std::string_view bucket, std::string_view key,
+                                                  std::string_view upload_id) {
+  std::vector<PartInfo> out;
+  std::string marker;
+  for (;;) {
+    Request req;
+    req.path = PathOf(bucket, key);
+    req.query = {{"uploadId", std::string(upload_id)}};
+    if (!marker.empty()) req.query.emplace_back("part-number-marker", marker);
+    req.what = fmt::format("ListParts of s3://{}/{}", bucket, key);
+    SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
+    SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));
+    auto root = doc.child("ListPartsResult");
+    for (auto p : root.children("Part"))
+      out.push_back({std::atoi(Child(p, "PartNumber").c_str()),
+                     std::strtoull(Child(p, "Size").c_str(), nullptr, 10),
+                     StripQuotes(Child(p, "ETag")), Child(p, "ChecksumCRC32C")});
+    if (Child(root, "IsTruncated") != "true") break;
+    std::string next = Child(root, "NextPartNumberMarker");
+    if (next.empty() || next == marker) break;
+    marker = next;
+  }
+  return out;
+}
+
+Result<std::string> S3Client::CompleteMultipart(std::string_view bucket, std::string_view key,
+                                                std::string_view upload_id,
+                                                const std::vector<PartInfo>& parts) {
+  std::string xml = "<CompleteMultipartUpload>";
+  for (const auto& p : parts) {
+    xml += fmt::format("<Part><PartNumber>{}</PartNumber><ETag>\"{}\"</ETag>", p.number,
+                       XmlEscape(p.etag));
+    if (!p.crc32c.empty()) xml += "<ChecksumCRC32C>" + p.crc32c + "</ChecksumCRC32C>";
+    xml += "</Part>";
+  }
+  xml += "</CompleteMultipartUpload>";
+  Request req;
+  req.method = "POST";
+  req.path = PathOf(bucket, key);
+  req.query = {{"uploadId", std::string(upload_id)}};
+  req.what = fmt::format("CompleteMultipartUpload s3://{}/{}", bucket, key);
+  req.body.data = xml;
+  req.headers = {{"Content-Type", "application/xml"}};
+  SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
+  // S3 may answer 200 with an error document once the body has begun.
+  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));
+  if (auto e = doc.child("Error"))
+    return Status(CodeOf(500, Child(e, "Code")),
+                  fmt::format("{}: {}: {}", req.what, Child(e, "Code"), Child(e, "Message")));
+  return StripQuotes(Child(doc.child("CompleteMultipartUploadResult"), "ETag"));
+}
+
+Status S3Client::AbortMultipart(std::string_view bucket, std::string_view key,
+                                std::string_view upload_id) {
+  Request req;
+  req.method = "DELETE";
+  req.path = PathOf(bucket, key);
+  req.query = {{"uploadId", std::string(upload_id)}};
+  req.what = fmt::format("AbortMultipartUpload s3://{}/{}", bucket, key);
+  return Send(req).status();
+}
+
+Result<std::vector<MultipartInfo>> S3Client::ListMultipartUploads(std::string_view bucket,
+                                                                  std::string_view prefix) {
+  std::vector<MultipartInfo> out;
+  std::string key_marker, id_marker;
+  for (;;) {
+    Request req;
+    req.path = PathOf(bucket, "");
+    req.query = {{"uploads", ""}};
+    if (!prefix.empty()) req.query.emplace_back("prefix", std::string(prefix));
+    if (!key_marker.empty()) req.query.emplace_back("key-marker", key_marker);
+    if (!id_marker.empty()) req.query.emplace_back("upload-id-marker", id_marker);
+    req.what = fmt::format("ListMultipartUploads of s3://{}", bucket);
+    SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
+    SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));
+    auto root = doc.child("ListMultipartUploadsResult");
+    for (auto u : root.children("Upload"))
+      out.push_back({Child(u, "Key"), Child(u, "UploadId"), ParseIso8601(Child(u, "Initiated"))});
+    if (Child(root, "IsTruncated") != "true") break;
+    key_marker = Child(root, "NextKeyMarker");
+    id_marker = Child(root, "NextUploadIdMarker");
+    if (key_marker.empty()) break;
+  }
+  return out;
+}
+
+Status S3Client::BatchGet(std::string_view bucket, std::string_view request_json,
+                          const Sink& sink) {
+  Request req;
+  req.method = "POST";
+  req.path = bucket.empty() ? base_path_ + "/" : PathOf(bucket, "");
+  req.query = {{"batch-get", ""}};
+  req.what =
+      bucket.empty() ? std::string("batch get") : fmt::format("batch get in s3://{}", bucket);
+  req.body.data = request_json;
+  req.headers = {{"Content-Type", "application/json"}};
+  req.sink = &sink;
+  return Send(req).status();
+}
+
+}  // namespace sluice::io::s3

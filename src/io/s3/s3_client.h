@@ -1,0 +1,167 @@
+// A synchronous S3 client over libcurl: SigV4 from io/s3/sigv4.h (the server's own
+// canonicalization), one connection kept alive per client, retries with full-jitter backoff on
+// transport failures, 5xx, SlowDown and RequestTimeout, and S3 error XML turned into Status.
+// Object bodies stream from a file descriptor or to a sink; nothing is held whole in memory.
+// Not thread-safe: one client per thread (the CLI's workers each own one).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <ctime>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "io/s3/sigv4.h"
+
+namespace sluice::io::s3 {
+
+struct ClientOptions {
+  std::string endpoint = "http://127.0.0.1:6024";  // scheme://host[:port][/base]
+  Credentials creds;
+  bool insecure = false;  // https: skip certificate and host name checks
+  std::string ca_file;    // https: trust these certificates (PEM) instead of the system's
+  std::chrono::milliseconds connect_timeout{10000};
+  // A transfer that moves no byte for this long is abandoned (and retried).
+  std::chrono::milliseconds stall_timeout{60000};
+  int max_attempts = 5;                    // per request, the first included
+  std::chrono::milliseconds backoff{100};  // first retry's ceiling, doubled per attempt
+  std::chrono::milliseconds max_backoff{5000};
+  bool checksums = true;  // send x-amz-checksum-crc32c with every upload (Sluice, AWS)
+};
+
+struct BucketInfo {
+  std::string name;
+  std::time_t created = 0;
+};
+
+struct ObjectInfo {
+  std::string key;
+  uint64_t size = 0;
+  std::string etag;  // quotes stripped
+  std::time_t mtime = 0;
+  std::string content_type;
+};
+
+struct ListPage {
+  std::vector<ObjectInfo> objects;
+  std::vector<std::string> prefixes;  // common prefixes, with a delimiter
+  std::string next_token;             // empty at the end
+};
+
+struct ListRequest {
+  std::string prefix, delimiter, continuation, start_after;
+  std::string end_key;  // Sluice extension: nothing after it
+  int max_keys = 1000;
+};
+
+// One range of a split listing (Sluice extension): keys in (start_after, end_key]; empty
+// bounds are open.
+struct KeyRange {
+  std::string start_after, end_key;
+  uint64_t estimated = 0;
+};
+
+struct PartInfo {
+  int number = 0;
+  uint64_t size = 0;
+  std::string etag;    // quotes stripped
+  std::string crc32c;  // base64, when the part was uploaded with it
+};
+
+struct MultipartInfo {
+  std::string key, upload_id;
+  std::time_t initiated = 0;
+};
+
+// Receives a body piece by piece; an error stops the transfer.
+using Sink = std::function<Status(std::string_view)>;
+
+// Where a request body comes from: bytes in memory, or a range of a file.
+struct Body {
+  std::string_view data;
+  int fd = -1;
+  uint64_t offset = 0, length = 0;
+  uint64_t size() const { return fd >= 0 ? length : data.size(); }
+};
+
+class S3Client {
+ public:
+  explicit S3Client(ClientOptions opts);
+  ~S3Client();
+  S3Client(const S3Client&) = delete;
+  S3Client& operator=(const S3Client&) = delete;
+
+  // Bad endpoint, credentials missing: an error before any request.
+  static Status Validate(const ClientOptions& opts);
+
+  Result<std::vector<BucketInfo>> ListBuckets();
+  Result<ListPage> ListObjects(std::string_view bucket, const ListRequest& req);
+  Result<std::vector<KeyRange>> ListSplit(std::string_view bucket, std::string_view prefix,
+                                          int parts);
+  Result<ObjectInfo> Head(std::string_view bucket, std::string_view key);
+  // The object, or bytes [first, first+length) of it, to `sink`. A transfer cut short is
+  // resumed where it stopped (a ranged GET with If-Match on the first answer's ETag), so the
+  // sink sees every byte once, in order.
+  Result<ObjectInfo> Get(std::string_view bucket, std::string_view key, const Sink& sink,
+                         std::optional<std::pair<uint64_t, uint64_t>> range = std::nullopt,
+                         std::string_view if_match = {});
+  // Returns the ETag.
+  Result<std::string> Put(std::string_view bucket, std::string_view key, const Body& body,
+                          std::string_view content_type = {});
+  Status Delete(std::string_view bucket, std::string_view key);
+  // Deletes up to 1000 keys in one request; returns "key: code message" for each refused one.
+  Result<std::vector<std::string>> DeleteMany(std::string_view bucket,
+                                              const std::vector<std::string>& keys);
+
+  Result<std::string> CreateMultipart(std::string_view bucket, std::string_view key,
+                                      std::string_view content_type = {});
+  // Returns the part's ETag; `crc32c` (base64) is filled when checksums are on.
+  Result<std::string> UploadPart(std::string_view bucket, std::string_view key,
+                                 std::string_view upload_id, int number, const Body& body,
+                                 std::string* crc32c = nullptr);
+  // kNotFound when the upload is gone (NoSuchUpload).
+  Result<std::vector<PartInfo>> ListParts(std::string_view bucket, std::string_view key,
+                                          std::string_view upload_id);
+  Result<std::string> CompleteMultipart(std::string_view bucket, std::string_view key,
+                                        std::string_view upload_id,
+                                        const std::vector<PartInfo>& parts);
+  Status AbortMultipart(std::string_view bucket, std::string_view key, std::string_view upload_id);
+  Result<std::vector<MultipartInfo>> ListMultipartUploads(std::string_view bucket,
+                                                          std::string_view prefix);
+
+  // Sluice's batch get: `request_json` is the body ({"items": [...], ...}); the TAR stream goes
+  // to `sink`. An empty bucket posts to "/?batch-get". Not retried once bytes have arrived.
+  Status BatchGet(std::string_view bucket, std::string_view request_json, const Sink& sink);
+
+  const ClientOptions& options() const { return opts_; }
+  // Requests retried so far (for progress reports and tests).
+  uint64_t retries() const { return retries_; }
+
+ private:
+  struct Request;
+  struct Answer;
+  Result<Answer> Send(Request& req);
+  Result<Answer> SendOnce(Request& req);
+  std::string PathOf(std::string_view bucket, std::string_view key) const;
+
+  ClientOptions opts_;
+  std::string scheme_host_;  // "http://host:port"
+  std::string host_header_;  // "host:port"
+  std::string base_path_;    // "" or "/prefix"
+  void* curl_ = nullptr;
+  uint64_t retries_ = 0;
+};
+
+// CRC32C of bytes [off, off+len) of a file, base64 as S3 sends it.
+Result<std::string> FileCrc32c(int fd, uint64_t off, uint64_t len);
+
+// "2026-12-01T21:15:29.000Z" -> time; 0 when malformed.
+std::time_t ParseIso8601(std::string_view s);
+
+}  // namespace sluice::io::s3

@@ -1,0 +1,190 @@
+#include "io/s3/sigv4.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "common/crypto.h"
+
+namespace sluice::io::s3 {
+
+namespace {
+
+std::string Lower(std::string_view s) {
+  std::string o(s);
+  for (auto& c : o) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return o;
+}
+
+// Header value as SigV4 canonicalizes it: trimmed, runs of spaces collapsed to one.
+void AppendCanonicalValue(std::string& out, std::string_view v) {
+  v = TrimBlanks(v);
+  bool space = false;
+  for (char c : v) {
+    if (c == ' ' || c == '\t') {
+      space = true;
+      continue;
+    }
+    if (space) out.push_back(' ');
+    space = false;
+    out.push_back(c);
+  }
+}
+
+}  // namespace
+
+std::string_view TrimBlanks(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// Decoded (name, value) pairs of a raw query string, in order.
+std::vector<std::pair<std::string, std::string>> DecodeQuery(std::string_view q) {
+  std::vector<std::pair<std::string, std::string>> out;
+  while (!q.empty()) {
+    size_t amp = q.find('&');
+    std::string_view part = q.substr(0, amp);
+    q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
+    if (part.empty()) continue;
+    size_t eq = part.find('=');
+    std::string_view k = part.substr(0, eq);
+    std::string_view v = eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1);
+    out.emplace_back(PercentDecode(k, false), PercentDecode(v, false));
+  }
+  return out;
+}
+
+std::optional<std::time_t> ParseAmzDate(std::string_view s) {
+  if (s.size() != 16 || s[8] != 'T' || s[15] != 'Z') return std::nullopt;
+  for (size_t i : {0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14})
+    if (s[i] < '0' || s[i] > '9') return std::nullopt;
+  auto num = [&](size_t at, size_t n) { return std::atoi(std::string(s.substr(at, n)).c_str()); };
+  struct tm tm {};
+  tm.tm_year = num(0, 4) - 1900;
+  tm.tm_mon = num(4, 2) - 1;
+  tm.tm_mday = num(6, 2);
+  tm.tm_hour = num(9, 2);
+  tm.tm_min = num(11, 2);
+  tm.tm_sec = num(13, 2);
+  if (tm.tm_mon < 0 || tm.tm_mon > 11 || tm.tm_mday < 1 || tm.tm_mday > 31 || tm.tm_hour > 23 ||
+      tm.tm_min > 59 || tm.tm_sec > 60)
+    return std::nullopt;
+  return timegm(&tm);
+}
+
+std::string CanonicalRequest(const http::request_header<>& h, std::string_view method,
+                             std::string_view path, std::string_view raw_query,
+                             const SigV4Auth& auth) {
+  std::string out;
+  out.reserve(512);
+  out.append(method).push_back('\n');
+  out.append(UriEncode(path.empty() ? std::string_view("/") : path, true)).push_back('\n');
+  auto pairs = DecodeQuery(raw_query);
+  std::vector<std::pair<std::string, std::string>> enc;
+  enc.reserve(pairs.size());
+  for (auto& [k, v] : pairs) {
+    if (auth.presigned && k == "X-Amz-Signature") continue;
+    enc.emplace_back(UriEncode(k, false), UriEncode(v, false));
+  }
+  std::sort(enc.begin(), enc.end());
+  for (size_t i = 0; i < enc.size(); ++i) {
+    if (i) out.push_back('&');
+    out.append(enc[i].first).push_back('=');
+    out.append(enc[i].second);
+  }
+  out.push_back('\n');
+  for (const auto& name : auth.signed_headers) {
+    out.append(name).push_back(':');
+    bool first = true;
+    for (const auto& f : h) {
+      if (f.name_string().size() != name.size() || Lower(f.name_string()) != name) continue;
+      if (!first) out.push_back(',');
+      AppendCanonicalValue(out, f.value());
+      first = false;
+    }
+    out.push_back('\n');
+  }
+  out.push_back('\n');
+  for (size_t i = 0; i < auth.signed_headers.size(); ++i) {
+    if (i) out.push_back(';');
+    out.append(auth.signed_headers[i]);
+  }
+  out.push_back('\n');
+  out.append(auth.payload_hash);
+  return out;
+}
+
+std::string StringToSign(const SigV4Auth& auth, std::string_view canonical_request) {
+  return fmt::format("{}\n{}\n{}\n{}", kSigV4Algorithm, auth.amz_date, auth.scope(),
+                     HexEncode(Sha256(canonical_request)));
+}
+
+std::string SigningKey(std::string_view secret, std::string_view date, std::string_view region,
+                       std::string_view service) {
+  std::string k = HmacSha256("AWS4" + std::string(secret), date);
+  k = HmacSha256(k, region);
+  k = HmacSha256(k, service);
+  return HmacSha256(k, "aws4_request");
+}
+
+std::string SignatureOf(std::string_view signing_key, std::string_view string_to_sign) {
+  return HexEncode(HmacSha256(signing_key, string_to_sign));
+}
+
+std::string ChunkStringToSign(const SigV4Auth& auth, std::string_view previous_signature,
+                              std::string_view chunk_sha256_hex) {
+  return fmt::format("AWS4-HMAC-SHA256-PAYLOAD\n{}\n{}\n{}\n{}\n{}", auth.amz_date, auth.scope(),
+                     previous_signature, kEmptySha256, chunk_sha256_hex);
+}
+
+std::string TrailerStringToSign(const SigV4Auth& auth, std::string_view previous_signature,
+                                std::string_view trailer_sha256_hex) {
+  return fmt::format("AWS4-HMAC-SHA256-TRAILER\n{}\n{}\n{}\n{}", auth.amz_date, auth.scope(),
+                     previous_signature, trailer_sha256_hex);
+}
+
+std::string FormatAmzDate(std::time_t t) {
+  struct tm tm {};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
+  return buf;
+}
+
+std::string SignRequest(http::request_header<>& h, std::string_view method, std::string_view path,
+                        std::string_view raw_query, std::string_view payload_hash,
+                        const Credentials& creds, std::time_t now) {
+  SigV4Auth a;
+  a.amz_date = FormatAmzDate(now);
+  a.date = a.amz_date.substr(0, 8);
+  a.region = creds.region;
+  a.service = "s3";
+  a.payload_hash = payload_hash;
+  h.set("x-amz-date", a.amz_date);
+  h.set("x-amz-content-sha256", payload_hash);
+  for (const auto& f : h) {
+    std::string name = Lower(f.name_string());
+    if (name == "host" || name == "content-md5" || name == "content-type" ||
+        name.rfind("x-amz-", 0) == 0)
+      a.signed_headers.push_back(std::move(name));
+  }
+  std::sort(a.signed_headers.begin(), a.signed_headers.end());
+  a.signed_headers.erase(std::unique(a.signed_headers.begin(), a.signed_headers.end()),
+                         a.signed_headers.end());
+  std::string sts = StringToSign(a, CanonicalRequest(h, method, path, raw_query, a));
+  std::string sig = SignatureOf(SigningKey(creds.secret_key, a.date, a.region, a.service), sts);
+  std::string signed_list;
+  for (const auto& n : a.signed_headers) {
+    if (!signed_list.empty()) signed_list.push_back(';');
+    signed_list += n;
+  }
+  h.set(http::field::authorization,
+        fmt::format("{} Credential={}/{}, SignedHeaders={}, Signature={}", kSigV4Algorithm,
+                    creds.access_key, a.scope(), signed_list, sig));
+  return sig;
+}
+
+}  // namespace sluice::io::s3

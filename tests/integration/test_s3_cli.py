@@ -1,0 +1,369 @@
+"""`sluice s3 ls | cp | sync | rm | get-batch` against a real sluiced: what the data commands
+write is checked through boto3 and on the volume, what they read against the bytes written."""
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import tarfile
+import time
+import uuid
+
+import pytest
+
+from conftest import BIN_DIR, running_daemon
+
+SLUICE = BIN_DIR / "sluice"
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def s3d(tmp_path_factory):
+    with running_daemon(tmp_path_factory.mktemp("s3cli"), s3={}) as d:
+        d.user = d.s3_user()["id"]
+        d.ak, d.sk = d.s3_key(d.user)
+        d.boto = d.s3_client(d.ak, d.sk)
+        yield d
+
+
+@pytest.fixture
+def bucket(s3d):
+    name = f"cli-{uuid.uuid4().hex[:10]}"
+    s3d.boto.create_bucket(Bucket=name)
+    return name
+
+
+def cli(d, *args, ak=None, sk=None, check=True, cache=None, timeout=120, stdin=None):
+    env = {"PATH": os.environ["PATH"], "HOME": str(cache or d.root),
+           "AWS_ACCESS_KEY_ID": ak or d.ak, "AWS_SECRET_ACCESS_KEY": sk or d.sk}
+    p = subprocess.run([str(SLUICE), "s3", *args, "--s3-endpoint", d.s3_url()], env=env,
+                       capture_output=True, timeout=timeout, input=stdin)
+    if check:
+        assert p.returncode == 0, (f"sluice s3 {' '.join(map(str, args))} -> {p.returncode}\n"
+                                   f"{p.stdout.decode(errors='replace')}\n"
+                                   f"{p.stderr.decode(errors='replace')}")
+    return p
+
+
+def keys_of(d, bucket, prefix=""):
+    out, token = [], None
+    while True:
+        kw = {"Bucket": bucket, "Prefix": prefix}
+        if token:
+            kw["ContinuationToken"] = token
+        page = d.boto.list_objects_v2(**kw)
+        out += [o["Key"] for o in page.get("Contents", [])]
+        if not page.get("IsTruncated"):
+            return out
+        token = page["NextContinuationToken"]
+
+
+def body_of(d, bucket, key):
+    return d.boto.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def write_tree(root, files):
+    for rel, data in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+
+
+def read_tree(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_help_and_usage_errors(s3d, tmp_path):
+    p = subprocess.run([str(SLUICE), "s3", "cp", "--help"], capture_output=True, text=True)
+    assert p.returncode == 0 and "--part-size" in p.stdout and "AWS_ACCESS_KEY_ID" in p.stdout
+    # No credentials: a clear message and the usage exit status, before any request.
+    p = subprocess.run([str(SLUICE), "s3", "ls", "--s3-endpoint", s3d.s3_url()],
+                       capture_output=True, text=True, env={"PATH": os.environ["PATH"],
+                                                            "HOME": str(tmp_path)})
+    assert p.returncode == 2 and "AWS_ACCESS_KEY_ID" in p.stderr
+    p = cli(s3d, "cp", str(tmp_path), "s3://b/k", check=False)
+    assert p.returncode == 2 and b"--recursive" in p.stderr
+    p = cli(s3d, "cp", "s3://a/b", "s3://c/d", check=False)
+    assert p.returncode == 2 and b"local path" in p.stderr
+    p = cli(s3d, "cp", "s3:///k", str(tmp_path / "x"), check=False)
+    assert p.returncode == 2 and b"no bucket" in p.stderr
+    # A wrong secret is an authentication failure (exit 5), a missing key a not-found (3).
+    p = cli(s3d, "ls", sk="wrong-secret", check=False)
+    assert p.returncode == 5 and b"SignatureDoesNotMatch" in p.stderr
+    p = cli(s3d, "cp", f"s3://{uuid.uuid4().hex[:8]}/nope", str(tmp_path / "x"), check=False)
+    assert p.returncode == 3
+    assert not (tmp_path / "x").exists()
+
+
+def test_ls(s3d, bucket):
+    for k in ["a.txt", "dir/b.txt", "dir/sub/c.txt", "z.txt"]:
+        s3d.boto.put_object(Bucket=bucket, Key=k, Body=k.encode())
+    out = cli(s3d, "ls").stdout.decode()
+    assert bucket in out
+    top = cli(s3d, "ls", f"s3://{bucket}").stdout.decode().splitlines()
+    assert [line.split()[-1] for line in top] == ["dir/", "a.txt", "z.txt"]
+    assert top[0].split()[0] == "PRE"
+    rec = cli(s3d, "ls", "--recursive", f"s3://{bucket}").stdout.decode().splitlines()
+    assert [line.split()[-1] for line in rec] == ["a.txt", "dir/b.txt", "dir/sub/c.txt", "z.txt"]
+    assert rec[1].split()[2] == str(len("dir/b.txt"))
+    js = json.loads(cli(s3d, "--json", "ls", "-r", f"s3://{bucket}/dir/").stdout)
+    assert [o["key"] for o in js] == ["dir/b.txt", "dir/sub/c.txt"]
+    assert js[0]["etag"] == hashlib.md5(b"dir/b.txt").hexdigest()
+
+
+def test_parallel_listing_matches_sequential(s3d, bucket):
+    names = [f"shard{i % 7}/item{i:05d}.bin" for i in range(1500)]
+    s3d.boto.put_object(Bucket=bucket, Key="shard3/", Body=b"")
+    root = None
+    for k in names:
+        # Straight onto the volume: objects are files, and 1500 PUTs would only slow the test.
+        if root is None:
+            b = next(b for b in s3d.mgr("GET", "/s3/buckets").json()["buckets"]
+                     if b["name"] == bucket)
+            root = s3d.vfolder_path(b["vfid"], b["volume"])
+        p = root / k
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x")
+    expected = keys_of(s3d, bucket)
+    assert len(expected) >= 1500
+    for jobs in ("1", "8"):
+        out = cli(s3d, "ls", "-r", "-j", jobs, f"s3://{bucket}").stdout.decode().splitlines()
+        assert [line.split()[-1] for line in out] == expected
+
+
+def test_cp_file_roundtrip(s3d, bucket, tmp_path):
+    src = tmp_path / "one.bin"
+    data = os.urandom(300_001)
+    src.write_bytes(data)
+    cli(s3d, "cp", str(src), f"s3://{bucket}/x/")  # a trailing slash: the file's name is kept
+    assert body_of(s3d, bucket, "x/one.bin") == data
+    cli(s3d, "cp", str(src), f"s3://{bucket}/renamed.bin")
+    head = s3d.boto.head_object(Bucket=bucket, Key="renamed.bin")
+    assert head["ETag"] == f'"{hashlib.md5(data).hexdigest()}"'
+    back = tmp_path / "back.bin"
+    cli(s3d, "cp", f"s3://{bucket}/renamed.bin", str(back))
+    assert back.read_bytes() == data
+    # The object's modification time comes along, so a sync afterwards has nothing to do.
+    assert abs(back.stat().st_mtime - head["LastModified"].timestamp()) < 1
+    (tmp_path / "into").mkdir()
+    cli(s3d, "cp", f"s3://{bucket}/x/one.bin", str(tmp_path / "into"))
+    assert (tmp_path / "into" / "one.bin").read_bytes() == data
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    cli(s3d, "cp", str(empty), f"s3://{bucket}/empty")
+    assert body_of(s3d, bucket, "empty") == b""
+    # No temporary file is left next to a download.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["back.bin", "empty", "into", "one.bin"]
+
+
+def test_cp_recursive_both_ways(s3d, bucket, tmp_path):
+    files = {"a.txt": b"a", "d/b.bin": os.urandom(70_000), "d/e/c": b"", "d/e/f/g.txt": b"g" * 9}
+    src = tmp_path / "src"
+    write_tree(src, files)
+    os.symlink("/etc/passwd", src / "link")  # not followed, not uploaded
+    p = cli(s3d, "cp", "-r", "-j", "4", str(src), f"s3://{bucket}/tree")
+    assert b"not a regular file" in p.stdout
+    assert sorted(keys_of(s3d, bucket)) == sorted(f"tree/{k}" for k in files)
+    for k, v in files.items():
+        assert body_of(s3d, bucket, f"tree/{k}") == v
+    s3d.boto.put_object(Bucket=bucket, Key="tree/emptydir/", Body=b"")
+    dst = tmp_path / "dst"
+    cli(s3d, "cp", "-r", f"s3://{bucket}/tree", str(dst))
+    assert read_tree(dst) == files
+    assert (dst / "emptydir").is_dir()
+
+
+def test_multipart_upload_and_parallel_download(s3d, bucket, tmp_path):
+    data = os.urandom(23 * MiB + 17)
+    src = tmp_path / "big.bin"
+    src.write_bytes(data)
+    cli(s3d, "cp", "--part-size", "5MiB", "--multipart-threshold", "8MiB", "-j", "4", str(src),
+        f"s3://{bucket}/big.bin")
+    head = s3d.boto.head_object(Bucket=bucket, Key="big.bin")
+    md5s = b"".join(hashlib.md5(data[i:i + 5 * MiB]).digest() for i in range(0, len(data), 5 * MiB))
+    assert head["ETag"] == f'"{hashlib.md5(md5s).hexdigest()}-5"'
+    assert body_of(s3d, bucket, "big.bin") == data
+    # Nothing is kept once the upload completed.
+    assert not list((s3d.root / ".cache" / "sluice" / "uploads").glob("*.json"))
+    back = tmp_path / "back.bin"
+    cli(s3d, "cp", "--multipart-threshold", "8MiB", "--part-size", "5MiB", "-j", "4",
+        f"s3://{bucket}/big.bin", str(back))
+    assert back.read_bytes() == data
+
+
+def test_interrupted_upload_resumes(s3d, tmp_path):
+    # A quota scope that holds two 5 MiB parts, not three: the first run stops at part 3.
+    scope = f"user:{uuid.uuid4()}"
+    u = s3d.s3_user(quota_scope=scope)["id"]
+    ak, sk = s3d.s3_key(u)
+    s3 = s3d.s3_client(ak, sk)
+    name = f"cli-{uuid.uuid4().hex[:10]}"
+    s3.create_bucket(Bucket=name)
+
+    def limit(n):
+        r = s3d.mgr("PATCH", "/quota-scope", json={"volume": "local", "qsid": scope,
+                                                    "options": {"limit_bytes": n}})
+        assert r.status_code in (200, 204), r.text
+
+    limit(12 * MiB)
+    data = os.urandom(20 * MiB)
+    src = tmp_path / "model.bin"
+    src.write_bytes(data)
+    cache = tmp_path / "home"
+    args = ["cp", "-j", "1", "--part-size", "5MiB", "--multipart-threshold", "5MiB", str(src),
+            f"s3://{name}/model.bin"]
+    p = cli(s3d, *args, ak=ak, sk=sk, cache=cache, check=False)
+    assert p.returncode == 1, p.stderr
+    assert b"QuotaExceeded" in p.stderr and b"run the same command again" in p.stderr
+    assert list((cache / ".cache" / "sluice" / "uploads").glob("*.json"))
+    uploads = s3.list_multipart_uploads(Bucket=name)["Uploads"]
+    assert len(uploads) == 1
+    parts = s3.list_parts(Bucket=name, Key="model.bin", UploadId=uploads[0]["UploadId"])["Parts"]
+    assert [x["PartNumber"] for x in parts] == [1, 2]
+    with pytest.raises(Exception):
+        s3.head_object(Bucket=name, Key="model.bin")  # nothing partial is visible
+
+    limit(100 * MiB)
+    p = cli(s3d, *args, ak=ak, sk=sk, cache=cache)
+    assert b"2 parts reused" in p.stderr, p.stderr
+    assert b"resume:" in p.stdout
+    assert s3.get_object(Bucket=name, Key="model.bin")["Body"].read() == data
+    assert s3.list_multipart_uploads(Bucket=name).get("Uploads", []) == []
+    assert not list((cache / ".cache" / "sluice" / "uploads").glob("*.json"))
+
+    # The source changes behind a kept upload, with the same size and mtime (so the same state
+    # file): the parts' CRC32C no longer match, and nothing stale is reused.
+    limit(32 * MiB)  # 20 MiB held by model.bin: two more parts fit, not three
+    src.write_bytes(os.urandom(20 * MiB))
+    p = cli(s3d, *args, ak=ak, sk=sk, cache=cache, check=False)
+    assert p.returncode == 1 and b"QuotaExceeded" in p.stderr
+    st = src.stat()
+    data3 = os.urandom(20 * MiB)
+    src.write_bytes(data3)
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    limit(200 * MiB)
+    p = cli(s3d, *args, ak=ak, sk=sk, cache=cache)
+    assert b"resume:" in p.stdout and b"parts reused" not in p.stderr
+    assert s3.get_object(Bucket=name, Key="model.bin")["Body"].read() == data3
+
+
+def test_sync_both_ways(s3d, bucket, tmp_path):
+    src = tmp_path / "src"
+    files = {"a": b"1", "b/c": b"22", "b/d/e": b"333"}
+    write_tree(src, files)
+    p = cli(s3d, "sync", str(src), f"s3://{bucket}/s")
+    assert b"3 files" in p.stderr
+    assert sorted(keys_of(s3d, bucket)) == ["s/a", "s/b/c", "s/b/d/e"]
+    # Nothing changed: nothing sent.
+    p = cli(s3d, "sync", str(src), f"s3://{bucket}/s")
+    assert b"0 files" in p.stderr and b"3 up to date" in p.stderr
+    # A changed file (other size) and a new one go; a deleted one goes only with --delete.
+    (src / "a").write_bytes(b"changed")
+    (src / "new").write_bytes(b"n")
+    (src / "b" / "c").unlink()
+    cli(s3d, "sync", str(src), f"s3://{bucket}/s")
+    assert body_of(s3d, bucket, "s/a") == b"changed"
+    assert "s/b/c" in keys_of(s3d, bucket)
+    dry = cli(s3d, "sync", "--delete", "--dry-run", str(src), f"s3://{bucket}/s")
+    assert b"(dry run) delete: s3://" in dry.stdout and "s/b/c" in keys_of(s3d, bucket)
+    cli(s3d, "sync", "--delete", str(src), f"s3://{bucket}/s")
+    assert sorted(keys_of(s3d, bucket)) == ["s/a", "s/b/d/e", "s/new"]
+
+    dst = tmp_path / "dst"
+    cli(s3d, "sync", f"s3://{bucket}/s", str(dst))
+    assert read_tree(dst) == read_tree(src)
+    p = cli(s3d, "sync", f"s3://{bucket}/s", str(dst))
+    assert b"0 files" in p.stderr
+    (dst / "stray").write_bytes(b"x")
+    cli(s3d, "sync", "--delete", f"s3://{bucket}/s", str(dst))
+    assert read_tree(dst) == read_tree(src)
+
+
+def test_rm(s3d, bucket):
+    # More than one DeleteObjects batch (1000 keys), and a directory marker.
+    keys = [f"r/{i:04d}" for i in range(1200)] + ["keep/x", "r/sub/"]
+    b = next(b for b in s3d.mgr("GET", "/s3/buckets").json()["buckets"] if b["name"] == bucket)
+    root = s3d.vfolder_path(b["vfid"], b["volume"])
+    for k in keys:
+        p = root / k
+        if k.endswith("/"):
+            p.mkdir(parents=True, exist_ok=True)
+        else:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(b"z")
+    cli(s3d, "rm", f"s3://{bucket}/keep/x")
+    assert "keep/x" not in keys_of(s3d, bucket)
+    p = cli(s3d, "rm", "-r", "-j", "4", f"s3://{bucket}/r")
+    assert keys_of(s3d, bucket, "r/") == []
+    assert not (root / "r" / "0001").exists()
+    p = cli(s3d, "rm", f"s3://{bucket}", check=False)
+    assert p.returncode == 2 and b"--recursive" in p.stderr
+
+
+def test_get_batch(s3d, bucket, tmp_path):
+    objs = {f"train/{i:03d}.jpg": os.urandom(1000 + i) for i in range(50)}
+    for k, v in objs.items():
+        s3d.boto.put_object(Bucket=bucket, Key=k, Body=v)
+    keys = list(objs)
+    # To a TAR file, in request order.
+    out = tmp_path / "batch.tar"
+    cli(s3d, "get-batch", f"s3://{bucket}", *keys[:10], "-o", str(out))
+    with tarfile.open(out) as t:
+        names = [m.name for m in t.getmembers()]
+        assert names == [f"{bucket}/{k}" for k in keys[:10]] + ["__manifest__.json"]
+        assert t.extractfile(f"{bucket}/{keys[3]}").read() == objs[keys[3]]
+    # Keys from a file (stdin), extracted as the stream arrives.
+    listing = "\n".join(reversed(keys)) + "\n"
+    x = tmp_path / "x"
+    p = cli(s3d, "get-batch", f"s3://{bucket}", "--keys-from", "-", "-x", str(x),
+            stdin=listing.encode())
+    assert read_tree(x / bucket) == {k: v for k, v in objs.items()}
+    assert b"50 ok, 0 failed" in p.stderr
+    manifest = json.loads((x / "__manifest__.json").read_text())
+    assert [it["key"] for it in manifest["items"]] == list(reversed(keys))
+    # To stdout.
+    p = cli(s3d, "get-batch", f"s3://{bucket}", keys[0], "-o", "-")
+    with tarfile.open(fileobj=io.BytesIO(p.stdout)) as t:
+        assert t.extractfile(f"{bucket}/{keys[0]}").read() == objs[keys[0]]
+    # A missing key: with --continue-on-error the rest still comes and the exit status says so.
+    y = tmp_path / "y"
+    p = cli(s3d, "get-batch", f"s3://{bucket}", keys[0], "train/missing", keys[1], "-x", str(y),
+            "--continue-on-error", check=False)
+    assert p.returncode == 1 and b"2 ok, 1 failed" in p.stderr
+    assert (y / bucket / keys[1]).read_bytes() == objs[keys[1]]
+    # Without it the request fails naming the item, and nothing is written.
+    z = tmp_path / "z.tar"
+    p = cli(s3d, "get-batch", f"s3://{bucket}", "train/missing", "-o", str(z), check=False)
+    assert p.returncode == 3 and b"NoSuchKey" in p.stderr
+    assert not z.exists()
+
+
+def test_https(tmp_path):
+    from test_s3_sdks import self_signed
+
+    cert, key = self_signed(tmp_path)
+    opts = {"ssl-enabled": True, "ssl-cert": str(cert), "ssl-privkey": str(key)}
+    with running_daemon(tmp_path / "d", s3=opts) as d:
+        d.ak, d.sk = d.s3_key(d.s3_user()["id"])
+        name = f"tls-{uuid.uuid4().hex[:8]}"
+        src = tmp_path / "f.bin"
+        data = os.urandom(100_000)
+        src.write_bytes(data)
+        # An unknown certificate is refused (unreachable: exit 6) and nothing is sent.
+        p = cli(d, "ls", check=False)
+        assert p.returncode == 6 and b"certificate" in p.stderr.lower()
+        import boto3
+        from botocore.config import Config
+
+        s3 = boto3.client("s3", endpoint_url=d.s3_url(), aws_access_key_id=d.ak,
+                          aws_secret_access_key=d.sk, region_name="us-east-1", verify=str(cert),
+                          config=Config(s3={"addressing_style": "path"}))
+        s3.create_bucket(Bucket=name)
+        cli(d, "cp", "--ca-file", str(cert), str(src), f"s3://{name}/f.bin")
+        assert s3.get_object(Bucket=name, Key="f.bin")["Body"].read() == data
+        p = subprocess.run([str(SLUICE), "--insecure", "s3", "ls", f"s3://{name}",
+                            "--s3-endpoint", d.s3_url()], capture_output=True,
+                           env={"PATH": os.environ["PATH"], "HOME": str(tmp_path),
+                                "AWS_ACCESS_KEY_ID": d.ak, "AWS_SECRET_ACCESS_KEY": d.sk})
+        assert p.returncode == 0 and b"f.bin" in p.stdout

@@ -40,6 +40,8 @@ class Tools:
         self.env = dict(os.environ, AWS_ACCESS_KEY_ID=s.ak, AWS_SECRET_ACCESS_KEY=s.sk,
                         AWS_CONFIG_FILE=cfg, AWS_SHARED_CREDENTIALS_FILE="/dev/null",
                         HOME=root)
+        self.rclone_env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        self.rclone_env["HOME"] = root
         rclone_s3 = ["--s3-provider", "Other", "--s3-endpoint", s.s3_url, "--s3-access-key-id",
                      s.ak, "--s3-secret-access-key", s.sk, "--s3-force-path-style",
                      "--s3-chunk-size", f"{PART >> 20}M", "--transfers", str(JOBS),
@@ -59,8 +61,10 @@ class Tools:
         }
 
     def run(self, cmd):
+        # rclone gets its credentials as flags; the AWS config of the CLI confuses its SDK.
+        env = self.rclone_env if cmd[0] == "rclone" else self.env
         t0 = time.monotonic()
-        p = subprocess.run(cmd, env=self.env, capture_output=True, text=True)
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         dt = time.monotonic() - t0
         if p.returncode != 0:
             sys.exit(f"{' '.join(cmd[:4])}... failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")

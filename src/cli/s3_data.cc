@@ -122,7 +122,11 @@ class ProgressLine {
     }
     cv_.notify_all();
     thread_.join();
-    Clear();
+    // The last frame stays, with the totals, above the summary line.
+    std::lock_guard<std::mutex> g(mu_);
+    Draw();
+    std::fputs("\n", stderr);
+    drawn_ = false;
   }
   // Prints an action line on stdout without tearing the progress line.
   void Say(const std::string& line) {
@@ -169,13 +173,6 @@ class ProgressLine {
     std::fflush(stderr);
     drawn_ = true;
   }
-  void Clear() {
-    if (!drawn_) return;
-    std::fputs("\r\033[K", stderr);
-    std::fflush(stderr);
-    drawn_ = false;
-  }
-
   TransferStats* st_;
   bool on_;
   const char* verb_;

@@ -187,9 +187,12 @@ def test_multipart_upload_and_parallel_download(s3d, bucket, tmp_path):
     # Nothing is kept once the upload completed.
     assert not list((s3d.root / ".cache" / "sluice" / "uploads").glob("*.json"))
     back = tmp_path / "back.bin"
-    cli(s3d, "cp", "--multipart-threshold", "8MiB", "--part-size", "5MiB", "-j", "4",
-        f"s3://{bucket}/big.bin", str(back))
+    p = cli(s3d, "cp", "--multipart-threshold", "8MiB", "--part-size", "5MiB", "-j", "4",
+            "--progress", f"s3://{bucket}/big.bin", str(back))
     assert back.read_bytes() == data
+    # The progress line ends on its last frame: every byte and the one file.
+    last = p.stderr.decode().split("\n")[-3].split("\r")[-1]
+    assert "100%" in last and "23 MiB / 23 MiB" in last and "1/1 files" in last, p.stderr
 
 
 def test_interrupted_upload_resumes(s3d, tmp_path):

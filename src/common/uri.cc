@@ -1,6 +1,7 @@
 #include "common/uri.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstring>
 
@@ -48,13 +49,25 @@ std::string PercentDecode(std::string_view s, bool plus_is_space) {
   return out;
 }
 
+namespace {
+// S3's unreserved bytes, A-Z a-z 0-9 - _ . ~: a table, not isalnum(), whose answer for bytes
+// past 0x7f depends on the locale (and which costs a call per byte on every signature).
+constexpr std::array<bool, 256> kUnreserved = [] {
+  std::array<bool, 256> t{};
+  for (int c = 'A'; c <= 'Z'; ++c) t[c] = true;
+  for (int c = 'a'; c <= 'z'; ++c) t[c] = true;
+  for (int c = '0'; c <= '9'; ++c) t[c] = true;
+  for (unsigned char c : {'-', '_', '.', '~'}) t[c] = true;
+  return t;
+}();
+}  // namespace
+
 std::string UriEncode(std::string_view s, bool keep_slash) {
   static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out;
   out.reserve(s.size() + 16);
   for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' ||
-        (keep_slash && c == '/')) {
+    if (kUnreserved[c] || (keep_slash && c == '/')) {
       out.push_back(static_cast<char>(c));
     } else {
       out.push_back('%');

@@ -326,7 +326,8 @@ DIFFERENT_ON_PURPOSE = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_same_answers(servers, name):
     got = {}
-    for server, s3 in servers.items():
+    for server in ("sluice", "rgw"):
+        s3 = servers[server]
         bucket = f"diff-{uuid.uuid4().hex[:10]}"
         s3.create_bucket(Bucket=bucket)
         got[server] = outcome(CASES[name], s3, bucket)

@@ -327,10 +327,8 @@ Status Transfer::RunUnit(S3Client& c, Job& j, const Unit& u) {
     SLUICE_ASSIGN_OR_RETURN(auto tf, OpenTemp(j.local));
     j.fd = tf.first;
     j.tmp = tf.second;
-    uint64_t got = 0;
     auto r = c.Get(j.bucket, j.key, [&](std::string_view d) {
       stats_.bytes_done += d.size();
-      got += d.size();
       return WriteAll(j.fd, d, nullptr);
     });
     if (!r.ok()) return r.status();
@@ -444,7 +442,7 @@ void Transfer::Work(std::deque<Job>& jobs, std::vector<Unit>& units, std::atomic
   stats_.retries += c.retries();
 }
 
-Result<TransferResult> Transfer::Run(std::deque<Job>& jobs) {
+Result<TransferResult> Transfer::Run(std::deque<Job>& jobs, int workers) {
   std::vector<Unit> units;
   for (size_t i = 0; i < jobs.size(); ++i) {
     Job& j = jobs[i];
@@ -477,10 +475,11 @@ Result<TransferResult> Transfer::Run(std::deque<Job>& jobs) {
   TransferResult res;
   if (opts_.dry_run) return res;
   std::atomic<size_t> next{0};
-  int n = static_cast<int>(std::min<size_t>(static_cast<size_t>(opts_.jobs), units.size()));
-  std::vector<std::thread> workers;
-  for (int w = 0; w < n; ++w) workers.emplace_back([&] { Work(jobs, units, next); });
-  for (auto& t : workers) t.join();
+  int n = static_cast<int>(
+      std::min<size_t>(static_cast<size_t>(workers > 0 ? workers : opts_.jobs), units.size()));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < n; ++w) threads.emplace_back([&] { Work(jobs, units, next); });
+  for (auto& t : threads) t.join();
   for (auto& j : jobs)
     if (j.failed)
       res.errors.push_back(j.kind == Job::kDelete
@@ -675,11 +674,7 @@ Result<TransferResult> Transfer::Remove(const S3Url& url, bool recursive) {
             [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
   jobs.clear();
   batches(markers, 1);
-  int saved = opts_.jobs;
-  opts_.jobs = 1;
-  auto r = Run(jobs);
-  opts_.jobs = saved;
-  return r;
+  return Run(jobs, 1);
 }
 
 Status ListKeys(const io::s3::ClientOptions& opts, const S3Url& url, bool recursive, int jobs,
@@ -710,12 +705,13 @@ Status ListKeys(const io::s3::ClientOptions& opts, const S3Url& url, bool recurs
   std::vector<io::s3::KeyRange> ranges;
   if (recursive && jobs > 1) {
     auto split = c.ListSplit(url.bucket, url.key, jobs);
-    // Other S3 servers do not split: one sequential listing then.
-    if (split.ok())
-      ranges = std::move(*split);
-    else if (split.status().code() == Code::kNotFound &&
-             split.status().message().find("NoSuchBucket") != std::string::npos)
+    // Other S3 servers do not split (they answer a plain listing, or refuse the parameter):
+    // one sequential listing then. A missing bucket or a refused key is the listing's answer.
+    Code code = split.status().code();
+    if (code == Code::kNotFound || code == Code::kPermissionDenied ||
+        code == Code::kUnauthenticated)
       return split.status();
+    if (split.ok()) ranges = std::move(*split);
   }
   if (ranges.size() <= 1) return list_range(c, io::s3::KeyRange{}, on_object);
   std::vector<std::vector<ObjectInfo>> found(ranges.size());

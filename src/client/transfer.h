@@ -81,7 +81,8 @@ class Transfer {
                         std::string key, uint64_t size, std::time_t mtime);
   static Job& AddDownload(std::deque<Job>& jobs, std::string bucket, const io::s3::ObjectInfo& o,
                           std::string local);
-  Result<TransferResult> Run(std::deque<Job>& jobs);
+  // Runs the jobs with `workers` threads (0: TransferOptions::jobs).
+  Result<TransferResult> Run(std::deque<Job>& jobs, int workers = 0);
   void Work(std::deque<Job>& jobs, std::vector<Unit>& units, std::atomic<size_t>& next);
   Status RunUnit(io::s3::S3Client& c, Job& job, const Unit& u);
   Status StartUpload(io::s3::S3Client& c, Job& job);

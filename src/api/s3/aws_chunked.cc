@@ -21,12 +21,6 @@ S3Error BadSignature(std::string what) {
                  fmt::format("the {} signature does not match what was computed", what)};
 }
 
-std::string Lower(std::string_view s) {
-  std::string o(s);
-  for (auto& c : o) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return o;
-}
-
 std::string_view Trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
@@ -98,7 +92,7 @@ std::optional<S3Error> AwsChunkedDecoder::OnTrailerLine() {
   }
   size_t colon = l.find(':');
   if (colon == std::string_view::npos) return Malformed("a trailer line has no ':'");
-  std::string name = Lower(Trim(l.substr(0, colon)));
+  std::string name = AsciiLower(Trim(l.substr(0, colon)));
   std::string value(Trim(l.substr(colon + 1)));
   if (name == "x-amz-trailer-signature") {
     trailer_sig_ = value;

@@ -31,6 +31,7 @@ struct S3Error {
 inline constexpr int64_t kMaxPresignExpiry = 7 * 24 * 3600;
 inline constexpr int64_t kMaxSkew = 15 * 60;
 
+using io::s3::AsciiLower;
 using io::s3::CanonicalRequest;
 using io::s3::ChunkStringToSign;
 using io::s3::DecodeQuery;

@@ -23,12 +23,6 @@ namespace {
 // below this.
 constexpr size_t kMaxAnswerBody = 32u << 20;
 
-std::string Lower(std::string_view s) {
-  std::string o(s);
-  for (auto& c : o) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return o;
-}
-
 std::string StripQuotes(std::string_view s) {
   if (s.size() >= 2 && s.front() == '"' && s.back() == '"') s = s.substr(1, s.size() - 2);
   return std::string(s);
@@ -254,7 +248,7 @@ size_t OnHeader(char* p, size_t sz, size_t n, void* ud) {
                     ? 0
                     : static_cast<unsigned>(std::atoi(std::string(line.substr(sp + 1, 3)).c_str()));
   } else if (size_t colon = line.find(':'); colon != std::string_view::npos) {
-    t->headers.emplace_back(Lower(line.substr(0, colon)),
+    t->headers.emplace_back(AsciiLower(line.substr(0, colon)),
                             std::string(TrimBlanks(line.substr(colon + 1))));
   }
   return sz * n;

@@ -12,12 +12,6 @@ namespace sluice::io::s3 {
 
 namespace {
 
-std::string Lower(std::string_view s) {
-  std::string o(s);
-  for (auto& c : o) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return o;
-}
-
 // Header value as SigV4 canonicalizes it: trimmed, runs of spaces collapsed to one.
 void AppendCanonicalValue(std::string& out, std::string_view v) {
   v = TrimBlanks(v);
@@ -34,6 +28,12 @@ void AppendCanonicalValue(std::string& out, std::string_view v) {
 }
 
 }  // namespace
+
+std::string AsciiLower(std::string_view s) {
+  std::string o(s);
+  for (auto& c : o) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return o;
+}
 
 std::string_view TrimBlanks(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -100,7 +100,7 @@ std::string CanonicalRequest(const http::request_header<>& h, std::string_view m
     out.append(name).push_back(':');
     bool first = true;
     for (const auto& f : h) {
-      if (f.name_string().size() != name.size() || Lower(f.name_string()) != name) continue;
+      if (f.name_string().size() != name.size() || AsciiLower(f.name_string()) != name) continue;
       if (!first) out.push_back(',');
       AppendCanonicalValue(out, f.value());
       first = false;
@@ -166,7 +166,7 @@ std::string SignRequest(http::request_header<>& h, std::string_view method, std:
   h.set("x-amz-date", a.amz_date);
   h.set("x-amz-content-sha256", payload_hash);
   for (const auto& f : h) {
-    std::string name = Lower(f.name_string());
+    std::string name = AsciiLower(f.name_string());
     if (name == "host" || name == "content-md5" || name == "content-type" ||
         name.rfind("x-amz-", 0) == 0)
       a.signed_headers.push_back(std::move(name));

@@ -47,6 +47,8 @@ struct SigV4Auth {
   std::string scope() const { return date + "/" + region + "/" + service + "/aws4_request"; }
 };
 
+// ASCII lower case (header names).
+std::string AsciiLower(std::string_view s);
 // Blanks (space, tab) trimmed from both ends.
 std::string_view TrimBlanks(std::string_view s);
 // Decoded (name, value) pairs of a raw query string ("a=1&b=%20"), in order; empty parts skipped.

@@ -408,14 +408,22 @@ struct PosixLookupHint : LookupHint {
 
 }  // namespace
 
-std::shared_ptr<const LookupHint> PosixVolume::PrepareLookup(const VFolderId& vfid,
-                                                             std::string_view relpath) const {
+std::string PosixVolume::DirectPath(const VFolderId& vfid, std::string_view relpath) const {
   auto parts = SplitRelPath(relpath);
-  if (!parts.ok() || parts->empty()) return nullptr;
-  auto h = std::make_shared<PosixLookupHint>();
+  if (!parts.ok() || parts->empty()) return {};
   std::string vf = VFolderPath(vfid);
   if (!resolved_path_.empty()) vf.replace(0, cfg_.path.size(), resolved_path_);
-  h->path = vf + "/" + JoinComponents(*parts, parts->size());
+  vf += '/';
+  vf += JoinComponents(*parts, parts->size());
+  return vf;
+}
+
+std::shared_ptr<const LookupHint> PosixVolume::PrepareLookup(const VFolderId& vfid,
+                                                             std::string_view relpath) const {
+  std::string path = DirectPath(vfid, relpath);
+  if (path.empty()) return nullptr;
+  auto h = std::make_shared<PosixLookupHint>();
+  h->path = std::move(path);
   return h;
 }
 
@@ -426,17 +434,27 @@ Result<std::shared_ptr<FileReader>> PosixVolume::OpenReader(const VFolderId& vfi
   // O_NONBLOCK: opening a FIFO must not park a thread until a writer shows up (it is refused
   // below as not a regular file; for regular files the flag changes nothing).
   constexpr int kFlags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
-  if (const auto* h = static_cast<const PosixLookupHint*>(hint); h && !h->via_symlink.load()) {
-    struct open_how how {};
-    how.flags = kFlags;
-    how.resolve = RESOLVE_NO_SYMLINKS | (cached ? RESOLVE_CACHED : 0);
-    long fd = ::syscall(SYS_openat2, AT_FDCWD, h->path.c_str(), &how, sizeof(how));
-    if (fd >= 0) {
-      auto r = PosixFileReader::FromFd(UniqueFd(static_cast<int>(fd)), relpath, cached);
-      if (r.ok()) return r;
-      // Not a regular file: the general path below gives the authoritative answer.
-    } else if (errno == ELOOP) {
-      h->via_symlink = true;
+  // First the one-walk open of the whole path (see PosixLookupHint), with or without a hint:
+  // a batch get or an S3 GET opens each file once, and the vfolder root plus the walk beneath
+  // it cost two path lookups. Any failure falls to the general path, whose answer is the
+  // authoritative one (a symbolic link inside the vfolder, a missing file, a missing vfolder).
+  const auto* h = static_cast<const PosixLookupHint*>(hint);
+  if (!h || !h->via_symlink.load()) {
+    std::string own;
+    if (!h) own = DirectPath(vfid, relpath);
+    const std::string& path = h ? h->path : own;
+    if (!path.empty()) {
+      struct open_how how {};
+      how.flags = kFlags;
+      how.resolve = RESOLVE_NO_SYMLINKS | (cached ? RESOLVE_CACHED : 0);
+      long fd = ::syscall(SYS_openat2, AT_FDCWD, path.c_str(), &how, sizeof(how));
+      if (fd >= 0) {
+        auto r = PosixFileReader::FromFd(UniqueFd(static_cast<int>(fd)), relpath, cached);
+        if (r.ok()) return r;
+        // Not a regular file: the general path below gives the authoritative answer.
+      } else if (errno == ELOOP && h) {
+        h->via_symlink = true;
+      }
     }
   }
   SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid, lookup));

@@ -104,6 +104,10 @@ class PosixVolume : public Volume {
                           mode_t mode = 0600) const;
 
  protected:
+  // The file's whole path from resolved_path_ (empty for the vfolder root or a bad path): what
+  // OpenReader opens in one walk that refuses symbolic links.
+  std::string DirectPath(const VFolderId& vfid, std::string_view relpath) const;
+
   VolumeConfig cfg_;
   // cfg_.path with its symbolic links resolved (Init): the one-lookup fast path of OpenReader
   // refuses every symlink on the way, so it starts from here.

@@ -1,5 +1,8 @@
 #include "api/s3/batch_get.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -25,7 +28,6 @@ BatchGetStream::BatchGetStream(ObjectStore* objects, std::vector<BatchItem> item
       continue_on_error_(continue_on_error),
       manifest_(manifest),
       label_(std::move(label)) {
-  in_.resize(kReadChunk);
   if (manifest_) outcomes_.reserve(items_.size());
 }
 
@@ -123,14 +125,15 @@ Status BatchGetStream::StartItem() {
 }
 
 Status BatchGetStream::FileData() {
-  size_t want = static_cast<size_t>(std::min<uint64_t>(file_left_, in_.size()));
-  auto n = file_->ReadAt(file_off_, in_.data(), want);
+  size_t want = static_cast<size_t>(std::min<uint64_t>(file_left_, kReadChunk));
+  SLUICE_ASSIGN_OR_RETURN(char* at, tar_.ReserveData(want));
+  auto n = file_->ReadAt(file_off_, at, want);
+  tar_.CommitData(want, n.ok() ? *n : 0);
   if (!n.ok()) return n.status();
   // The header promised the size seen when the object was opened.
   if (*n == 0)
     return Status(Code::kIoError,
                   fmt::format("'{}' shrank while being sent", items_[next_ - 1].key));
-  SLUICE_RETURN_IF_ERROR(tar_.Data(in_.data(), *n));
   file_off_ += *n;
   file_left_ -= *n;
   bytes_ += *n;
@@ -139,30 +142,86 @@ Status BatchGetStream::FileData() {
   return tar_.FinishEntry(items_[next_ - 1].name);
 }
 
+namespace {
+
+// `s` as a JSON string: bytes that are not UTF-8 become U+FFFD, as every other Sluice JSON does
+// (written here, not through a JSON document: a manifest of 100,000 items as a document cost
+// more than the TAR stream it ends).
+void AppendJsonString(std::string& out, std::string_view raw) {
+  const bool ascii = std::all_of(raw.begin(), raw.end(),
+                                 [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+  const std::string clean = ascii ? std::string() : SanitizeUtf8(raw);
+  std::string_view s = ascii ? raw : std::string_view(clean);
+  out += '"';
+  size_t run = 0;  // bytes that need no escape go in one append
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c != '"' && c != '\\') continue;
+    out.append(s.substr(run, i - run));
+    run = i + 1;
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        fmt::format_to(std::back_inserter(out), "\\u{:04x}", static_cast<unsigned>(c));
+    }
+  }
+  out.append(s.substr(run));
+  out += '"';
+}
+
+}  // namespace
+
 Status BatchGetStream::WriteManifest() {
   manifest_written_ = true;
-  nlohmann::json list = nlohmann::json::array();
+  std::string text = "{\"items\":[";
+  text.reserve(items_.size() * 96);
+  auto out = std::back_inserter(text);
   for (size_t i = 0; i < outcomes_.size(); ++i) {
     const Outcome& o = outcomes_[i];
     const BatchItem& it = items_[i];
-    nlohmann::json j = {{"index", i}, {"bucket", it.bucket}, {"key", it.key}, {"status", o.status}};
+    if (i > 0) text += ',';
+    fmt::format_to(out, "{{\"index\":{},\"bucket\":", i);
+    AppendJsonString(text, it.bucket);
+    text += ",\"key\":";
+    AppendJsonString(text, it.key);
+    fmt::format_to(out, ",\"status\":{},\"name\":", o.status);
     if (o.code.empty()) {
-      j["name"] = it.name;
-      j["size"] = o.size;
+      AppendJsonString(text, it.name);
+      fmt::format_to(out, ",\"size\":{}", o.size);
       if (o.range_total)
-        j["range"] =
-            fmt::format("bytes {}-{}/{}", o.range_first, o.range_first + o.size - 1, o.range_total);
+        fmt::format_to(out, ",\"range\":\"bytes {}-{}/{}\"", o.range_first,
+                       o.range_first + o.size - 1, o.range_total);
     } else {
-      j["name"] = std::string(o.status == 404 ? "__404__/" : "__error__/") +
-                  (it.name.back() == '/' ? it.name.substr(0, it.name.size() - 1) : it.name);
-      j["code"] = o.code;
-      j["message"] = o.message;
+      std::string_view name = it.name;
+      if (name.back() == '/') name.remove_suffix(1);
+      AppendJsonString(
+          text, std::string(o.status == 404 ? "__404__/" : "__error__/") + std::string(name));
+      text += ",\"code\":";
+      AppendJsonString(text, o.code);
+      text += ",\"message\":";
+      AppendJsonString(text, o.message);
     }
-    if (!it.opaque.empty()) j["opaque"] = it.opaque;
-    list.push_back(std::move(j));
+    if (!it.opaque.empty()) {
+      text += ",\"opaque\":";
+      AppendJsonString(text, it.opaque);
+    }
+    text += '}';
   }
-  nlohmann::json m = {{"items", std::move(list)}, {"ok", ok_}, {"errors", errors_}};
-  std::string text = m.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  fmt::format_to(out, "],\"ok\":{},\"errors\":{}}}\n", ok_, errors_);
   ArchiveWriter::Entry e;
   e.name = kBatchManifestName;
   e.size = text.size();

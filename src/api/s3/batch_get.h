@@ -59,7 +59,6 @@ class BatchGetStream {
   size_t next_ = 0;
   std::shared_ptr<FileReader> file_;
   uint64_t file_off_ = 0, file_left_ = 0;
-  std::vector<char> in_;
   // Per item, for the manifest: what became of it (no allocation for an item served whole).
   struct Outcome {
     unsigned status = 0;

@@ -127,7 +127,7 @@ Status PrepareConfig(Config& cfg) {
     spdlog::info("S3 seal key {} {}", created ? "generated in" : "read from", p);
   }
   for (auto& v : cfg.volumes) {
-    if (v.backend == "mem") continue;  // in memory: its path names nothing on disk
+    if (!v.local_path()) continue;  // in memory or in an origin: no directory here
     fs::path p = fs::absolute(v.path, ec).lexically_normal();
     v.path = p.string();
     while (v.path.size() > 1 && v.path.back() == '/') v.path.pop_back();
@@ -211,7 +211,7 @@ int RunDaemon(Config cfg) {
     std::string path = cfg.s3.state_path;
     if (path.empty()) {
       for (const auto& v : cfg.volumes)
-        if (v.backend != "mem") {
+        if (v.local_path()) {
           path = v.path + "/.sluice/s3";
           break;
         }

@@ -8,6 +8,7 @@
 #include "volume/fault_volume.h"
 #include "volume/mem/mem_volume.h"
 #include "volume/metrics_volume.h"
+#include "volume/s3/s3_volume.h"
 #include "volume/vfs/vfs_volume.h"
 #include "volume/xfs/xfs_volume.h"
 
@@ -105,6 +106,11 @@ VolumeRegistry& VolumeRegistry::Builtin() {
             capacity = *size;
           }
           return std::unique_ptr<Volume>(new MemVolume(cfg, capacity));
+        });
+    reg->Register(
+        "s3", [](const VolumeConfig& cfg, const VolumeDeps&) -> Result<std::unique_ptr<Volume>> {
+          SLUICE_ASSIGN_OR_RETURN(auto opts, S3VolumeOptions::FromConfig(cfg));
+          return std::unique_ptr<Volume>(new S3Volume(cfg, std::move(opts)));
         });
     // Project quotas; one class for both filesystems.
     for (auto [backend, kind] :

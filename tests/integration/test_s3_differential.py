@@ -405,3 +405,13 @@ def test_sluice_cli_against_rgw(servers, tmp_path):
     assert b"0 files" in p.stderr
     sluice("rm", "-r", f"s3://{bucket}/t")
     assert rgw.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+
+
+def test_s3_volume_interface_suite_on_rgw(servers):
+    """The Volume interface conformance suite on an s3 volume whose origin is this RGW (the same
+    suite runs on a sluiced origin in test_s3_volume.py)."""
+    from test_s3_volume import run_interface_suite
+    url, ak, sk = servers["rgw_endpoint"]
+    bucket = f"vol-{uuid.uuid4().hex[:8]}"
+    servers["rgw"].create_bucket(Bucket=bucket)
+    run_interface_suite(url, bucket, ak, sk)

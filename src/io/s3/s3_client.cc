@@ -498,6 +498,7 @@ ObjectInfo InfoFrom(std::string_view key,
       if (strptime(v.c_str(), "%a, %d %b %Y %H:%M:%S GMT", &tm)) o.mtime = timegm(&tm);
     }
     if (k == "content-type") o.content_type = v;
+    if (k.starts_with("x-amz-meta-")) o.meta[k.substr(11)] = v;
   }
   return o;
 }
@@ -563,19 +564,38 @@ Result<ObjectInfo> S3Client::Get(std::string_view bucket, std::string_view key, 
 }
 
 Result<std::string> S3Client::Put(std::string_view bucket, std::string_view key, const Body& body,
-                                  std::string_view content_type) {
+                                  std::string_view content_type, const UserMeta& meta) {
   Request req;
   req.method = "PUT";
   req.path = PathOf(bucket, key);
   req.what = fmt::format("PUT s3://{}/{}", bucket, key);
   req.body = body;
   if (!content_type.empty()) req.headers.emplace_back("Content-Type", std::string(content_type));
+  for (const auto& [k, v] : meta) req.headers.emplace_back("x-amz-meta-" + k, v);
   if (opts_.checksums && body.fd >= 0) {
     SLUICE_ASSIGN_OR_RETURN(std::string crc, FileCrc32c(body.fd, body.offset, body.length));
     req.headers.emplace_back("x-amz-checksum-crc32c", crc);
   }
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
   return StripQuotes(a.header("etag"));
+}
+
+Result<std::string> S3Client::Copy(std::string_view bucket, std::string_view src_key,
+                                   std::string_view dst_key) {
+  Request req;
+  req.method = "PUT";
+  req.path = PathOf(bucket, dst_key);
+  req.what = fmt::format("copy s3://{}/{} to {}", bucket, src_key, dst_key);
+  req.headers.emplace_back("x-amz-copy-source",
+                           UriEncode(fmt::format("/{}/{}", bucket, src_key), true));
+  req.headers.emplace_back("x-amz-metadata-directive", "COPY");
+  SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
+  // A copy can fail after its 200 has gone out: the error is then the body (as AWS documents).
+  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));
+  if (auto e = doc.child("Error"))
+    return Status(CodeOf(500, Child(e, "Code")),
+                  fmt::format("{}: {}: {}", req.what, Child(e, "Code"), Child(e, "Message")));
+  return StripQuotes(Child(doc.child("CopyObjectResult"), "ETag"));
 }
 
 Status S3Client::Delete(std::string_view bucket, std::string_view key) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <ctime>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -46,7 +47,12 @@ struct ObjectInfo {
   std::string etag;  // quotes stripped
   std::time_t mtime = 0;
   std::string content_type;
+  // User metadata (x-amz-meta-*), names lower case without the prefix: HEAD and GET only.
+  std::map<std::string, std::string> meta;
 };
+
+// User metadata to store with an object (x-amz-meta-<name>).
+using UserMeta = std::map<std::string, std::string>;
 
 struct ListPage {
   std::vector<ObjectInfo> objects;
@@ -113,7 +119,10 @@ class S3Client {
                          std::string_view if_match = {});
   // Returns the ETag.
   Result<std::string> Put(std::string_view bucket, std::string_view key, const Body& body,
-                          std::string_view content_type = {});
+                          std::string_view content_type = {}, const UserMeta& meta = {});
+  // A server-side copy (CopyObject, metadata copied); returns the new object's ETag.
+  Result<std::string> Copy(std::string_view bucket, std::string_view src_key,
+                           std::string_view dst_key);
   Status Delete(std::string_view bucket, std::string_view key);
   // Deletes up to 1000 keys in one request; returns "key: code message" for each refused one.
   Result<std::vector<std::string>> DeleteMany(std::string_view bucket,

@@ -249,6 +249,12 @@ TEST_P(VolumeInterface, HostilePathsAreRefusedAsText) {
 
 TEST_P(VolumeInterface, StagingLifecycle) {
   MakeVFolder();
+  if (!GetParam().staging) {  // refused, clearly, and nothing is left behind
+    EXPECT_ERROR(vol_->CreateStaging(vf_), Code::kUnsupported);
+    EXPECT_EQ(vol_->SweepStaging(vf_, std::chrono::seconds(0), nullptr).removed, 0u);
+    EXPECT_TRUE(vol_->ListSorted(vf_, "", "", SIZE_MAX)->empty());
+    return;
+  }
   auto session = vol_->CreateStaging(vf_);
   ASSERT_OK(session);
   auto st = vol_->InspectStaging(vf_, *session);

@@ -1,0 +1,133 @@
+// A volume whose data lives in an S3-compatible origin (`backend = "s3"`): Ceph RGW, another
+// Sluice, AWS. The layout is the file system's, as keys: a quota scope is the prefix
+// "<prefix><scope hex>/", a vfolder "<scope hex>/<h[0:2]>/<h[2:4]>/<h[4:]>/" below it, and a
+// file the key of its path below that. Scopes, vfolders and directories made through Sluice are
+// zero-byte markers ("<dir>/"; scope limits and vfolder modes in their user metadata); a
+// directory also exists while any key lies below it, so prefixes written by other tools are
+// directories too.
+//
+// What holds (docs/s3-volumes.md): reads are ranged GETs pinned to the ETag seen when the file
+// was opened (a file replaced on the origin mid-read fails the read, never mixes versions; a
+// small file is read whole at open); a listing is the origin's delimiter listing; rename and
+// move are copies then deletes, not atomic; usage is measured by listing. Not yet: uploads
+// (staging is kUnsupported), quota enforcement on writes, vfolder copies from other volumes.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "io/s3/s3_client.h"
+#include "volume/volume.h"
+
+namespace sluice {
+
+struct S3VolumeOptions {
+  io::s3::ClientOptions client;
+  std::string bucket;
+  std::string prefix;  // "" or ending in '/'
+  bool read_only = false;
+  uint64_t capacity = 1ULL << 50;  // what GetFsUsage reports: an origin has no fixed size
+  // How long a vfolder seen on the origin is taken to exist without asking again: what another
+  // node's deletion of a vfolder may take to show here.
+  std::chrono::milliseconds vfolder_ttl{5000};
+
+  // From [volume.NAME.options]: endpoint, bucket, prefix, region, access-key, secret-key or
+  // credentials-file, ca-file, insecure, read-only, capacity.
+  static Result<S3VolumeOptions> FromConfig(const VolumeConfig& cfg);
+};
+
+class S3Volume : public Volume {
+ public:
+  S3Volume(VolumeConfig cfg, S3VolumeOptions opts);
+  ~S3Volume() override;
+
+  const std::string& name() const override { return cfg_.name; }
+  const std::string& backend() const override { return cfg_.backend; }
+  const std::string& path() const override { return cfg_.path; }
+  const std::string& fsprefix() const override { return cfg_.fsprefix; }
+  std::set<std::string> capabilities() const override;
+  Status Init() override;
+  Status EmptyTrash() override;
+  QuotaModel& quota() override { return *quota_; }
+  FSOpModel& fsop() override { return *fsop_; }
+  VolumeIoStats& io_stats() override { return *io_stats_; }
+  int layout_version() const override { return 3; }
+
+  std::string VFolderPath(const VFolderId& vfid) const override;
+  Status CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_scope,
+                       std::optional<uint64_t> initial_limit) override;
+  Result<std::string> DetachVFolder(const VFolderId& vfid) override;
+  Status CheckVFolder(const VFolderId& vfid) override;
+  Result<TreeUsage> GetUsage(const VFolderId& vfid) override;
+  Result<uint64_t> GetUsedBytes(const VFolderId& vfid) override;
+  Result<FsUsage> GetFsUsage() override;
+  HwInfo GetHwInfo() override;
+  Result<std::string> MountPath(const VFolderId& vfid, std::string_view subpath) override;
+  Status CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,
+                         const TreeUsage& size) override;
+
+  Status ValidatePath(const VFolderId& vfid, std::string_view relpath) override;
+  Status Mkdir(const VFolderId& vfid, std::string_view relpath, bool parents,
+               bool exist_ok) override;
+  Status Rename(const VFolderId& vfid, std::string_view relpath,
+                std::string_view new_name) override;
+  Status Move(const VFolderId& vfid, std::string_view src, std::string_view dst) override;
+  Status DeleteFiles(const VFolderId& vfid, const std::vector<std::string>& relpaths,
+                     bool recursive) override;
+
+  Result<std::shared_ptr<FileReader>> OpenReader(const VFolderId& vfid, std::string_view relpath,
+                                                 Lookup lookup = Lookup::kMayBlock,
+                                                 const LookupHint* hint = nullptr) override;
+  Result<DirEntry> Stat(const VFolderId& vfid, std::string_view relpath) override;
+  Result<std::unique_ptr<DirHandle>> OpenDir(const VFolderId& vfid,
+                                             std::string_view relpath) override;
+  Result<std::vector<DirEntry>> ListSorted(const VFolderId& vfid, std::string_view relpath,
+                                           std::string_view start_after, size_t max) override;
+
+  Result<std::string> CreateStaging(const VFolderId& vfid) override;
+  Status DiscardStaging(const VFolderId& vfid, const std::string& session) override;
+  Result<StagingState> InspectStaging(const VFolderId& vfid, const std::string& session) override;
+  Result<std::unique_ptr<StagingWriter>> OpenStaging(const VFolderId& vfid,
+                                                     const std::string& session,
+                                                     std::chrono::milliseconds wait) override;
+  StagingSweep SweepStaging(const std::optional<VFolderId>& vfid, std::chrono::seconds age,
+                            const StagingRemoved& removed) override;
+
+  // The origin's key of `relpath` in the vfolder ("" names the vfolder's prefix, with its '/').
+  std::string ObjectKey(const VFolderId& vfid, std::string_view relpath) const;
+  const S3VolumeOptions& options() const { return opts_; }
+
+  class Clients;  // the origin clients, one per concurrent request (s3_volume.cc)
+  struct Origin;  // what the volume's parts share: options, clients, bucket (s3_volume.cc)
+
+ private:
+  Result<std::vector<std::string>> Parts(std::string_view relpath) const;
+  Status Live(const VFolderId& vfid);  // the vfolder exists (cached for vfolder_ttl)
+  Status Writable() const;
+  Status CopyPrefix(const std::string& from, const std::string& to);
+  Status MoveEntry(const VFolderId& vfid, const std::vector<std::string>& src,
+                   const std::vector<std::string>& dst);
+  Status KeepParent(const VFolderId& vfid, const std::vector<std::string>& parts);
+  struct Level {  // a directory and what it holds, sorted by name
+    std::string rel;
+    DirEntry info;
+    std::vector<DirEntry> entries;
+  };
+  Result<Level> ReadLevel(const VFolderId& vfid, std::string_view relpath);
+
+  VolumeConfig cfg_;
+  S3VolumeOptions opts_;
+  VolumeIoStats* io_stats_;
+  std::shared_ptr<Origin> origin_;
+  std::unique_ptr<QuotaModel> quota_;
+  std::unique_ptr<FSOpModel> fsop_;
+  std::mutex mu_;
+  std::map<std::string, std::chrono::steady_clock::time_point> live_;  // vfolder key -> until
+};
+
+}  // namespace sluice

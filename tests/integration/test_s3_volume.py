@@ -14,8 +14,10 @@ import zipfile
 import pytest
 import requests
 
-from conftest import BIN_DIR, running_daemon, run_sluiced, split_vfid, toml_section
+from conftest import (BIN_DIR, new_qsid, new_vfid, running_daemon, run_sluiced, split_vfid,
+                      toml_section)
 from test_download import archive_token, download_token
+from test_upload import new_session, offset_of, patch
 
 KiB, MiB = 1 << 10, 1 << 20
 BUCKET = "origin"
@@ -46,7 +48,8 @@ def s3_volume(o, prefix="ds", **options):
 
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory, origin):
-    with running_daemon(tmp_path_factory.mktemp("proxy"), extra_toml=s3_volume(origin)) as d:
+    with running_daemon(tmp_path_factory.mktemp("proxy"), s3={},
+                        extra_toml=s3_volume(origin, **{"part-size": "5m"})) as d:
         yield d
 
 
@@ -130,11 +133,82 @@ def test_files_on_the_origin_through_every_read_api(proxy, origin):
     assert r.status_code == 400, r.text
 
 
-def test_uploads_are_refused_clearly(proxy):
-    vfid = proxy.create_vfolder(volume="remote")
-    r = proxy.mgr("POST", "/folder/file/upload",
-                  json={"volume": "remote", "vfid": vfid, "relpath": "x.bin", "size": 3})
-    assert r.status_code >= 400 and "does not take uploads" in r.text, r.text
+def staging_left(origin):
+    """What upload sessions hold on the origin besides their records."""
+    page = origin.boto.list_objects_v2(Bucket=BUCKET, Prefix="ds/.sluice/staging/")
+    return [o["Key"] for o in page.get("Contents", [])
+            if o["Key"].endswith((".tail", ".data"))]
+
+
+def test_uploads_go_to_the_origin_and_resume_after_a_restart(proxy, origin):
+    d = proxy
+    vfid = d.create_vfolder(volume="remote")
+    # 12 MiB in 5 MiB parts: two parts sent as the PATCHes make them durable, the rest the last.
+    data = os.urandom(12 * MiB + 17)
+    token = new_session(d, vfid, "up/blob.bin", len(data), volume="remote")
+    assert patch(d, token, 0, data[:7 * MiB]).status_code == 204
+    d.stop()
+    d.start()  # what was acknowledged is on the origin: the session resumes there
+    assert offset_of(d, token) == 7 * MiB
+    assert patch(d, token, 7 * MiB, data[7 * MiB:]).status_code == 204
+    key = vfolder_prefix(vfid) + "up/blob.bin"
+    assert origin.boto.get_object(Bucket=BUCKET, Key=key)["Body"].read() == data
+    r = requests.get(d.client_url("/download"),
+                     params={"token": download_token(d, vfid, "up/blob.bin", volume="remote")},
+                     timeout=60)
+    assert r.status_code == 200 and r.content == data
+    # A small file is one PUT; nothing of either session stays on the origin but its record.
+    token = new_session(d, vfid, "small.txt", 5, volume="remote")
+    assert patch(d, token, 0, b"hello").status_code == 204
+    assert origin.boto.get_object(Bucket=BUCKET,
+                                  Key=vfolder_prefix(vfid) + "small.txt")["Body"].read() == b"hello"
+    assert staging_left(origin) == []
+
+
+def test_scope_limits_hold_on_writes(proxy, origin):
+    d = proxy
+    qsid = new_qsid()
+    r = d.mgr("POST", "/quota-scope",
+              json={"volume": "remote", "qsid": qsid, "options": {"limit_bytes": MiB}})
+    assert r.status_code == 204, r.text
+    got = d.mgr("GET", "/quota-scope", json={"volume": "remote", "qsid": qsid}).json()
+    assert got["limit_bytes"] == MiB
+    vfid = d.create_vfolder(vfid=new_vfid(qsid), volume="remote")
+    token = new_session(d, vfid, "fits.bin", 600 * KiB, volume="remote")
+    assert patch(d, token, 0, b"a" * (600 * KiB)).status_code == 204
+    r = d.mgr("POST", "/folder/file/upload",
+              json={"volume": "remote", "vfid": vfid, "relpath": "over.bin", "size": 600 * KiB})
+    if r.status_code == 200:  # refused when the bytes come, if not when the session is made
+        r = patch(d, r.json()["token"], 0, b"b" * (600 * KiB))
+    assert r.status_code in (413, 507), (r.status_code, r.text)
+    keys = [o["Key"] for o in origin.boto.list_objects_v2(
+        Bucket=BUCKET, Prefix=vfolder_prefix(vfid)).get("Contents", [])]
+    assert [k[len(vfolder_prefix(vfid)):] for k in keys] == ["fits.bin"]
+
+
+def test_s3_api_over_an_s3_volume(proxy, origin):
+    d = proxy
+    user = d.s3_user(volume="remote")["id"]
+    s3 = d.s3_client(*d.s3_key(user))
+    s3.create_bucket(Bucket="on-remote")
+    s3.put_object(Bucket="on-remote", Key="k/one.txt", Body=b"one")
+    assert s3.get_object(Bucket="on-remote", Key="k/one.txt")["Body"].read() == b"one"
+    big = os.urandom(11 * MiB)
+    up = s3.create_multipart_upload(Bucket="on-remote", Key="k/big.bin")["UploadId"]
+    parts = []
+    for i, at in enumerate(range(0, len(big), 5 * MiB)):
+        r = s3.upload_part(Bucket="on-remote", Key="k/big.bin", UploadId=up, PartNumber=i + 1,
+                           Body=big[at:at + 5 * MiB])
+        parts.append({"PartNumber": i + 1, "ETag": r["ETag"]})
+    s3.complete_multipart_upload(Bucket="on-remote", Key="k/big.bin", UploadId=up,
+                                 MultipartUpload={"Parts": parts})
+    got = s3.get_object(Bucket="on-remote", Key="k/big.bin", Range="bytes=6291456-6291555")
+    assert got["Body"].read() == big[6291456:6291556]
+    listed = s3.list_objects_v2(Bucket="on-remote", Prefix="k/")
+    assert [o["Key"] for o in listed["Contents"]] == ["k/big.bin", "k/one.txt"]
+    assert listed["Contents"][0]["Size"] == len(big)
+    s3.delete_object(Bucket="on-remote", Key="k/one.txt")
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket="on-remote")["Contents"]] == ["k/big.bin"]
 
 
 def test_a_detached_vfolder_is_gone_and_deleted(proxy, origin):

@@ -48,8 +48,6 @@ struct Backend {
   bool cached_lookups = true;
   // Directory-backed (PosixVolume): vfolders are directories at VFolderPath.
   bool posix = true;
-  // Takes uploads (staging). The s3 backend does not yet: it must refuse them (kUnsupported).
-  bool staging = true;
 };
 
 // Names the backend in test output instead of dumping the struct's bytes.
@@ -235,7 +233,6 @@ inline std::vector<Backend> AllBackends() {
     Backend s3{"s3", S3Config};
     s3.posix = false;
     s3.cached_lookups = false;
-    s3.staging = false;
     b.push_back(s3);
   }
   return b;

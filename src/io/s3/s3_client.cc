@@ -581,14 +581,16 @@ Result<std::string> S3Client::Put(std::string_view bucket, std::string_view key,
 }
 
 Result<std::string> S3Client::Copy(std::string_view bucket, std::string_view src_key,
-                                   std::string_view dst_key) {
+                                   std::string_view dst_key, const UserMeta* replace) {
   Request req;
   req.method = "PUT";
   req.path = PathOf(bucket, dst_key);
   req.what = fmt::format("copy s3://{}/{} to {}", bucket, src_key, dst_key);
   req.headers.emplace_back("x-amz-copy-source",
                            UriEncode(fmt::format("/{}/{}", bucket, src_key), true));
-  req.headers.emplace_back("x-amz-metadata-directive", "COPY");
+  req.headers.emplace_back("x-amz-metadata-directive", replace ? "REPLACE" : "COPY");
+  if (replace)
+    for (const auto& [k, v] : *replace) req.headers.emplace_back("x-amz-meta-" + k, v);
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
   // A copy can fail after its 200 has gone out: the error is then the body (as AWS documents).
   SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));

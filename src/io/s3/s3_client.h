@@ -85,6 +85,9 @@ struct MultipartInfo {
   std::time_t initiated = 0;
 };
 
+// The most parts a multipart upload may have (S3's limit).
+inline constexpr int kMaxParts = 10000;
+
 // Receives a body piece by piece; an error stops the transfer.
 using Sink = std::function<Status(std::string_view)>;
 
@@ -120,9 +123,10 @@ class S3Client {
   // Returns the ETag.
   Result<std::string> Put(std::string_view bucket, std::string_view key, const Body& body,
                           std::string_view content_type = {}, const UserMeta& meta = {});
-  // A server-side copy (CopyObject, metadata copied); returns the new object's ETag.
+  // A server-side copy (CopyObject); returns the new object's ETag. The metadata is copied, or
+  // replaced by `replace` when given.
   Result<std::string> Copy(std::string_view bucket, std::string_view src_key,
-                           std::string_view dst_key);
+                           std::string_view dst_key, const UserMeta* replace = nullptr);
   Status Delete(std::string_view bucket, std::string_view key);
   // Deletes up to 1000 keys in one request; returns "key: code message" for each refused one.
   Result<std::vector<std::string>> DeleteMany(std::string_view bucket,

@@ -77,6 +77,7 @@ std::optional<ObjectMeta> ObjectMeta::Decode(std::string_view blob, const DirEnt
 
 std::string ObjectETag(const DirEntry& e, const std::optional<ObjectMeta>& meta) {
   if (meta && !meta->etag.empty()) return "\"" + meta->etag + "\"";
+  if (!e.etag.empty()) return e.etag;  // the origin's, for a volume that has one (s3)
   char buf[api::kMaxETagSize];
   return std::string(api::MakeETag(e.ino, e.size, static_cast<uint64_t>(MtimeNs(e)), buf));
 }

@@ -5,11 +5,14 @@
 #include <cstring>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/crypto.h"
 #include "common/path.h"
+#include "common/secrets.h"
 #include "volume/forwarding_volume.h"
 
 namespace sluice {
@@ -27,6 +30,11 @@ constexpr uint64_t kReadWholeBelow = 256 << 10;
 // objects as files (another Sluice) has directories for "dir/" keys, which carry no metadata
 // and vanish once empty.
 constexpr const char* kRecords = ".sluice/";
+// Object metadata (FileReader::ReadMeta) in the origin's user metadata, base64, with the mtime
+// (ns) it was made for. S3 allows 2 KiB of user metadata: a larger blob is not kept.
+constexpr const char* kObjectMeta = "sluice-object";
+constexpr const char* kMtimeMeta = "sluice-mtime";
+constexpr size_t kMaxMetaBlob = 1400;
 
 bool IsNotFound(const Status& st) {
   return st.code() == Code::kNotFound;
@@ -43,7 +51,15 @@ DirEntry FileEntry(std::string name, const s3c::ObjectInfo& o) {
   e.mode = 0100644;
   e.size = o.size;
   e.created = e.modified = e.changed = TimeOf(o.mtime);
-  e.etag = o.etag;
+  // Published through Sluice: the mtime its object metadata was made for (HEAD and GET carry
+  // it; a listing does not, and shows the origin's Last-Modified).
+  if (auto it = o.meta.find(kMtimeMeta); it != o.meta.end())
+    e.modified = e.changed = Clock::time_point(std::chrono::duration_cast<Clock::duration>(
+        std::chrono::nanoseconds(std::strtoll(it->second.c_str(), nullptr, 10))));
+  e.etag = "\"" + o.etag + "\"";  // as HTTP sends it: the APIs pass it on as the validator
+  // An object has no inode: one from its key, so that what is cached by inode (object
+  // metadata) never takes one object for another.
+  e.ino = std::hash<std::string>{}(o.key) | 1;
   return e;
 }
 
@@ -56,8 +72,10 @@ DirEntry DirEntryOf(std::string name, uint32_t perm = 0755, std::time_t mtime = 
   return e;
 }
 
-std::string LastOf(const std::vector<std::string>& parts) {
-  return parts.empty() ? std::string() : parts.back();
+// The first `n` components as a key suffix: "" for none (JoinComponents gives "." there, a
+// path, where a key needs nothing).
+std::string Join(const std::vector<std::string>& parts, size_t n) {
+  return n == 0 ? std::string() : JoinComponents(parts, n);
 }
 
 }  // namespace
@@ -101,6 +119,12 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
       auto size = ParseBinarySize(str);
       if (!size.ok()) return bad(key, size.status().message());
       o.capacity = *size;
+    } else if (key == "part-size" || key == "part_size") {
+      auto size = ParseBinarySize(str);
+      if (!size.ok()) return bad(key, size.status().message());
+      if (*size < (5u << 20) || *size > (5ULL << 30))
+        return bad(key, "must be 5 MiB to 5 GiB (S3's part sizes)");
+      o.part_size = *size;
     } else if (key == "vfolder-ttl" || key == "vfolder_ttl") {
       auto d = ParseDuration(str);
       if (!d.ok()) return bad(key, d.status().message());
@@ -109,7 +133,7 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
       return bad(key,
                  "unknown key for the s3 backend (known: endpoint, bucket, prefix, region, "
                  "access-key, secret-key, credentials-file, ca-file, insecure, read-only, "
-                 "capacity, vfolder-ttl)");
+                 "capacity, vfolder-ttl, part-size)");
     }
   }
   if (!creds_file.empty()) {
@@ -324,12 +348,15 @@ namespace {
 
 class S3Reader : public FileReader {
  public:
-  S3Reader(std::shared_ptr<S3Volume::Origin> o, std::string key, DirEntry info, std::string head)
+  S3Reader(std::shared_ptr<S3Volume::Origin> o, std::string key, DirEntry info, std::string head,
+           std::string meta)
       : origin_(std::move(o)),
         key_(std::move(key)),
         info_(std::move(info)),
-        head_(std::move(head)) {}
+        head_(std::move(head)),
+        meta_(std::move(meta)) {}
   const DirEntry& info() const override { return info_; }
+  Result<std::string> ReadMeta() override { return meta_; }
   Result<size_t> ReadAt(uint64_t offset, char* buf, size_t n) override {
     if (offset >= info_.size || n == 0) return size_t{0};
     n = static_cast<size_t>(std::min<uint64_t>(n, info_.size - offset));
@@ -345,8 +372,10 @@ class S3Reader : public FileReader {
       return Status::Ok();
     };
     // Pinned to the version opened: a replaced object fails the read (412), never mixes.
+    std::string_view etag(info_.etag);
+    if (etag.size() >= 2) etag = etag.substr(1, etag.size() - 2);
     auto r = origin_->Note(origin_->Client()->Get(origin_->bucket(), key_, sink,
-                                                  std::make_pair(offset, uint64_t{n}), info_.etag));
+                                                  std::make_pair(offset, uint64_t{n}), etag));
     if (!r.ok()) {
       if (r.status().code() == Code::kConflict || IsNotFound(r.status()))
         return Status(Code::kConflict,
@@ -368,7 +397,15 @@ class S3Reader : public FileReader {
   std::string key_;
   DirEntry info_;
   std::string head_;  // the first bytes (all of a small file), read at open
+  std::string meta_;  // the object metadata Sluice published with it, "" for none
 };
+
+std::string MetaOf(const s3c::ObjectInfo& o) {
+  auto it = o.meta.find(kObjectMeta);
+  if (it == o.meta.end()) return {};
+  auto blob = Base64Decode(it->second);
+  return blob.ok() ? *blob : std::string();
+}
 
 // A directory as listed when opened; entries are described and opened through the volume.
 class S3Dir : public DirHandle {
@@ -396,6 +433,10 @@ class S3Dir : public DirHandle {
   Result<std::unique_ptr<DirHandle>> OpenSubdir(const std::string& name) override {
     SLUICE_RETURN_IF_ERROR(ValidateName(name));
     return v_->OpenDir(vfid_, Child(name));
+  }
+  Result<std::string> EntryMeta(const std::string& name) override {
+    SLUICE_RETURN_IF_ERROR(ValidateName(name));
+    return v_->ObjectMetaOf(vfid_, Child(name));
   }
 
  private:
@@ -755,7 +796,7 @@ Status S3Volume::ValidatePath(const VFolderId&, std::string_view relpath) {
 
 Result<DirEntry> S3Volume::Stat(const VFolderId& vfid, std::string_view relpath) {
   SLUICE_ASSIGN_OR_RETURN(auto parts, Parts(relpath));
-  const std::string rel = JoinComponents(parts, parts.size());
+  const std::string rel = Join(parts, parts.size());
   if (parts.empty()) {
     SLUICE_ASSIGN_OR_RETURN(auto rec, origin_->GetRecord(VFolderRecord(*origin_, vfid)));
     if (!rec) return MissingVFolder(vfid, cfg_.name);
@@ -775,6 +816,11 @@ Result<DirEntry> S3Volume::Stat(const VFolderId& vfid, std::string_view relpath)
   return Status(Code::kNotFound, fmt::format("'{}' does not exist", rel), ENOENT);
 }
 
+Result<std::string> S3Volume::ObjectMetaOf(const VFolderId& vfid, const std::string& rel) {
+  SLUICE_ASSIGN_OR_RETURN(auto o, origin_->HeadOpt(ObjectKey(vfid, rel)));
+  return o ? MetaOf(*o) : std::string();
+}
+
 Result<std::shared_ptr<FileReader>> S3Volume::OpenReader(const VFolderId& vfid,
                                                          std::string_view relpath, Lookup lookup,
                                                          const LookupHint*) {
@@ -784,7 +830,7 @@ Result<std::shared_ptr<FileReader>> S3Volume::OpenReader(const VFolderId& vfid,
   if (parts.empty())
     return Status(Code::kInvalidArgument, "the vfolder root is a directory", EISDIR);
   SLUICE_RETURN_IF_ERROR(Live(vfid));
-  const std::string rel = JoinComponents(parts, parts.size());
+  const std::string rel = Join(parts, parts.size());
   const std::string key = ObjectKey(vfid, rel);
   // One ranged GET answers the attributes and the first bytes (all of a small file).
   std::string head;
@@ -801,8 +847,8 @@ Result<std::shared_ptr<FileReader>> S3Volume::OpenReader(const VFolderId& vfid,
     if (h.ok() && *h && (*h)->size == 0) got = Result<s3c::ObjectInfo>(**h);
   }
   if (got.ok())
-    return std::shared_ptr<FileReader>(
-        std::make_shared<S3Reader>(origin_, key, FileEntry(parts.back(), *got), std::move(head)));
+    return std::shared_ptr<FileReader>(std::make_shared<S3Reader>(
+        origin_, key, FileEntry(parts.back(), *got), std::move(head), MetaOf(*got)));
   if (!IsNotFound(got.status())) return got.status();
   auto dir = Stat(vfid, rel);
   if (dir.ok() && dir->type == EntryType::kDirectory)
@@ -813,7 +859,7 @@ Result<std::shared_ptr<FileReader>> S3Volume::OpenReader(const VFolderId& vfid,
 Result<S3Volume::Level> S3Volume::ReadLevel(const VFolderId& vfid, std::string_view relpath) {
   SLUICE_ASSIGN_OR_RETURN(auto parts, Parts(relpath));
   Level l;
-  l.rel = JoinComponents(parts, parts.size());
+  l.rel = Join(parts, parts.size());
   SLUICE_ASSIGN_OR_RETURN(l.info, Stat(vfid, l.rel));
   if (l.info.type != EntryType::kDirectory)
     return Status(Code::kInvalidArgument, fmt::format("'{}' is not a directory", l.rel), ENOTDIR);
@@ -852,7 +898,7 @@ Status S3Volume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool par
   // system.
   std::vector<std::string> make;
   for (size_t i = 1; i <= parts.size(); ++i) {
-    const std::string here = JoinComponents(parts, i);
+    const std::string here = Join(parts, i);
     auto e = Stat(vfid, here);
     if (e.ok()) {
       if (e->type != EntryType::kDirectory)
@@ -875,18 +921,18 @@ Status S3Volume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool par
 // directory does on a file system.
 Status S3Volume::KeepParent(const VFolderId& vfid, const std::vector<std::string>& parts) {
   if (parts.size() < 2) return Status::Ok();
-  const std::string parent = ObjectKey(vfid, JoinComponents(parts, parts.size() - 1)) + "/";
+  const std::string parent = ObjectKey(vfid, Join(parts, parts.size() - 1)) + "/";
   SLUICE_ASSIGN_OR_RETURN(auto pm, origin_->HeadOpt(parent));
   return pm ? Status::Ok() : origin_->PutMarker(parent);
 }
 
 Status S3Volume::MoveEntry(const VFolderId& vfid, const std::vector<std::string>& src,
                            const std::vector<std::string>& dst) {
-  const std::string from = JoinComponents(src, src.size());
+  const std::string from = Join(src, src.size());
   SLUICE_ASSIGN_OR_RETURN(DirEntry e, Stat(vfid, from));
   SLUICE_RETURN_IF_ERROR(KeepParent(vfid, src));
   const std::string skey = ObjectKey(vfid, from);
-  const std::string dkey = ObjectKey(vfid, JoinComponents(dst, dst.size()));
+  const std::string dkey = ObjectKey(vfid, Join(dst, dst.size()));
   if (e.type != EntryType::kDirectory) {
     SLUICE_RETURN_IF_ERROR(
         origin_->Note(origin_->Client()->Copy(opts_.bucket, skey, dkey)).status());
@@ -911,7 +957,7 @@ Status S3Volume::Rename(const VFolderId& vfid, std::string_view relpath,
   if (parts.empty()) return Status(Code::kInvalidPath, "the vfolder root cannot be renamed");
   std::vector<std::string> to = parts;
   to.back() = std::string(new_name);
-  return Move(vfid, relpath, JoinComponents(to, to.size()));
+  return Move(vfid, relpath, Join(to, to.size()));
 }
 
 Status S3Volume::Move(const VFolderId& vfid, std::string_view src, std::string_view dst) {
@@ -920,22 +966,22 @@ Status S3Volume::Move(const VFolderId& vfid, std::string_view src, std::string_v
   if (sp.empty()) return Status(Code::kInvalidPath, "the vfolder root cannot be moved");
   SLUICE_RETURN_IF_ERROR(Writable());
   SLUICE_RETURN_IF_ERROR(Live(vfid));
-  SLUICE_RETURN_IF_ERROR(Stat(vfid, JoinComponents(sp, sp.size())).status());
+  SLUICE_RETURN_IF_ERROR(Stat(vfid, Join(sp, sp.size())).status());
   // Moving onto an existing directory moves into it, as mv does.
   std::vector<std::string> to = dp;
-  auto target = Stat(vfid, JoinComponents(dp, dp.size()));
+  auto target = Stat(vfid, Join(dp, dp.size()));
   if (target.ok() && target->type == EntryType::kDirectory) {
     to.push_back(sp.back());
   } else {
     if (dp.empty()) return Status(Code::kInvalidPath, "the destination is the vfolder root");
     if (dp.size() > 1) {
-      SLUICE_ASSIGN_OR_RETURN(DirEntry parent, Stat(vfid, JoinComponents(dp, dp.size() - 1)));
+      SLUICE_ASSIGN_OR_RETURN(DirEntry parent, Stat(vfid, Join(dp, dp.size() - 1)));
       if (parent.type != EntryType::kDirectory)
         return Status(Code::kInvalidArgument, "the destination's parent is not a directory",
                       ENOTDIR);
     }
   }
-  auto there = Stat(vfid, JoinComponents(to, to.size()));
+  auto there = Stat(vfid, Join(to, to.size()));
   if (there.ok()) return Status::FromErrno(EEXIST, fmt::format("move '{}' to '{}'", src, dst));
   if (!IsNotFound(there.status())) return there.status();
   if (to.size() > sp.size() && std::equal(sp.begin(), sp.end(), to.begin()))
@@ -955,7 +1001,7 @@ Status S3Volume::DeleteFiles(const VFolderId& vfid, const std::vector<std::strin
   SLUICE_RETURN_IF_ERROR(Live(vfid));
   std::vector<DirEntry> what;
   for (size_t i = 0; i < all.size(); ++i) {
-    const std::string rel = JoinComponents(all[i], all[i].size());
+    const std::string rel = Join(all[i], all[i].size());
     auto e = Stat(vfid, rel);
     if (!e.ok()) {
       if (IsNotFound(e.status()))
@@ -975,7 +1021,7 @@ Status S3Volume::DeleteFiles(const VFolderId& vfid, const std::vector<std::strin
   for (size_t i = 0; i < all.size(); ++i) {
     const auto& parts = all[i];
     SLUICE_RETURN_IF_ERROR(KeepParent(vfid, parts));
-    const std::string key = ObjectKey(vfid, JoinComponents(parts, parts.size()));
+    const std::string key = ObjectKey(vfid, Join(parts, parts.size()));
     if (what[i].type == EntryType::kDirectory)
       SLUICE_RETURN_IF_ERROR(origin_->DeletePrefix(key + "/"));
     else
@@ -984,33 +1030,401 @@ Status S3Volume::DeleteFiles(const VFolderId& vfid, const std::vector<std::strin
   return Status::Ok();
 }
 
-// ---- uploads: not yet (docs/s3-volumes.md)
+// ---- uploads: staging as an origin multipart upload (docs/s3-volumes.md)
+//
+// A session is a record (JSON: the multipart upload's id, the parts sent, the durable offset),
+// the parts themselves (fixed size, so part N always holds the same bytes) and a tail object
+// with the durable bytes past the last part. Sync sends the full parts below the offset, then
+// the tail, then the record; what came after the last record never counts. Commit completes
+// the upload into a staging object and copies it onto the target server-side.
 
 namespace {
-Status NoUploads(const std::string& volume) {
-  return Status(Code::kUnsupported,
-                fmt::format("volume {} (s3) does not take uploads yet; read and manage files "
-                            "through it, write them to the origin directly",
-                            volume));
+
+struct SessionRecord {
+  std::string vfid, upload;
+  std::vector<s3c::PartInfo> parts;
+  uint64_t durable = 0;
+  bool quota_checked = false, staged = true, recorded = false;
+
+  uint64_t parts_bytes() const {
+    uint64_t n = 0;
+    for (const auto& p : parts) n += p.size;
+    return n;
+  }
+  nlohmann::json ToJson() const {
+    nlohmann::json ps = nlohmann::json::array();
+    for (const auto& p : parts) ps.push_back({{"n", p.number}, {"etag", p.etag}, {"size", p.size}});
+    return {{"vfid", vfid},
+            {"upload", upload},
+            {"parts", ps},
+            {"durable", durable},
+            {"quota_checked", quota_checked},
+            {"staged", staged},
+            {"recorded", recorded}};
+  }
+  static Result<SessionRecord> FromJson(const nlohmann::json& j) {
+    SessionRecord r;
+    try {
+      r.vfid = j.at("vfid").get<std::string>();
+      r.upload = j.at("upload").get<std::string>();
+      r.durable = j.at("durable").get<uint64_t>();
+      r.quota_checked = j.at("quota_checked").get<bool>();
+      r.staged = j.at("staged").get<bool>();
+      r.recorded = j.at("recorded").get<bool>();
+      for (const auto& p : j.at("parts"))
+        r.parts.push_back({p.at("n").get<int>(), p.at("size").get<uint64_t>(),
+                           p.at("etag").get<std::string>(), ""});
+    } catch (const nlohmann::json::exception& e) {
+      return Status(Code::kIoError, fmt::format("an upload record is malformed: {}", e.what()));
+    }
+    return r;
+  }
+};
+
+}  // namespace
+
+std::string S3Volume::StagingKey(const VFolderId& vfid, std::string_view session) const {
+  return origin_->RecordKey(
+      fmt::format("staging/{}/{}/{}", vfid.scope ? vfid.scope->hex : "legacy", vfid.hex, session));
+}
+
+class S3Volume::Writer : public StagingWriter {
+ public:
+  Writer(S3Volume* v, VFolderId vfid, std::string session, SessionRecord rec, std::string tail)
+      : v_(v),
+        vfid_(std::move(vfid)),
+        session_(std::move(session)),
+        key_(v_->StagingKey(vfid_, session_)),
+        rec_(std::move(rec)),
+        buf_(std::move(tail)) {
+    state_ = {true, rec_.recorded, rec_.durable, rec_.quota_checked, rec_.durable};
+  }
+  ~Writer() override { v_->Unlock(session_); }
+  const StagingState& state() const override { return state_; }
+
+  Status WriteAt(uint64_t offset, const char* data, size_t n, size_t* written) override {
+    *written = 0;
+    const uint64_t base = Base();
+    if (offset < base || offset > base + buf_.size())
+      return Status(Code::kInvalidArgument,
+                    fmt::format("upload {}: a write at {} (bytes {} to {} may be written)",
+                                session_, offset, base, base + buf_.size()));
+    const size_t at = static_cast<size_t>(offset - base);
+    if (buf_.size() < at + n) buf_.resize(at + n);
+    std::memcpy(buf_.data() + at, data, n);
+    *written = n;
+    // Memory stays near two parts whatever the syncs: full parts go out ahead of them (they
+    // count once a sync records them).
+    const uint64_t part = v_->opts_.part_size;
+    while (buf_.size() >= 2 * part) SLUICE_RETURN_IF_ERROR(SendFront(part));
+    return Status::Ok();
+  }
+
+  Status Sync(uint64_t offset, bool quota_checked) override {
+    const uint64_t base = Base();
+    if (offset < std::max(rec_.durable, base) || offset > base + buf_.size())
+      return Status(
+          Code::kInvalidArgument,
+          fmt::format("upload {}: cannot sync at {} (bytes {} to {} are written)", session_, offset,
+                      std::max(rec_.durable, base), base + buf_.size()));
+    // Full parts below the offset go to the origin's multipart upload, the rest as the tail.
+    const uint64_t part = v_->opts_.part_size;
+    while (buf_.size() >= part && Base() + part <= offset) SLUICE_RETURN_IF_ERROR(SendFront(part));
+    SLUICE_RETURN_IF_ERROR(PutTail(offset - Base()));
+    return Record(offset, quota_checked);
+  }
+
+  Status Rollback(uint64_t offset, bool quota_checked) override {
+    const uint64_t base = Base();
+    if (offset > rec_.durable)
+      return Status(Code::kInvalidArgument,
+                    fmt::format("upload {}: cannot roll back to {}, past the durable offset {}",
+                                session_, offset, rec_.durable));
+    if (offset < base)
+      return Status(Code::kUnsupported,
+                    fmt::format("upload {}: cannot cut at {}, inside parts already sent to the "
+                                "origin (up to {})",
+                                session_, offset, base));
+    buf_.resize(static_cast<size_t>(offset - base));
+    SLUICE_RETURN_IF_ERROR(PutTail(buf_.size()));
+    return Record(offset, quota_checked);
+  }
+
+  Status Commit(const std::vector<std::string>& final_parts) override {
+    return Publish(final_parts, nullptr, true);
+  }
+
+  // Origin writes are durable when answered: `durable` changes nothing.
+  Status Publish(const std::vector<std::string>& final_parts,
+                 const std::function<std::string(const DirEntry&)>& meta, bool) override {
+    if (final_parts.empty()) return Status(Code::kInvalidPath, "an upload needs a file name");
+    SLUICE_RETURN_IF_ERROR(v_->Live(vfid_));
+    const std::string rel = Join(final_parts, final_parts.size());
+    // Nothing may stand in the way: a file where a directory goes, a directory at the target.
+    for (size_t i = 1; i < final_parts.size(); ++i) {
+      auto e = v_->Stat(vfid_, Join(final_parts, i));
+      if (e.ok() && e->type != EntryType::kDirectory)
+        return Status(Code::kConflict,
+                      fmt::format("'{}' exists and is not a directory", Join(final_parts, i)),
+                      ENOTDIR);
+      if (!e.ok() && !IsNotFound(e.status())) return e.status();
+    }
+    auto there = v_->Stat(vfid_, rel);
+    if (there.ok() && there->type == EntryType::kDirectory)
+      return Status(Code::kConflict,
+                    fmt::format("'{}' is a directory; the upload cannot replace it", rel), EISDIR);
+    if (!there.ok() && !IsNotFound(there.status())) return there.status();
+    auto& o = *v_->origin_;
+    const std::string target = v_->ObjectKey(vfid_, rel);
+    const uint64_t total = Base() + buf_.size();
+    s3c::UserMeta user;
+    if (meta) {
+      DirEntry as;
+      as.name = final_parts.back();
+      as.type = EntryType::kFile;
+      as.size = total;
+      as.modified = as.changed = Clock::now();
+      std::string blob = meta(as);
+      if (blob.size() <= kMaxMetaBlob) {
+        user[kObjectMeta] = Base64Encode(blob);
+        user[kMtimeMeta] = std::to_string(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(as.modified.time_since_epoch())
+                .count());
+      } else {
+        spdlog::info("volume {}: '{}' keeps no object metadata ({} bytes; the origin takes {})",
+                     v_->cfg_.name, rel, blob.size(), kMaxMetaBlob);
+      }
+    }
+    if (rec_.parts.empty() && pending_.empty()) {  // one PUT
+      SLUICE_RETURN_IF_ERROR(
+          o.Note(o.Client()->Put(o.bucket(), target, s3c::Body{buf_}, {}, user)).status());
+    } else {
+      if (!buf_.empty()) SLUICE_RETURN_IF_ERROR(SendFront(buf_.size()));
+      std::vector<s3c::PartInfo> all = rec_.parts;
+      all.insert(all.end(), pending_.begin(), pending_.end());
+      SLUICE_RETURN_IF_ERROR(
+          o.Note(o.Client()->CompleteMultipart(o.bucket(), key_ + ".data", rec_.upload, all))
+              .status());
+      // Server-side, onto the target (CopyObject: up to 5 GiB on AWS; see docs/s3-volumes.md).
+      SLUICE_RETURN_IF_ERROR(
+          o.Note(o.Client()->Copy(o.bucket(), key_ + ".data", target, &user)).status());
+      (void)o.Note(o.Client()->Delete(o.bucket(), key_ + ".data"));
+    }
+    (void)o.Note(o.Client()->Delete(o.bucket(), key_ + ".tail"));
+    rec_.staged = false;  // the record stays: the session reads as complete
+    rec_.parts.clear();
+    pending_.clear();
+    rec_.upload.clear();
+    buf_.clear();
+    return Record(std::max(total, rec_.durable), rec_.quota_checked);
+  }
+
+ private:
+  // Where buf_ begins: the bytes in parts sent, recorded or not.
+  uint64_t Base() const { return rec_.parts_bytes() + Bytes(pending_); }
+  static uint64_t Bytes(const std::vector<s3c::PartInfo>& ps) {
+    uint64_t n = 0;
+    for (const auto& p : ps) n += p.size;
+    return n;
+  }
+  // Sends the first `n` bytes of buf_ as the next part (fixed-size but the last: part N always
+  // holds the same bytes, so one sent again after a crash replaces itself).
+  Status SendFront(uint64_t n) {
+    auto& o = *v_->origin_;
+    if (rec_.upload.empty()) {
+      SLUICE_ASSIGN_OR_RETURN(rec_.upload,
+                              o.Note(o.Client()->CreateMultipart(o.bucket(), key_ + ".data")));
+      // Recorded at once, so that a sweep can abort it whatever happens next.
+      SLUICE_RETURN_IF_ERROR(o.PutRecord(key_, rec_.ToJson()));
+    }
+    const int number = static_cast<int>(rec_.parts.size() + pending_.size()) + 1;
+    if (number > s3c::kMaxParts)
+      return Status(Code::kTooLarge, fmt::format("upload {}: more than {} parts of {} bytes",
+                                                 session_, s3c::kMaxParts, v_->opts_.part_size));
+    std::string_view bytes = std::string_view(buf_).substr(0, static_cast<size_t>(n));
+    SLUICE_ASSIGN_OR_RETURN(std::string etag,
+                            o.Note(o.Client()->UploadPart(o.bucket(), key_ + ".data", rec_.upload,
+                                                          number, s3c::Body{bytes})));
+    pending_.push_back({number, bytes.size(), etag, ""});
+    buf_.erase(0, static_cast<size_t>(n));
+    return Status::Ok();
+  }
+  Status PutTail(uint64_t n) {
+    auto& o = *v_->origin_;
+    return o
+        .Note(o.Client()->Put(o.bucket(), key_ + ".tail",
+                              s3c::Body{std::string_view(buf_).substr(0, static_cast<size_t>(n))}))
+        .status();
+  }
+  // Records `durable` with every part sent so far (all below it: syncs come at what was
+  // written, rollbacks never below what was sent).
+  Status Record(uint64_t durable, bool quota_checked) {
+    rec_.parts.insert(rec_.parts.end(), pending_.begin(), pending_.end());
+    pending_.clear();
+    rec_.durable = durable;
+    rec_.quota_checked = quota_checked;
+    rec_.recorded = true;
+    state_.durable = durable;
+    state_.quota_checked = quota_checked;
+    state_.recorded = true;
+    return v_->origin_->PutRecord(key_, rec_.ToJson());
+  }
+
+  S3Volume* v_;
+  VFolderId vfid_;
+  std::string session_, key_;
+  SessionRecord rec_;                   // as last recorded: parts all below its durable offset
+  std::vector<s3c::PartInfo> pending_;  // parts sent since
+  std::string buf_;                     // the bytes past the last part sent
+  StagingState state_;
+};
+
+void S3Volume::Unlock(const std::string& session) {
+  std::lock_guard lk(mu_);
+  writers_.erase(session);
+}
+
+Result<std::string> S3Volume::CreateStaging(const VFolderId& vfid) {
+  SLUICE_RETURN_IF_ERROR(Writable());
+  SLUICE_RETURN_IF_ERROR(Live(vfid));
+  std::string session = RandomHexString(16);
+  SessionRecord rec;
+  rec.vfid = vfid.ToString();
+  SLUICE_RETURN_IF_ERROR(origin_->PutRecord(StagingKey(vfid, session), rec.ToJson()));
+  return session;
+}
+
+namespace {
+Status NoSession(const std::string& session) {
+  return Status(Code::kNotFound, fmt::format("upload session {} has no staging file", session));
 }
 }  // namespace
 
-Result<std::string> S3Volume::CreateStaging(const VFolderId&) {
-  return NoUploads(cfg_.name);
+// A session's record, checked to belong to `vfid`.
+static Result<std::optional<SessionRecord>> LoadSession(S3Volume::Origin& o, const std::string& key,
+                                                        const VFolderId& vfid) {
+  SLUICE_ASSIGN_OR_RETURN(auto rec, o.GetRecord(key));
+  if (!rec) return std::optional<SessionRecord>();
+  SLUICE_ASSIGN_OR_RETURN(auto r, SessionRecord::FromJson(rec->first));
+  if (r.vfid != vfid.ToString()) return std::optional<SessionRecord>();
+  return std::optional<SessionRecord>(std::move(r));
 }
-Status S3Volume::DiscardStaging(const VFolderId&, const std::string&) {
-  return NoUploads(cfg_.name);
+
+// Removes what a session left on the origin: its multipart upload, tail and record.
+static Status DropSession(S3Volume::Origin& o, const std::string& key, const SessionRecord& r) {
+  if (!r.upload.empty()) {
+    auto st = o.Note(o.Client()->AbortMultipart(o.bucket(), key + ".data", r.upload));
+    if (!st.ok() && !IsNotFound(st)) return st;
+  }
+  for (const char* suffix : {".tail", ""}) {
+    auto st = o.Note(o.Client()->Delete(o.bucket(), key + suffix));
+    if (!st.ok() && !IsNotFound(st)) return st;
+  }
+  return Status::Ok();
 }
-Result<StagingState> S3Volume::InspectStaging(const VFolderId&, const std::string&) {
-  return NoUploads(cfg_.name);
+
+Status S3Volume::DiscardStaging(const VFolderId& vfid, const std::string& session) {
+  const std::string key = StagingKey(vfid, session);
+  SLUICE_ASSIGN_OR_RETURN(auto r, LoadSession(*origin_, key, vfid));
+  if (!r) return Status(Code::kNotFound, fmt::format("no upload session {}", session));
+  return DropSession(*origin_, key, *r);
 }
-Result<std::unique_ptr<StagingWriter>> S3Volume::OpenStaging(const VFolderId&, const std::string&,
-                                                             std::chrono::milliseconds) {
-  return NoUploads(cfg_.name);
+
+Result<StagingState> S3Volume::InspectStaging(const VFolderId& vfid, const std::string& session) {
+  SLUICE_ASSIGN_OR_RETURN(auto r, LoadSession(*origin_, StagingKey(vfid, session), vfid));
+  if (!r) return NoSession(session);
+  return StagingState{r->staged, r->recorded, r->durable, r->quota_checked,
+                      r->staged ? r->durable : 0};
 }
-StagingSweep S3Volume::SweepStaging(const std::optional<VFolderId>&, std::chrono::seconds,
-                                    const StagingRemoved&) {
-  return {};
+
+Result<std::unique_ptr<StagingWriter>> S3Volume::OpenStaging(const VFolderId& vfid,
+                                                             const std::string& session,
+                                                             std::chrono::milliseconds wait) {
+  // One writer per session on this node (docs/s3-volumes.md: not across nodes yet).
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    {
+      std::lock_guard lk(mu_);
+      if (writers_.insert(session).second) break;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return UploadWriterBusy(session);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  auto fail = [&](Status st) {
+    Unlock(session);
+    return st;
+  };
+  const std::string key = StagingKey(vfid, session);
+  auto r = LoadSession(*origin_, key, vfid);
+  if (!r.ok()) return fail(r.status());
+  if (!*r || !(*r)->staged) return fail(NoSession(session));
+  SessionRecord rec = std::move(**r);
+  // The durable bytes past the parts: the tail as last recorded (a longer tail written by a
+  // Sync whose record never landed is cut to the record's offset).
+  std::string tail;
+  const uint64_t want = rec.durable - std::min(rec.durable, rec.parts_bytes());
+  if (want > 0) {
+    auto got = origin_->Note(origin_->Client()->Get(
+        opts_.bucket, key + ".tail",
+        [&](std::string_view p) {
+          tail.append(
+              p.substr(0, static_cast<size_t>(want - std::min<uint64_t>(want, tail.size()))));
+          return Status::Ok();
+        },
+        std::make_pair(uint64_t{0}, want)));
+    if (!got.ok()) return fail(got.status());
+    if (tail.size() < want)
+      return fail(Status(Code::kIoError,
+                         fmt::format("upload {}: its tail on the origin holds {} of {} bytes",
+                                     session, tail.size(), want)));
+  }
+  return std::unique_ptr<StagingWriter>(
+      new Writer(this, vfid, session, std::move(rec), std::move(tail)));
+}
+
+StagingSweep S3Volume::SweepStaging(const std::optional<VFolderId>& vfid, std::chrono::seconds age,
+                                    const StagingRemoved& removed) {
+  StagingSweep out;
+  std::string prefix = origin_->RecordKey("staging/");
+  if (vfid) prefix += fmt::format("{}/{}/", vfid->scope ? vfid->scope->hex : "legacy", vfid->hex);
+  std::vector<s3c::ObjectInfo> records;
+  Status listed = origin_->ForEachKey(prefix, [&](const s3c::ObjectInfo& o) {
+    if (!o.key.ends_with(".tail") && !o.key.ends_with(".data")) records.push_back(o);
+    return Status::Ok();
+  });
+  if (!listed.ok()) {
+    spdlog::warn("volume {}: upload sweep: {}", cfg_.name, listed.message());
+    return out;
+  }
+  const auto now = Clock::now();
+  for (const auto& o : records) {
+    // Last-Modified has whole seconds: a session looks up to a second older than it is.
+    if (now - TimeOf(o.mtime) <= age) continue;
+    // "<scope>/<vfolder>/<session>" below the staging prefix.
+    std::string rest = o.key.substr(origin_->RecordKey("staging/").size());
+    size_t s1 = rest.find('/'), s2 = rest.find('/', s1 + 1);
+    if (s1 == std::string::npos || s2 == std::string::npos) continue;
+    const std::string scope = rest.substr(0, s1), vf = rest.substr(s1 + 1, s2 - s1 - 1),
+                      session = rest.substr(s2 + 1);
+    {
+      std::lock_guard lk(mu_);
+      if (writers_.count(session)) {
+        ++out.kept_locked;
+        continue;
+      }
+    }
+    auto rec = origin_->GetRecord(o.key);
+    if (!rec.ok() || !*rec) continue;
+    auto r = SessionRecord::FromJson((*rec)->first);
+    if (!r.ok()) continue;
+    if (!DropSession(*origin_, o.key, *r).ok()) continue;
+    if (r->staged) {  // an abandoned session; otherwise the record of a finished one goes
+      if (removed) removed(scope == "legacy" ? "" : scope, vf, session);
+      out.removed += 1;
+      out.removed_bytes += r->durable;
+    }
+  }
+  return out;
 }
 
 }  // namespace sluice

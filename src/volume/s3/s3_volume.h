@@ -9,14 +9,16 @@
 // What holds (docs/s3-volumes.md): reads are ranged GETs pinned to the ETag seen when the file
 // was opened (a file replaced on the origin mid-read fails the read, never mixes versions; a
 // small file is read whole at open); a listing is the origin's delimiter listing; rename and
-// move are copies then deletes, not atomic; usage is measured by listing. Not yet: uploads
-// (staging is kUnsupported), quota enforcement on writes, vfolder copies from other volumes.
+// move are copies then deletes, not atomic; usage is measured by listing; uploads are origin
+// multipart uploads with a durable tail (one writer per session per node). Not yet: quota
+// enforcement on writes, vfolder copies from other volumes.
 #pragma once
 
 #include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,13 +33,16 @@ struct S3VolumeOptions {
   std::string bucket;
   std::string prefix;  // "" or ending in '/'
   bool read_only = false;
+  // Uploads go to the origin in parts of this size (so at most 10,000 x part-size bytes per
+  // file), each writer holding up to about two parts in memory.
+  uint64_t part_size = 16ULL << 20;
   uint64_t capacity = 1ULL << 50;  // what GetFsUsage reports: an origin has no fixed size
   // How long a vfolder seen on the origin is taken to exist without asking again: what another
   // node's deletion of a vfolder may take to show here.
   std::chrono::milliseconds vfolder_ttl{5000};
 
   // From [volume.NAME.options]: endpoint, bucket, prefix, region, access-key, secret-key or
-  // credentials-file, ca-file, insecure, read-only, capacity.
+  // credentials-file, ca-file, insecure, read-only, capacity, vfolder-ttl, part-size.
   static Result<S3VolumeOptions> FromConfig(const VolumeConfig& cfg);
 };
 
@@ -101,9 +106,12 @@ class S3Volume : public Volume {
   // The origin's key of `relpath` in the vfolder ("" names the vfolder's prefix, with its '/').
   std::string ObjectKey(const VFolderId& vfid, std::string_view relpath) const;
   const S3VolumeOptions& options() const { return opts_; }
+  // The object metadata Sluice published with the file at `rel` ("" for none).
+  Result<std::string> ObjectMetaOf(const VFolderId& vfid, const std::string& rel);
 
   class Clients;  // the origin clients, one per concurrent request (s3_volume.cc)
   struct Origin;  // what the volume's parts share: options, clients, bucket (s3_volume.cc)
+  class Writer;   // an upload session's one writer (s3_volume.cc)
 
  private:
   Result<std::vector<std::string>> Parts(std::string_view relpath) const;
@@ -119,6 +127,9 @@ class S3Volume : public Volume {
     std::vector<DirEntry> entries;
   };
   Result<Level> ReadLevel(const VFolderId& vfid, std::string_view relpath);
+  std::string StagingKey(const VFolderId& vfid, std::string_view session) const;
+
+  void Unlock(const std::string& session);
 
   VolumeConfig cfg_;
   S3VolumeOptions opts_;
@@ -128,6 +139,7 @@ class S3Volume : public Volume {
   std::unique_ptr<FSOpModel> fsop_;
   std::mutex mu_;
   std::map<std::string, std::chrono::steady_clock::time_point> live_;  // vfolder key -> until
+  std::set<std::string> writers_;  // upload sessions with a writer on this node
 };
 
 }  // namespace sluice

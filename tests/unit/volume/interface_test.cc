@@ -206,6 +206,24 @@ TEST_P(VolumeInterface, DirectoryHandlesAndSortedListings) {
     after = paged.back();
   }
   EXPECT_EQ(paged, all);
+  // The vfolder root lists as any directory, by "" and by ".".
+  for (const char* root : {"", "."}) {
+    auto top = vol_->ListSorted(vf_, root, "", 10);
+    ASSERT_OK(top);
+    EXPECT_EQ(Names(*top), (std::vector<std::string>{"dir", "many"})) << "'" << root << "'";
+  }
+  PutFile("top.txt", "t");
+  auto rootdir = vol_->OpenDir(vf_, "");
+  ASSERT_OK(rootdir);
+  size_t at_root = 0;
+  for (;;) {
+    auto next = (*rootdir)->Next();
+    ASSERT_OK(next);
+    if (!*next) break;
+    at_root += (*next)->name == "top.txt" || (*next)->name == "dir" || (*next)->name == "many";
+  }
+  EXPECT_EQ(at_root, 3u);
+  EXPECT_EQ(ReadAll(**(*rootdir)->OpenFile("top.txt")), "t");
 
   auto dir = vol_->OpenDir(vf_, "dir");
   ASSERT_OK(dir);
@@ -249,12 +267,6 @@ TEST_P(VolumeInterface, HostilePathsAreRefusedAsText) {
 
 TEST_P(VolumeInterface, StagingLifecycle) {
   MakeVFolder();
-  if (!GetParam().staging) {  // refused, clearly, and nothing is left behind
-    EXPECT_ERROR(vol_->CreateStaging(vf_), Code::kUnsupported);
-    EXPECT_EQ(vol_->SweepStaging(vf_, std::chrono::seconds(0), nullptr).removed, 0u);
-    EXPECT_TRUE(vol_->ListSorted(vf_, "", "", SIZE_MAX)->empty());
-    return;
-  }
   auto session = vol_->CreateStaging(vf_);
   ASSERT_OK(session);
   auto st = vol_->InspectStaging(vf_, *session);

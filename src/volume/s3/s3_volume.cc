@@ -613,8 +613,9 @@ Status S3Volume::EmptyTrash() {
     const auto& what = (*rec)->first["delete"];
     if (!what.is_string()) continue;
     std::string data = what.get<std::string>();
-    // Only a vfolder's prefix of this volume (four levels below its own prefix).
-    if (!data.starts_with(opts_.prefix) ||
+    // Only a vfolder's data prefix of this volume ("[<scope>/]<ab>/<cd>/<rest>/" below its
+    // own prefix), never its records.
+    if (!data.starts_with(opts_.prefix) || data.starts_with(origin_->RecordKey("")) ||
         std::count(data.begin() + opts_.prefix.size(), data.end(), '/') < 3)
       continue;
     SLUICE_RETURN_IF_ERROR(fsop_->DeleteTree(fmt::format("s3://{}/{}", opts_.bucket, data)));

@@ -401,6 +401,10 @@ void ParseVolumes(const toml::value& vols, Config& c) {
       if (!o->is_table()) throw ConfigError(fmt::format("{} must be a table", s.Key("options")));
       vc.options = TomlToJson(*o);
     }
+    if (const auto* c = s.Take("cache")) {
+      if (!c->is_table()) throw ConfigError(fmt::format("{} must be a table", s.Key("cache")));
+      vc.cache = TomlToJson(*c);
+    }
     if (const auto* f = s.Take("faults")) {
       if (!f->is_array())
         throw ConfigError(fmt::format("{} must be an array of tables", s.Key("faults")));

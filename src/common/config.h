@@ -38,6 +38,8 @@ struct VolumeConfig {
   nlohmann::json options = nlohmann::json::object();
   // Fault injection rules (volume/fault_volume.h): tests and drills only.
   nlohmann::json faults = nlohmann::json::array();
+  // [volume.NAME.cache]: the SSD read cache in front of the volume (volume/cache); null: none.
+  nlohmann::json cache;
   // Whether `path` names a directory of this host: not for the in-memory backend, nor for one
   // whose data is in an S3 origin (its path is only a label, such as "s3://bucket/prefix").
   bool local_path() const { return backend != "mem" && backend != "s3"; }

@@ -15,6 +15,9 @@ class ForwardingVolume : public Volume {
 
   Volume& inner() { return *inner_; }
   const Volume& inner() const { return *inner_; }
+  // Gives the wrapped volume back, leaving this decorator empty (a decorator restarted over the
+  // same volume: the cache's restart tests).
+  std::unique_ptr<Volume> TakeInner() { return std::move(inner_); }
   // The volume below every decorator.
   static Volume& Innermost(Volume& v) {
     Volume* cur = &v;

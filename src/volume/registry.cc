@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include "volume/btrfs/btrfs_volume.h"
+#include "volume/cache/cached_volume.h"
 #include "volume/cephfs/cephfs_volume.h"
 #include "volume/fault_volume.h"
 #include "volume/mem/mem_volume.h"
@@ -158,7 +159,13 @@ Result<std::unique_ptr<Volume>> VolumeRegistry::CreateServed(const VolumeConfig&
   SLUICE_ASSIGN_OR_RETURN(auto rules, ParseFaultRules(cfg.name, cfg.faults));
   SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<Volume> v, Create(cfg, deps));
   if (!rules.empty()) v = std::make_unique<FaultVolume>(std::move(v), std::move(rules));
-  return std::unique_ptr<Volume>(std::make_unique<MetricsVolume>(std::move(v)));
+  v = std::make_unique<MetricsVolume>(std::move(v));
+  if (cfg.cache.is_null()) return v;
+  // Cache(Metrics(volume)): the metrics count what reaches the volume below the cache.
+  SLUICE_ASSIGN_OR_RETURN(CacheOptions co, CacheOptions::FromJson(cfg.name, cfg.cache));
+  SLUICE_ASSIGN_OR_RETURN(auto store, BlockStore::Open({co.path, co.max_size, co.min_free}));
+  return std::unique_ptr<Volume>(
+      std::make_unique<CachedVolume>(std::move(v), std::move(co), std::move(store)));
 }
 
 }  // namespace sluice

@@ -248,3 +248,41 @@ def test_origin_down_and_wrong_credentials(tmp_path):
     finally:
         if ctx:
             ctx.__exit__(None, None, None)
+
+
+def test_the_ssd_cache_serves_reads_while_the_origin_is_down(tmp_path):
+    """An s3 volume behind the SSD read cache: a file read once is served again from the
+    cache's blocks, also once the origin has stopped; a file never read gets 503."""
+    ctx, o = start_origin(tmp_path / "origin")
+    try:
+        cache = toml_section("volume.remote.cache", {
+            "path": str(tmp_path / "cache"), "block-size": "1m", "ttl": "1s", "max-size": "64m"})
+        with running_daemon(tmp_path / "proxy", extra_toml=s3_volume(o) + cache) as d:
+            vfid = d.create_vfolder(volume="remote")
+            data = os.urandom(5 * MiB + 3)
+            for name in ("hot.bin", "cold.bin"):
+                o.boto.put_object(Bucket=BUCKET, Key=vfolder_prefix(vfid) + name, Body=data)
+            url = d.client_url("/download")
+            hot = {"token": download_token(d, vfid, "hot.bin", volume="remote")}
+            cold = {"token": download_token(d, vfid, "cold.bin", volume="remote")}
+            assert requests.get(url, params=hot, timeout=60).content == data
+            ctx.__exit__(None, None, None)  # the origin stops
+            ctx = None
+            r = requests.get(url, params=hot, timeout=60)
+            assert r.status_code == 200 and r.content == data
+            r = requests.get(url, params=hot, headers={"Range": "bytes=4194304-4194403"},
+                             timeout=60)
+            assert r.status_code == 206 and r.content == data[4194304:4194404]
+            r = requests.get(url, params=cold, timeout=120)
+            assert r.status_code == 503, (r.status_code, r.text[:200])
+            metrics = requests.get(d.internal_url("/metrics"), timeout=30).text
+            hits = [l for l in metrics.splitlines()
+                    if l.startswith('sluice_cache_hits_total{volume="remote"}')]
+            assert hits and float(hits[0].split()[-1]) >= 6, hits
+        # The blocks stay on disk for the next start: 6 of 1 MiB for the file read.
+        blocks = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()
+                  and p.parent.name != "tmp"]
+        assert len(blocks) == 6
+    finally:
+        if ctx:
+            ctx.__exit__(None, None, None)

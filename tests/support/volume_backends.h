@@ -19,6 +19,7 @@
 
 #include "common/thread_pool.h"
 #include "support/loop_fs.h"
+#include "volume/cache/cached_volume.h"
 #include "volume/forwarding_volume.h"
 #include "volume/mem/mem_volume.h"
 #include "volume/registry.h"
@@ -48,6 +49,9 @@ struct Backend {
   bool cached_lookups = true;
   // Directory-backed (PosixVolume): vfolders are directories at VFolderPath.
   bool posix = true;
+  // Decorators the suite serves the backend through (the SSD read cache), given the test's
+  // scratch directory.
+  std::function<std::unique_ptr<Volume>(std::unique_ptr<Volume>, const std::string&)> wrap;
 };
 
 // Names the backend in test output instead of dumping the struct's bytes.
@@ -85,6 +89,7 @@ class VolumeTest : public ::testing::TestWithParam<Backend> {
     auto v = VolumeRegistry::Builtin().Create(cfg, VolumeDeps{pool_.get()});
     ASSERT_TRUE(v.ok()) << v.status().ToString();
     vol_ = std::move(v).value();
+    if (GetParam().wrap) vol_ = GetParam().wrap(std::move(vol_), base_);
     Status init = vol_->Init();
     ASSERT_TRUE(init.ok()) << init.ToString();
     qs_ = QuotaScopeId::Parse("user:11111111111111111111111111111111").value();
@@ -229,6 +234,19 @@ inline std::vector<Backend> AllBackends() {
   Backend mem{"mem", [](const std::string& dir) { return MakeConfig("mem", dir); }};
   mem.posix = false;
   b.insert(b.begin(), mem);
+  // The in-memory one again, behind the SSD read cache (small blocks, so files span several).
+  Backend cached{"cached", [](const std::string& dir) { return MakeConfig("mem", dir); }};
+  cached.posix = false;
+  cached.wrap = [](std::unique_ptr<Volume> v, const std::string& dir) -> std::unique_ptr<Volume> {
+    CacheOptions o;
+    o.path = dir + "/cache";
+    o.block_size = 4096;
+    o.min_free = 0;
+    auto store = BlockStore::Open({o.path, o.max_size, o.min_free});
+    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    return std::make_unique<CachedVolume>(std::move(v), o, std::move(store).value());
+  };
+  b.insert(b.begin() + 1, cached);
   if (std::getenv("SLUICE_TEST_S3")) {
     Backend s3{"s3", S3Config};
     s3.posix = false;

@@ -1,0 +1,414 @@
+#include "volume/cache/cached_volume.h"
+
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/config.h"
+#include "common/crypto.h"
+#include "common/metrics.h"
+
+namespace sluice {
+
+namespace {
+
+using Steady = std::chrono::steady_clock;
+constexpr size_t kGhostEntries = 1 << 16;
+
+std::string MetaKey(const VFolderId& vfid, const std::vector<std::string>& parts) {
+  return vfid.ToString() + '\0' +
+         (parts.empty() ? std::string() : JoinComponents(parts, parts.size()));
+}
+
+// What names this version of the file: the origin's entity tag, or inode, size and mtime.
+std::string ValidatorOf(const DirEntry& e) {
+  if (!e.etag.empty()) return e.etag;
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(e.modified.time_since_epoch());
+  return fmt::format("{}-{}-{}", e.ino, e.size, ns.count());
+}
+
+std::string Sha256Hex(std::string_view s) {
+  Digest d(Digest::Algo::kSha256);
+  d.Update(s);
+  return HexEncode(d.Final());
+}
+
+// A file version read through the cache, block by block.
+class CachedReader : public FileReader {
+ public:
+  CachedReader(CachedVolume* v, VFolderId vfid, std::string rel, DirEntry info, std::string meta,
+               std::shared_ptr<FileReader> inner)
+      : v_(v),
+        vfid_(std::move(vfid)),
+        rel_(std::move(rel)),
+        info_(std::move(info)),
+        meta_(std::move(meta)),
+        validator_(ValidatorOf(info_)),
+        inner_(std::move(inner)) {}
+  const DirEntry& info() const override { return info_; }
+  Result<std::string> ReadMeta() override { return meta_; }
+
+  Result<size_t> ReadAt(uint64_t offset, char* buf, size_t n) override {
+    const uint64_t size = info_.size, bs = v_->options().block_size;
+    if (offset >= size || n == 0) return size_t{0};
+    n = static_cast<size_t>(std::min<uint64_t>(n, size - offset));
+    size_t done = 0;
+    while (done < n) {
+      const uint64_t at = offset + done, index = at / bs, first = index * bs;
+      const uint64_t len = std::min(bs, size - first);
+      SLUICE_ASSIGN_OR_RETURN(auto block, BlockAt(index, first, len));
+      if (block->size() != len)
+        return Status(Code::kIoError, fmt::format("'{}': block {} holds {} of {} bytes", rel_,
+                                                  index, block->size(), len));
+      const size_t k = static_cast<size_t>(std::min<uint64_t>(n - done, first + len - at));
+      std::memcpy(buf + done, block->data() + (at - first), k);
+      done += k;
+    }
+    return done;
+  }
+
+ private:
+  // The block, from the one this reader used last (sequential reads come in pieces smaller
+  // than a block), the cache, or the volume below.
+  Result<std::shared_ptr<const std::string>> BlockAt(uint64_t index, uint64_t first, uint64_t len) {
+    {
+      std::lock_guard lk(mu_);
+      if (last_ && last_index_ == index) return last_;
+    }
+    SLUICE_ASSIGN_OR_RETURN(auto block, v_->Block(Id(index), [&] { return Fetch(first, len); }));
+    std::lock_guard lk(mu_);
+    last_ = block;
+    last_index_ = index;
+    return block;
+  }
+  std::string Id(uint64_t index) const {
+    return Sha256Hex(
+        fmt::format("{}\n{}\n{}\n{}\n{}", v_->name(), vfid_.ToString(), rel_, validator_, index));
+  }
+  // Bytes [first, first+len) of this version from the volume below.
+  Result<std::string> Fetch(uint64_t first, uint64_t len) {
+    std::shared_ptr<FileReader> r;
+    {
+      std::lock_guard lk(mu_);
+      if (!inner_) {
+        auto opened = v_->inner().OpenReader(vfid_, rel_);
+        if (!opened.ok()) return opened.status();
+        if (ValidatorOf((*opened)->info()) != validator_ || (*opened)->info().size != info_.size) {
+          v_->Invalidate(vfid_);
+          return Status(Code::kConflict, fmt::format("'{}' changed since it was opened", rel_));
+        }
+        inner_ = std::move(opened).value();
+      }
+      r = inner_;
+    }
+    std::string out(static_cast<size_t>(len), '\0');
+    size_t got = 0;
+    while (got < out.size()) {
+      SLUICE_ASSIGN_OR_RETURN(size_t k, r->ReadAt(first + got, out.data() + got, out.size() - got));
+      if (k == 0) return Status(Code::kConflict, fmt::format("'{}' shrank while being read", rel_));
+      got += k;
+    }
+    return out;
+  }
+
+  CachedVolume* v_;
+  VFolderId vfid_;
+  std::string rel_;
+  DirEntry info_;
+  std::string meta_;  // the object metadata stored with it, as read when first opened
+  std::string validator_;
+  std::mutex mu_;
+  std::shared_ptr<FileReader> inner_;  // opened at the first miss when the open was cached
+  std::shared_ptr<const std::string> last_;
+  uint64_t last_index_ = 0;
+};
+
+// Writes go through; what they replace is dropped once they land.
+class InvalidatingWriter : public ForwardingStagingWriter {
+ public:
+  InvalidatingWriter(std::unique_ptr<StagingWriter> inner, CachedVolume* v, VFolderId vfid)
+      : ForwardingStagingWriter(std::move(inner)), v_(v), vfid_(std::move(vfid)) {}
+  Status Commit(const std::vector<std::string>& parts) override {
+    Status st = ForwardingStagingWriter::Commit(parts);
+    v_->Invalidate(vfid_);
+    return st;
+  }
+  Status Publish(const std::vector<std::string>& parts,
+                 const std::function<std::string(const DirEntry&)>& meta, bool durable) override {
+    Status st = ForwardingStagingWriter::Publish(parts, meta, durable);
+    v_->Invalidate(vfid_);
+    return st;
+  }
+
+ private:
+  CachedVolume* v_;
+  VFolderId vfid_;
+};
+
+}  // namespace
+
+Result<CacheOptions> CacheOptions::FromJson(const std::string& volume, const nlohmann::json& j) {
+  CacheOptions o;
+  auto bad = [&](const std::string& key, std::string_view why) {
+    return Status(Code::kInvalidArgument, fmt::format("volume.{}.cache.{}: {}", volume, key, why));
+  };
+  if (!j.is_object()) return bad("", "must be a table");
+  for (const auto& [key, value] : j.items()) {
+    if (key == "serve-stale" || key == "serve_stale") {
+      if (!value.is_boolean()) return bad(key, "must be true or false");
+      o.serve_stale = value.get<bool>();
+      continue;
+    }
+    if (!value.is_string()) return bad(key, "must be a string");
+    const std::string v = value.get<std::string>();
+    auto size = [&](uint64_t* out) -> Status {
+      auto s = ParseBinarySize(v);
+      if (!s.ok()) return bad(key, s.status().message());
+      *out = *s;
+      return Status::Ok();
+    };
+    if (key == "path") {
+      o.path = v;
+    } else if (key == "max-size" || key == "max_size") {
+      SLUICE_RETURN_IF_ERROR(size(&o.max_size));
+    } else if (key == "min-free" || key == "min_free") {
+      SLUICE_RETURN_IF_ERROR(size(&o.min_free));
+    } else if (key == "block-size" || key == "block_size") {
+      SLUICE_RETURN_IF_ERROR(size(&o.block_size));
+      if (o.block_size < 4096 || o.block_size > (256u << 20))
+        return bad(key, "must be 4 KiB to 256 MiB");
+    } else if (key == "ttl") {
+      auto d = ParseDuration(v);
+      if (!d.ok()) return bad(key, d.status().message());
+      o.ttl = *d;
+    } else if (key == "admission") {
+      if (v != "first-miss" && v != "second-miss")
+        return bad(key, "must be \"first-miss\" or \"second-miss\"");
+      o.second_miss = v == "second-miss";
+    } else {
+      return bad(key,
+                 "unknown key (known: path, max-size, min-free, block-size, ttl, admission, "
+                 "serve-stale)");
+    }
+  }
+  if (o.path.empty()) return bad("path", "is required (a directory on a local disk)");
+  return o;
+}
+
+struct CachedVolume::Flight {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Result<std::shared_ptr<const std::string>> result{Status(Code::kInternal, "not fetched")};
+};
+
+CachedVolume::CachedVolume(std::unique_ptr<Volume> inner, CacheOptions opts,
+                           std::unique_ptr<BlockStore> store)
+    : ForwardingVolume(std::move(inner)), opts_(std::move(opts)), store_(std::move(store)) {
+  auto& m = Metrics::Global();
+  const std::string l = fmt::format("volume=\"{}\"", name());
+  g_hits_ = &m.Counter("sluice_cache_hits_total", "Blocks read from the SSD cache.", l);
+  g_misses_ = &m.Counter("sluice_cache_misses_total", "Blocks the SSD cache did not hold.", l);
+  g_origin_bytes_ = &m.Counter("sluice_cache_origin_bytes_total",
+                               "Bytes the SSD cache read from the volume below it.", l);
+  g_rejects_ = &m.Counter("sluice_cache_admission_rejects_total",
+                          "Blocks read but not kept (admission policy, disk space).", l);
+  g_stale_ =
+      &m.Counter("sluice_cache_stale_opens_total",
+                 "Files opened from expired attributes while the origin was unreachable.", l);
+}
+
+CachedVolume::~CachedVolume() = default;
+
+CachedVolume::Stats CachedVolume::stats() const {
+  Stats s;
+  s.hits = n_.hits;
+  s.misses = n_.misses;
+  s.origin_bytes = n_.origin_bytes;
+  s.admission_rejects = n_.rejects;
+  s.stale_served = n_.stale;
+  s.store = store_->stats();
+  return s;
+}
+
+HwInfo CachedVolume::GetHwInfo() {
+  HwInfo h = ForwardingVolume::GetHwInfo();
+  Stats s = stats();
+  h.metadata["cache-path"] = opts_.path;
+  h.metadata["cache-bytes"] = std::to_string(s.store.bytes);
+  h.metadata["cache-blocks"] = std::to_string(s.store.blocks);
+  h.metadata["cache-hits"] = std::to_string(s.hits);
+  h.metadata["cache-misses"] = std::to_string(s.misses);
+  return h;
+}
+
+void CachedVolume::Invalidate(const VFolderId& vfid) {
+  const std::string prefix = vfid.ToString() + '\0';
+  std::lock_guard lk(mu_);
+  for (auto it = meta_.lower_bound(prefix); it != meta_.end() && it->first.starts_with(prefix);)
+    it = meta_.erase(it);
+}
+
+bool CachedVolume::Admit(const std::string& id) {
+  if (!opts_.second_miss) return true;
+  std::lock_guard lk(mu_);
+  if (ghost_.erase(id)) return true;
+  ghost_.insert(id);
+  ghost_order_.push_back(id);
+  while (ghost_order_.size() > kGhostEntries) {
+    ghost_.erase(ghost_order_.front());
+    ghost_order_.pop_front();
+  }
+  return false;
+}
+
+Result<std::shared_ptr<const std::string>> CachedVolume::Block(
+    const std::string& id, const std::function<Result<std::string>()>& fetch) {
+  if (auto hit = store_->Get(id)) {
+    n_.hits++;
+    (*g_hits_)++;
+    return std::make_shared<const std::string>(std::move(*hit));
+  }
+  std::shared_ptr<Flight> f;
+  bool leader = false;
+  {
+    std::lock_guard lk(mu_);
+    auto& slot = flights_[id];
+    if (!slot) {
+      slot = std::make_shared<Flight>();
+      leader = true;
+    }
+    f = slot;
+  }
+  if (!leader) {  // another reader is fetching this block: its answer is ours
+    std::unique_lock lk(f->mu);
+    f->cv.wait(lk, [&] { return f->done; });
+    if (f->result.ok()) {
+      n_.hits++;
+      (*g_hits_)++;
+    }
+    return f->result;
+  }
+  n_.misses++;
+  (*g_misses_)++;
+  Result<std::shared_ptr<const std::string>> result{Status(Code::kInternal, "")};
+  auto got = fetch();
+  if (got.ok()) {
+    n_.origin_bytes += got->size();
+    (*g_origin_bytes_) += got->size();
+    if (!Admit(id) || !store_->Put(id, *got)) {
+      n_.rejects++;
+      (*g_rejects_)++;
+    }
+    result = std::make_shared<const std::string>(std::move(got).value());
+  } else {
+    result = got.status();
+  }
+  {
+    std::lock_guard lk(mu_);
+    flights_.erase(id);
+  }
+  {
+    std::lock_guard lk(f->mu);
+    f->result = result;
+    f->done = true;
+  }
+  f->cv.notify_all();
+  return result;
+}
+
+Result<std::shared_ptr<FileReader>> CachedVolume::OpenReader(const VFolderId& vfid,
+                                                             std::string_view relpath,
+                                                             Lookup lookup,
+                                                             const LookupHint* hint) {
+  SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
+  if (lookup == Lookup::kCachedOnly)
+    return Status(Code::kUnavailable, "a cached volume's reads go through its pool", EAGAIN);
+  const std::string key = MetaKey(vfid, parts);
+  const std::string rel = parts.empty() ? std::string() : JoinComponents(parts, parts.size());
+  std::optional<Meta> known;
+  {
+    std::lock_guard lk(mu_);
+    if (auto it = meta_.find(key); it != meta_.end()) known = it->second;
+  }
+  if (known && Steady::now() - known->fetched < opts_.ttl)
+    return std::shared_ptr<FileReader>(
+        std::make_shared<CachedReader>(this, vfid, rel, known->entry, known->meta, nullptr));
+  auto r = inner().OpenReader(vfid, relpath, lookup, hint);
+  if (!r.ok()) {
+    if (r.status().code() == Code::kUnavailable && known && opts_.serve_stale) {
+      n_.stale++;
+      (*g_stale_)++;
+      return std::shared_ptr<FileReader>(
+          std::make_shared<CachedReader>(this, vfid, rel, known->entry, known->meta, nullptr));
+    }
+    if (r.status().code() == Code::kNotFound) {
+      std::lock_guard lk(mu_);
+      meta_.erase(key);
+    }
+    return r.status();
+  }
+  DirEntry e = (*r)->info();
+  auto blob = (*r)->ReadMeta();
+  std::string meta = blob.ok() ? std::move(blob).value() : std::string();
+  {
+    std::lock_guard lk(mu_);
+    if (meta_.size() > (1u << 20)) meta_.clear();  // bounded: a full table starts over
+    meta_[key] = {e, meta, Steady::now()};
+  }
+  return std::shared_ptr<FileReader>(std::make_shared<CachedReader>(
+      this, vfid, rel, std::move(e), std::move(meta), std::move(r).value()));
+}
+
+// ---- writes: through to the volume below, then the vfolder's cached attributes dropped
+
+Result<std::string> CachedVolume::DetachVFolder(const VFolderId& vfid) {
+  auto r = ForwardingVolume::DetachVFolder(vfid);
+  Invalidate(vfid);
+  return r;
+}
+
+Status CachedVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,
+                                     const TreeUsage& size) {
+  Status st = ForwardingVolume::CopyVFolderFrom(from, src, dst, size);
+  Invalidate(dst);
+  return st;
+}
+
+Status CachedVolume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool parents,
+                           bool exist_ok) {
+  Status st = ForwardingVolume::Mkdir(vfid, relpath, parents, exist_ok);
+  Invalidate(vfid);
+  return st;
+}
+
+Status CachedVolume::Rename(const VFolderId& vfid, std::string_view relpath,
+                            std::string_view new_name) {
+  Status st = ForwardingVolume::Rename(vfid, relpath, new_name);
+  Invalidate(vfid);
+  return st;
+}
+
+Status CachedVolume::Move(const VFolderId& vfid, std::string_view src, std::string_view dst) {
+  Status st = ForwardingVolume::Move(vfid, src, dst);
+  Invalidate(vfid);
+  return st;
+}
+
+Status CachedVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::string>& relpaths,
+                                 bool recursive) {
+  Status st = ForwardingVolume::DeleteFiles(vfid, relpaths, recursive);
+  Invalidate(vfid);
+  return st;
+}
+
+Result<std::unique_ptr<StagingWriter>> CachedVolume::OpenStaging(const VFolderId& vfid,
+                                                                 const std::string& session,
+                                                                 std::chrono::milliseconds wait) {
+  SLUICE_ASSIGN_OR_RETURN(auto w, ForwardingVolume::OpenStaging(vfid, session, wait));
+  return std::unique_ptr<StagingWriter>(new InvalidatingWriter(std::move(w), this, vfid));
+}
+
+}  // namespace sluice

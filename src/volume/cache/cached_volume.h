@@ -1,0 +1,111 @@
+// The SSD read cache, a decorator over any volume (`[volume.NAME.cache]`): an s3 volume, or a
+// shared file system with a node-local SSD in front. Files are cached in blocks (block-size,
+// default 4 MiB), so a ranged read of a large model caches what was read. Each block is named
+// by the file's validator (the origin's ETag, or inode, size and mtime), so a changed file
+// never meets its old blocks.
+//
+// - Freshness: a file's attributes are kept for `ttl` after they were fetched: within it, opens
+//   and cached blocks need no origin round trip; after it, the next open asks the origin again.
+//   Writes through this node (uploads, deletes, renames, mkdir) drop what the vfolder had.
+// - Admission: first-miss (every block read is kept) or second-miss (a block is kept the second
+//   time it misses, from a bounded ghost list of recent misses).
+// - Single flight: concurrent misses on one block make one origin read.
+// - Origin down: with serve-stale (the default), a file whose attributes expired is still served
+//   from its cached blocks; what is not cached fails with kUnavailable (HTTP 503).
+// - A reader is pinned to the version it opened: a block it misses is fetched from the origin
+//   only if the origin still has that version (kConflict otherwise).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_set>
+
+#include <nlohmann/json.hpp>
+
+#include "volume/cache/block_store.h"
+#include "volume/forwarding_volume.h"
+
+namespace sluice {
+
+struct CacheOptions {
+  std::string path;
+  uint64_t max_size = 10ULL << 30;
+  uint64_t min_free = 1ULL << 30;
+  uint64_t block_size = 4ULL << 20;
+  std::chrono::milliseconds ttl{60000};
+  bool second_miss = false;
+  bool serve_stale = true;
+
+  // From the volume's `cache` table: path (required), max-size, min-free, block-size, ttl,
+  // admission ("first-miss" | "second-miss"), serve-stale.
+  static Result<CacheOptions> FromJson(const std::string& volume, const nlohmann::json& j);
+};
+
+class CachedVolume : public ForwardingVolume {
+ public:
+  CachedVolume(std::unique_ptr<Volume> inner, CacheOptions opts, std::unique_ptr<BlockStore> store);
+  ~CachedVolume() override;
+
+  HwInfo GetHwInfo() override;
+  Result<std::string> DetachVFolder(const VFolderId& vfid) override;
+  Status CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,
+                         const TreeUsage& size) override;
+  Status Mkdir(const VFolderId& vfid, std::string_view relpath, bool parents,
+               bool exist_ok) override;
+  Status Rename(const VFolderId& vfid, std::string_view relpath,
+                std::string_view new_name) override;
+  Status Move(const VFolderId& vfid, std::string_view src, std::string_view dst) override;
+  Status DeleteFiles(const VFolderId& vfid, const std::vector<std::string>& relpaths,
+                     bool recursive) override;
+  Result<std::shared_ptr<FileReader>> OpenReader(const VFolderId& vfid, std::string_view relpath,
+                                                 Lookup lookup = Lookup::kMayBlock,
+                                                 const LookupHint* hint = nullptr) override;
+  Result<std::unique_ptr<StagingWriter>> OpenStaging(const VFolderId& vfid,
+                                                     const std::string& session,
+                                                     std::chrono::milliseconds wait) override;
+
+  struct Stats {
+    uint64_t hits = 0, misses = 0, origin_bytes = 0, admission_rejects = 0, stale_served = 0;
+    BlockStore::Stats store;
+  };
+  Stats stats() const;
+  const CacheOptions& options() const { return opts_; }
+
+  // For readers (cached_volume.cc): block `index` of a file version, from the cache or, once
+  // for all concurrent askers, from `fetch`.
+  Result<std::shared_ptr<const std::string>> Block(
+      const std::string& id, const std::function<Result<std::string>()>& fetch);
+  void Invalidate(const VFolderId& vfid);
+  BlockStore& store() { return *store_; }
+
+ private:
+  struct Flight;
+  bool Admit(const std::string& id);
+
+  CacheOptions opts_;
+  std::unique_ptr<BlockStore> store_;
+  std::mutex mu_;
+  struct Meta {
+    DirEntry entry;
+    std::string meta;  // FileReader::ReadMeta
+    std::chrono::steady_clock::time_point fetched;
+  };
+  std::map<std::string, Meta> meta_;  // "<vfid>\0<relpath>"
+  std::map<std::string, std::shared_ptr<Flight>> flights_;
+  std::unordered_set<std::string> ghost_;  // second-miss: blocks missed once lately
+  std::deque<std::string> ghost_order_;
+  // This cache's counts, and the process's Prometheus counters they are added to.
+  struct Counters {
+    std::atomic<uint64_t> hits{0}, misses{0}, origin_bytes{0}, rejects{0}, stale{0};
+  } n_;
+  std::atomic<uint64_t>*g_hits_, *g_misses_, *g_origin_bytes_, *g_rejects_, *g_stale_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,305 @@
+// The SSD read cache (volume/cache) over an in-memory volume playing the origin: what reaches
+// the origin is counted, and the origin can be taken down. Blocks are served within the TTL
+// without it, survive a restart, are checked against torn writes, stay within their size
+// bound, are fetched once for concurrent readers, and never mix versions of a file.
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "support/assert_status.h"
+#include "volume/cache/cached_volume.h"
+#include "volume/mem/mem_volume.h"
+
+namespace sluice::test {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr uint64_t kMiB = 1 << 20;
+
+class CountingReader : public ForwardingFileReader {
+ public:
+  CountingReader(std::shared_ptr<FileReader> inner, std::atomic<int>* reads,
+                 const std::atomic<bool>* down)
+      : ForwardingFileReader(std::move(inner)), reads_(reads), down_(down) {}
+  Result<size_t> ReadAt(uint64_t offset, char* buf, size_t n) override {
+    if (*down_) return Status(Code::kUnavailable, "the origin is down");
+    ++*reads_;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // an origin takes its time
+    return ForwardingFileReader::ReadAt(offset, buf, n);
+  }
+
+ private:
+  std::atomic<int>* reads_;
+  const std::atomic<bool>* down_;
+};
+
+// The origin: counts opens and block reads; `down` makes it unreachable.
+class Origin : public ForwardingVolume {
+ public:
+  using ForwardingVolume::ForwardingVolume;
+  Result<std::shared_ptr<FileReader>> OpenReader(const VFolderId& vfid, std::string_view rel,
+                                                 Lookup lookup, const LookupHint* hint) override {
+    if (down) return Status(Code::kUnavailable, "the origin is down");
+    ++opens;
+    SLUICE_ASSIGN_OR_RETURN(auto r, ForwardingVolume::OpenReader(vfid, rel, lookup, hint));
+    return std::shared_ptr<FileReader>(std::make_shared<CountingReader>(r, &reads, &down));
+  }
+  std::atomic<int> opens{0}, reads{0};
+  std::atomic<bool> down{false};
+};
+
+class Cache : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/sluice-cache-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    VolumeConfig c;
+    c.name = "cached";
+    c.backend = "mem";
+    c.path = "mem";
+    auto origin = std::make_unique<Origin>(std::make_unique<MemVolume>(c, 1ULL << 30));
+    origin_ = origin.get();
+    inner_ = std::move(origin);
+    vf_ = VFolderId::Parse(
+              "user:11111111111111111111111111111111/"
+              "abcdef0123456789abcdef0123456789")
+              .value();
+    ASSERT_OK(inner_->CreateVFolder(vf_, 0755, true, std::nullopt));
+    opts_.path = dir_ + "/blocks";
+    opts_.block_size = kMiB;
+    opts_.min_free = 0;
+  }
+  void TearDown() override {
+    cache_.reset();
+    fs::remove_all(dir_);
+  }
+  // (Re)starts the cache over the same origin and block directory.
+  void Start() {
+    std::unique_ptr<Volume> inner;
+    if (cache_)
+      inner = std::move(ReleaseInner());
+    else
+      inner = std::move(inner_);
+    auto store = BlockStore::Open({opts_.path, opts_.max_size, opts_.min_free});
+    ASSERT_OK(store);
+    cache_ = std::make_unique<CachedVolume>(std::move(inner), opts_, std::move(store).value());
+  }
+  std::unique_ptr<Volume> ReleaseInner() {
+    auto v = cache_->TakeInner();
+    cache_.reset();
+    return v;
+  }
+  void Put(const std::string& rel, const std::string& data) {
+    ASSERT_OK(dynamic_cast<MemVolume&>(ForwardingVolume::Innermost(cache_ ? *cache_ : *inner_))
+                  .PutFile(vf_, rel, data));
+  }
+  std::string ReadAll(const std::string& rel, Status* st = nullptr) {
+    auto f = cache_->OpenReader(vf_, rel);
+    if (!f.ok()) {
+      if (st) *st = f.status();
+      return {};
+    }
+    std::string out((*f)->size(), '\0');
+    size_t done = 0;
+    while (done < out.size()) {
+      auto n = (*f)->ReadAt(done, out.data() + done, out.size() - done);
+      if (!n.ok()) {
+        if (st) *st = n.status();
+        return {};
+      }
+      if (*n == 0) break;
+      done += *n;
+    }
+    return out;
+  }
+  static std::string Bytes(size_t n, unsigned seed) {
+    std::string s(n, '\0');
+    for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 131 + seed * 7919) >> 3);
+    return s;
+  }
+
+  std::string dir_;
+  CacheOptions opts_;
+  std::unique_ptr<Volume> inner_;
+  Origin* origin_ = nullptr;
+  std::unique_ptr<CachedVolume> cache_;
+  VFolderId vf_;
+};
+
+TEST_F(Cache, WithinTheTtlTheOriginIsNotAsked) {
+  Start();
+  const std::string data = Bytes(10 * kMiB + 5, 1);
+  Put("model.bin", data);
+  EXPECT_EQ(ReadAll("model.bin"), data);
+  EXPECT_EQ(origin_->opens, 1);
+  EXPECT_EQ(origin_->reads, 11);  // one origin read per block
+  EXPECT_EQ(ReadAll("model.bin"), data);
+  EXPECT_EQ(origin_->opens, 1);  // the attributes too came from the cache
+  EXPECT_EQ(origin_->reads, 11);
+  auto s = cache_->stats();
+  EXPECT_EQ(s.misses, 11u);
+  EXPECT_EQ(s.hits, 11u);
+  EXPECT_EQ(s.origin_bytes, data.size());
+  EXPECT_EQ(s.store.bytes, data.size());
+  EXPECT_EQ(s.store.blocks, 11u);
+}
+
+TEST_F(Cache, ARangedReadCachesWhatWasRead) {
+  Start();
+  const std::string data = Bytes(20 * kMiB, 2);
+  Put("big", data);
+  auto f = cache_->OpenReader(vf_, "big");
+  ASSERT_OK(f);
+  std::string buf(kMiB, '\0');
+  ASSERT_EQ(*(*f)->ReadAt(5 * kMiB + kMiB / 2, buf.data(), buf.size()), buf.size());
+  EXPECT_EQ(buf, data.substr(5 * kMiB + kMiB / 2, kMiB));
+  EXPECT_EQ(cache_->stats().store.blocks, 2u);  // blocks 5 and 6, not the file
+}
+
+TEST_F(Cache, ConcurrentMissesMakeOneOriginReadPerBlock) {
+  Start();
+  const std::string data = Bytes(4 * kMiB, 3);
+  Put("cold", data);
+  std::vector<std::thread> ts;
+  std::atomic<int> good{0};
+  for (int i = 0; i < 32; ++i) ts.emplace_back([&] { good += ReadAll("cold") == data; });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(good, 32);
+  EXPECT_EQ(origin_->reads, 4);
+}
+
+TEST_F(Cache, WarmAfterARestartAndTornBlocksAreDropped) {
+  Start();
+  const std::string data = Bytes(3 * kMiB, 4);
+  Put("f", data);
+  EXPECT_EQ(ReadAll("f"), data);
+  Start();  // a new process: the attributes are asked again, the blocks are on disk
+  EXPECT_EQ(ReadAll("f"), data);
+  EXPECT_EQ(origin_->reads, 3);
+  EXPECT_EQ(cache_->stats().hits, 3u);
+  // A block torn by a crash: its checksum no longer matches. It is fetched again, never served.
+  int torn = 0;
+  for (auto& sub : fs::recursive_directory_iterator(opts_.path)) {
+    if (!sub.is_regular_file() || torn) continue;
+    std::fstream io(sub.path(), std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(100);
+    io.put('\x5a' ^ static_cast<char>(io.peek()));
+    ++torn;
+  }
+  ASSERT_EQ(torn, 1);
+  Start();
+  EXPECT_EQ(ReadAll("f"), data);
+  EXPECT_EQ(cache_->stats().store.torn, 1u);
+  EXPECT_EQ(origin_->reads, 4);
+}
+
+TEST_F(Cache, StaysWithinItsSize) {
+  opts_.max_size = 3 * kMiB;
+  Start();
+  const std::string data = Bytes(8 * kMiB, 5);
+  Put("f", data);
+  EXPECT_EQ(ReadAll("f"), data);
+  auto s = cache_->stats();
+  EXPECT_LE(s.store.bytes, 3 * kMiB);
+  EXPECT_EQ(s.store.evictions, 5u);
+  uint64_t on_disk = 0;
+  for (auto& e : fs::recursive_directory_iterator(opts_.path))
+    if (e.is_regular_file()) on_disk += e.file_size();
+  EXPECT_LE(on_disk, 3 * kMiB + 3 * 20);  // the blocks and their 20-byte headers
+}
+
+TEST_F(Cache, OriginDownServesWhatIsCached) {
+  opts_.ttl = std::chrono::milliseconds(0);  // every open asks the origin
+  Start();
+  const std::string data = Bytes(2 * kMiB, 6), other = Bytes(kMiB, 7);
+  Put("cached", data);
+  Put("never-read", other);
+  EXPECT_EQ(ReadAll("cached"), data);
+  origin_->down = true;
+  EXPECT_EQ(ReadAll("cached"), data);
+  EXPECT_EQ(cache_->stats().stale_served, 1u);
+  Status st;
+  EXPECT_EQ(ReadAll("never-read", &st), "");
+  EXPECT_EQ(st.code(), Code::kUnavailable);
+  // Without serve-stale, a file whose attributes expired is not served.
+  opts_.serve_stale = false;
+  Start();
+  origin_->down = true;
+  EXPECT_EQ(ReadAll("cached", &st), "");
+  EXPECT_EQ(st.code(), Code::kUnavailable);
+}
+
+TEST_F(Cache, AChangedFileNeverMeetsItsOldBlocks) {
+  opts_.ttl = std::chrono::milliseconds(0);
+  Start();
+  const std::string v1 = Bytes(3 * kMiB, 8), v2 = Bytes(3 * kMiB, 9);
+  Put("f", v1);
+  auto old_reader = cache_->OpenReader(vf_, "f");
+  ASSERT_OK(old_reader);
+  EXPECT_EQ(ReadAll("f"), v1);
+  Put("f", v2);  // replaced on the origin, behind the cache
+  EXPECT_EQ(ReadAll("f"), v2);
+  // A reader of the old version keeps the blocks it had; a block of it no longer anywhere
+  // cannot be made of the new version.
+  std::string buf(kMiB, '\0');
+  ASSERT_OK((*old_reader)->ReadAt(0, buf.data(), buf.size()));
+  EXPECT_EQ(buf, v1.substr(0, kMiB));
+}
+
+TEST_F(Cache, SecondMissAdmission) {
+  opts_.second_miss = true;
+  Start();
+  const std::string data = Bytes(2 * kMiB, 10);
+  Put("f", data);
+  EXPECT_EQ(ReadAll("f"), data);
+  EXPECT_EQ(cache_->stats().store.blocks, 0u);  // seen once: not kept
+  EXPECT_EQ(cache_->stats().admission_rejects, 2u);
+  EXPECT_EQ(ReadAll("f"), data);
+  EXPECT_EQ(cache_->stats().store.blocks, 2u);
+  EXPECT_EQ(ReadAll("f"), data);
+  EXPECT_EQ(cache_->stats().hits, 2u);
+  EXPECT_EQ(origin_->reads, 4);
+}
+
+TEST_F(Cache, WritesThroughThisNodeDropWhatTheyReplace) {
+  opts_.ttl = std::chrono::hours(1);
+  Start();
+  Put("a", "alpha");
+  EXPECT_EQ(ReadAll("a"), "alpha");
+  ASSERT_OK(cache_->Rename(vf_, "a", "b"));
+  Status st;
+  EXPECT_EQ(ReadAll("a", &st), "");
+  EXPECT_EQ(st.code(), Code::kNotFound);
+  EXPECT_EQ(ReadAll("b"), "alpha");
+  ASSERT_OK(cache_->DeleteFiles(vf_, {"b"}, false));
+  EXPECT_EQ(ReadAll("b", &st), "");
+  EXPECT_EQ(st.code(), Code::kNotFound);
+}
+
+TEST(CacheOptions, ParsesAndRefuses) {
+  auto o = CacheOptions::FromJson("v", {{"path", "/c"},
+                                        {"max-size", "2g"},
+                                        {"block-size", "8m"},
+                                        {"ttl", "30s"},
+                                        {"admission", "second-miss"},
+                                        {"serve-stale", false}});
+  ASSERT_OK(o);
+  EXPECT_EQ(o->max_size, 2ULL << 30);
+  EXPECT_EQ(o->block_size, 8ULL << 20);
+  EXPECT_EQ(o->ttl, std::chrono::seconds(30));
+  EXPECT_TRUE(o->second_miss);
+  EXPECT_FALSE(o->serve_stale);
+  EXPECT_ERROR(CacheOptions::FromJson("v", {{"max-size", "1g"}}), Code::kInvalidArgument);
+  EXPECT_ERROR(CacheOptions::FromJson("v", {{"path", "/c"}, {"admission", "lru"}}),
+               Code::kInvalidArgument);
+  EXPECT_ERROR(CacheOptions::FromJson("v", {{"path", "/c"}, {"block-size", "1k"}}),
+               Code::kInvalidArgument);
+  EXPECT_ERROR(CacheOptions::FromJson("v", {{"path", "/c"}, {"size", "1g"}}),
+               Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace sluice::test

@@ -75,17 +75,18 @@ def s3_client(url, ak, sk, pool):
 class S3Sluiced(Sluiced):
     """sluiced with its S3 listener on, a user, a key and a boto3 client."""
 
-    def __init__(self, root):
+    def __init__(self, root, volumes="", user_volume=None):
         self.s3_port = free_port()
         super().__init__(root, volumes=f"""
 [api.s3]
 service-addr = {{ host = "127.0.0.1", port = {self.s3_port} }}
 seal-key = "bench-seal-key-0123456789"
 durable = true
-""")
+{volumes}""")
         self.s3_url = f"http://127.0.0.1:{self.s3_port}"
         user = f"bench-{uuid.uuid4().hex[:8]}"
-        r = self.s.post(self.mgr + "/s3/users", json={"id": user})
+        body = {"id": user, **({"volume": user_volume} if user_volume else {})}
+        r = self.s.post(self.mgr + "/s3/users", json=body)
         r.raise_for_status()
         r = self.s.post(self.mgr + "/s3/keys", json={"user": user})
         r.raise_for_status()

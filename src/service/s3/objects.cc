@@ -63,7 +63,12 @@ std::optional<ObjectMeta> ObjectMeta::Decode(std::string_view blob, const DirEnt
     ObjectMeta m;
     m.size = j.value("s", uint64_t{0});
     m.mtime_ns = j.value("n", int64_t{0});
-    if (m.size != file.size || m.mtime_ns != MtimeNs(file)) return std::nullopt;
+    // The metadata is for this version of the file: the same size and mtime. An object of an
+    // origin with entity tags (an s3 volume) is replaced whole, metadata included, and its
+    // listing shows the origin's Last-Modified, not the mtime the metadata was made for: the
+    // size suffices there.
+    if (m.size != file.size || (file.etag.empty() && m.mtime_ns != MtimeNs(file)))
+      return std::nullopt;
     m.etag = j.value("e", std::string());
     m.content_type = j.value("t", std::string());
     if (j.contains("h")) m.headers = j["h"].get<std::map<std::string, std::string>>();
@@ -191,7 +196,9 @@ class Lister {
     if (e->type == EntryType::kFile) {
       it.object.size = e->size;
       std::optional<ObjectMeta> meta;
-      if (q_.want_etag) {
+      // An entry with its backend's own entity tag (an s3 volume's, from the origin's listing)
+      // is listed with it: its stored metadata would cost a request per key.
+      if (q_.want_etag && e->etag.empty()) {
         auto blob = dir.EntryMeta(name);
         if (blob.ok()) meta = ObjectMeta::Decode(*blob, *e);
       }

@@ -112,23 +112,27 @@ std::optional<std::string> BlockStore::Get(const std::string& id) {
   std::string data;
   bool good = false;
   struct stat st;
+  char head[kHeader];
   if (fd.get() >= 0 && ::fstat(fd.get(), &st) == 0 &&
-      static_cast<uint64_t>(st.st_size) >= kHeader) {
-    std::string all(static_cast<size_t>(st.st_size), '\0');
-    size_t got = 0;
-    while (got < all.size()) {
-      ssize_t n = ::pread(fd.get(), all.data() + got, all.size() - got, static_cast<off_t>(got));
-      if (n <= 0) break;
-      got += static_cast<size_t>(n);
-    }
+      static_cast<uint64_t>(st.st_size) >= kHeader &&
+      ::pread(fd.get(), head, kHeader, 0) == static_cast<ssize_t>(kHeader)) {
     uint32_t version, crc;
     uint64_t len;
-    std::memcpy(&version, all.data() + 4, 4);
-    std::memcpy(&len, all.data() + 8, 8);
-    std::memcpy(&crc, all.data() + 16, 4);
-    good = got == all.size() && std::memcmp(all.data(), kMagic, 4) == 0 && version == kVersion &&
-           len == all.size() - kHeader && Crc32c(all.data() + kHeader, len) == crc;
-    if (good) data = all.substr(kHeader);
+    std::memcpy(&version, head + 4, 4);
+    std::memcpy(&len, head + 8, 8);
+    std::memcpy(&crc, head + 16, 4);
+    if (std::memcmp(head, kMagic, 4) == 0 && version == kVersion &&
+        len == static_cast<uint64_t>(st.st_size) - kHeader) {
+      data.resize(static_cast<size_t>(len));  // read straight into the answer
+      size_t got = 0;
+      while (got < data.size()) {
+        ssize_t n = ::pread(fd.get(), data.data() + got, data.size() - got,
+                            static_cast<off_t>(kHeader + got));
+        if (n <= 0) break;
+        got += static_cast<size_t>(n);
+      }
+      good = got == data.size() && Crc32c(data.data(), data.size()) == crc;
+    }
   }
   if (good) return data;
   spdlog::warn("cache {}: block {} is torn or unreadable: dropped", opts_.dir, id);

@@ -1,5 +1,6 @@
 #include "volume/cache/cached_volume.h"
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -9,6 +10,8 @@
 #include "common/config.h"
 #include "common/crypto.h"
 #include "common/metrics.h"
+#include "common/path.h"
+#include "volume/listed_dir.h"
 
 namespace sluice {
 
@@ -49,6 +52,24 @@ class CachedReader : public FileReader {
         inner_(std::move(inner)) {}
   const DirEntry& info() const override { return info_; }
   Result<std::string> ReadMeta() override { return meta_; }
+  // From the block in memory only (the one read last); anything else may wait on a disk or
+  // the origin.
+  Result<size_t> ReadAtNoWait(uint64_t offset, char* buf, size_t n) override {
+    const uint64_t bs = v_->options().block_size;
+    if (offset >= info_.size || n == 0) return size_t{0};
+    n = static_cast<size_t>(std::min<uint64_t>(n, info_.size - offset));
+    std::shared_ptr<const std::string> block;
+    {
+      std::lock_guard lk(mu_);
+      if (last_ && last_index_ == offset / bs) block = last_;
+    }
+    const uint64_t first = offset / bs * bs;
+    if (!block || block->size() < offset - first + 1)
+      return Status(Code::kUnavailable, "not in memory", EAGAIN);
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(n, block->size() - (offset - first)));
+    std::memcpy(buf, block->data() + (offset - first), k);
+    return k;
+  }
 
   Result<size_t> ReadAt(uint64_t offset, char* buf, size_t n) override {
     const uint64_t size = info_.size, bs = v_->options().block_size;
@@ -249,6 +270,46 @@ void CachedVolume::Invalidate(const VFolderId& vfid) {
   std::lock_guard lk(mu_);
   for (auto it = meta_.lower_bound(prefix); it != meta_.end() && it->first.starts_with(prefix);)
     it = meta_.erase(it);
+  for (auto it = dirs_.lower_bound(prefix); it != dirs_.end() && it->first.starts_with(prefix);)
+    it = dirs_.erase(it);
+}
+
+Result<std::unique_ptr<DirHandle>> CachedVolume::OpenDir(const VFolderId& vfid,
+                                                         std::string_view relpath) {
+  SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
+  const std::string key = MetaKey(vfid, parts);
+  const std::string rel = parts.empty() ? std::string() : JoinComponents(parts, parts.size());
+  std::shared_ptr<const Listing> l;
+  {
+    std::lock_guard lk(mu_);
+    if (auto it = dirs_.find(key);
+        it != dirs_.end() && Steady::now() - it->second->fetched < opts_.ttl)
+      l = it->second;
+  }
+  if (!l) {
+    SLUICE_ASSIGN_OR_RETURN(auto d, ForwardingVolume::OpenDir(vfid, relpath));
+    auto fresh = std::make_shared<Listing>();
+    fresh->info = d->info();
+    for (;;) {
+      SLUICE_ASSIGN_OR_RETURN(auto n, d->Next());
+      if (!n) break;
+      auto e = d->StatEntry(n->name);
+      if (!e.ok()) {
+        if (e.status().code() == Code::kNotFound) continue;  // gone meanwhile
+        return e.status();
+      }
+      fresh->entries.push_back(std::move(e).value());
+    }
+    std::sort(fresh->entries.begin(), fresh->entries.end(),
+              [](const DirEntry& a, const DirEntry& b) { return a.name < b.name; });
+    fresh->fetched = Steady::now();
+    l = fresh;
+    std::lock_guard lk(mu_);
+    if (dirs_.size() > (1u << 16)) dirs_.clear();  // bounded: a full table starts over
+    dirs_[key] = l;
+  }
+  // Children open through the cache, described from the listing.
+  return std::unique_ptr<DirHandle>(new ListedDir(this, vfid, rel, l, &l->info, &l->entries));
 }
 
 bool CachedVolume::Admit(const std::string& id) {
@@ -324,8 +385,6 @@ Result<std::shared_ptr<FileReader>> CachedVolume::OpenReader(const VFolderId& vf
                                                              Lookup lookup,
                                                              const LookupHint* hint) {
   SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
-  if (lookup == Lookup::kCachedOnly)
-    return Status(Code::kUnavailable, "a cached volume's reads go through its pool", EAGAIN);
   const std::string key = MetaKey(vfid, parts);
   const std::string rel = parts.empty() ? std::string() : JoinComponents(parts, parts.size());
   std::optional<Meta> known;
@@ -333,9 +392,12 @@ Result<std::shared_ptr<FileReader>> CachedVolume::OpenReader(const VFolderId& vf
     std::lock_guard lk(mu_);
     if (auto it = meta_.find(key); it != meta_.end()) known = it->second;
   }
+  // Within the TTL an open needs nothing but memory: an event loop may take it too.
   if (known && Steady::now() - known->fetched < opts_.ttl)
     return std::shared_ptr<FileReader>(
         std::make_shared<CachedReader>(this, vfid, rel, known->entry, known->meta, nullptr));
+  if (lookup == Lookup::kCachedOnly)
+    return Status(Code::kUnavailable, "the file's attributes are not cached", EAGAIN);
   auto r = inner().OpenReader(vfid, relpath, lookup, hint);
   if (!r.ok()) {
     if (r.status().code() == Code::kUnavailable && known && opts_.serve_stale) {

@@ -70,6 +70,10 @@ class CachedVolume : public ForwardingVolume {
   Result<std::unique_ptr<StagingWriter>> OpenStaging(const VFolderId& vfid,
                                                      const std::string& session,
                                                      std::chrono::milliseconds wait) override;
+  // A directory's entries (names and attributes) are kept for the TTL too: listings within it
+  // need no origin round trip.
+  Result<std::unique_ptr<DirHandle>> OpenDir(const VFolderId& vfid,
+                                             std::string_view relpath) override;
 
   struct Stats {
     uint64_t hits = 0, misses = 0, origin_bytes = 0, admission_rejects = 0, stale_served = 0;
@@ -98,6 +102,12 @@ class CachedVolume : public ForwardingVolume {
     std::chrono::steady_clock::time_point fetched;
   };
   std::map<std::string, Meta> meta_;  // "<vfid>\0<relpath>"
+  struct Listing {
+    DirEntry info;
+    std::vector<DirEntry> entries;  // by name
+    std::chrono::steady_clock::time_point fetched;
+  };
+  std::map<std::string, std::shared_ptr<const Listing>> dirs_;  // "<vfid>\0<relpath>"
   std::map<std::string, std::shared_ptr<Flight>> flights_;
   std::unordered_set<std::string> ghost_;  // second-miss: blocks missed once lately
   std::deque<std::string> ghost_order_;

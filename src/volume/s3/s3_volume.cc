@@ -14,6 +14,7 @@
 #include "common/path.h"
 #include "common/secrets.h"
 #include "volume/forwarding_volume.h"
+#include "volume/listed_dir.h"
 
 namespace sluice {
 
@@ -407,48 +408,18 @@ std::string MetaOf(const s3c::ObjectInfo& o) {
   return blob.ok() ? *blob : std::string();
 }
 
-// A directory as listed when opened; entries are described and opened through the volume.
-class S3Dir : public DirHandle {
+// A directory as listed when opened (volume/listed_dir.h); object metadata from a HEAD.
+class S3Dir : public ListedDir {
  public:
-  S3Dir(S3Volume* v, VFolderId vfid, std::string rel, DirEntry info, std::vector<DirEntry> entries)
-      : v_(v),
-        vfid_(std::move(vfid)),
-        rel_(std::move(rel)),
-        info_(std::move(info)),
-        entries_(std::move(entries)) {}
-  const DirEntry& info() const override { return info_; }
-  Result<std::optional<Name>> Next() override {
-    if (next_ >= entries_.size()) return std::optional<Name>();
-    const DirEntry& e = entries_[next_++];
-    return std::optional<Name>(Name{e.name, e.type});
-  }
-  Result<DirEntry> StatEntry(const std::string& name) override {
-    SLUICE_RETURN_IF_ERROR(ValidateName(name));
-    return v_->Stat(vfid_, Child(name));
-  }
-  Result<std::shared_ptr<FileReader>> OpenFile(const std::string& name) override {
-    SLUICE_RETURN_IF_ERROR(ValidateName(name));
-    return v_->OpenReader(vfid_, Child(name));
-  }
-  Result<std::unique_ptr<DirHandle>> OpenSubdir(const std::string& name) override {
-    SLUICE_RETURN_IF_ERROR(ValidateName(name));
-    return v_->OpenDir(vfid_, Child(name));
-  }
+  S3Dir(S3Volume* v, VFolderId vfid, std::string rel, std::shared_ptr<const S3Volume::Level> l)
+      : ListedDir(v, std::move(vfid), std::move(rel), l, &l->info, &l->entries), s3_(v) {}
   Result<std::string> EntryMeta(const std::string& name) override {
     SLUICE_RETURN_IF_ERROR(ValidateName(name));
-    return v_->ObjectMetaOf(vfid_, Child(name));
+    return s3_->ObjectMetaOf(vfid_, Child(name));
   }
 
  private:
-  std::string Child(const std::string& name) const {
-    return rel_.empty() ? name : rel_ + "/" + name;
-  }
-  S3Volume* v_;
-  VFolderId vfid_;
-  std::string rel_;
-  DirEntry info_;
-  std::vector<DirEntry> entries_;
-  size_t next_ = 0;
+  S3Volume* s3_;
 };
 
 std::string ScopeRecord(const S3Volume::Origin& o, const QuotaScopeId& qs) {
@@ -873,8 +844,8 @@ Result<S3Volume::Level> S3Volume::ReadLevel(const VFolderId& vfid, std::string_v
 Result<std::unique_ptr<DirHandle>> S3Volume::OpenDir(const VFolderId& vfid,
                                                      std::string_view relpath) {
   SLUICE_ASSIGN_OR_RETURN(Level l, ReadLevel(vfid, relpath));
-  return std::unique_ptr<DirHandle>(
-      new S3Dir(this, vfid, std::move(l.rel), std::move(l.info), std::move(l.entries)));
+  auto shared = std::make_shared<const Level>(std::move(l));
+  return std::unique_ptr<DirHandle>(new S3Dir(this, vfid, shared->rel, shared));
 }
 
 Result<std::vector<DirEntry>> S3Volume::ListSorted(const VFolderId& vfid, std::string_view relpath,

@@ -112,6 +112,11 @@ class S3Volume : public Volume {
   class Clients;  // the origin clients, one per concurrent request (s3_volume.cc)
   struct Origin;  // what the volume's parts share: options, clients, bucket (s3_volume.cc)
   class Writer;   // an upload session's one writer (s3_volume.cc)
+  struct Level {  // a directory and what it holds, sorted by name
+    std::string rel;
+    DirEntry info;
+    std::vector<DirEntry> entries;
+  };
 
  private:
   Result<std::vector<std::string>> Parts(std::string_view relpath) const;
@@ -121,11 +126,6 @@ class S3Volume : public Volume {
   Status MoveEntry(const VFolderId& vfid, const std::vector<std::string>& src,
                    const std::vector<std::string>& dst);
   Status KeepParent(const VFolderId& vfid, const std::vector<std::string>& parts);
-  struct Level {  // a directory and what it holds, sorted by name
-    std::string rel;
-    DirEntry info;
-    std::vector<DirEntry> entries;
-  };
   Result<Level> ReadLevel(const VFolderId& vfid, std::string_view relpath);
   std::string StagingKey(const VFolderId& vfid, std::string_view session) const;
 

@@ -1,0 +1,161 @@
+#!/usr/bin/python3
+"""Dataset epochs through an s3 volume behind the SSD read cache, against its origin read
+directly and against Sluice serving the same files from a local vfs volume, in the same run.
+
+  epochs  N objects of S bytes, every one read once per epoch with `sluice s3 cp -r` (one
+          listing, then C parallel GETs over keep-alive connections) into tmpfs:
+            origin  the origin's S3 API read directly
+            epoch1  Sluice's S3 API on a bucket of the s3 volume, the cache empty
+            epoch2  the same again, the cache warm
+            local   Sluice's S3 API on a bucket of a local vfs volume holding the same files
+          -> objects/s and the ratios the issue asks for (epoch1/rgw, epoch2/rgw, epoch2/local)
+
+The origin is a Ceph RGW (tests/tools/ceph-cluster.sh: memstore OSD, beast frontend), or with
+--origin sluice a second sluiced's S3 API (no Ceph: quicker, but not the issue's peer). The
+client (libcurl, C++) shares the two cores with the servers; it costs per object what it costs
+on every side.
+
+  /usr/bin/python3 bench/bench_cache.py [--objects 10000] [--object-size 100k] [--conns 32]
+      [--origin rgw|sluice] [--block 4m]
+"""
+import argparse
+import concurrent.futures
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import types
+import uuid
+
+from bench_s3 import Rgw, S3Sluiced, make_objects, s3_client
+from benchlib import BIN, parse_size
+
+SLUICE = os.path.join(BIN, "sluice")
+
+BUCKET = "origin"
+
+
+def epoch(url, ak, sk, bucket, conns, want):
+    """Objects/s copying every object of `bucket` once with `sluice s3 cp -r` (libcurl, `conns`
+    parallel GETs; one listing first) into a fresh directory on tmpfs."""
+    dst = tempfile.mkdtemp(prefix="sluice-epoch-", dir="/dev/shm")
+    try:
+        env = {"PATH": os.environ["PATH"], "HOME": dst, "AWS_ACCESS_KEY_ID": ak,
+               "AWS_SECRET_ACCESS_KEY": sk}
+        t0 = time.perf_counter()
+        subprocess.run([SLUICE, "s3", "cp", "-r", f"s3://{bucket}/", dst + "/out",
+                        "--s3-endpoint", url, "-j", str(conns), "-q"],
+                       env=env, check=True, timeout=3600)
+        took = time.perf_counter() - t0
+        files = [os.path.join(d, f) for d, _, fs in os.walk(dst + "/out") for f in fs]
+        got = sum(os.path.getsize(f) for f in files)
+        if len(files) != want[0] or got != want[1]:
+            raise RuntimeError(f"{bucket}: {len(files)} files, {got} B; expected {want}")
+        return len(files) / took
+    finally:
+        shutil.rmtree(dst, ignore_errors=True)
+
+
+class SluiceOrigin:
+    """A second sluiced as the origin (--origin sluice)."""
+
+    def __init__(self, root):
+        self.d = S3Sluiced(root)
+        self.s3_url, self.ak, self.sk, self.client = self.d.s3_url, self.d.ak, self.d.sk, self.d.client
+
+    def stop(self):
+        self.d.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--objects", type=int, default=10000)
+    ap.add_argument("--object-size", type=parse_size, default=parse_size("100k"))
+    ap.add_argument("--conns", type=int, default=32)
+    ap.add_argument("--origin", choices=("rgw", "sluice"), default="rgw")
+    ap.add_argument("--block", default="4m")
+    args = ap.parse_args()
+    root = tempfile.mkdtemp(prefix="sluice-bench-cache-", dir="/var/tmp")
+    origin = proxy = None
+    try:
+        origin = Rgw() if args.origin == "rgw" else SluiceOrigin(os.path.join(root, "origin"))
+        origin.client.create_bucket(Bucket=BUCKET)
+        remote = f"""
+[volume.remote]
+backend = "s3"
+path = "s3://{BUCKET}/ds"
+[volume.remote.options]
+endpoint = "{origin.s3_url}"
+bucket = "{BUCKET}"
+prefix = "ds"
+access-key = "{origin.ak}"
+secret-key = "{origin.sk}"
+[volume.remote.cache]
+path = "{root}/cache"
+block-size = "{args.block}"
+max-size = "8g"
+min-free = "1g"
+ttl = "1h"
+"""
+        proxy = S3Sluiced(os.path.join(root, "proxy"), volumes=remote)
+        # The dataset: files of a local vfs bucket, and the same bytes as objects on the origin
+        # under the remote bucket's vfolder prefix (as another client would have put them).
+        local_bucket, local_path = proxy.bucket()
+        keys = make_objects(local_path, args.objects, args.object_size)
+        # A second user, whose buckets are on the s3 volume.
+        user = f"remote-{uuid.uuid4().hex[:8]}"
+        proxy.s.post(proxy.mgr + "/s3/users", json={"id": user, "volume": "remote"}).raise_for_status()
+        k = proxy.s.post(proxy.mgr + "/s3/keys", json={"user": user}).json()
+        on_remote = types.SimpleNamespace(
+            s3_url=proxy.s3_url,
+            client=s3_client(proxy.s3_url, k["access_key"], k["secret_key"], 16))
+        remote_bucket = f"remote-{uuid.uuid4().hex[:8]}"
+        on_remote.client.create_bucket(Bucket=remote_bucket)
+        b = next(b for b in proxy.s.get(proxy.mgr + "/s3/buckets").json()["buckets"]
+                 if b["name"] == remote_bucket)
+        scope, vf = b["vfid"].rsplit("/", 1)
+        scope = uuid.UUID(scope.split(":", 1)[1]).hex
+        vf = uuid.UUID(vf).hex
+        prefix = f"ds/{scope}/{vf[0:2]}/{vf[2:4]}/{vf[4:]}/"
+        rgw_bucket = f"direct-{uuid.uuid4().hex[:8]}"
+        origin.client.create_bucket(Bucket=rgw_bucket)
+
+        def upload(k):
+            with open(os.path.join(local_path, k), "rb") as f:
+                body = f.read()
+            origin.client.put_object(Bucket=BUCKET, Key=prefix + k, Body=body)
+            origin.client.put_object(Bucket=rgw_bucket, Key=k, Body=body)
+
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(16) as ex:
+            list(ex.map(upload, keys))
+        print(f"setup: {len(keys)} objects of {args.object_size} B on the origin in "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
+
+        want = (len(keys), len(keys) * args.object_size)
+        rates = {}
+        for name, url, ak, sk, bucket in (
+                ("origin", origin.s3_url, origin.ak, origin.sk, rgw_bucket),
+                ("epoch1", proxy.s3_url, k["access_key"], k["secret_key"], remote_bucket),
+                ("epoch2", proxy.s3_url, k["access_key"], k["secret_key"], remote_bucket),
+                ("local", proxy.s3_url, proxy.ak, proxy.sk, local_bucket)):
+            rates[name] = epoch(url, ak, sk, bucket, args.conns, want)
+            print(f"epochs: {name}: {rates[name]:,.0f} objects/s", flush=True)
+        peer = "ceph rgw" if args.origin == "rgw" else "sluice origin"
+        print(f"epochs: {len(keys)} x {args.object_size} B, {args.conns} connections, origin "
+              f"{peer}: epoch1/origin {rates['epoch1'] / rates['origin']:.2f}x, "
+              f"epoch2/origin {rates['epoch2'] / rates['origin']:.2f}x, "
+              f"epoch2/local vfs {rates['epoch2'] / rates['local']:.2f}x")
+    finally:
+        if proxy:
+            proxy.stop()
+        if origin:
+            origin.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

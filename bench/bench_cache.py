@@ -16,7 +16,7 @@ client (libcurl, C++) shares the two cores with the servers; it costs per object
 on every side.
 
   /usr/bin/python3 bench/bench_cache.py [--objects 10000] [--object-size 100k] [--conns 32]
-      [--origin rgw|sluice] [--block 4m]
+      [--origin rgw|sluice] [--block 4m] [--io-threads 8]
 """
 import argparse
 import concurrent.futures
@@ -77,6 +77,8 @@ def main():
     ap.add_argument("--conns", type=int, default=32)
     ap.add_argument("--origin", choices=("rgw", "sluice"), default="rgw")
     ap.add_argument("--block", default="4m")
+    ap.add_argument("--io-threads", type=int, default=8,
+                    help="the proxy's [sluice] io-threads: origin fetches at once (default 8)")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="sluice-bench-cache-", dir="/var/tmp")
     origin = proxy = None
@@ -100,7 +102,8 @@ max-size = "8g"
 min-free = "1g"
 ttl = "1h"
 """
-        proxy = S3Sluiced(os.path.join(root, "proxy"), volumes=remote)
+        proxy = S3Sluiced(os.path.join(root, "proxy"), volumes=remote,
+                          sluice=f"io-threads = {args.io_threads}")
         # The dataset: files of a local vfs bucket, and the same bytes as objects on the origin
         # under the remote bucket's vfolder prefix (as another client would have put them).
         local_bucket, local_path = proxy.bucket()

@@ -75,9 +75,9 @@ def s3_client(url, ak, sk, pool):
 class S3Sluiced(Sluiced):
     """sluiced with its S3 listener on, a user, a key and a boto3 client."""
 
-    def __init__(self, root, volumes="", user_volume=None):
+    def __init__(self, root, volumes="", user_volume=None, sluice=""):
         self.s3_port = free_port()
-        super().__init__(root, volumes=f"""
+        super().__init__(root, sluice=sluice, volumes=f"""
 [api.s3]
 service-addr = {{ host = "127.0.0.1", port = {self.s3_port} }}
 seal-key = "bench-seal-key-0123456789"

@@ -242,9 +242,11 @@ def test_origin_down_and_wrong_credentials(tmp_path):
             ctx = None
             r = requests.get(d.client_url("/download"), params={"token": token}, timeout=120)
             assert r.status_code == 503, (r.status_code, r.text)
-            vols = d.mgr("GET", "/volumes").json()["volumes"]
-            remote = next(v for v in vols if v["name"] == "remote")
-            assert remote["capabilities"]
+            # The volume says why; the node stays in service for its other volumes.
+            hw = d.mgr("GET", "/volume/hwinfo", json={"volume": "remote"}).json()
+            assert hw["status"] == "degraded" and "origin" in hw["status_info"], hw
+            assert d.mgr("GET", "/volume/hwinfo", json={"volume": "local"}).json()["status"] \
+                == "healthy"
     finally:
         if ctx:
             ctx.__exit__(None, None, None)

@@ -727,8 +727,10 @@ HwInfo S3Volume::GetHwInfo() {
                 {"prefix", opts_.prefix},
                 {"read-only", opts_.read_only ? "true" : "false"}};
   std::lock_guard lk(origin_->mu);
+  // Degraded, not unavailable: the node still serves its other volumes, and what a cache in
+  // front of this one holds; a probe must not take it out of a load balancer for an origin.
   if (!origin_->last_error.empty()) {
-    h.status = "unavailable";
+    h.status = "degraded";
     h.status_info = "the origin does not answer: " + origin_->last_error;
   }
   return h;

@@ -645,8 +645,9 @@ keepalive-timeout = "75s"
 # On SIGTERM, in-flight requests get this long to finish.
 drain-timeout = "30s"
 
-# One section per volume. backend is one of: vfs, btrfs, xfs, ext4, cephfs, mem (in memory, for
-# tests) (docs/decisions.md says what each needs of its path). For tests and drills only,
+# One section per volume. backend is one of: vfs, btrfs, xfs, ext4, cephfs, s3 (the data in an
+# S3 origin; path is then only a label), mem (in memory, for tests) (docs/decisions.md says what
+# each needs of its path). For tests and drills only,
 # `faults = [{ op = "write", error = "ENOSPC", after = "1m" }]` injects failures (see
 # src/volume/fault_volume.h).
 [volume.local]
@@ -657,7 +658,19 @@ path = "./var/volumes/local"
 #   vfs:    usage-reconcile-interval = "60s"  (kept usage figures are re-walked when older)
 #           usage-walk-budget = "10ms"        (vfolders walked faster than this: every request)
 #   cephfs: pending-write-window = "30s"      (Sluice's writes count on top of ceph.dir.rbytes)
+#   s3:     endpoint, bucket, prefix, region, access-key + secret-key or credentials-file,
+#           ca-file, insecure, read-only, capacity, vfolder-ttl, part-size (docs/s3-volumes.md)
 # options = { usage-reconcile-interval = "60s" }
+#
+# Any volume can have an SSD read cache in front of it (docs/cache.md):
+# [volume.local.cache]
+# path = "/nvme/sluice-cache/local"   (required)
+# max-size = "10g"
+# min-free = "1g"
+# block-size = "4m"
+# ttl = "60s"
+# admission = "first-miss"           (or "second-miss")
+# serve-stale = true                 (the origin down: serve what is cached)
 )";
 }
 

@@ -211,6 +211,35 @@ def test_s3_api_over_an_s3_volume(proxy, origin):
     assert [o["Key"] for o in s3.list_objects_v2(Bucket="on-remote")["Contents"]] == ["k/big.bin"]
 
 
+def test_clones_are_server_side_copies(proxy, origin):
+    d = proxy
+    src = d.create_vfolder(volume="remote")
+    files = {f"d{i % 4}/f{i:03}.bin": os.urandom(1000 + i) for i in range(60)}
+    for rel, body in files.items():
+        origin.boto.put_object(Bucket=BUCKET, Key=vfolder_prefix(src) + rel, Body=body)
+    dst = new_vfid()
+    r = d.mgr("POST", "/folder/clone", json={"src_volume": "remote", "src_vfid": src,
+                                             "dst_volume": "remote", "dst_vfid": dst})
+    assert r.status_code == 200, r.text
+    assert d.wait_task(r.json()["bgtask_id"])["status"] == "completed"
+    keys = {}
+    token = None
+    while True:
+        kw = {"Bucket": BUCKET, "Prefix": vfolder_prefix(dst)}
+        if token:
+            kw["ContinuationToken"] = token
+        page = origin.boto.list_objects_v2(**kw)
+        keys.update({o["Key"][len(vfolder_prefix(dst)):]: o["Size"]
+                     for o in page.get("Contents", [])})
+        if not page.get("IsTruncated"):
+            break
+        token = page["NextContinuationToken"]
+    assert keys == {rel: len(body) for rel, body in files.items()}
+    some = "d3/f059.bin"
+    got = origin.boto.get_object(Bucket=BUCKET, Key=vfolder_prefix(dst) + some)["Body"].read()
+    assert got == files[some]
+
+
 def test_a_detached_vfolder_is_gone_and_deleted(proxy, origin):
     d = proxy
     vfid = d.create_vfolder(volume="remote")

@@ -260,23 +260,66 @@ struct S3Volume::Origin {
     }
   }
 
-  // Deletes every key below `prefix` (batches of 1000); refusals are errors.
+  // fn(0) .. fn(n - 1) on up to `workers` threads (origin requests wait on the network, not
+  // on this machine); the first error stops the rest and is the answer.
+  static Status ParallelFor(size_t n, size_t workers, const std::function<Status(size_t)>& fn) {
+    std::atomic<size_t> next{0};
+    std::atomic<bool> failed{false};
+    std::mutex mu;
+    Status first = Status::Ok();
+    auto run = [&] {
+      for (size_t i; !failed && (i = next++) < n;) {
+        Status st = fn(i);
+        if (st.ok()) continue;
+        std::lock_guard lk(mu);
+        if (first.ok()) first = st;
+        failed = true;
+      }
+    };
+    std::vector<std::thread> ts;
+    for (size_t k = 1; k < std::min(workers, n); ++k) ts.emplace_back(run);
+    run();
+    for (auto& t : ts) t.join();
+    return first;
+  }
+
+  // Deletes every key below `prefix` (DeleteObjects batches of 1000, 4 at once); refusals are
+  // errors.
   Status DeletePrefix(const std::string& prefix) {
     std::vector<std::string> keys;
     SLUICE_RETURN_IF_ERROR(ForEachKey(prefix, [&](const s3c::ObjectInfo& o) {
       keys.push_back(o.key);
       return Status::Ok();
     }));
-    for (size_t i = 0; i < keys.size(); i += 1000) {
-      std::vector<std::string> batch(keys.begin() + i,
-                                     keys.begin() + std::min(keys.size(), i + 1000));
+    return ParallelFor((keys.size() + 999) / 1000, 4, [&](size_t b) {
+      std::vector<std::string> batch(keys.begin() + b * 1000,
+                                     keys.begin() + std::min(keys.size(), b * 1000 + 1000));
       auto failed = Note(Client()->DeleteMany(bucket(), batch));
       if (!failed.ok()) return failed.status();
       if (!failed->empty())
         return Status(Code::kIoError, fmt::format("the origin refused to delete {} keys: {}",
                                                   failed->size(), failed->front()));
+      return Status::Ok();
+    });
+  }
+
+  // Server-side copies of every key below `from` to the same name below `to`, 16 at once
+  // (`skip_from`: not the key `from` itself, a marker the target has its own of).
+  Status CopyPrefix(const std::string& from, const std::string& to, bool skip_from) {
+    s3c::ListRequest lr;
+    lr.prefix = from;
+    for (;;) {
+      auto page = Note(Client()->ListObjects(bucket(), lr));
+      if (!page.ok()) return page.status();
+      const auto& objs = page->objects;
+      SLUICE_RETURN_IF_ERROR(ParallelFor(objs.size(), 16, [&](size_t i) {
+        if (skip_from && objs[i].key == from) return Status::Ok();
+        return Note(Client()->Copy(bucket(), objs[i].key, to + objs[i].key.substr(from.size())))
+            .status();
+      }));
+      if (page->next_token.empty()) return Status::Ok();
+      lr.continuation = page->next_token;
     }
-    return Status::Ok();
   }
 
   // The entries directly below `dir` ("" or "a/b/"), sorted by name (the origin's order puts a
@@ -485,10 +528,7 @@ class S3FsOp : public FSOpModel {
   Status CopyTree(const std::string& src, const std::string& dst) override {
     SLUICE_ASSIGN_OR_RETURN(std::string from, KeyOf(src));
     SLUICE_ASSIGN_OR_RETURN(std::string to, KeyOf(dst));
-    return o_->ForEachKey(from, [&](const s3c::ObjectInfo& obj) {
-      return o_->Note(o_->Client()->Copy(o_->bucket(), obj.key, to + obj.key.substr(from.size())))
-          .status();
-    });
+    return o_->CopyPrefix(from, to, false);
   }
   Status MoveTree(const std::string& src, const std::string& dst) override {
     SLUICE_RETURN_IF_ERROR(CopyTree(src, dst));
@@ -743,15 +783,6 @@ Result<std::string> S3Volume::MountPath(const VFolderId&, std::string_view) {
                             cfg_.name));
 }
 
-Status S3Volume::CopyPrefix(const std::string& from, const std::string& to) {
-  return origin_->ForEachKey(from, [&](const s3c::ObjectInfo& o) {
-    if (o.key == from) return Status::Ok();  // the root marker: the target has its own
-    return origin_
-        ->Note(origin_->Client()->Copy(opts_.bucket, o.key, to + o.key.substr(from.size())))
-        .status();
-  });
-}
-
 Status S3Volume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,
                                  const TreeUsage&) {
   SLUICE_RETURN_IF_ERROR(Writable());
@@ -761,7 +792,7 @@ Status S3Volume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFold
         fmt::format("volume {} copies vfolders between its own prefixes only", cfg_.name));
   SLUICE_RETURN_IF_ERROR(Live(src));
   SLUICE_RETURN_IF_ERROR(Live(dst));
-  return CopyPrefix(ObjectKey(src, ""), ObjectKey(dst, ""));
+  return origin_->CopyPrefix(ObjectKey(src, ""), ObjectKey(dst, ""), true);
 }
 
 Status S3Volume::ValidatePath(const VFolderId&, std::string_view relpath) {
@@ -914,11 +945,7 @@ Status S3Volume::MoveEntry(const VFolderId& vfid, const std::vector<std::string>
   }
   // A directory: every key copied, then every key deleted (not atomic: a crash in between
   // leaves both, never neither).
-  SLUICE_RETURN_IF_ERROR(origin_->ForEachKey(skey + "/", [&](const s3c::ObjectInfo& o) {
-    return origin_
-        ->Note(origin_->Client()->Copy(opts_.bucket, o.key, dkey + o.key.substr(skey.size())))
-        .status();
-  }));
+  SLUICE_RETURN_IF_ERROR(origin_->CopyPrefix(skey + "/", dkey + "/", false));
   SLUICE_ASSIGN_OR_RETURN(auto marker, origin_->HeadOpt(dkey + "/"));
   if (!marker) SLUICE_RETURN_IF_ERROR(origin_->PutMarker(dkey + "/"));
   return origin_->DeletePrefix(skey + "/");

@@ -122,7 +122,6 @@ class S3Volume : public Volume {
   Result<std::vector<std::string>> Parts(std::string_view relpath) const;
   Status Live(const VFolderId& vfid);  // the vfolder exists (cached for vfolder_ttl)
   Status Writable() const;
-  Status CopyPrefix(const std::string& from, const std::string& to);
   Status MoveEntry(const VFolderId& vfid, const std::vector<std::string>& src,
                    const std::vector<std::string>& dst);
   Status KeepParent(const VFolderId& vfid, const std::vector<std::string>& parts);

@@ -10,13 +10,17 @@ directly and against Sluice serving the same files from a local vfs volume, in t
             local   Sluice's S3 API on a bucket of a local vfs volume holding the same files
           -> objects/s and the ratios the issue asks for (epoch1/rgw, epoch2/rgw, epoch2/local)
 
+  model   with --model SIZE: one file read by R parallel ranged GETs (curl) through the cache
+          cold and warm, and from the local volume, against one plain GET from the origin
+          -> GB/s and the ratios the issue asks for (cold/one origin GET, warm/local)
+
 The origin is a Ceph RGW (tests/tools/ceph-cluster.sh: memstore OSD, beast frontend), or with
 --origin sluice a second sluiced's S3 API (no Ceph: quicker, but not the issue's peer). The
 client (libcurl, C++) shares the two cores with the servers; it costs per object what it costs
 on every side.
 
   /usr/bin/python3 bench/bench_cache.py [--objects 10000] [--object-size 100k] [--conns 32]
-      [--origin rgw|sluice] [--block 4m] [--io-threads 8]
+      [--origin rgw|sluice] [--block 4m] [--io-threads 8] [--model 2g] [--readers 8]
 """
 import argparse
 import concurrent.futures
@@ -58,6 +62,48 @@ def epoch(url, ak, sk, bucket, conns, want):
         shutil.rmtree(dst, ignore_errors=True)
 
 
+def curl_ranges(url, size, readers):
+    """Bytes/s reading [0, size) of `url` as `readers` parallel ranged GETs (curl, to nowhere)."""
+    step = (size + readers - 1) // readers
+    t0 = time.perf_counter()
+    ps = [subprocess.Popen(["curl", "-sf", "-o", "/dev/null", "-w", "%{size_download}",
+                            "-r", f"{a}-{min(size, a + step) - 1}", url],
+                           stdout=subprocess.PIPE, text=True)
+          for a in range(0, size, step)]
+    got = sum(int(p.communicate()[0] or 0) for p in ps)
+    took = time.perf_counter() - t0
+    if got != size or any(p.returncode for p in ps):
+        raise RuntimeError(f"ranged reads of {url[:60]}...: {got} of {size} bytes")
+    return size / took
+
+
+def model(args, origin, proxy, on_remote, local_path, local_bucket, remote_bucket, rgw_bucket,
+          prefix):
+    """One model file read by 8 parallel ranged readers: through the cache cold and warm, from
+    the local volume, and as one plain GET from the origin."""
+    size = args.model
+    path = os.path.join(local_path, "model.bin")
+    with open(path, "wb") as f:
+        for _ in range(0, size, 1 << 24):
+            f.write(os.urandom(min(1 << 24, size - f.tell())))
+    origin.client.upload_file(path, BUCKET, prefix + "model.bin")
+    origin.client.upload_file(path, rgw_bucket, "model.bin")
+
+    def url(server, bucket):
+        return server.client.generate_presigned_url(
+            "get_object", Params={"Bucket": bucket, "Key": "model.bin"}, ExpiresIn=86400)
+
+    one = curl_ranges(url(origin, rgw_bucket), size, 1)
+    cold = curl_ranges(url(on_remote, remote_bucket), size, args.readers)
+    warm = curl_ranges(url(on_remote, remote_bucket), size, args.readers)
+    local = curl_ranges(url(proxy, local_bucket), size, args.readers)
+    for name, v in (("one GET from the origin", one), ("cold, through the cache", cold),
+                    ("warm", warm), ("local vfs volume", local)):
+        print(f"model: {name}: {v / 1e9:.2f} GB/s", flush=True)
+    print(f"model: {size >> 20} MiB, {args.readers} ranged readers: cold/one origin GET "
+          f"{cold / one:.2f}x, warm/local {warm / local:.2f}x")
+
+
 class SluiceOrigin:
     """A second sluiced as the origin (--origin sluice)."""
 
@@ -77,6 +123,9 @@ def main():
     ap.add_argument("--conns", type=int, default=32)
     ap.add_argument("--origin", choices=("rgw", "sluice"), default="rgw")
     ap.add_argument("--block", default="4m")
+    ap.add_argument("--model", type=parse_size, default=0,
+                    help="also read one file of this size with --readers ranged readers")
+    ap.add_argument("--readers", type=int, default=8)
     ap.add_argument("--io-threads", type=int, default=8,
                     help="the proxy's [sluice] io-threads: origin fetches at once (default 8)")
     args = ap.parse_args()
@@ -147,6 +196,9 @@ ttl = "1h"
                 ("local", proxy.s3_url, proxy.ak, proxy.sk, local_bucket)):
             rates[name] = epoch(url, ak, sk, bucket, args.conns, want)
             print(f"epochs: {name}: {rates[name]:,.0f} objects/s", flush=True)
+        if args.model:
+            model(args, origin, proxy, on_remote, local_path, local_bucket, remote_bucket,
+                  rgw_bucket, prefix)
         peer = "ceph rgw" if args.origin == "rgw" else "sluice origin"
         print(f"epochs: {len(keys)} x {args.object_size} B, {args.conns} connections, origin "
               f"{peer}: epoch1/origin {rates['epoch1'] / rates['origin']:.2f}x, "

@@ -39,6 +39,11 @@ std::string SanitizeUtf8(std::string_view s) {
   return out;
 }
 
+bool IsAscii(std::string_view s) {
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+}
+
 ArchiveWriter::~ArchiveWriter() {
   if (ar_) {
     // An unfinished archive must not be finished now: free only releases memory.
@@ -89,11 +94,6 @@ constexpr uint64_t kMaxOctal7 = 07777777ULL;
 void Octal(char* field, size_t width, uint64_t v) {
   field[width - 1] = '\0';
   for (size_t i = width - 1; i-- > 0; v >>= 3) field[i] = static_cast<char>('0' + (v & 7));
-}
-
-bool Ascii(std::string_view s) {
-  return std::all_of(s.begin(), s.end(),
-                     [](char c) { return static_cast<unsigned char>(c) < 0x80; });
 }
 
 // One pax record, "<length> <key>=<value>\n", where the length counts its own digits.
@@ -165,11 +165,11 @@ Status ArchiveWriter::TarHeader(const Entry& e) {
   // What ustar's fields cannot hold goes in a pax extended header before the entry.
   std::string pax;
   bool binary = false;
-  if (UstarSplit(name) == std::string_view::npos || !Ascii(name)) {
+  if (UstarSplit(name) == std::string_view::npos || !IsAscii(name)) {
     PaxRecord(pax, "path", name);
     binary = binary || SanitizeUtf8(name) != name;
   }
-  if (e.link.size() > 100 || !Ascii(e.link)) {
+  if (e.link.size() > 100 || !IsAscii(e.link)) {
     PaxRecord(pax, "linkpath", e.link);
     binary = binary || SanitizeUtf8(e.link) != e.link;
   }

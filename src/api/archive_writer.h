@@ -32,7 +32,7 @@ class ArchiveWriter {
   };
 
   enum class Format { kTar, kZip };
-  // `block_bytes`: libarchive pads its output to blocks of this size (10240 as tar(1) and
+  // `block_bytes`: the output is padded to blocks of this size (10240 as tar(1) and
   // Python's tarfile do); 0 hands every byte out as it is written.
   explicit ArchiveWriter(Format format = Format::kTar, size_t block_bytes = 10240)
       : format_(format), block_bytes_(block_bytes) {}
@@ -80,5 +80,7 @@ class ArchiveWriter {
 
 // Bytes that are not valid UTF-8 become U+FFFD, so that every reader can decode a ZIP's names.
 std::string SanitizeUtf8(std::string_view s);
+// Whether every byte is below 0x80 (then already valid UTF-8, and a ustar name as it is).
+bool IsAscii(std::string_view s);
 
 }  // namespace sluice::api

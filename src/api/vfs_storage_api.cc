@@ -327,18 +327,17 @@ class ListingBody {
 };
 
 // An uncompressed TAR of a directory's contents as Python's tar.add(dir, arcname=".") makes
-// it: "." first, then "./name" entries, depth first. Written by libarchive into a buffer as
-// the client reads, never to a temporary file (the reference builds one first). Directories
-// are entered without following links; symbolic links are stored as links, with their targets
-// as they are (never followed); special files are left out. Entries come in directory order
-// (tarfile sorts each directory's names, which would take memory growing with a directory's
-// size), and hard links are stored as separate copies. Non-ASCII names go into PAX headers
-// as raw bytes (hdrcharset=BINARY), which tarfile decodes with the file system encoding.
+// it: "." first, then "./name" entries, depth first. Written into a buffer (api/archive_writer.h)
+// as the client reads, never to a temporary file (the reference builds one first). Directories are
+// entered without following links; symbolic links are stored as links, with their targets as they
+// are (never followed); special files are left out. Entries come in directory order (tarfile sorts
+// each directory's names, which would take memory growing with a directory's size), and hard links
+// are stored as separate copies. Non-ASCII names go into PAX headers (as raw bytes with
+// hdrcharset=BINARY when they are not UTF-8, which tarfile decodes with the file system encoding).
 class TarBody {
  public:
   TarBody(std::string label, DirReader root, const struct stat& root_st, size_t chunk)
-      : label_(std::move(label)), root_st_(root_st) {
-    in_.resize(chunk);
+      : label_(std::move(label)), root_st_(root_st), chunk_(chunk) {
     stack_.push_back(Frame{std::move(root), "./"});
   }
   ~TarBody() {
@@ -393,16 +392,17 @@ class TarBody {
   Status FinishEntry(const std::string& name) { return tar_.FinishEntry(name); }
 
   Status FileData() {
-    size_t want = static_cast<size_t>(std::min<uint64_t>(file_left_, in_.size()));
+    size_t want = static_cast<size_t>(std::min<uint64_t>(file_left_, chunk_));
+    SLUICE_ASSIGN_OR_RETURN(char* at, tar_.ReserveData(want));
     ssize_t n;
     do {
-      n = ::pread(file_.get(), in_.data(), want, static_cast<off_t>(file_off_));
+      n = ::pread(file_.get(), at, want, static_cast<off_t>(file_off_));
     } while (n < 0 && errno == EINTR);
+    tar_.CommitData(want, n > 0 ? static_cast<size_t>(n) : 0);
     if (n < 0) return Status::FromErrno(errno, fmt::format("read '{}'", file_name_));
     // The header promised the size seen when the file was opened.
     if (n == 0)
       return Status(Code::kIoError, fmt::format("'{}' shrank while being archived", file_name_));
-    SLUICE_RETURN_IF_ERROR(tar_.Data(in_.data(), static_cast<size_t>(n)));
     bytes_read_ += static_cast<uint64_t>(n);
     file_off_ += static_cast<uint64_t>(n);
     file_left_ -= static_cast<uint64_t>(n);
@@ -491,7 +491,7 @@ class TarBody {
   UniqueFd file_;  // the file whose data is being written
   std::string file_name_;
   uint64_t file_off_ = 0, file_left_ = 0;
-  std::vector<char> in_;
+  size_t chunk_;  // file data read at a time, straight into the archive
   bool failed_ = false, used_ = false;
   uint64_t entries_ = 0, bytes_read_ = 0;
 };

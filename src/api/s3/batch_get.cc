@@ -148,8 +148,7 @@ namespace {
 // (written here, not through a JSON document: a manifest of 100,000 items as a document cost
 // more than the TAR stream it ends).
 void AppendJsonString(std::string& out, std::string_view raw) {
-  const bool ascii = std::all_of(raw.begin(), raw.end(),
-                                 [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+  const bool ascii = IsAscii(raw);
   const std::string clean = ascii ? std::string() : SanitizeUtf8(raw);
   std::string_view s = ascii ? raw : std::string_view(clean);
   out += '"';

@@ -84,15 +84,20 @@ void BlockStore::Index(const std::string& id, uint64_t size) {
   stats_.blocks += 1;
 }
 
-void BlockStore::EvictOne() {
-  const std::string id = lru_.back();
-  lru_.pop_back();
+void BlockStore::Drop(const std::string& id) {
   auto it = index_.find(id);
-  stats_.bytes -= it->second.size;
-  stats_.blocks -= 1;
-  index_.erase(it);
-  stats_.evictions += 1;
+  if (it != index_.end()) {
+    stats_.bytes -= it->second.size;
+    stats_.blocks -= 1;
+    lru_.erase(it->second.at);
+    index_.erase(it);
+  }
   ::unlink(PathOf(id).c_str());
+}
+
+void BlockStore::EvictOne() {
+  Drop(std::string(lru_.back()));  // a copy: Drop erases the list node the name is in
+  stats_.evictions += 1;
 }
 
 uint64_t BlockStore::FreeBytes() const {
@@ -137,14 +142,8 @@ std::optional<std::string> BlockStore::Get(const std::string& id) {
   if (good) return data;
   spdlog::warn("cache {}: block {} is torn or unreadable: dropped", opts_.dir, id);
   std::lock_guard lk(mu_);
-  if (auto it = index_.find(id); it != index_.end()) {
-    stats_.bytes -= it->second.size;
-    stats_.blocks -= 1;
-    lru_.erase(it->second.at);
-    index_.erase(it);
-  }
+  Drop(id);
   stats_.torn += 1;
-  ::unlink(PathOf(id).c_str());
   return std::nullopt;
 }
 
@@ -198,17 +197,6 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
   std::lock_guard lk(mu_);
   Index(id, data.size());
   return true;
-}
-
-void BlockStore::Erase(const std::string& id) {
-  std::lock_guard lk(mu_);
-  auto it = index_.find(id);
-  if (it == index_.end()) return;
-  stats_.bytes -= it->second.size;
-  stats_.blocks -= 1;
-  lru_.erase(it->second.at);
-  index_.erase(it);
-  ::unlink(PathOf(id).c_str());
 }
 
 BlockStore::Stats BlockStore::stats() const {

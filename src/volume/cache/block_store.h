@@ -35,7 +35,6 @@ class BlockStore {
   // Stores the block, evicting the least recently used ones to stay within the limits. false:
   // not stored (the disk is too full even with the cache empty, or the write failed).
   bool Put(const std::string& id, std::string_view data);
-  void Erase(const std::string& id);
 
   struct Stats {
     uint64_t blocks = 0, bytes = 0, evictions = 0, torn = 0, rejected = 0;
@@ -48,6 +47,7 @@ class BlockStore {
   std::string PathOf(const std::string& id) const;
   void Index(const std::string& id, uint64_t size);  // as the most recently used; mu_ held
   void EvictOne();                                   // mu_ held
+  void Drop(const std::string& id);                  // from the index and the disk; mu_ held
   uint64_t FreeBytes() const;
 
   BlockStoreOptions opts_;

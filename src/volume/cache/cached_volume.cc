@@ -352,20 +352,28 @@ Result<std::shared_ptr<const std::string>> CachedVolume::Block(
     }
     return f->result;
   }
-  n_.misses++;
-  (*g_misses_)++;
   Result<std::shared_ptr<const std::string>> result{Status(Code::kInternal, "")};
-  auto got = fetch();
-  if (got.ok()) {
-    n_.origin_bytes += got->size();
-    (*g_origin_bytes_) += got->size();
-    if (!Admit(id) || !store_->Put(id, *got)) {
-      n_.rejects++;
-      (*g_rejects_)++;
-    }
-    result = std::make_shared<const std::string>(std::move(got).value());
+  // The miss above may have raced a leader that stored the block and left just before this
+  // flight began: look again now that no one else can start fetching it.
+  if (auto hit = store_->Get(id)) {
+    n_.hits++;
+    (*g_hits_)++;
+    result = std::make_shared<const std::string>(std::move(*hit));
   } else {
-    result = got.status();
+    n_.misses++;
+    (*g_misses_)++;
+    auto got = fetch();
+    if (!got.ok()) {
+      result = got.status();
+    } else {
+      n_.origin_bytes += got->size();
+      (*g_origin_bytes_) += got->size();
+      if (!Admit(id) || !store_->Put(id, *got)) {
+        n_.rejects++;
+        (*g_rejects_)++;
+      }
+      result = std::make_shared<const std::string>(std::move(got).value());
+    }
   }
   {
     std::lock_guard lk(mu_);

@@ -163,7 +163,7 @@ Result<std::unique_ptr<Volume>> VolumeRegistry::CreateServed(const VolumeConfig&
   if (cfg.cache.is_null()) return v;
   // Cache(Metrics(volume)): the metrics count what reaches the volume below the cache.
   SLUICE_ASSIGN_OR_RETURN(CacheOptions co, CacheOptions::FromJson(cfg.name, cfg.cache));
-  SLUICE_ASSIGN_OR_RETURN(auto store, BlockStore::Open({co.path, co.max_size, co.min_free}));
+  SLUICE_ASSIGN_OR_RETURN(auto store, BlockStore::Open(co.StoreOptions()));
   return std::unique_ptr<Volume>(
       std::make_unique<CachedVolume>(std::move(v), std::move(co), std::move(store)));
 }

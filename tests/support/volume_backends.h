@@ -242,7 +242,7 @@ inline std::vector<Backend> AllBackends() {
     o.path = dir + "/cache";
     o.block_size = 4096;
     o.min_free = 0;
-    auto store = BlockStore::Open({o.path, o.max_size, o.min_free});
+    auto store = BlockStore::Open(o.StoreOptions());
     EXPECT_TRUE(store.ok()) << store.status().ToString();
     return std::make_unique<CachedVolume>(std::move(v), o, std::move(store).value());
   };

@@ -27,12 +27,6 @@ constexpr char kMagic[4] = {'S', 'L', 'C', 'B'};
 constexpr uint32_t kVersion = 1;
 constexpr size_t kHeader = 20;  // magic, version, length (u64), CRC32C (u32); little-endian
 
-bool IsId(std::string_view s) {
-  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
-}
-
 }  // namespace
 
 Result<std::unique_ptr<BlockStore>> BlockStore::Open(BlockStoreOptions opts) {
@@ -54,7 +48,7 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Open(BlockStoreOptions opts) {
     for (auto& f : fs::directory_iterator(sub.path(), ec)) {
       std::string id = f.path().filename().string();
       struct stat st;
-      if (!IsId(id) || ::stat(f.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
+      if (!BlockIndex::ParseKey(id) || ::stat(f.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
           static_cast<uint64_t>(st.st_size) < kHeader)
         continue;
       found.push_back({id, static_cast<uint64_t>(st.st_size) - kHeader, st.st_mtim.tv_sec});
@@ -63,8 +57,10 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Open(BlockStoreOptions opts) {
   std::sort(found.begin(), found.end(),
             [](const Found& a, const Found& b) { return a.mtime < b.mtime; });
   std::lock_guard lk(s->mu_);
-  for (const auto& f : found) s->Index(f.id, f.size);  // the newest ends first
-  while (s->stats_.bytes > s->opts_.max_bytes && !s->lru_.empty()) s->EvictOne();
+  for (const auto& f : found)  // the newest ends first
+    s->index_.Insert(*BlockIndex::ParseKey(f.id), f.size, /*warm=*/true);
+  while (s->index_.bytes() > s->opts_.max_bytes && s->EvictOne()) {
+  }
   return s;
 }
 
@@ -72,32 +68,34 @@ std::string BlockStore::PathOf(const std::string& id) const {
   return fmt::format("{}/{}/{}", opts_.dir, id.substr(0, 2), id);
 }
 
-void BlockStore::Index(const std::string& id, uint64_t size) {
-  auto it = index_.find(id);
-  if (it != index_.end()) {
-    lru_.splice(lru_.begin(), lru_, it->second.at);
-    return;
-  }
-  lru_.push_front(id);
-  index_[id] = {size, lru_.begin()};
-  stats_.bytes += size;
-  stats_.blocks += 1;
+void BlockStore::Drop(const BlockIndex::Key& k) {
+  index_.Remove(k);
+  ::unlink(PathOf(k).c_str());
 }
 
-void BlockStore::Drop(const std::string& id) {
-  auto it = index_.find(id);
-  if (it != index_.end()) {
-    stats_.bytes -= it->second.size;
-    stats_.blocks -= 1;
-    lru_.erase(it->second.at);
-    index_.erase(it);
-  }
-  ::unlink(PathOf(id).c_str());
-}
-
-void BlockStore::EvictOne() {
-  Drop(std::string(lru_.back()));  // a copy: Drop erases the list node the name is in
+bool BlockStore::EvictOne() {
+  auto k = index_.Evict();
+  if (!k) return false;
+  ::unlink(PathOf(*k).c_str());
   stats_.evictions += 1;
+  return true;
+}
+
+bool BlockStore::Evict(const std::string& id) {
+  auto k = BlockIndex::ParseKey(id);
+  if (!k) return false;
+  std::lock_guard lk(mu_);
+  if (!index_.Contains(*k)) return false;
+  Drop(*k);
+  stats_.evictions += 1;
+  return true;
+}
+
+uint64_t BlockStore::EvictAll() {
+  std::lock_guard lk(mu_);
+  uint64_t n = 0;
+  while (EvictOne()) n++;
+  return n;
 }
 
 uint64_t BlockStore::FreeBytes() const {
@@ -107,11 +105,11 @@ uint64_t BlockStore::FreeBytes() const {
 }
 
 std::optional<std::string> BlockStore::Get(const std::string& id) {
+  auto key = BlockIndex::ParseKey(id);
+  if (!key) return std::nullopt;
   {
     std::lock_guard lk(mu_);
-    auto it = index_.find(id);
-    if (it == index_.end()) return std::nullopt;
-    lru_.splice(lru_.begin(), lru_, it->second.at);
+    if (!index_.Touch(*key)) return std::nullopt;
   }
   UniqueFd fd(::open(PathOf(id).c_str(), O_RDONLY | O_CLOEXEC));
   std::string data;
@@ -142,22 +140,22 @@ std::optional<std::string> BlockStore::Get(const std::string& id) {
   if (good) return data;
   spdlog::warn("cache {}: block {} is torn or unreadable: dropped", opts_.dir, id);
   std::lock_guard lk(mu_);
-  Drop(id);
+  Drop(*key);
   stats_.torn += 1;
   return std::nullopt;
 }
 
 bool BlockStore::Put(const std::string& id, std::string_view data) {
-  if (!IsId(id)) return false;
+  auto key = BlockIndex::ParseKey(id);
+  if (!key) return false;
   {
     std::lock_guard lk(mu_);
-    if (index_.count(id)) {
-      Index(id, data.size());
-      return true;
-    }
+    if (index_.Touch(*key)) return true;
     // Room first: within the size limit, and never the disk below its free-space floor.
-    while (!lru_.empty() && stats_.bytes + data.size() > opts_.max_bytes) EvictOne();
-    while (!lru_.empty() && FreeBytes() < opts_.min_free + data.size() + kHeader) EvictOne();
+    while (index_.bytes() + data.size() > opts_.max_bytes && EvictOne()) {
+    }
+    while (FreeBytes() < opts_.min_free + data.size() + kHeader && EvictOne()) {
+    }
     if (data.size() > opts_.max_bytes || FreeBytes() < opts_.min_free + data.size() + kHeader) {
       stats_.rejected += 1;
       return false;
@@ -195,13 +193,16 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
     return false;
   }
   std::lock_guard lk(mu_);
-  Index(id, data.size());
+  index_.Insert(*key, data.size());
   return true;
 }
 
 BlockStore::Stats BlockStore::stats() const {
   std::lock_guard lk(mu_);
-  return stats_;
+  Stats s = stats_;
+  s.blocks = index_.blocks();
+  s.bytes = index_.bytes();
+  return s;
 }
 
 }  // namespace sluice

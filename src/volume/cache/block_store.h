@@ -1,22 +1,21 @@
 // The SSD read cache's blocks on a local disk: one file per block (a 20-byte header with the
 // data's length and CRC32C, then the data), written to a temporary name and renamed into place,
 // so that a block torn by a crash is detected by its checksum and dropped, never served. An
-// in-memory index (about 200 bytes per block: the 64-character id, a list node and a hash-map
-// node) keeps the blocks in least-recently-used order and their total size under `max_bytes`,
-// and the disk's free space above `min_free`. At open, the blocks already there are indexed
-// (oldest written first out): the cache is warm after a restart.
+// in-memory index (BlockIndex: about 100 bytes per block) picks what to evict (LRU or S3-FIFO)
+// to keep their total size under `max_bytes` and the disk's free space above `min_free`. At
+// open, the blocks already there are indexed (oldest written first out): the cache is warm
+// after a restart.
 #pragma once
 
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 
 #include "common/status.h"
+#include "volume/cache/block_index.h"
 
 namespace sluice {
 
@@ -24,6 +23,7 @@ struct BlockStoreOptions {
   std::string dir;
   uint64_t max_bytes = 10ULL << 30;
   uint64_t min_free = 1ULL << 30;
+  EvictionPolicy policy = EvictionPolicy::kS3Fifo;
 };
 
 class BlockStore {
@@ -35,6 +35,10 @@ class BlockStore {
   // Stores the block, evicting the least recently used ones to stay within the limits. false:
   // not stored (the disk is too full even with the cache empty, or the write failed).
   bool Put(const std::string& id, std::string_view data);
+  // Drops the block if it is there (an operator's evict); true if it was.
+  bool Evict(const std::string& id);
+  // Drops every block; how many there were.
+  uint64_t EvictAll();
 
   struct Stats {
     uint64_t blocks = 0, bytes = 0, evictions = 0, torn = 0, rejected = 0;
@@ -43,21 +47,17 @@ class BlockStore {
   const BlockStoreOptions& options() const { return opts_; }
 
  private:
-  explicit BlockStore(BlockStoreOptions opts) : opts_(std::move(opts)) {}
+  explicit BlockStore(BlockStoreOptions opts)
+      : opts_(std::move(opts)), index_(opts_.policy, opts_.max_bytes) {}
   std::string PathOf(const std::string& id) const;
-  void Index(const std::string& id, uint64_t size);  // as the most recently used; mu_ held
-  void EvictOne();                                   // mu_ held
-  void Drop(const std::string& id);                  // from the index and the disk; mu_ held
+  std::string PathOf(const BlockIndex::Key& k) const { return PathOf(BlockIndex::KeyHex(k)); }
+  bool EvictOne();                      // the policy's victim, from disk too; mu_ held
+  void Drop(const BlockIndex::Key& k);  // from the index and the disk; mu_ held
   uint64_t FreeBytes() const;
 
   BlockStoreOptions opts_;
   mutable std::mutex mu_;
-  std::list<std::string> lru_;  // most recently used first
-  struct Entry {
-    uint64_t size;
-    std::list<std::string>::iterator at;
-  };
-  std::unordered_map<std::string, Entry> index_;
+  BlockIndex index_;
   Stats stats_;
 };
 

@@ -18,7 +18,6 @@ namespace sluice {
 namespace {
 
 using Steady = std::chrono::steady_clock;
-constexpr size_t kGhostEntries = 1 << 16;
 
 std::string MetaKey(const VFolderId& vfid, const std::vector<std::string>& parts) {
   return vfid.ToString() + '\0' +
@@ -208,10 +207,13 @@ Result<CacheOptions> CacheOptions::FromJson(const std::string& volume, const nlo
       if (v != "first-miss" && v != "second-miss")
         return bad(key, "must be \"first-miss\" or \"second-miss\"");
       o.second_miss = v == "second-miss";
+    } else if (key == "eviction") {
+      if (v != "s3-fifo" && v != "lru") return bad(key, "must be \"s3-fifo\" or \"lru\"");
+      o.eviction = v == "lru" ? EvictionPolicy::kLru : EvictionPolicy::kS3Fifo;
     } else {
       return bad(key,
                  "unknown key (known: path, max-size, min-free, block-size, ttl, admission, "
-                 "serve-stale)");
+                 "eviction, serve-stale)");
     }
   }
   if (o.path.empty()) return bad("path", "is required (a directory on a local disk)");
@@ -314,15 +316,9 @@ Result<std::unique_ptr<DirHandle>> CachedVolume::OpenDir(const VFolderId& vfid,
 
 bool CachedVolume::Admit(const std::string& id) {
   if (!opts_.second_miss) return true;
+  auto k = BlockIndex::ParseKey(id);
   std::lock_guard lk(mu_);
-  if (ghost_.erase(id)) return true;
-  ghost_.insert(id);
-  ghost_order_.push_back(id);
-  while (ghost_order_.size() > kGhostEntries) {
-    ghost_.erase(ghost_order_.front());
-    ghost_order_.pop_front();
-  }
-  return false;
+  return k && second_miss_.SecondMiss(*k);
 }
 
 Result<std::shared_ptr<const std::string>> CachedVolume::Block(

@@ -19,13 +19,11 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
-#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
@@ -42,10 +40,12 @@ struct CacheOptions {
   std::chrono::milliseconds ttl{60000};
   bool second_miss = false;
   bool serve_stale = true;
+  EvictionPolicy eviction = EvictionPolicy::kS3Fifo;
 
   // From the volume's `cache` table: path (required), max-size, min-free, block-size, ttl,
-  // admission ("first-miss" | "second-miss"), serve-stale.
+  // admission ("first-miss" | "second-miss"), eviction ("s3-fifo" | "lru"), serve-stale.
   static Result<CacheOptions> FromJson(const std::string& volume, const nlohmann::json& j);
+  BlockStoreOptions StoreOptions() const { return {path, max_size, min_free, eviction}; }
 };
 
 class CachedVolume : public ForwardingVolume {
@@ -109,8 +109,7 @@ class CachedVolume : public ForwardingVolume {
   };
   std::map<std::string, std::shared_ptr<const Listing>> dirs_;  // "<vfid>\0<relpath>"
   std::map<std::string, std::shared_ptr<Flight>> flights_;
-  std::unordered_set<std::string> ghost_;  // second-miss: blocks missed once lately
-  std::deque<std::string> ghost_order_;
+  MissFilter second_miss_;
   // This cache's counts, and the process's Prometheus counters they are added to.
   struct Counters {
     std::atomic<uint64_t> hits{0}, misses{0}, origin_bytes{0}, rejects{0}, stale{0};

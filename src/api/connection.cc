@@ -363,7 +363,6 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     if (!req->body_lease) {
       HttpResponse r = router().Error(
           Status(Code::kUnavailable, "too many request bodies are being received; retry shortly"));
-      r.headers.emplace_back("Retry-After", "1");
       return AnswerEarly(std::move(r));
     }
     body_limit_ = limit;

@@ -124,6 +124,7 @@ HttpResponse ErrorResponse(const Status& st, const std::vector<std::string>& pat
   }
   HttpResponse r = HttpResponse::Json(static_cast<unsigned>(p.status), j);
   r.content_type = "application/problem+json";
+  if (r.status == 503) r.headers.emplace_back("Retry-After", "1");  // shed, or an origin away
   return r;
 }
 

@@ -11,6 +11,7 @@
 #include "common/jwt.h"
 #include "common/path.h"
 #include "common/secrets.h"
+#include "service/cache_ops.h"
 #include "service/files.h"
 
 #ifndef SLUICE_VERSION
@@ -186,6 +187,10 @@ class ManagerApi {
     add(V::post, "/folder/file/delete-async", &ManagerApi::DeleteAsync);
     add(V::get, "/bgtask", &ManagerApi::Task);
     add(V::get, "/bgtasks", &ManagerApi::Tasks);
+    // Sluice additions: the SSD cache of a volume with [volume.NAME.cache].
+    add(V::get, "/volume/cache", &ManagerApi::CacheStats);
+    add(V::post, "/volume/cache/warm", &ManagerApi::CacheWarm);
+    add(V::post, "/volume/cache/evict", &ManagerApi::CacheEvict);
     // Kept for old managers.
     add(V::get, "/folder/metadata", &ManagerApi::MetadataGet);
     add(V::post, "/folder/metadata", &ManagerApi::MetadataSet);
@@ -495,6 +500,45 @@ class ManagerApi {
     if (!info)
       return ErrorResponse(Status(Code::kNotFound, fmt::format("no background task '{}'", id)));
     return HttpResponse::Json(200, info->ToJson());
+  }
+
+  Result<CachedVolume*> GetCache(const Params& p) {
+    SLUICE_ASSIGN_OR_RETURN(std::string vol, p.Str("volume"));
+    SLUICE_ASSIGN_OR_RETURN(Volume * v, svc_->GetVolume(vol));
+    return CacheOf(v);
+  }
+
+  HttpResponse CacheStats(const Params& p, const RequestContext&) {
+    API_ASSIGN_OR_RESPOND(CachedVolume * c, GetCache(p));
+    return HttpResponse::Json(200, CacheStatsJson(*c));
+  }
+
+  // Prewarm: {volume, vfid, path?} -> a background task whose `progress` counts files and
+  // bytes found and read.
+  HttpResponse CacheWarm(const Params& p, const RequestContext&) {
+    API_ASSIGN_OR_RESPOND(CachedVolume * c, GetCache(p));
+    API_ASSIGN_OR_RESPOND(VFolderId vfid, GetVfid(p, "vfid"));
+    std::string path = p.OptStr("path").value_or("");
+    API_ASSIGN_OR_RESPOND(auto parts, SplitRelPath(path));  // refused now, not in the task
+    if (Status st = c->CheckVFolder(vfid); !st.ok()) return ErrorResponse(st);
+    nlohmann::json params = {{"volume", c->name()}, {"vfid", vfid.ToString()}, {"path", path}};
+    API_ASSIGN_OR_RESPOND(std::string id,
+                          svc_->tasks().Start("cache-warm", std::move(params),
+                                              [c, vfid, path](const BgTaskManager::Report& report) {
+                                                WarmProgress progress;
+                                                return WarmTree(*c, vfid, path, &progress,
+                                                                [&] { report(progress.ToJson()); });
+                                              }));
+    return TaskAccepted(202, id);
+  }
+
+  // {volume, vfid?, path?}: without a vfid, everything the cache holds.
+  HttpResponse CacheEvict(const Params& p, const RequestContext&) {
+    API_ASSIGN_OR_RESPOND(CachedVolume * c, GetCache(p));
+    if (!p.OptStr("vfid")) return HttpResponse::Json(200, {{"blocks", c->EvictAll()}});
+    API_ASSIGN_OR_RESPOND(VFolderId vfid, GetVfid(p, "vfid"));
+    API_ASSIGN_OR_RESPOND(nlohmann::json out, EvictTree(*c, vfid, p.OptStr("path").value_or("")));
+    return HttpResponse::Json(200, out);
   }
 
   HttpResponse Tasks(const Params&, const RequestContext&) {

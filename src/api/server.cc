@@ -223,7 +223,6 @@ namespace {
 std::string ShedResponse(const char* reason) {
   HttpResponse r = ErrorResponse(Status(
       Code::kUnavailable, fmt::format("the server is at its limit ({}); retry shortly", reason)));
-  r.headers.emplace_back("Retry-After", "1");
   HeadOptions o;
   o.keep_alive = false;
   o.length = r.body.size();

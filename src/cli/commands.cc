@@ -103,6 +103,8 @@ struct Args {
   std::string s3_id, display_name, access_key, secret_key, user, bucket_name, owner;
   std::vector<std::string> buckets;
   bool read_only = false;
+  bool all = false;
+  std::string cache_path;  // "": the whole vfolder
 };
 
 std::string Trim(std::string s) {
@@ -292,6 +294,18 @@ class Cli {
     if (!g.json) std::printf("%s\n", line.c_str());
   }
 
+  // A task's reported progress in a few words: files and bytes done of those found.
+  static std::string ProgressText(const json& p) {
+    auto files = Uint(p, "files_done"), found = Uint(p, "files_found");
+    auto bytes = Uint(p, "bytes_done"), total = Uint(p, "bytes_found");
+    if (!files || !found || !bytes || !total) return "in progress";
+    const bool listed = p.contains("listed") && p["listed"].is_boolean() && p["listed"].get<bool>();
+    std::string s = fmt::format("{}/{}{} files, {} of {}{}", *files, *found, listed ? "" : "+",
+                                FormatSize(*bytes), FormatSize(*total), listed ? "" : "+");
+    if (auto e = Uint(p, "errors"); e && *e) s += fmt::format(", {} errors", *e);
+    return s;
+  }
+
   // Polls the task until it completes or fails. A spinner with the elapsed seconds runs on
   // stderr while it waits when stderr is a terminal.
   int WaitTask(const std::string& id, const std::string& label, json* task, double* secs) {
@@ -302,10 +316,12 @@ class Cli {
     auto next_poll = t0;
     milliseconds interval(100);
     size_t frame = 0;
+    std::string detail;  // the task's progress, when it reports one
     for (;;) {
       if (tty) {
         double el = duration<double>(steady_clock::now() - t0).count();
-        std::string line = fmt::format("{} {} ({:.0f}s)", kFrames[frame++ % 4], label, el);
+        std::string line =
+            fmt::format("{} {} ({:.0f}s{})", kFrames[frame++ % 4], label, el, detail);
         // One terminal line at most, or the next '\r' would not return to its start.
         struct winsize ws {};
         size_t cols =
@@ -320,6 +336,7 @@ class Cli {
         if (rc != kExitOk) return rc;
         std::string st = Str(*task, "status");
         if (st == "completed" || st == "failed") break;
+        if (task->contains("progress")) detail = ", " + ProgressText((*task)["progress"]);
         interval = std::min(milliseconds(1000), interval * 3 / 2);
         next_poll = steady_clock::now() + interval;
       }
@@ -346,9 +363,10 @@ class Cli {
     return kExitOk;
   }
 
-  // Starts a background task with `body`, then waits for it unless `no_wait`.
+  // Starts a background task with `body`, then waits for it unless `no_wait`; `done` says
+  // what the finished task did.
   int RunTask(http::verb verb, std::string_view path, const json& body, bool no_wait,
-              const std::string& label, const std::string& done) {
+              const std::string& label, const std::function<std::string(const json&)>& done) {
     json answer;
     int rc = Call(verb, path, body, &answer);
     if (rc != kExitOk) return rc;
@@ -365,7 +383,11 @@ class Cli {
     double secs = 0;
     rc = WaitTask(id, label, &task, &secs);
     if (rc != kExitOk) return rc;
-    return ReportTask(task, done, secs);
+    return ReportTask(task, done(task), secs);
+  }
+  int RunTask(http::verb verb, std::string_view path, const json& body, bool no_wait,
+              const std::string& label, const std::string& done) {
+    return RunTask(verb, path, body, no_wait, label, [&done](const json&) { return done; });
   }
 
  private:
@@ -999,6 +1021,104 @@ void PrintTask(Cli& c, const json& t) {
   PrintFields(stdout, f);
 }
 
+// ---- cache ---------------------------------------------------------------------------------
+
+void AddCacheCommands(CLI::App& app, Args& a, Action* run) {
+  auto* cache = Command(&app, "cache",
+                        "Operate a volume's SSD read cache ([volume.NAME.cache]).\n"
+                        "Stats, prewarm a vfolder or a path in it, and evict.",
+                        std::string("sluice cache warm datasets ") + kVfidEx + " train/");
+  cache->require_subcommand(1);
+
+  auto* stats = Command(cache, "stats",
+                        "Show what the cache holds and how it has done.\n"
+                        "Blocks and bytes held, hits and misses since the daemon started, bytes "
+                        "read\nfrom the origin, evictions, and the options it runs with.",
+                        "sluice cache stats datasets");
+  AddVolume(stats, a);
+  OnRun(stats, run, [&a](Cli& c) {
+    json j;
+    int rc = c.Call(http::verb::get, "/volume/cache", {{"volume", a.volume}}, &j);
+    if (rc != kExitOk) return rc;
+    if (c.g.json) {
+      c.PrintJson(j);
+      return kExitOk;
+    }
+    auto num = [&](const char* k) { return std::to_string(Uint(j, k).value_or(0)); };
+    auto size = [&](const char* k) { return FormatSize(Uint(j, k).value_or(0)); };
+    const double ratio =
+        j.contains("hit_ratio") && j["hit_ratio"].is_number() ? j["hit_ratio"].get<double>() : 0.0;
+    std::vector<std::pair<std::string, std::string>> f = {
+        {"VOLUME", Printable(a.volume)},
+        {"PATH", Printable(Str(j, "path"))},
+        {"HELD", fmt::format("{} in {} blocks (max {}, {} kept free on the disk)", size("bytes"),
+                             num("blocks"), size("max_size"), size("min_free"))},
+        {"HITS", fmt::format("{} ({:.1f}% of {} lookups)", num("hits"), 100 * ratio,
+                             Uint(j, "hits").value_or(0) + Uint(j, "misses").value_or(0))},
+        {"MISSES", num("misses")},
+        {"FROM ORIGIN", size("origin_bytes")},
+        {"FILLED", size("fill_bytes")},
+        {"EVICTIONS", num("evictions")},
+        {"NOT KEPT", num("admission_rejects") + " (admission policy or disk space)"},
+        {"TORN BLOCKS", num("torn_blocks")},
+        {"STALE OPENS", num("stale_opens") + " (origin unreachable)"},
+        {"POLICY", fmt::format("{}, {}, block {}, ttl {} ms{}", Str(j, "eviction"),
+                               Str(j, "admission"), size("block_size"), num("ttl_ms"),
+                               j.value("serve_stale", false) ? ", serves stale" : "")},
+        {"INDEX MEMORY", "about " + size("index_bytes_estimate")}};
+    PrintFields(stdout, f);
+    return kExitOk;
+  });
+
+  auto* warm = Command(cache, "warm",
+                       "Read a vfolder, or a file or directory in it, into the cache.\n"
+                       "Runs on the daemon as a background task, 8 files at a time; this waits "
+                       "for it\n(with progress on stderr when it is a terminal) unless "
+                       "--no-wait. Every block\nis kept, whatever the admission policy.",
+                       std::string("sluice cache warm datasets ") + kVfidEx + " train/");
+  AddVolume(warm, a);
+  AddVfid(warm, a);
+  warm->add_option("PATH", a.cache_path, "a file or directory in the vfolder (default: all of it)");
+  warm->add_flag("--no-wait", a.no_wait, "print the background task id and return at once");
+  OnRun(warm, run, [&a](Cli& c) {
+    return c.RunTask(
+        http::verb::post, "/volume/cache/warm",
+        {{"volume", a.volume}, {"vfid", a.vfid}, {"path", a.cache_path}}, a.no_wait,
+        "warming " + (a.cache_path.empty() ? a.vfid : a.cache_path), [](const json& task) {
+          return "warmed " +
+                 Cli::ProgressText(task.contains("progress") ? task["progress"] : json::object());
+        });
+  });
+
+  auto* evict = Command(cache, "evict",
+                        "Drop cached blocks: of a vfolder, of a file or directory in it, or "
+                        "(--all)\nall of them. The origin is not touched; what is read next is "
+                        "fetched again.",
+                        std::string("sluice cache evict datasets ") + kVfidEx + " train/");
+  AddVolume(evict, a);
+  evict->add_option("VFID", a.vfid, "vfolder id whose blocks to drop");
+  evict->add_option("PATH", a.cache_path,
+                    "a file or directory in the vfolder (default: all of it)");
+  evict->add_flag("--all", a.all, "drop every block the cache holds");
+  OnRun(evict, run, [&a](Cli& c) {
+    if (a.all == !a.vfid.empty())
+      return c.Fail(kExitUsage, "name a VFID, or --all for the whole cache (not both)");
+    json body = {{"volume", a.volume}};
+    if (!a.all) body["vfid"] = a.vfid, body["path"] = a.cache_path;
+    json j;
+    int rc = c.Call(http::verb::post, "/volume/cache/evict", body, &j);
+    if (rc != kExitOk) return rc;
+    if (c.g.json)
+      c.PrintJson(j);
+    else if (a.all)
+      c.Say(fmt::format("evicted {} blocks from {}", Uint(j, "blocks").value_or(0), a.volume));
+    else
+      c.Say(fmt::format("evicted {} blocks of {} files", Uint(j, "blocks").value_or(0),
+                        Uint(j, "files").value_or(0)));
+    return kExitOk;
+  });
+}
+
 void AddTaskCommands(CLI::App& app, Args& a, Action* run) {
   auto* task = Command(&app, "task",
                        "Follow background tasks.\n"
@@ -1316,6 +1436,7 @@ int RunCli(int argc, char** argv) {
   AddScopeCommands(app, args, &action);
   AddVFolderCommands(app, args, &action);
   AddTaskCommands(app, args, &action);
+  AddCacheCommands(app, args, &action);
   AddS3Commands(app, args, &action);
   app.footer(kRootFooter);
   // Positionals are named in capitals already; "TEXT" after each name adds nothing.

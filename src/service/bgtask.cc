@@ -36,6 +36,7 @@ nlohmann::json BgTaskInfo::ToJson() const {
   if (state != TaskState::kPending) j["started_at"] = FormatIso8601(started);
   if (state == TaskState::kCompleted || state == TaskState::kFailed)
     j["finished_at"] = FormatIso8601(finished);
+  if (!progress.is_null()) j["progress"] = progress;
   if (state == TaskState::kFailed)
     j["error"] = {
         {"msg", error.message()}, {"errno", error.sys_errno()}, {"code", CodeName(error.code())}};
@@ -84,6 +85,11 @@ void BgTaskManager::Forget(const std::vector<std::string>& ids) {
 }
 
 Result<std::string> BgTaskManager::Start(std::string kind, nlohmann::json params, Fn fn) {
+  return Start(std::move(kind), std::move(params),
+               ReportingFn([fn = std::move(fn)](const Report&) { return fn(); }));
+}
+
+Result<std::string> BgTaskManager::Start(std::string kind, nlohmann::json params, ReportingFn fn) {
   std::string hex = RandomHexString(16);
   std::string id = hex.substr(0, 8) + "-" + hex.substr(8, 4) + "-" + hex.substr(12, 4) + "-" +
                    hex.substr(16, 4) + "-" + hex.substr(20, 12);
@@ -109,8 +115,12 @@ Result<std::string> BgTaskManager::Start(std::string kind, nlohmann::json params
     }
     Save(running);
     Status st;
+    const Report report = [this, &id](nlohmann::json p) {
+      std::lock_guard lk(mu_);
+      tasks_[id].progress = std::move(p);
+    };
     try {
-      st = fn();
+      st = fn(report);
     } catch (const std::exception& e) {
       st = Status(Code::kInternal, std::string("unexpected exception: ") + e.what());
     }

@@ -29,7 +29,8 @@ struct BgTaskInfo {
   std::string kind;
   nlohmann::json params;
   TaskState state = TaskState::kPending;
-  Status error;  // set when failed
+  Status error;             // set when failed
+  nlohmann::json progress;  // what the task reported last (null: nothing); not persisted
   std::chrono::system_clock::time_point created, started, finished;
 
   nlohmann::json ToJson() const;
@@ -38,6 +39,9 @@ struct BgTaskInfo {
 class BgTaskManager {
  public:
   using Fn = std::function<Status()>;
+  // A task that reports how far it got: `report` replaces the task's `progress`.
+  using Report = std::function<void(nlohmann::json)>;
+  using ReportingFn = std::function<Status(const Report& report)>;
 
   explicit BgTaskManager(ThreadPool* pool, size_t keep_finished = 10000);
   ~BgTaskManager();
@@ -48,6 +52,7 @@ class BgTaskManager {
 
   // Queues `fn`; kUnavailable when the pool refuses it (shutting down or overloaded).
   Result<std::string> Start(std::string kind, nlohmann::json params, Fn fn);
+  Result<std::string> Start(std::string kind, nlohmann::json params, ReportingFn fn);
   // A task of this process, else (with a store) one from the shared history.
   std::optional<BgTaskInfo> Get(const std::string& id) const;
   std::vector<BgTaskInfo> List() const;

@@ -91,6 +91,7 @@ HttpResponse ErrorXml(const S3Error& e, std::string_view resource) {
   err.append_child("Resource").text().set(std::string(resource).c_str());
   HttpResponse r = Xml(e.status, doc);
   r.headers.emplace_back("x-amz-request-id", RequestId());
+  if (r.status == 503) r.headers.emplace_back("Retry-After", "1");  // SDKs back off and retry
   return r;
 }
 

@@ -194,6 +194,7 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
   }
   std::lock_guard lk(mu_);
   index_.Insert(*key, data.size());
+  stats_.filled_bytes += data.size();
   return true;
 }
 

@@ -42,6 +42,7 @@ class BlockStore {
 
   struct Stats {
     uint64_t blocks = 0, bytes = 0, evictions = 0, torn = 0, rejected = 0;
+    uint64_t filled_bytes = 0;  // data written into blocks since open
   };
   Stats stats() const;
   const BlockStoreOptions& options() const { return opts_; }

@@ -89,6 +89,25 @@ class CachedReader : public FileReader {
     return done;
   }
 
+  // Every block into the cache (an operator's warm); `*bytes` grows as they land.
+  Status Warm(std::atomic<uint64_t>* bytes) {
+    const uint64_t size = info_.size, bs = v_->options().block_size;
+    for (uint64_t first = 0; first < size; first += bs) {
+      const uint64_t len = std::min(bs, size - first);
+      SLUICE_ASSIGN_OR_RETURN(auto block, v_->Block(
+                                              Id(first / bs), [&] { return Fetch(first, len); },
+                                              /*admit=*/true));
+      *bytes += block->size();
+    }
+    return Status::Ok();
+  }
+  uint64_t Evict() {
+    const uint64_t bs = v_->options().block_size;
+    uint64_t n = 0;
+    for (uint64_t index = 0; index * bs < info_.size; ++index) n += v_->store().Evict(Id(index));
+    return n;
+  }
+
  private:
   // The block, from the one this reader used last (sequential reads come in pieces smaller
   // than a block), the cache, or the volume below.
@@ -103,10 +122,7 @@ class CachedReader : public FileReader {
     last_index_ = index;
     return block;
   }
-  std::string Id(uint64_t index) const {
-    return Sha256Hex(
-        fmt::format("{}\n{}\n{}\n{}\n{}", v_->name(), vfid_.ToString(), rel_, validator_, index));
-  }
+  std::string Id(uint64_t index) const { return v_->BlockId(vfid_, rel_, validator_, index); }
   // Bytes [first, first+len) of this version from the volume below.
   Result<std::string> Fetch(uint64_t first, uint64_t len) {
     std::shared_ptr<FileReader> r;
@@ -241,6 +257,58 @@ CachedVolume::CachedVolume(std::unique_ptr<Volume> inner, CacheOptions opts,
   g_stale_ =
       &m.Counter("sluice_cache_stale_opens_total",
                  "Files opened from expired attributes while the origin was unreachable.", l);
+  g_evictions_ = &m.Counter("sluice_cache_evictions_total",
+                            "Blocks dropped to make room, or by an operator's evict.", l);
+  g_fill_bytes_ =
+      &m.Counter("sluice_cache_fill_bytes_total", "Bytes written into the SSD cache.", l);
+  g_bytes_ = &m.Gauge("sluice_cache_bytes", "Bytes of blocks the SSD cache holds.", l);
+  g_blocks_ = &m.Gauge("sluice_cache_blocks", "Blocks the SSD cache holds.", l);
+  PublishStore();
+}
+
+void CachedVolume::PublishStore() {
+  // The store's counts since open, and this volume's store lives as long as the process.
+  const BlockStore::Stats s = store_->stats();
+  g_evictions_->store(s.evictions);
+  g_fill_bytes_->store(s.filled_bytes);
+  g_bytes_->store(static_cast<int64_t>(s.bytes));
+  g_blocks_->store(static_cast<int64_t>(s.blocks));
+}
+
+std::string CachedVolume::BlockId(const VFolderId& vfid, const std::string& rel,
+                                  const std::string& validator, uint64_t index) const {
+  return Sha256Hex(
+      fmt::format("{}\n{}\n{}\n{}\n{}", name(), vfid.ToString(), rel, validator, index));
+}
+
+Result<uint64_t> CachedVolume::Warm(const VFolderId& vfid, std::string_view relpath,
+                                    std::atomic<uint64_t>* bytes) {
+  SLUICE_ASSIGN_OR_RETURN(auto r, OpenReader(vfid, relpath));
+  SLUICE_RETURN_IF_ERROR(static_cast<CachedReader&>(*r).Warm(bytes));
+  return r->size();
+}
+
+Result<uint64_t> CachedVolume::Evict(const VFolderId& vfid, std::string_view relpath) {
+  SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
+  SLUICE_ASSIGN_OR_RETURN(auto r, OpenReader(vfid, relpath));
+  const uint64_t n = static_cast<CachedReader&>(*r).Evict();
+  {
+    std::lock_guard lk(mu_);
+    meta_.erase(MetaKey(vfid, parts));
+  }
+  PublishStore();
+  return n;
+}
+
+uint64_t CachedVolume::EvictAll() {
+  const uint64_t n = store_->EvictAll();
+  {
+    std::lock_guard lk(mu_);
+    meta_.clear();
+    dirs_.clear();
+  }
+  PublishStore();
+  return n;
 }
 
 CachedVolume::~CachedVolume() = default;
@@ -274,6 +342,44 @@ void CachedVolume::Invalidate(const VFolderId& vfid) {
     it = meta_.erase(it);
   for (auto it = dirs_.lower_bound(prefix); it != dirs_.end() && it->first.starts_with(prefix);)
     it = dirs_.erase(it);
+}
+
+std::optional<std::pair<DirEntry, bool>> CachedVolume::Known(
+    const VFolderId& vfid, const std::vector<std::string>& parts) {
+  const auto now = Steady::now();
+  std::lock_guard lk(mu_);
+  if (auto it = meta_.find(MetaKey(vfid, parts)); it != meta_.end())
+    return std::pair{it->second.entry, now - it->second.fetched < opts_.ttl};
+  if (auto it = dirs_.find(MetaKey(vfid, parts)); it != dirs_.end())
+    return std::pair{it->second->info, now - it->second->fetched < opts_.ttl};
+  if (parts.empty()) return std::nullopt;
+  std::vector<std::string> parent(parts.begin(), parts.end() - 1);
+  auto it = dirs_.find(MetaKey(vfid, parent));
+  if (it == dirs_.end()) return std::nullopt;
+  const auto& es = it->second->entries;  // by name
+  auto e = std::lower_bound(es.begin(), es.end(), parts.back(),
+                            [](const DirEntry& a, const std::string& n) { return a.name < n; });
+  if (e == es.end() || e->name != parts.back()) return std::nullopt;
+  return std::pair{*e, now - it->second->fetched < opts_.ttl};
+}
+
+Result<DirEntry> CachedVolume::Stat(const VFolderId& vfid, std::string_view relpath) {
+  SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
+  auto known = Known(vfid, parts);
+  if (known && known->second) {
+    DirEntry e = known->first;
+    if (!parts.empty()) e.name = parts.back();
+    return e;
+  }
+  auto r = ForwardingVolume::Stat(vfid, relpath);
+  if (!r.ok() && r.status().code() == Code::kUnavailable && known && opts_.serve_stale) {
+    n_.stale++;
+    (*g_stale_)++;
+    DirEntry e = known->first;
+    if (!parts.empty()) e.name = parts.back();
+    return e;
+  }
+  return r;
 }
 
 Result<std::unique_ptr<DirHandle>> CachedVolume::OpenDir(const VFolderId& vfid,
@@ -322,7 +428,7 @@ bool CachedVolume::Admit(const std::string& id) {
 }
 
 Result<std::shared_ptr<const std::string>> CachedVolume::Block(
-    const std::string& id, const std::function<Result<std::string>()>& fetch) {
+    const std::string& id, const std::function<Result<std::string>()>& fetch, bool admit) {
   if (auto hit = store_->Get(id)) {
     n_.hits++;
     (*g_hits_)++;
@@ -364,10 +470,11 @@ Result<std::shared_ptr<const std::string>> CachedVolume::Block(
     } else {
       n_.origin_bytes += got->size();
       (*g_origin_bytes_) += got->size();
-      if (!Admit(id) || !store_->Put(id, *got)) {
+      if (!(admit || Admit(id)) || !store_->Put(id, *got)) {
         n_.rejects++;
         (*g_rejects_)++;
       }
+      PublishStore();
       result = std::make_shared<const std::string>(std::move(got).value());
     }
   }

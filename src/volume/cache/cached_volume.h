@@ -70,6 +70,9 @@ class CachedVolume : public ForwardingVolume {
   Result<std::unique_ptr<StagingWriter>> OpenStaging(const VFolderId& vfid,
                                                      const std::string& session,
                                                      std::chrono::milliseconds wait) override;
+  // From what the cache knows within the TTL (a file's attributes, a directory's listing, a
+  // parent's listing), and from what it knew when the origin does not answer (serve-stale).
+  Result<DirEntry> Stat(const VFolderId& vfid, std::string_view relpath) override;
   // A directory's entries (names and attributes) are kept for the TTL too: listings within it
   // need no origin round trip.
   Result<std::unique_ptr<DirHandle>> OpenDir(const VFolderId& vfid,
@@ -82,16 +85,34 @@ class CachedVolume : public ForwardingVolume {
   Stats stats() const;
   const CacheOptions& options() const { return opts_; }
 
+  // Operators' commands (service/cache_ops.h walks trees with them).
+  // Reads the file's current version into the cache, every block admitted whatever the
+  // admission policy; `*bytes` grows as blocks land. The file's size.
+  Result<uint64_t> Warm(const VFolderId& vfid, std::string_view relpath,
+                        std::atomic<uint64_t>* bytes);
+  // Drops the cached blocks of the file's current version and its cached attributes; the
+  // number of blocks dropped. (Older versions' blocks are never read again: they age out.)
+  Result<uint64_t> Evict(const VFolderId& vfid, std::string_view relpath);
+  // Drops every block and every cached attribute; the number of blocks dropped.
+  uint64_t EvictAll();
+
   // For readers (cached_volume.cc): block `index` of a file version, from the cache or, once
-  // for all concurrent askers, from `fetch`.
+  // for all concurrent askers, from `fetch`. `admit`: keep it whatever the admission policy.
   Result<std::shared_ptr<const std::string>> Block(
-      const std::string& id, const std::function<Result<std::string>()>& fetch);
+      const std::string& id, const std::function<Result<std::string>()>& fetch, bool admit = false);
+  // What names block `index` of a file version on disk.
+  std::string BlockId(const VFolderId& vfid, const std::string& rel, const std::string& validator,
+                      uint64_t index) const;
   void Invalidate(const VFolderId& vfid);
   BlockStore& store() { return *store_; }
 
  private:
   struct Flight;
   bool Admit(const std::string& id);
+  // What the cache knows of `relpath` (`parts`), and whether it is within the TTL.
+  std::optional<std::pair<DirEntry, bool>> Known(const VFolderId& vfid,
+                                                 const std::vector<std::string>& parts);
+  void PublishStore();  // the store's figures to the Prometheus gauges and counters
 
   CacheOptions opts_;
   std::unique_ptr<BlockStore> store_;
@@ -114,7 +135,9 @@ class CachedVolume : public ForwardingVolume {
   struct Counters {
     std::atomic<uint64_t> hits{0}, misses{0}, origin_bytes{0}, rejects{0}, stale{0};
   } n_;
-  std::atomic<uint64_t>*g_hits_, *g_misses_, *g_origin_bytes_, *g_rejects_, *g_stale_;
+  std::atomic<uint64_t>*g_hits_, *g_misses_, *g_origin_bytes_, *g_rejects_, *g_stale_,
+      *g_evictions_, *g_fill_bytes_;
+  std::atomic<int64_t>*g_bytes_, *g_blocks_;
 };
 
 }  // namespace sluice

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "service/cache_ops.h"
 #include "support/assert_status.h"
 #include "volume/cache/cached_volume.h"
 #include "volume/mem/mem_volume.h"
@@ -277,6 +278,54 @@ TEST_F(Cache, WritesThroughThisNodeDropWhatTheyReplace) {
   ASSERT_OK(cache_->DeleteFiles(vf_, {"b"}, false));
   EXPECT_EQ(ReadAll("b", &st), "");
   EXPECT_EQ(st.code(), Code::kNotFound);
+}
+
+// An operator's warm reads a tree in (whatever the admission policy), and evict drops it.
+TEST_F(Cache, WarmAndEvictATree) {
+  opts_.second_miss = true;  // a warm keeps blocks anyway
+  Start();
+  ASSERT_OK(cache_->Mkdir(vf_, "train/shard", true, true));
+  const std::string big = Bytes(3 * kMiB + 5, 8);
+  Put("train/a", "alpha");
+  Put("train/shard/b", big);
+  Put("other", "not warmed");
+  WarmProgress progress;
+  int ticks = 0;
+  ASSERT_OK(WarmTree(
+      *cache_, vf_, "train", &progress, [&] { ++ticks; }, 2));
+  EXPECT_EQ(progress.files_found, 2u);
+  EXPECT_EQ(progress.files_done, 2u);
+  EXPECT_EQ(progress.bytes_found, big.size() + 5);
+  EXPECT_EQ(progress.bytes_done, big.size() + 5);
+  EXPECT_TRUE(progress.listed);
+  EXPECT_GE(ticks, 1);
+  EXPECT_EQ(origin_->reads, 5);  // 1 + 4 blocks
+  EXPECT_EQ(cache_->stats().store.blocks, 5u);
+  EXPECT_EQ(ReadAll("train/shard/b"), big);
+  EXPECT_EQ(ReadAll("train/a"), "alpha");
+  EXPECT_EQ(origin_->reads, 5);  // all from the cache
+
+  auto n = EvictTree(*cache_, vf_, "train/shard");
+  ASSERT_OK(n);
+  EXPECT_EQ((*n)["files"], 1);
+  EXPECT_EQ((*n)["blocks"], 4);
+  EXPECT_EQ(cache_->stats().store.blocks, 1u);
+  EXPECT_EQ(ReadAll("train/shard/b"), big);  // second-miss: read, not kept
+  EXPECT_EQ(origin_->reads, 9);
+  EXPECT_EQ(cache_->EvictAll(), 1u);
+  EXPECT_EQ(cache_->stats().store.blocks, 0u);
+
+  // One file; a path that is not there; a warm through an unreachable origin stops.
+  WarmProgress one;
+  ASSERT_OK(WarmTree(*cache_, vf_, "other", &one, [] {}));
+  EXPECT_EQ(one.files_done, 1u);
+  WarmProgress none;
+  EXPECT_ERROR(WarmTree(*cache_, vf_, "missing", &none, [] {}), Code::kNotFound);
+  EXPECT_ERROR(WarmTree(*cache_, vf_, "../x", &none, [] {}), Code::kInvalidPath);
+  origin_->down = true;
+  cache_->Invalidate(vf_);  // nothing known: every open must ask the origin
+  WarmProgress down;
+  EXPECT_ERROR(WarmTree(*cache_, vf_, "train", &down, [] {}), Code::kUnavailable);
 }
 
 BlockIndex::Key K(int i) {

@@ -10,6 +10,13 @@ directly and against Sluice serving the same files from a local vfs volume, in t
             local   Sluice's S3 API on a bucket of a local vfs volume holding the same files
           -> objects/s and the ratios the issue asks for (epoch1/rgw, epoch2/rgw, epoch2/local)
 
+  restart the proxy restarted after epoch 2, then epoch 3: the cache's hit ratio (from
+          GET /volume/cache) in epoch 3 against epoch 2 (the issue: >= 95% of it)
+
+  fuse    with --fuse (RGW origin): the same objects read twice through `rclone mount
+          --vfs-cache-mode full` and `s3fs -o use_cache` on the same RGW bucket (C parallel
+          readers), against Sluice's warm epoch -> epoch2 / the tool's warm re-read
+
   model   with --model SIZE: one file read by R parallel ranged GETs (curl) through the cache
           cold and warm, and from the local volume, against one plain GET from the origin
           -> GB/s and the ratios the issue asks for (cold/one origin GET, warm/local)
@@ -20,7 +27,7 @@ client (libcurl, C++) shares the two cores with the servers; it costs per object
 on every side.
 
   /usr/bin/python3 bench/bench_cache.py [--objects 10000] [--object-size 100k] [--conns 32]
-      [--origin rgw|sluice] [--block 4m] [--io-threads 8] [--model 2g] [--readers 8]
+      [--origin rgw|sluice] [--block 4m] [--io-threads 8] [--model 2g] [--readers 8] [--fuse]
 """
 import argparse
 import concurrent.futures
@@ -60,6 +67,69 @@ def epoch(url, ak, sk, bucket, conns, want):
         return len(files) / took
     finally:
         shutil.rmtree(dst, ignore_errors=True)
+
+
+def read_tree(root, keys, conns, want):
+    """Objects/s reading every file `keys` names under `root` (a FUSE mount) with `conns`
+    threads; the bytes are counted and dropped."""
+    def one(k):
+        with open(os.path.join(root, k), "rb", buffering=0) as f:
+            n = 0
+            while True:
+                b = f.read(1 << 20)
+                if not b:
+                    return n
+                n += len(b)
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(conns) as ex:
+        got = sum(ex.map(one, keys))
+    took = time.perf_counter() - t0
+    if got != want[1]:
+        raise RuntimeError(f"{root}: {got} bytes read; expected {want[1]}")
+    return len(keys) / took
+
+
+def fuse_epochs(kind, origin, bucket, keys, conns, want, root):
+    """Two reads of every object through `rclone mount --vfs-cache-mode full` or `s3fs -o
+    use_cache` of `bucket` on the origin: (cold, warm) objects/s."""
+    mnt = tempfile.mkdtemp(prefix=f"sluice-{kind}-", dir="/tmp")
+    cache = os.path.join(root, f"{kind}-cache")
+    os.makedirs(cache)
+    if kind == "rclone":
+        conf = os.path.join(root, "rclone.conf")
+        with open(conf, "w") as f:
+            f.write(f"[o]\ntype = s3\nprovider = Ceph\nendpoint = {origin.s3_url}\n"
+                    f"access_key_id = {origin.ak}\nsecret_access_key = {origin.sk}\n")
+        cmd = ["rclone", "mount", f"o:{bucket}", mnt, "--config", conf, "--read-only",
+               "--vfs-cache-mode", "full", "--cache-dir", cache, "--dir-cache-time", "1h",
+               "--vfs-cache-max-age", "1h", "--vfs-cache-max-size", "8G"]
+    else:
+        pw = os.path.join(root, "s3fs.passwd")
+        with open(pw, "w") as f:
+            f.write(f"{origin.ak}:{origin.sk}\n")
+        os.chmod(pw, 0o600)
+        cmd = ["s3fs", bucket, mnt, "-f", "-o", f"url={origin.s3_url}", "-o",
+               "use_path_request_style", "-o", f"passwd_file={pw}", "-o", f"use_cache={cache}",
+               "-o", "stat_cache_expire=3600", "-o", "ro"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):
+            if os.path.ismount(mnt):
+                break
+            if proc.poll() is not None:
+                raise RuntimeError(f"{kind} exited with {proc.returncode}")
+            time.sleep(0.05)
+        else:
+            raise RuntimeError(f"{kind} did not mount {mnt}")
+        return read_tree(mnt, keys, conns, want), read_tree(mnt, keys, conns, want)
+    finally:
+        subprocess.run(["fusermount", "-u", mnt], check=False)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        os.rmdir(mnt)
 
 
 def curl_ranges(url, size, readers):
@@ -126,6 +196,8 @@ def main():
     ap.add_argument("--model", type=parse_size, default=0,
                     help="also read one file of this size with --readers ranged readers")
     ap.add_argument("--readers", type=int, default=8)
+    ap.add_argument("--fuse", action="store_true",
+                    help="also read the objects through rclone mount and s3fs (RGW origin)")
     ap.add_argument("--io-threads", type=int, default=8,
                     help="the proxy's [sluice] io-threads: origin fetches at once (default 8)")
     args = ap.parse_args()
@@ -188,14 +260,33 @@ ttl = "1h"
               f"{time.perf_counter() - t0:.1f} s", flush=True)
 
         want = (len(keys), len(keys) * args.object_size)
-        rates = {}
-        for name, url, ak, sk, bucket in (
-                ("origin", origin.s3_url, origin.ak, origin.sk, rgw_bucket),
-                ("epoch1", proxy.s3_url, k["access_key"], k["secret_key"], remote_bucket),
-                ("epoch2", proxy.s3_url, k["access_key"], k["secret_key"], remote_bucket),
-                ("local", proxy.s3_url, proxy.ak, proxy.sk, local_bucket)):
+        rates, hit = {}, {}
+
+        def cache_counts():
+            c = proxy.call("GET", "/volume/cache", volume="remote")
+            return c["hits"], c["misses"]
+
+        def run(name, url, ak, sk, bucket):
+            before = cache_counts()
             rates[name] = epoch(url, ak, sk, bucket, args.conns, want)
-            print(f"epochs: {name}: {rates[name]:,.0f} objects/s", flush=True)
+            h, m = (a - b for a, b in zip(cache_counts(), before))
+            hit[name] = h / (h + m) if h + m else 0.0
+            print(f"epochs: {name}: {rates[name]:,.0f} objects/s, cache hit ratio "
+                  f"{100 * hit[name]:.1f}%", flush=True)
+
+        remote_key = (k["access_key"], k["secret_key"])
+        run("origin", origin.s3_url, origin.ak, origin.sk, rgw_bucket)
+        run("epoch1", proxy.s3_url, *remote_key, remote_bucket)
+        run("epoch2", proxy.s3_url, *remote_key, remote_bucket)
+        run("local", proxy.s3_url, proxy.ak, proxy.sk, local_bucket)
+        proxy.restart()
+        run("epoch3", proxy.s3_url, *remote_key, remote_bucket)
+        fuse = {}
+        if args.fuse and args.origin == "rgw":
+            for kind in ("rclone", "s3fs"):
+                fuse[kind] = fuse_epochs(kind, origin, rgw_bucket, keys, args.conns, want, root)
+                print(f"fuse: {kind}: cold {fuse[kind][0]:,.0f} objects/s, warm re-read "
+                      f"{fuse[kind][1]:,.0f} objects/s", flush=True)
         if args.model:
             model(args, origin, proxy, on_remote, local_path, local_bucket, remote_bucket,
                   rgw_bucket, prefix)
@@ -204,6 +295,12 @@ ttl = "1h"
               f"{peer}: epoch1/origin {rates['epoch1'] / rates['origin']:.2f}x, "
               f"epoch2/origin {rates['epoch2'] / rates['origin']:.2f}x, "
               f"epoch2/local vfs {rates['epoch2'] / rates['local']:.2f}x")
+        print(f"restart: hit ratio epoch 3 (after a restart) {100 * hit['epoch3']:.1f}% / "
+              f"epoch 2 {100 * hit['epoch2']:.1f}% = "
+              f"{hit['epoch3'] / hit['epoch2'] if hit['epoch2'] else 0:.3f}")
+        for kind, (cold, warm) in fuse.items():
+            print(f"fuse: sluice epoch2 / {kind} warm re-read {rates['epoch2'] / warm:.2f}x "
+                  f"(epoch1 / {kind} cold {rates['epoch1'] / cold:.2f}x)")
     finally:
         if proxy:
             proxy.stop()

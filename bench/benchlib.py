@@ -76,13 +76,21 @@ path = "{self.vol}"
 {volumes}
 """)
         self.log = os.path.join(root, "sluiced.log")
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen([os.path.join(bin_dir or BIN, "sluiced"), "--config", cfg],
-                                         stdout=log, stderr=subprocess.STDOUT)
+        self.cmd = [os.path.join(bin_dir or BIN, "sluiced"), "--config", cfg]
         self.mgr = f"http://127.0.0.1:{self.port}"
         self.client = f"http://127.0.0.1:{self.client_port}"
         self.s = requests.Session()
         self.s.headers["X-BackendAI-Storage-Auth-Token"] = TOKEN
+        self._start()
+
+    def restart(self):
+        """Stops (SIGTERM) and starts again with the same configuration and state."""
+        self.stop()
+        self._start()
+
+    def _start(self):
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT)
         for _ in range(400):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sluiced exited with {self.proc.returncode}; see {self.log}")

@@ -708,19 +708,21 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
 
   void SendFileBody(bool close) {
     if (file_left_ == 0) return AfterWrite({}, close);
-    const int fd = file_->native_fd();
     if constexpr (!kTls) {
       // Zero-copy for what the page cache holds: the kernel moves its pages straight to the
-      // socket (non-blocking since Run).
-      while (fd >= 0 && file_left_ > 0) {
-        const uint64_t chunk = std::min<uint64_t>(file_left_, kSendfileChunk);
+      // socket (non-blocking since Run). The file's bytes may lie in several local files (an
+      // SSD cache's blocks): each extent is sent from its own.
+      while (file_left_ > 0) {
+        const FileReader::Extent ext = file_->LocalExtent(file_off_);
+        if (ext.fd < 0 || ext.length == 0) break;
+        const uint64_t chunk = std::min({file_left_, kSendfileChunk, ext.length});
         if (resident_until_ < file_off_ + chunk) {
-          Residency res = ProbeResidency(fd, file_off_, chunk);
+          Residency res = ProbeResidency(ext.fd, ext.fd_offset, chunk);
           if (res != Residency::kResident) return SendCold(close, res);
           resident_until_ = file_off_ + chunk;
         }
-        off_t off = static_cast<off_t>(file_off_);
-        ssize_t n = ::sendfile(Sock().native_handle(), fd, &off, chunk);
+        off_t off = static_cast<off_t>(ext.fd_offset);
+        ssize_t n = ::sendfile(Sock().native_handle(), ext.fd, &off, chunk);
         if (n > 0) {
           file_off_ += static_cast<uint64_t>(n);
           file_left_ -= static_cast<uint64_t>(n);

@@ -13,6 +13,7 @@
 #include "common/secrets.h"
 #include "service/cache_ops.h"
 #include "service/files.h"
+#include "volume/s3/s3_volume.h"
 
 #ifndef SLUICE_VERSION
 #define SLUICE_VERSION "0.0.0"
@@ -191,6 +192,8 @@ class ManagerApi {
     add(V::get, "/volume/cache", &ManagerApi::CacheStats);
     add(V::post, "/volume/cache/warm", &ManagerApi::CacheWarm);
     add(V::post, "/volume/cache/evict", &ManagerApi::CacheEvict);
+    // Sluice addition: a prefix already on an s3 volume's origin as a read-only vfolder.
+    add(V::post, "/folder/bind", &ManagerApi::BindFolder);
     // Kept for old managers.
     add(V::get, "/folder/metadata", &ManagerApi::MetadataGet);
     add(V::post, "/folder/metadata", &ManagerApi::MetadataSet);
@@ -539,6 +542,23 @@ class ManagerApi {
     API_ASSIGN_OR_RESPOND(VFolderId vfid, GetVfid(p, "vfid"));
     API_ASSIGN_OR_RESPOND(nlohmann::json out, EvictTree(*c, vfid, p.OptStr("path").value_or("")));
     return HttpResponse::Json(200, out);
+  }
+
+  HttpResponse BindFolder(const Params& p, const RequestContext&) {
+    API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
+    API_ASSIGN_OR_RESPOND(std::string prefix, p.Str("prefix"));
+    auto* s3 = dynamic_cast<S3Volume*>(&ForwardingVolume::Innermost(*t.volume));
+    if (!s3)
+      return ErrorResponse(Status(
+          Code::kInvalidArgument,
+          fmt::format("volume '{}' is not an s3 volume: only a prefix of an S3 origin is bound",
+                      t.volume->name())));
+    API_RETURN_IF_ERROR(s3->BindVFolder(t.vfid, prefix));
+    // An empty vfolder bound now may have been listed through the cache a moment ago.
+    if (auto* c = dynamic_cast<CachedVolume*>(t.volume)) c->Invalidate(t.vfid);
+    return HttpResponse::Json(200, {{"vfid", t.vfid.ToString()},
+                                    {"path", t.volume->VFolderPath(t.vfid)},
+                                    {"read_only", true}});
   }
 
   HttpResponse Tasks(const Params&, const RequestContext&) {

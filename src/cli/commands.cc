@@ -104,7 +104,7 @@ struct Args {
   std::vector<std::string> buckets;
   bool read_only = false;
   bool all = false;
-  std::string cache_path;  // "": the whole vfolder
+  std::string cache_path;  // cache commands' PATH ("": the whole vfolder); bind's PREFIX
 };
 
 std::string Trim(std::string s) {
@@ -838,6 +838,30 @@ void AddVFolderCommands(CLI::App& app, Args& a, Action* run) {
       c.PrintOk(body);
     else
       c.Say(fmt::format("created vfolder {} on {}", a.vfid, a.volume));
+    return kExitOk;
+  });
+
+  auto* bind = Command(vf, "bind",
+                       "Serve a prefix already on an s3 volume's origin as a read-only vfolder.\n"
+                       "Nothing is copied: the vfolder lists and reads the keys under PREFIX (of "
+                       "the\nvolume's bucket). It is created, or an empty one (say, one the "
+                       "manager just\nmade) is bound. Deleting it deletes the binding, never "
+                       "the data; a clone\ncopies the data into a writable vfolder.",
+                       std::string("sluice vfolder bind datasets ") + kVfidEx + " imagenet/train/");
+  AddVolume(bind, a);
+  AddVfid(bind, a);
+  bind->add_option("PREFIX", a.cache_path, "key prefix in the volume's bucket, ending in '/'")
+      ->required();
+  OnRun(bind, run, [&a](Cli& c) {
+    json body = {{"volume", a.volume}, {"vfid", a.vfid}, {"prefix", a.cache_path}};
+    json j;
+    int rc = c.Call(http::verb::post, "/folder/bind", body, &j);
+    if (rc != kExitOk) return rc;
+    if (c.g.json)
+      c.PrintJson(j);
+    else
+      c.Say(
+          fmt::format("bound {} to vfolder {} on {} (read-only)", a.cache_path, a.vfid, a.volume));
     return kExitOk;
   });
 

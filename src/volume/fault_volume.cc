@@ -60,6 +60,9 @@ class FaultReader : public ForwardingFileReader {
   }
   // Files with read rules are never sent zero-copy: every byte goes through ReadAt.
   int native_fd() const override { return ruled_ ? -1 : inner_->native_fd(); }
+  Extent LocalExtent(uint64_t offset) override {
+    return ruled_ ? Extent{} : inner_->LocalExtent(offset);
+  }
 
  private:
   FaultVolume* vol_;

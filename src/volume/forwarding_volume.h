@@ -140,6 +140,7 @@ class ForwardingFileReader : public FileReader {
     return inner_->ReadAtNoWait(offset, buf, n);
   }
   int native_fd() const override { return inner_->native_fd(); }
+  Extent LocalExtent(uint64_t offset) override { return inner_->LocalExtent(offset); }
   void CountSent(uint64_t bytes) override { inner_->CountSent(bytes); }
   Result<std::string> ReadMeta() override { return inner_->ReadMeta(); }
 

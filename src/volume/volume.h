@@ -89,6 +89,20 @@ class FileReader {
   // The file's descriptor where its data is a local file, for zero-copy sends (sendfile) and
   // page-cache probes; -1 otherwise (a remote object).
   virtual int native_fd() const { return -1; }
+  // Where the bytes at `offset` lie in a local file, for zero-copy sends (sendfile) and
+  // page-cache probes: a descriptor, the offset in it, and how many bytes from there; fd -1
+  // when they are in none (a remote object, a cached block not verified yet). Never waits on
+  // an origin: event loops ask. The descriptor stays valid until the next call on this reader.
+  struct Extent {
+    int fd = -1;
+    uint64_t fd_offset = 0;
+    uint64_t length = 0;
+  };
+  virtual Extent LocalExtent(uint64_t offset) {
+    const int fd = native_fd();
+    if (fd < 0 || offset >= size()) return {};
+    return {fd, offset, size() - offset};
+  }
   // Bytes of this file sent from native_fd() without ReadAt (zero-copy), for accounting.
   virtual void CountSent(uint64_t bytes) {}
   // The object metadata stored with the file (kObjectMetaAttr), "" when it has none or the

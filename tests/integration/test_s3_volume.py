@@ -4,6 +4,7 @@ Volume interface conformance suite runs on it, then the manager and client APIs 
 archive and manage files put on the origin by another client, and the errors an operator meets
 (an origin down, wrong credentials, uploads not taken yet) are checked."""
 
+import errno
 import io
 import json
 import os
@@ -317,3 +318,86 @@ def test_the_ssd_cache_serves_reads_while_the_origin_is_down(tmp_path):
     finally:
         if ctx:
             ctx.__exit__(None, None, None)
+
+
+def test_a_prefix_on_the_origin_bound_read_only(proxy, origin):
+    """A dataset another client uploaded outside Sluice's layout, served as a vfolder without a
+    copy (`sluice vfolder bind`): listed, read and archived; never written, and never deleted
+    with the vfolder; a clone copies it into a writable vfolder."""
+    from conftest import MANAGER_SECRET
+
+    def sluice(*args, rc=0):
+        p = subprocess.run([str(BIN_DIR / "sluice"), "--endpoint", d.url(""), "--token",
+                            MANAGER_SECRET, *args], capture_output=True, text=True, timeout=60)
+        assert p.returncode == rc, f"sluice {args}: {p.returncode}\n{p.stdout}\n{p.stderr}"
+        return p
+
+    d = proxy
+    base = f"datasets/{uuid.uuid4().hex[:8]}/"
+    files = {"train/a.bin": os.urandom(300 * KiB), "train/deep/b.txt": b"beta",
+             "README": b"read me"}
+    for rel, body in files.items():
+        origin.boto.put_object(Bucket=BUCKET, Key=base + rel, Body=body)
+    vfid = new_vfid()
+    assert "read-only" in sluice("vfolder", "bind", "remote", vfid, base).stdout
+
+    items = d.file_op("remote", "list", vfid=vfid, relpath="train").json()["items"]
+    assert sorted((i["name"], i["type"]) for i in items) == [("a.bin", "FILE"),
+                                                            ("deep", "DIRECTORY")]
+    for rel, body in files.items():
+        r = requests.get(d.client_url("/download"),
+                         params={"token": download_token(d, vfid, rel, volume="remote")},
+                         timeout=60)
+        assert r.status_code == 200 and r.content == body, rel
+    r = requests.get(d.client_url("/download-archive"),
+                     params={"token": archive_token(d, vfid, ["train"], volume="remote")},
+                     timeout=60)
+    assert zipfile.ZipFile(io.BytesIO(r.content)).read("train/deep/b.txt") == b"beta"
+    usage = d.mgr("GET", "/folder/usage", json={"volume": "remote", "vfid": vfid}).json()
+    assert usage["used_bytes"] == sum(map(len, files.values()))
+
+    # Read-only: every write is refused, and the dataset is as it was.
+    # (Filesystem errors inside a vfolder are 400 with errno, as Backend.AI's storage proxy
+    # answers them; mkdir reports per path, 422 when all failed.)
+    r = d.file_op("remote", "mkdir", vfid=vfid, relpath="new")
+    assert r.status_code == 422 and "bound read-only" in r.text, r.text
+    r = d.file_op("remote", "rename", vfid=vfid, relpath="README", new_name="x")
+    assert r.status_code == 400 and r.json()["errno"] == errno.EROFS, r.text
+    r = d.file_op("remote", "delete", vfid=vfid, relpaths=["train"], recursive=True)
+    assert r.status_code == 400 and "bound read-only" in r.json()["msg"], r.text
+    r = d.mgr("POST", "/folder/file/upload",
+              json={"volume": "remote", "vfid": vfid, "relpath": "up.bin", "size": 3})
+    assert r.status_code in (400, 403) and "bound read-only" in r.text, r.text
+
+    # A clone is a writable copy.
+    dst = new_vfid()
+    r = d.mgr("POST", "/folder/clone", json={"src_volume": "remote", "src_vfid": vfid,
+                                             "dst_volume": "remote", "dst_vfid": dst})
+    assert r.status_code == 200 and d.wait_task(r.json()["bgtask_id"])["status"] == "completed"
+    got = origin.boto.get_object(Bucket=BUCKET, Key=vfolder_prefix(dst) + "train/a.bin")
+    assert got["Body"].read() == files["train/a.bin"]
+    assert d.file_op("remote", "mkdir", vfid=dst, relpath="mine").status_code == 200
+
+    # Deleting the vfolder deletes the binding; the dataset stays.
+    d.delete_vfolder(vfid, volume="remote")
+    keys = {o["Key"] for o in
+            origin.boto.list_objects_v2(Bucket=BUCKET, Prefix=base).get("Contents", [])}
+    assert keys == {base + rel for rel in files}
+    assert d.file_op("remote", "list", vfid=vfid, relpath="").status_code == 404
+
+    # An empty vfolder (one the manager made) can be bound; one with files cannot.
+    empty = d.create_vfolder(volume="remote")
+    sluice("vfolder", "bind", "remote", empty, base + "train/")
+    names = [i["name"] for i in d.file_op("remote", "list", vfid=empty, relpath="").json()["items"]]
+    assert sorted(names) == ["a.bin", "deep"]
+    full = d.create_vfolder(volume="remote")
+    origin.boto.put_object(Bucket=BUCKET, Key=vfolder_prefix(full) + "f", Body=b"x")
+    assert "holds files" in sluice("vfolder", "bind", "remote", full, base, rc=4).stderr
+    # Clear refusals: nothing there, Sluice's own records, not a prefix, not an s3 volume.
+    assert "nothing under" in sluice("vfolder", "bind", "remote", new_vfid(), "nope/",
+                                     rc=3).stderr
+    assert "records" in sluice("vfolder", "bind", "remote", new_vfid(), "ds/", rc=1).stderr
+    assert "ending in '/'" in sluice("vfolder", "bind", "remote", new_vfid(), "datasets",
+                                     rc=1).stderr
+    assert "not an s3 volume" in sluice("vfolder", "bind", "local", new_vfid(), base,
+                                        rc=1).stderr

@@ -82,11 +82,12 @@ bool BlockIndex::Touch(const Key& k) {
   return true;
 }
 
-void BlockIndex::Insert(const Key& k, uint64_t size, bool warm) {
+void BlockIndex::Insert(const Key& k, uint64_t size, bool warm, bool verified) {
   auto [it, fresh] = map_.try_emplace(k);
   if (!fresh) return;
   Entry* e = &*it;
   e->second.size = size;
+  e->second.verified = verified;
   bool to_main = policy_ == EvictionPolicy::kLru || warm;
   if (!to_main) {
     auto g = ghost_.find(Fingerprint(k));
@@ -97,6 +98,15 @@ void BlockIndex::Insert(const Key& k, uint64_t size, bool warm) {
   }
   e->second.in_main = to_main;
   ListOf(e).PushFront(e);
+}
+
+bool BlockIndex::Verified(const Key& k) const {
+  auto it = map_.find(k);
+  return it != map_.end() && it->second.verified;
+}
+
+void BlockIndex::SetVerified(const Key& k) {
+  if (auto it = map_.find(k); it != map_.end()) it->second.verified = true;
 }
 
 void BlockIndex::Drop(Entry* e) {

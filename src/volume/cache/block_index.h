@@ -42,11 +42,15 @@ class BlockIndex {
   bool Contains(const Key& k) const { return map_.count(k) != 0; }
   // Indexes a block that is not there. `warm`: one found on disk at start, already admitted
   // once (S3-FIFO puts it in the main queue).
-  void Insert(const Key& k, uint64_t size, bool warm = false);
+  void Insert(const Key& k, uint64_t size, bool warm = false, bool verified = false);
   // The block to evict next, taken out of the index; nullopt when the index is empty.
   std::optional<Key> Evict();
   // Takes a block out (a torn one, an explicit evict); false when it was not there.
   bool Remove(const Key& k);
+  // Whether the block's checksum was checked since this process indexed it (blocks it wrote
+  // are): a verified block may be sent straight from its file. false when not indexed.
+  bool Verified(const Key& k) const;
+  void SetVerified(const Key& k);
 
   uint64_t bytes() const { return small_.bytes + main_.bytes; }
   uint64_t blocks() const { return map_.size(); }
@@ -64,6 +68,7 @@ class BlockIndex {
     Entry* next = nullptr;
     uint8_t freq = 0;
     bool in_main = false;
+    bool verified = false;
   };
   struct List {  // intrusive, through the map's nodes; head is the newest
     Entry* head = nullptr;

@@ -25,7 +25,8 @@ namespace {
 
 constexpr char kMagic[4] = {'S', 'L', 'C', 'B'};
 constexpr uint32_t kVersion = 1;
-constexpr size_t kHeader = 20;  // magic, version, length (u64), CRC32C (u32); little-endian
+constexpr size_t kHeader = BlockStore::kDataOffset;  // magic, version, length (u64), CRC32C
+                                                     // (u32); little-endian
 
 }  // namespace
 
@@ -137,12 +138,38 @@ std::optional<std::string> BlockStore::Get(const std::string& id) {
       good = got == data.size() && Crc32c(data.data(), data.size()) == crc;
     }
   }
-  if (good) return data;
+  if (good) {
+    std::lock_guard lk(mu_);
+    index_.SetVerified(*key);
+    return data;
+  }
   spdlog::warn("cache {}: block {} is torn or unreadable: dropped", opts_.dir, id);
   std::lock_guard lk(mu_);
   Drop(*key);
   stats_.torn += 1;
   return std::nullopt;
+}
+
+bool BlockStore::Has(const std::string& id) const {
+  auto key = BlockIndex::ParseKey(id);
+  std::lock_guard lk(mu_);
+  return key && index_.Contains(*key);
+}
+
+int BlockStore::OpenVerified(const std::string& id, uint64_t len) {
+  auto key = BlockIndex::ParseKey(id);
+  if (!key) return -1;
+  {
+    std::lock_guard lk(mu_);
+    if (!index_.Verified(*key)) return -1;
+    index_.Touch(*key);
+  }
+  UniqueFd fd(::open(PathOf(id).c_str(), O_RDONLY | O_CLOEXEC));
+  struct stat st;
+  if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0 ||
+      static_cast<uint64_t>(st.st_size) != kHeader + len)
+    return -1;  // evicted meanwhile, or not this block: Get() decides
+  return fd.release();
 }
 
 bool BlockStore::Put(const std::string& id, std::string_view data) {
@@ -193,7 +220,7 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
     return false;
   }
   std::lock_guard lk(mu_);
-  index_.Insert(*key, data.size());
+  index_.Insert(*key, data.size(), /*warm=*/false, /*verified=*/true);  // as written
   stats_.filled_bytes += data.size();
   return true;
 }

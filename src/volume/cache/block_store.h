@@ -35,6 +35,13 @@ class BlockStore {
   // Stores the block, evicting the least recently used ones to stay within the limits. false:
   // not stored (the disk is too full even with the cache empty, or the write failed).
   bool Put(const std::string& id, std::string_view data);
+  // The block's file, open, when it is held and its checksum was checked since this process
+  // indexed it (its data starts at kDataOffset and is `len` bytes); counted as an access. -1
+  // otherwise: Get() reads and checks it. For zero-copy sends.
+  int OpenVerified(const std::string& id, uint64_t len);
+  static constexpr uint64_t kDataOffset = 20;
+  // Whether the block is held (not counted as an access).
+  bool Has(const std::string& id) const;
   // Drops the block if it is there (an operator's evict); true if it was.
   bool Evict(const std::string& id);
   // Drops every block; how many there were.

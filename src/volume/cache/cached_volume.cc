@@ -9,6 +9,7 @@
 
 #include "common/config.h"
 #include "common/crypto.h"
+#include "common/fd.h"
 #include "common/metrics.h"
 #include "common/path.h"
 #include "volume/listed_dir.h"
@@ -38,7 +39,7 @@ std::string Sha256Hex(std::string_view s) {
 }
 
 // A file version read through the cache, block by block.
-class CachedReader : public FileReader {
+class CachedReader : public FileReader, public std::enable_shared_from_this<CachedReader> {
  public:
   CachedReader(CachedVolume* v, VFolderId vfid, std::string rel, DirEntry info, std::string meta,
                std::shared_ptr<FileReader> inner)
@@ -68,6 +69,23 @@ class CachedReader : public FileReader {
     const size_t k = static_cast<size_t>(std::min<uint64_t>(n, block->size() - (offset - first)));
     std::memcpy(buf, block->data() + (offset - first), k);
     return k;
+  }
+
+  // A block held and verified is sent straight from its file: no copy, no checksum again.
+  Extent LocalExtent(uint64_t offset) override {
+    const uint64_t size = info_.size, bs = v_->options().block_size;
+    if (offset >= size) return {};
+    const uint64_t index = offset / bs, first = index * bs, len = std::min(bs, size - first);
+    std::lock_guard lk(mu_);
+    if (ext_fd_.get() < 0 || ext_index_ != index) {
+      UniqueFd fd(v_->store().OpenVerified(Id(index), len));
+      if (fd.get() < 0) return {};
+      v_->CountHit();
+      ext_fd_ = std::move(fd);
+      ext_index_ = index;
+      next_ = index + 1;  // a sequential reader, as far as read-ahead is concerned
+    }
+    return {ext_fd_.get(), BlockStore::kDataOffset + (offset - first), first + len - offset};
   }
 
   Result<size_t> ReadAt(uint64_t offset, char* buf, size_t n) override {
@@ -116,6 +134,7 @@ class CachedReader : public FileReader {
       std::lock_guard lk(mu_);
       if (last_ && last_index_ == index) return last_;
     }
+    ReadAhead(index);
     SLUICE_ASSIGN_OR_RETURN(auto block, v_->Block(Id(index), [&] { return Fetch(first, len); }));
     std::lock_guard lk(mu_);
     last_ = block;
@@ -123,6 +142,32 @@ class CachedReader : public FileReader {
     return block;
   }
   std::string Id(uint64_t index) const { return v_->BlockId(vfid_, rel_, validator_, index); }
+  // A reader that moves on to the next block is sequential: the blocks after it are fetched
+  // from the origin now, in parallel, so that they are cached (or in flight) when it gets there.
+  void ReadAhead(uint64_t index) {
+    const uint64_t bs = v_->options().block_size, ahead = v_->options().read_ahead;
+    const uint64_t blocks = (info_.size + bs - 1) / bs;
+    uint64_t from, to;
+    {
+      std::lock_guard lk(mu_);
+      const bool sequential = index == 0 ? next_ == 0 : index == next_;
+      next_ = index + 1;
+      if (!sequential || ahead == 0) return;
+      from = std::max(index + 1, ahead_until_);
+      to = std::min(blocks, index + 1 + ahead);
+      if (from >= to) return;
+      ahead_until_ = to;
+    }
+    for (uint64_t i = from; i < to; ++i) {
+      std::string id = Id(i);
+      if (v_->store().Has(id)) continue;
+      const uint64_t first = i * bs, len = std::min(bs, info_.size - first);
+      v_->Ahead([self = shared_from_this(), id = std::move(id), first, len] {
+        (void)self->v_->Block(
+            id, [&] { return self->Fetch(first, len); }, /*admit=*/true);
+      });
+    }
+  }
   // Bytes [first, first+len) of this version from the volume below.
   Result<std::string> Fetch(uint64_t first, uint64_t len) {
     std::shared_ptr<FileReader> r;
@@ -159,6 +204,10 @@ class CachedReader : public FileReader {
   std::shared_ptr<FileReader> inner_;  // opened at the first miss when the open was cached
   std::shared_ptr<const std::string> last_;
   uint64_t last_index_ = 0;
+  UniqueFd ext_fd_;  // the block file LocalExtent answered last
+  uint64_t ext_index_ = 0;
+  uint64_t next_ = 0;         // the block a sequential reader reads next
+  uint64_t ahead_until_ = 0;  // blocks before this one were read ahead
 };
 
 // Writes go through; what they replace is dropped once they land.
@@ -223,13 +272,22 @@ Result<CacheOptions> CacheOptions::FromJson(const std::string& volume, const nlo
       if (v != "first-miss" && v != "second-miss")
         return bad(key, "must be \"first-miss\" or \"second-miss\"");
       o.second_miss = v == "second-miss";
+    } else if (key == "read-ahead" || key == "read_ahead" || key == "fetch-threads" ||
+               key == "fetch_threads") {
+      char* end = nullptr;
+      const unsigned long n = std::strtoul(v.c_str(), &end, 10);
+      const bool threads = key.starts_with("fetch");
+      if (v.empty() || *end != '\0' || n > (threads ? 256u : 64u) || (threads && n == 0))
+        return bad(key, threads ? "must be a number of threads, 1 to 256"
+                                : "must be a number of blocks, 0 to 64");
+      (threads ? o.fetch_threads : o.read_ahead) = static_cast<uint32_t>(n);
     } else if (key == "eviction") {
       if (v != "s3-fifo" && v != "lru") return bad(key, "must be \"s3-fifo\" or \"lru\"");
       o.eviction = v == "lru" ? EvictionPolicy::kLru : EvictionPolicy::kS3Fifo;
     } else {
       return bad(key,
                  "unknown key (known: path, max-size, min-free, block-size, ttl, admission, "
-                 "eviction, serve-stale)");
+                 "eviction, serve-stale, read-ahead, fetch-threads)");
     }
   }
   if (o.path.empty()) return bad("path", "is required (a directory on a local disk)");
@@ -264,6 +322,15 @@ CachedVolume::CachedVolume(std::unique_ptr<Volume> inner, CacheOptions opts,
   g_bytes_ = &m.Gauge("sluice_cache_bytes", "Bytes of blocks the SSD cache holds.", l);
   g_blocks_ = &m.Gauge("sluice_cache_blocks", "Blocks the SSD cache holds.", l);
   PublishStore();
+  if (opts_.read_ahead > 0)
+    ahead_ = std::make_unique<ThreadPool>("cache-ahead", opts_.fetch_threads, 4096);
+}
+
+bool CachedVolume::Ahead(std::function<void()> fn) {
+  if (!ahead_) return false;
+  return ahead_->Submit([this, fn = std::move(fn)] {
+    if (!stopping_) fn();  // a stopping daemon does not fetch what no one will read
+  });
 }
 
 void CachedVolume::PublishStore() {
@@ -311,7 +378,10 @@ uint64_t CachedVolume::EvictAll() {
   return n;
 }
 
-CachedVolume::~CachedVolume() = default;
+CachedVolume::~CachedVolume() {
+  stopping_ = true;
+  if (ahead_) ahead_->Shutdown();
+}
 
 CachedVolume::Stats CachedVolume::stats() const {
   Stats s;
@@ -430,8 +500,7 @@ bool CachedVolume::Admit(const std::string& id) {
 Result<std::shared_ptr<const std::string>> CachedVolume::Block(
     const std::string& id, const std::function<Result<std::string>()>& fetch, bool admit) {
   if (auto hit = store_->Get(id)) {
-    n_.hits++;
-    (*g_hits_)++;
+    CountHit();
     return std::make_shared<const std::string>(std::move(*hit));
   }
   std::shared_ptr<Flight> f;
@@ -448,18 +517,14 @@ Result<std::shared_ptr<const std::string>> CachedVolume::Block(
   if (!leader) {  // another reader is fetching this block: its answer is ours
     std::unique_lock lk(f->mu);
     f->cv.wait(lk, [&] { return f->done; });
-    if (f->result.ok()) {
-      n_.hits++;
-      (*g_hits_)++;
-    }
+    if (f->result.ok()) CountHit();
     return f->result;
   }
   Result<std::shared_ptr<const std::string>> result{Status(Code::kInternal, "")};
   // The miss above may have raced a leader that stored the block and left just before this
   // flight began: look again now that no one else can start fetching it.
   if (auto hit = store_->Get(id)) {
-    n_.hits++;
-    (*g_hits_)++;
+    CountHit();
     result = std::make_shared<const std::string>(std::move(*hit));
   } else {
     n_.misses++;

@@ -27,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/thread_pool.h"
 #include "volume/cache/block_store.h"
 #include "volume/forwarding_volume.h"
 
@@ -41,9 +42,12 @@ struct CacheOptions {
   bool second_miss = false;
   bool serve_stale = true;
   EvictionPolicy eviction = EvictionPolicy::kS3Fifo;
+  uint32_t read_ahead = 4;      // blocks fetched ahead of a sequential reader (0: none)
+  uint32_t fetch_threads = 16;  // origin fetches ahead of readers, at most, at once
 
   // From the volume's `cache` table: path (required), max-size, min-free, block-size, ttl,
-  // admission ("first-miss" | "second-miss"), eviction ("s3-fifo" | "lru"), serve-stale.
+  // admission ("first-miss" | "second-miss"), eviction ("s3-fifo" | "lru"), serve-stale,
+  // read-ahead (blocks), fetch-threads.
   static Result<CacheOptions> FromJson(const std::string& volume, const nlohmann::json& j);
   BlockStoreOptions StoreOptions() const { return {path, max_size, min_free, eviction}; }
 };
@@ -105,6 +109,12 @@ class CachedVolume : public ForwardingVolume {
                       uint64_t index) const;
   void Invalidate(const VFolderId& vfid);
   BlockStore& store() { return *store_; }
+  // Runs `fn` on the read-ahead pool; false when there is none or it is busy.
+  bool Ahead(std::function<void()> fn);
+  void CountHit() {
+    n_.hits++;
+    (*g_hits_)++;
+  }
 
  private:
   struct Flight;
@@ -138,6 +148,8 @@ class CachedVolume : public ForwardingVolume {
   std::atomic<uint64_t>*g_hits_, *g_misses_, *g_origin_bytes_, *g_rejects_, *g_stale_,
       *g_evictions_, *g_fill_bytes_;
   std::atomic<int64_t>*g_bytes_, *g_blocks_;
+  std::atomic<bool> stopping_{false};
+  std::unique_ptr<ThreadPool> ahead_;  // last: stopped first
 };
 
 }  // namespace sluice

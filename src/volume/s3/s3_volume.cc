@@ -634,7 +634,19 @@ Status S3Volume::EmptyTrash() {
   return Status::Ok();
 }
 
+std::optional<std::string> S3Volume::BoundPrefix(const VFolderId& vfid) const {
+  std::lock_guard lk(bound_mu_);
+  auto it = bound_.find(vfid.ToString());
+  if (it == bound_.end()) return std::nullopt;
+  return it->second;
+}
+
 std::string S3Volume::ObjectKey(const VFolderId& vfid, std::string_view relpath) const {
+  if (auto b = BoundPrefix(vfid)) return *b + std::string(relpath);
+  return LayoutKey(vfid, relpath);
+}
+
+std::string S3Volume::LayoutKey(const VFolderId& vfid, std::string_view relpath) const {
   const std::string& h = vfid.hex;
   std::string key = opts_.prefix;
   if (vfid.scope) key += vfid.scope->hex + "/";
@@ -659,6 +671,24 @@ Status S3Volume::Writable() const {
   return Status::Ok();
 }
 
+Status S3Volume::WritableVFolder(const VFolderId& vfid) {
+  SLUICE_RETURN_IF_ERROR(Writable());
+  SLUICE_RETURN_IF_ERROR(Live(vfid));
+  if (auto b = BoundPrefix(vfid))
+    return Status(
+        Code::kPermissionDenied,
+        fmt::format("vfolder {} is s3://{}/{} bound read-only", vfid.ToString(), opts_.bucket, *b),
+        EROFS);
+  return Status::Ok();
+}
+
+void S3Volume::NoteRecord(const VFolderId& vfid, const nlohmann::json& j) {
+  if (!j.contains("bound") || !j["bound"].is_string()) return;
+  std::lock_guard lk(bound_mu_);
+  if (bound_.size() > 100000) bound_.clear();
+  bound_[vfid.ToString()] = j["bound"].get<std::string>();
+}
+
 Status S3Volume::Live(const VFolderId& vfid) {
   const std::string key = VFolderRecord(*origin_, vfid);
   const auto now = std::chrono::steady_clock::now();
@@ -667,8 +697,10 @@ Status S3Volume::Live(const VFolderId& vfid) {
     auto it = live_.find(key);
     if (it != live_.end() && it->second > now) return Status::Ok();
   }
-  SLUICE_ASSIGN_OR_RETURN(auto m, origin_->HeadOpt(key));
-  if (!m) return MissingVFolder(vfid, cfg_.name);
+  // The record, not just its existence: a bound vfolder's names its prefix.
+  SLUICE_ASSIGN_OR_RETURN(auto rec, origin_->GetRecord(key));
+  if (!rec) return MissingVFolder(vfid, cfg_.name);
+  NoteRecord(vfid, rec->first);
   std::lock_guard lk(mu_);
   if (live_.size() > 100000) live_.clear();
   live_[key] = now + opts_.vfolder_ttl;
@@ -703,8 +735,23 @@ Status S3Volume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_sco
 Result<std::string> S3Volume::DetachVFolder(const VFolderId& vfid) {
   SLUICE_RETURN_IF_ERROR(Writable());
   const std::string key = VFolderRecord(*origin_, vfid);
-  SLUICE_ASSIGN_OR_RETURN(auto m, origin_->HeadOpt(key));
-  if (!m) return MissingVFolder(vfid, cfg_.name);
+  SLUICE_ASSIGN_OR_RETURN(auto rec, origin_->GetRecord(key));
+  if (!rec) return MissingVFolder(vfid, cfg_.name);
+  if (const auto& j = rec->first; j.contains("bound")) {
+    // A binding: its record goes, the data it named stays where it was. What is left to
+    // delete is the vfolder's own prefix, which a bound vfolder never writes to.
+    std::string own = LayoutKey(vfid, "");
+    own.pop_back();
+    const std::string path = fmt::format("s3://{}/{}", opts_.bucket, own);
+    SLUICE_RETURN_IF_ERROR(origin_->Note(origin_->Client()->Delete(opts_.bucket, key)));
+    {
+      std::lock_guard lk(mu_);
+      live_.erase(key);
+    }
+    std::lock_guard lk(bound_mu_);
+    bound_.erase(vfid.ToString());
+    return path;
+  }
   // The trash record first (what EmptyTrash finishes after a crash), then the vfolder's: the
   // vfolder is gone for every node once its record is (within vfolder-ttl for those that saw
   // it).
@@ -720,8 +767,49 @@ Result<std::string> S3Volume::DetachVFolder(const VFolderId& vfid) {
 }
 
 Status S3Volume::CheckVFolder(const VFolderId& vfid) {
-  SLUICE_ASSIGN_OR_RETURN(auto m, origin_->HeadOpt(VFolderRecord(*origin_, vfid)));
-  return m ? Status::Ok() : MissingVFolder(vfid, cfg_.name);
+  return Live(vfid);
+}
+
+Status S3Volume::BindVFolder(const VFolderId& vfid, const std::string& prefix) {
+  SLUICE_RETURN_IF_ERROR(Writable());
+  const std::string records = origin_->RecordKey("");
+  auto bad = [&](std::string_view why) {
+    return Status(Code::kInvalidArgument, fmt::format("prefix '{}': {}", prefix, why));
+  };
+  if (prefix.empty() || prefix.back() != '/' || prefix.front() == '/')
+    return bad("must name a directory of keys: not empty, ending in '/', not starting with it");
+  if (prefix.size() > 1024 || prefix.find("//") != std::string::npos ||
+      prefix.find('\0') != std::string::npos)
+    return bad("is not a key prefix (over 1024 bytes, an empty component or a NUL)");
+  if (prefix.starts_with(records) || records.starts_with(prefix))
+    return bad(fmt::format("holds or is inside this volume's records ({})", records));
+  SLUICE_ASSIGN_OR_RETURN(bool data, origin_->HasChildren(prefix));
+  if (!data)
+    return Status(Code::kNotFound,
+                  fmt::format("there is nothing under s3://{}/{}", opts_.bucket, prefix), ENOENT);
+  const std::string key = VFolderRecord(*origin_, vfid);
+  SLUICE_ASSIGN_OR_RETURN(auto rec, origin_->GetRecord(key));
+  if (rec) {
+    if (rec->first.contains("bound"))
+      return Status(Code::kAlreadyExists,
+                    fmt::format("vfolder {} is bound already", vfid.ToString()), EEXIST);
+    SLUICE_ASSIGN_OR_RETURN(bool used, origin_->HasChildren(LayoutKey(vfid, "")));
+    if (used)
+      return Status(Code::kConflict,
+                    fmt::format("vfolder {} holds files: only a new or empty vfolder is bound",
+                                vfid.ToString()),
+                    ENOTEMPTY);
+  } else {
+    SLUICE_RETURN_IF_ERROR(CreateVFolder(vfid, 0555, true, std::nullopt));
+  }
+  SLUICE_RETURN_IF_ERROR(origin_->PutRecord(key, {{"mode", 0555}, {"bound", prefix}}));
+  {
+    std::lock_guard lk(bound_mu_);
+    bound_[vfid.ToString()] = prefix;
+  }
+  std::lock_guard lk(mu_);
+  live_[key] = std::chrono::steady_clock::now() + opts_.vfolder_ttl;
+  return Status::Ok();
 }
 
 Result<TreeUsage> S3Volume::GetUsage(const VFolderId& vfid) {
@@ -790,8 +878,8 @@ Status S3Volume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFold
     return Status(
         Code::kUnsupported,
         fmt::format("volume {} copies vfolders between its own prefixes only", cfg_.name));
-  SLUICE_RETURN_IF_ERROR(Live(src));
-  SLUICE_RETURN_IF_ERROR(Live(dst));
+  SLUICE_RETURN_IF_ERROR(Live(src));  // a bound vfolder copies into a writable one
+  SLUICE_RETURN_IF_ERROR(WritableVFolder(dst));
   return origin_->CopyPrefix(ObjectKey(src, ""), ObjectKey(dst, ""), true);
 }
 
@@ -805,6 +893,7 @@ Result<DirEntry> S3Volume::Stat(const VFolderId& vfid, std::string_view relpath)
   if (parts.empty()) {
     SLUICE_ASSIGN_OR_RETURN(auto rec, origin_->GetRecord(VFolderRecord(*origin_, vfid)));
     if (!rec) return MissingVFolder(vfid, cfg_.name);
+    NoteRecord(vfid, rec->first);
     uint32_t perm = 0755;
     if (const auto& j = rec->first; j.contains("mode") && j["mode"].is_number_unsigned())
       perm = j["mode"].get<uint32_t>() & 07777;
@@ -897,8 +986,7 @@ Status S3Volume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool par
                        bool exist_ok) {
   SLUICE_ASSIGN_OR_RETURN(auto parts, Parts(relpath));
   if (parts.empty()) return Status(Code::kAlreadyExists, "the vfolder root already exists");
-  SLUICE_RETURN_IF_ERROR(Writable());
-  SLUICE_RETURN_IF_ERROR(Live(vfid));
+  SLUICE_RETURN_IF_ERROR(WritableVFolder(vfid));
   // Every directory made gets its marker, so that it outlives what is put in it, as on a file
   // system.
   std::vector<std::string> make;
@@ -965,8 +1053,7 @@ Status S3Volume::Move(const VFolderId& vfid, std::string_view src, std::string_v
   SLUICE_ASSIGN_OR_RETURN(auto sp, Parts(src));
   SLUICE_ASSIGN_OR_RETURN(auto dp, Parts(dst));
   if (sp.empty()) return Status(Code::kInvalidPath, "the vfolder root cannot be moved");
-  SLUICE_RETURN_IF_ERROR(Writable());
-  SLUICE_RETURN_IF_ERROR(Live(vfid));
+  SLUICE_RETURN_IF_ERROR(WritableVFolder(vfid));
   SLUICE_RETURN_IF_ERROR(Stat(vfid, Join(sp, sp.size())).status());
   // Moving onto an existing directory moves into it, as mv does.
   std::vector<std::string> to = dp;
@@ -998,8 +1085,7 @@ Status S3Volume::DeleteFiles(const VFolderId& vfid, const std::vector<std::strin
     if (parts.empty()) return Status(Code::kInvalidPath, "the vfolder root cannot be deleted");
     all.push_back(std::move(parts));
   }
-  SLUICE_RETURN_IF_ERROR(Writable());
-  SLUICE_RETURN_IF_ERROR(Live(vfid));
+  SLUICE_RETURN_IF_ERROR(WritableVFolder(vfid));
   std::vector<DirEntry> what;
   for (size_t i = 0; i < all.size(); ++i) {
     const std::string rel = Join(all[i], all[i].size());
@@ -1286,8 +1372,7 @@ void S3Volume::Unlock(const std::string& session) {
 }
 
 Result<std::string> S3Volume::CreateStaging(const VFolderId& vfid) {
-  SLUICE_RETURN_IF_ERROR(Writable());
-  SLUICE_RETURN_IF_ERROR(Live(vfid));
+  SLUICE_RETURN_IF_ERROR(WritableVFolder(vfid));
   std::string session = RandomHexString(16);
   SessionRecord rec;
   rec.vfid = vfid.ToString();
@@ -1341,6 +1426,7 @@ Result<StagingState> S3Volume::InspectStaging(const VFolderId& vfid, const std::
 Result<std::unique_ptr<StagingWriter>> S3Volume::OpenStaging(const VFolderId& vfid,
                                                              const std::string& session,
                                                              std::chrono::milliseconds wait) {
+  SLUICE_RETURN_IF_ERROR(WritableVFolder(vfid));
   // One writer per session on this node (docs/s3-volumes.md: not across nodes yet).
   const auto deadline = std::chrono::steady_clock::now() + wait;
   for (;;) {

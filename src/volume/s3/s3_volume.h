@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -103,8 +104,18 @@ class S3Volume : public Volume {
   StagingSweep SweepStaging(const std::optional<VFolderId>& vfid, std::chrono::seconds age,
                             const StagingRemoved& removed) override;
 
+  // Binds the key prefix `prefix` (ending in '/') of the volume's bucket as vfolder `vfid`,
+  // read-only: a dataset already on the origin, served without a copy. Creates the vfolder
+  // (and its quota scope), or binds an existing empty one (one the manager just made).
+  // Deleting the vfolder deletes the binding, never the data.
+  Status BindVFolder(const VFolderId& vfid, const std::string& prefix);
+  // The prefix the vfolder is bound to, if it is a bound one (known once it was seen live).
+  std::optional<std::string> BoundPrefix(const VFolderId& vfid) const;
+
   // The origin's key of `relpath` in the vfolder ("" names the vfolder's prefix, with its '/').
   std::string ObjectKey(const VFolderId& vfid, std::string_view relpath) const;
+  // The key in the volume's own layout, whether or not the vfolder is bound elsewhere.
+  std::string LayoutKey(const VFolderId& vfid, std::string_view relpath) const;
   const S3VolumeOptions& options() const { return opts_; }
   // The object metadata Sluice published with the file at `rel` ("" for none).
   Result<std::string> ObjectMetaOf(const VFolderId& vfid, const std::string& rel);
@@ -121,7 +132,10 @@ class S3Volume : public Volume {
  private:
   Result<std::vector<std::string>> Parts(std::string_view relpath) const;
   Status Live(const VFolderId& vfid);  // the vfolder exists (cached for vfolder_ttl)
+  void NoteRecord(const VFolderId& vfid, const nlohmann::json& record);  // a binding in it
   Status Writable() const;
+  // Writable(), the vfolder there, and not bound read-only.
+  Status WritableVFolder(const VFolderId& vfid);
   Status MoveEntry(const VFolderId& vfid, const std::vector<std::string>& src,
                    const std::vector<std::string>& dst);
   Status KeepParent(const VFolderId& vfid, const std::vector<std::string>& parts);
@@ -139,6 +153,8 @@ class S3Volume : public Volume {
   std::mutex mu_;
   std::map<std::string, std::chrono::steady_clock::time_point> live_;  // vfolder key -> until
   std::set<std::string> writers_;  // upload sessions with a writer on this node
+  mutable std::mutex bound_mu_;
+  std::map<std::string, std::string> bound_;  // vfid -> the prefix it is bound to
 };
 
 }  // namespace sluice

@@ -72,6 +72,7 @@ class Cache : public ::testing::Test {
     opts_.path = dir_ + "/blocks";
     opts_.block_size = kMiB;
     opts_.min_free = 0;
+    opts_.read_ahead = 0;  // tests that count origin reads set it
   }
   void TearDown() override {
     cache_.reset();
@@ -278,6 +279,71 @@ TEST_F(Cache, WritesThroughThisNodeDropWhatTheyReplace) {
   ASSERT_OK(cache_->DeleteFiles(vf_, {"b"}, false));
   EXPECT_EQ(ReadAll("b", &st), "");
   EXPECT_EQ(st.code(), Code::kNotFound);
+}
+
+// A sequential reader gets the next blocks fetched ahead, in parallel; a reader that jumps
+// does not.
+TEST_F(Cache, SequentialReadersAreReadAhead) {
+  opts_.read_ahead = 4;
+  Start();
+  const std::string data = Bytes(16 * kMiB, 9);
+  Put("seq", data);
+  Put("jump", data);
+  auto f = cache_->OpenReader(vf_, "seq");
+  ASSERT_OK(f);
+  std::string buf(kMiB, '\0');
+  ASSERT_OK((*f)->ReadAt(0, buf.data(), buf.size()));
+  for (int i = 0; i < 200 && cache_->stats().store.blocks < 5; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(cache_->stats().store.blocks, 5u);  // block 0 and the 4 after it
+  for (uint64_t off = kMiB; off < 5 * kMiB; off += kMiB) {
+    ASSERT_OK((*f)->ReadAt(off, buf.data(), buf.size()));
+    EXPECT_EQ(buf, data.substr(off, kMiB));
+  }
+  for (int i = 0; i < 200 && cache_->stats().store.blocks < 9; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(cache_->stats().store.blocks, 9u);  // reading blocks 1-4 read blocks 5-8 ahead
+  EXPECT_EQ(origin_->reads, 9);                 // each block once
+  const uint64_t before = cache_->stats().store.blocks;
+  auto j = cache_->OpenReader(vf_, "jump");
+  ASSERT_OK(j);
+  ASSERT_OK((*j)->ReadAt(7 * kMiB, buf.data(), buf.size()));
+  EXPECT_EQ(buf, data.substr(7 * kMiB, kMiB));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(cache_->stats().store.blocks, before + 1);
+}
+
+// Blocks held and checked are sent straight from their files (LocalExtent); after a restart a
+// block is read and checked once before it is.
+TEST_F(Cache, VerifiedBlocksAreLocalExtents) {
+  opts_.read_ahead = 0;
+  Start();
+  const std::string data = Bytes(3 * kMiB + 10, 10);
+  Put("f", data);
+  auto f = cache_->OpenReader(vf_, "f");
+  ASSERT_OK(f);
+  EXPECT_EQ((*f)->LocalExtent(0).fd, -1);  // not cached yet
+  EXPECT_EQ(ReadAll("f"), data);
+  auto check = [&](FileReader& r, uint64_t off) {
+    const FileReader::Extent e = r.LocalExtent(off);
+    ASSERT_GE(e.fd, 0);
+    EXPECT_EQ(e.length, std::min<uint64_t>(kMiB - off % kMiB, data.size() - off));
+    std::string got(static_cast<size_t>(e.length), '\0');
+    ASSERT_EQ(::pread(e.fd, got.data(), got.size(), static_cast<off_t>(e.fd_offset)),
+              static_cast<ssize_t>(got.size()));
+    EXPECT_EQ(got, data.substr(off, got.size()));
+  };
+  for (uint64_t off : {uint64_t{0}, kMiB - 1, 2 * kMiB + 5, 3 * kMiB + 9}) check(**f, off);
+  EXPECT_EQ((*f)->LocalExtent(data.size()).fd, -1);
+  Start();  // a new process: blocks on disk are checked once before they are sent from disk
+  auto g = cache_->OpenReader(vf_, "f");
+  ASSERT_OK(g);
+  EXPECT_EQ((*g)->LocalExtent(0).fd, -1);
+  std::string buf(10, '\0');
+  ASSERT_OK((*g)->ReadAt(0, buf.data(), buf.size()));
+  check(**g, 7);
+  EXPECT_EQ((*g)->LocalExtent(kMiB).fd, -1);  // block 1 not checked yet
+  EXPECT_EQ(origin_->reads, 4);               // all from the cache after the first read
 }
 
 // An operator's warm reads a tree in (whatever the admission policy), and evict drops it.

@@ -111,24 +111,30 @@ def fuse_epochs(kind, origin, bucket, keys, conns, want, root):
         cmd = ["s3fs", bucket, mnt, "-f", "-o", f"url={origin.s3_url}", "-o",
                "use_path_request_style", "-o", f"passwd_file={pw}", "-o", f"use_cache={cache}",
                "-o", "stat_cache_expire=3600", "-o", "ro"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # rclone 1.60 refuses an AWS_CA_BUNDLE with a plain-http endpoint.
+    env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
+    log = open(os.path.join(root, f"{kind}.log"), "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         for _ in range(600):
             if os.path.ismount(mnt):
                 break
             if proc.poll() is not None:
-                raise RuntimeError(f"{kind} exited with {proc.returncode}")
+                with open(log.name) as f:
+                    raise RuntimeError(f"{kind} exited with {proc.returncode}: {f.read()[-2000:]}")
             time.sleep(0.05)
         else:
             raise RuntimeError(f"{kind} did not mount {mnt}")
         return read_tree(mnt, keys, conns, want), read_tree(mnt, keys, conns, want)
     finally:
-        subprocess.run(["fusermount", "-u", mnt], check=False)
+        if os.path.ismount(mnt):
+            subprocess.run(["fusermount", "-u", mnt], check=False)
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        log.close()
         os.rmdir(mnt)
 
 

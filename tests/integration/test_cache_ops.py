@@ -41,6 +41,11 @@ def sluice(d, *args, rc=0):
     return p
 
 
+def block_files(cache):
+    """The cache's block files: <cache>/<id[0:2]>/<id> (not tmp/ or the attributes in meta/)."""
+    return [p for p in cache.glob("??/*") if p.is_file()]
+
+
 def stats(d):
     return json.loads(sluice(d, "--json", "cache", "stats", "remote").stdout)
 
@@ -101,8 +106,7 @@ def test_warm_stats_and_evict(tmp_path, origin):
         out = sluice(d, "cache", "evict", "remote", "--all").stdout
         assert "evicted 6 blocks" in out, out
         assert stats(d)["blocks"] == 0
-        assert not [p for p in (tmp_path / "cache").rglob("*")
-                    if p.is_file() and p.parent.name != "tmp"]
+        assert not block_files(tmp_path / "cache")
         r = d.mgr("POST", "/folder/file/download",
                   json={"volume": "remote", "vfid": vfid, "relpath": "val/d.bin"})
         assert r.status_code == 503 and r.headers.get("Retry-After") == "1", r.text
@@ -143,8 +147,7 @@ def test_kill_9_during_a_fill_then_restart(tmp_path, origin):
                 break
         d.kill()  # SIGKILL in the middle of the fill
         r.close()
-        blocks_before = [p for p in (tmp_path / "cache").rglob("*")
-                         if p.is_file() and p.parent.name != "tmp"]
+        blocks_before = block_files(tmp_path / "cache")
         assert 10 <= len(blocks_before) < 49, len(blocks_before)
         d.start()
         s = stats(d)
@@ -160,8 +163,9 @@ def test_kill_9_during_a_fill_then_restart(tmp_path, origin):
 
 
 def test_a_full_cache_disk(tmp_path, origin):
-    """The cache's disk is a 16 MiB tmpfs with min-free 6m: reads of 40 MiB go on, correct,
-    and the disk never has less than the floor free."""
+    """The cache's disk is a 16 MiB tmpfs with min-free 6m: reads of 40 MiB (read ahead, so
+    several blocks are written at once) go on, correct, and the disk never has less than the
+    floor free."""
     mnt = tmp_path / "small"
     mnt.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], check=True)
@@ -192,7 +196,8 @@ def test_a_full_cache_disk(tmp_path, origin):
                 w.join()
             s = stats(d)
             assert s["evictions"] > 0 and 0 < s["bytes"] <= 10 * MiB, s
-            # The floor, less one block in flight (a block is written, then the next makes room).
-            assert low[0] >= 6 * MiB - (MiB + 4096), low[0]
+            # The floor holds with read-ahead writing several blocks at once (each is reserved
+            # before it is written), less what a few files of attributes take.
+            assert low[0] >= 6 * MiB - 64 * 1024, low[0]
     finally:
         subprocess.run(["umount", str(mnt)], check=False)

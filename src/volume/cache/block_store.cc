@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -45,7 +46,11 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Open(BlockStoreOptions opts) {
   };
   std::vector<Found> found;
   for (auto& sub : fs::directory_iterator(s->opts_.dir, ec)) {
-    if (!sub.is_directory() || sub.path().filename() == "tmp") continue;
+    // Blocks are in "<id[0:2]>/"; "tmp/" and "meta/" (CachedVolume's attributes) are not.
+    const std::string name = sub.path().filename().string();
+    if (!sub.is_directory() || name.size() != 2 || !std::isxdigit(name[0]) ||
+        !std::isxdigit(name[1]))
+      continue;
     for (auto& f : fs::directory_iterator(sub.path(), ec)) {
       std::string id = f.path().filename().string();
       struct stat st;
@@ -172,21 +177,32 @@ int BlockStore::OpenVerified(const std::string& id, uint64_t len) {
   return fd.release();
 }
 
+bool BlockStore::HasRoom(uint64_t bytes) const {
+  std::lock_guard lk(mu_);
+  return FreeBytes() >= opts_.min_free + reserved_disk_ + DiskBytes(bytes);
+}
+
 bool BlockStore::Put(const std::string& id, std::string_view data) {
   auto key = BlockIndex::ParseKey(id);
   if (!key) return false;
+  const uint64_t need = DiskBytes(kHeader + data.size());
   {
     std::lock_guard lk(mu_);
     if (index_.Touch(*key)) return true;
-    // Room first: within the size limit, and never the disk below its free-space floor.
-    while (index_.bytes() + data.size() > opts_.max_bytes && EvictOne()) {
+    // Room first: within the size limit, and never the disk below its free-space floor,
+    // counting the blocks other writers are writing now.
+    auto over = [&] { return index_.bytes() + reserved_ + data.size() > opts_.max_bytes; };
+    auto low = [&] { return FreeBytes() < opts_.min_free + reserved_disk_ + need; };
+    while (over() && EvictOne()) {
     }
-    while (FreeBytes() < opts_.min_free + data.size() + kHeader && EvictOne()) {
+    while (low() && EvictOne()) {
     }
-    if (data.size() > opts_.max_bytes || FreeBytes() < opts_.min_free + data.size() + kHeader) {
+    if (over() || low()) {
       stats_.rejected += 1;
       return false;
     }
+    reserved_ += data.size();
+    reserved_disk_ += need;
   }
   char head[kHeader];
   std::memcpy(head, kMagic, 4);
@@ -209,17 +225,22 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
       }
     }
   }
-  std::error_code ec;
-  if (ok) fs::create_directories(fmt::format("{}/{}", opts_.dir, id.substr(0, 2)), ec);
-  // No fsync: a block a crash tears fails its checksum and is fetched again.
-  ok = ok && ::rename(tmp.c_str(), PathOf(id).c_str()) == 0;
+  // No fsync: a block a crash tears fails its checksum and is fetched again. Its directory is
+  // made the first time one is missing.
+  const std::string path = PathOf(id);
+  if (ok && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::error_code ec;
+    fs::create_directories(fmt::format("{}/{}", opts_.dir, id.substr(0, 2)), ec);
+    ok = ::rename(tmp.c_str(), path.c_str()) == 0;
+  }
+  std::lock_guard lk(mu_);
+  reserved_ -= data.size();
+  reserved_disk_ -= need;
   if (!ok) {
     ::unlink(tmp.c_str());
-    std::lock_guard lk(mu_);
     stats_.rejected += 1;
     return false;
   }
-  std::lock_guard lk(mu_);
   index_.Insert(*key, data.size(), /*warm=*/false, /*verified=*/true);  // as written
   stats_.filled_bytes += data.size();
   return true;

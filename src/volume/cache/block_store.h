@@ -40,6 +40,8 @@ class BlockStore {
   // otherwise: Get() reads and checks it. For zero-copy sends.
   int OpenVerified(const std::string& id, uint64_t len);
   static constexpr uint64_t kDataOffset = 20;
+  // Whether `bytes` more on the cache's disk keep it above its free-space floor.
+  bool HasRoom(uint64_t bytes) const;
   // Whether the block is held (not counted as an access).
   bool Has(const std::string& id) const;
   // Drops the block if it is there (an operator's evict); true if it was.
@@ -67,6 +69,10 @@ class BlockStore {
   mutable std::mutex mu_;
   BlockIndex index_;
   Stats stats_;
+  // Blocks being written now: their bytes, and what they take on the disk.
+  uint64_t reserved_ = 0, reserved_disk_ = 0;
+  // What `n` bytes take on a disk: whole 4 KiB blocks.
+  static uint64_t DiskBytes(uint64_t n) { return (n + 4095) / 4096 * 4096; }
 };
 
 }  // namespace sluice

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include <fmt/format.h>
@@ -12,6 +14,7 @@
 #include "common/fd.h"
 #include "common/metrics.h"
 #include "common/path.h"
+#include "common/secrets.h"
 #include "volume/listed_dir.h"
 
 namespace sluice {
@@ -363,12 +366,14 @@ Result<uint64_t> CachedVolume::Evict(const VFolderId& vfid, std::string_view rel
     std::lock_guard lk(mu_);
     meta_.erase(MetaKey(vfid, parts));
   }
+  ::unlink(MetaFile(vfid, JoinComponents(parts, parts.size())).c_str());
   PublishStore();
   return n;
 }
 
 uint64_t CachedVolume::EvictAll() {
   const uint64_t n = store_->EvictAll();
+  DropMetaDir(opts_.path + "/meta");
   {
     std::lock_guard lk(mu_);
     meta_.clear();
@@ -405,7 +410,132 @@ HwInfo CachedVolume::GetHwInfo() {
   return h;
 }
 
+std::string CachedVolume::MetaDir(const VFolderId& vfid) const {
+  return fmt::format("{}/meta/{}", opts_.path,
+                     Sha256Hex(fmt::format("{}\n{}", name(), vfid.ToString())).substr(0, 32));
+}
+
+std::string CachedVolume::MetaFile(const VFolderId& vfid, const std::string& rel) const {
+  return MetaDir(vfid) + "/" + Sha256Hex(rel);
+}
+
+void CachedVolume::DropMetaDir(const std::string& dir) {
+  const std::string aside = fmt::format("{}/tmp/meta-{}", opts_.path, RandomHexString(8));
+  if (::rename(dir.c_str(), aside.c_str()) != 0) return;  // none there
+  std::thread([aside] {
+    std::error_code ec;
+    std::filesystem::remove_all(aside, ec);
+  }).detach();
+}
+
+namespace {
+
+nlohmann::json EntryJson(const DirEntry& e) {
+  auto ns = [](auto t) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+  };
+  nlohmann::json j = {{"name", e.name},
+                      {"type", static_cast<int>(e.type)},
+                      {"mode", e.mode},
+                      {"size", e.size},
+                      {"created", ns(e.created)},
+                      {"modified", ns(e.modified)},
+                      {"changed", ns(e.changed)},
+                      {"ino", e.ino},
+                      {"etag", e.etag}};
+  if (e.symlink_target) j["symlink_target"] = *e.symlink_target;
+  return j;
+}
+
+std::optional<DirEntry> EntryFromJson(const nlohmann::json& j) {
+  try {
+    DirEntry e;
+    auto at = [&](const char* k) {
+      return std::chrono::system_clock::time_point(
+          std::chrono::duration_cast<std::chrono::system_clock::duration>(
+              std::chrono::nanoseconds(j.at(k).get<int64_t>())));
+    };
+    e.name = j.at("name").get<std::string>();
+    e.type = static_cast<EntryType>(j.at("type").get<int>());
+    e.mode = j.at("mode").get<uint32_t>();
+    e.size = j.at("size").get<uint64_t>();
+    e.created = at("created");
+    e.modified = at("modified");
+    e.changed = at("changed");
+    e.ino = j.at("ino").get<uint64_t>();
+    e.etag = j.at("etag").get<std::string>();
+    if (j.contains("symlink_target")) e.symlink_target = j["symlink_target"].get<std::string>();
+    return e;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+std::optional<CachedVolume::Meta> CachedVolume::FindMeta(const VFolderId& vfid,
+                                                         const std::string& rel) {
+  const std::string key = vfid.ToString() + '\0' + rel;
+  {
+    std::lock_guard lk(mu_);
+    if (auto it = meta_.find(key); it != meta_.end()) return it->second;
+  }
+  // From disk: written when they were fetched, by this process or one before it.
+  std::ifstream f(MetaFile(vfid, rel), std::ios::binary);
+  if (!f) return std::nullopt;
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || j.value("key", "") != key) return std::nullopt;
+  auto entry = j.contains("entry") ? EntryFromJson(j["entry"]) : std::nullopt;
+  auto meta = Base64Decode(j.value("meta", ""));
+  if (!entry || !meta.ok() || !j.contains("fetched") || !j["fetched"].is_number_integer())
+    return std::nullopt;
+  // Its age on the wall clock, as the same age on this process's steady one.
+  const auto age = std::chrono::system_clock::now() -
+                   std::chrono::system_clock::time_point(
+                       std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                           std::chrono::nanoseconds(j["fetched"].get<int64_t>())));
+  Meta m{std::move(*entry), std::move(meta).value(),
+         Steady::now() - std::chrono::duration_cast<Steady::duration>(
+                             std::max(age, std::chrono::system_clock::duration::zero()))};
+  std::lock_guard lk(mu_);
+  if (meta_.size() > (1u << 20)) meta_.clear();
+  meta_[key] = m;
+  return m;
+}
+
+void CachedVolume::KeepMeta(const VFolderId& vfid, const std::string& rel, Meta m) {
+  const std::string key = vfid.ToString() + '\0' + rel;
+  nlohmann::json j = {{"key", key},
+                      {"fetched", std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                      std::chrono::system_clock::now().time_since_epoch())
+                                      .count()},
+                      {"entry", EntryJson(m.entry)},
+                      {"meta", Base64Encode(m.meta)}};
+  {
+    std::lock_guard lk(mu_);
+    if (meta_.size() > (1u << 20)) meta_.clear();  // bounded: a full table starts over
+    meta_[key] = std::move(m);
+  }
+  // Beside the blocks, written aside and renamed into place (no fsync: a torn copy fails to
+  // parse and is asked again); not when the disk is at its floor (memory keeps them).
+  if (!store_->HasRoom(4096)) return;
+  const std::string dir = MetaDir(vfid);
+  const std::string tmp = fmt::format("{}/tmp/{}", opts_.path, RandomHexString(8));
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    if (!out) return (void)::unlink(tmp.c_str());
+  }
+  if (::rename(tmp.c_str(), MetaFile(vfid, rel).c_str()) != 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (::rename(tmp.c_str(), MetaFile(vfid, rel).c_str()) != 0) ::unlink(tmp.c_str());
+  }
+}
+
 void CachedVolume::Invalidate(const VFolderId& vfid) {
+  DropMetaDir(MetaDir(vfid));
   const std::string prefix = vfid.ToString() + '\0';
   std::lock_guard lk(mu_);
   for (auto it = meta_.lower_bound(prefix); it != meta_.end() && it->first.starts_with(prefix);)
@@ -417,9 +547,10 @@ void CachedVolume::Invalidate(const VFolderId& vfid) {
 std::optional<std::pair<DirEntry, bool>> CachedVolume::Known(
     const VFolderId& vfid, const std::vector<std::string>& parts) {
   const auto now = Steady::now();
+  if (!parts.empty())
+    if (auto m = FindMeta(vfid, JoinComponents(parts, parts.size())))
+      return std::pair{m->entry, now - m->fetched < opts_.ttl};
   std::lock_guard lk(mu_);
-  if (auto it = meta_.find(MetaKey(vfid, parts)); it != meta_.end())
-    return std::pair{it->second.entry, now - it->second.fetched < opts_.ttl};
   if (auto it = dirs_.find(MetaKey(vfid, parts)); it != dirs_.end())
     return std::pair{it->second->info, now - it->second->fetched < opts_.ttl};
   if (parts.empty()) return std::nullopt;
@@ -563,11 +694,7 @@ Result<std::shared_ptr<FileReader>> CachedVolume::OpenReader(const VFolderId& vf
   SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
   const std::string key = MetaKey(vfid, parts);
   const std::string rel = parts.empty() ? std::string() : JoinComponents(parts, parts.size());
-  std::optional<Meta> known;
-  {
-    std::lock_guard lk(mu_);
-    if (auto it = meta_.find(key); it != meta_.end()) known = it->second;
-  }
+  std::optional<Meta> known = FindMeta(vfid, rel);
   // Within the TTL an open needs nothing but memory: an event loop may take it too.
   if (known && Steady::now() - known->fetched < opts_.ttl)
     return std::shared_ptr<FileReader>(
@@ -583,19 +710,18 @@ Result<std::shared_ptr<FileReader>> CachedVolume::OpenReader(const VFolderId& vf
           std::make_shared<CachedReader>(this, vfid, rel, known->entry, known->meta, nullptr));
     }
     if (r.status().code() == Code::kNotFound) {
-      std::lock_guard lk(mu_);
-      meta_.erase(key);
+      {
+        std::lock_guard lk(mu_);
+        meta_.erase(key);
+      }
+      ::unlink(MetaFile(vfid, rel).c_str());
     }
     return r.status();
   }
   DirEntry e = (*r)->info();
   auto blob = (*r)->ReadMeta();
   std::string meta = blob.ok() ? std::move(blob).value() : std::string();
-  {
-    std::lock_guard lk(mu_);
-    if (meta_.size() > (1u << 20)) meta_.clear();  // bounded: a full table starts over
-    meta_[key] = {e, meta, Steady::now()};
-  }
+  KeepMeta(vfid, rel, {e, meta, Steady::now()});
   return std::shared_ptr<FileReader>(std::make_shared<CachedReader>(
       this, vfid, rel, std::move(e), std::move(meta), std::move(r).value()));
 }

@@ -132,7 +132,14 @@ class CachedVolume : public ForwardingVolume {
     std::string meta;  // FileReader::ReadMeta
     std::chrono::steady_clock::time_point fetched;
   };
-  std::map<std::string, Meta> meta_;  // "<vfid>\0<relpath>"
+  // A file's attributes, from memory or from their copy on disk (kept with the blocks, so that
+  // a restarted node opens within the TTL without the origin, and serves stale after it).
+  std::optional<Meta> FindMeta(const VFolderId& vfid, const std::string& rel);
+  void KeepMeta(const VFolderId& vfid, const std::string& rel, Meta m);
+  std::string MetaDir(const VFolderId& vfid) const;
+  std::string MetaFile(const VFolderId& vfid, const std::string& rel) const;
+  void DropMetaDir(const std::string& dir);  // moved aside at once, removed in the background
+  std::map<std::string, Meta> meta_;         // "<vfid>\0<relpath>"
   struct Listing {
     DirEntry info;
     std::vector<DirEntry> entries;  // by name

@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstring>
 #include <filesystem>
@@ -37,7 +39,15 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Open(BlockStoreOptions opts) {
   if (ec)
     return Status(Code::kIoError, fmt::format("cache directory '{}': {}", opts.dir, ec.message()));
   // What a crash left half-written is never a block.
-  for (auto& e : fs::directory_iterator(fs::path(opts.dir) / "tmp", ec)) fs::remove(e.path(), ec);
+  for (auto& e : fs::directory_iterator(fs::path(opts.dir) / "tmp", ec))
+    fs::remove_all(e.path(), ec);
+  // The 256 block directories, made once here rather than checked at every write.
+  for (int i = 0; i < 256; ++i) {
+    fs::create_directories(fs::path(opts.dir) / fmt::format("{:02x}", i), ec);
+    if (ec)
+      return Status(Code::kIoError,
+                    fmt::format("cache directory '{}': {}", opts.dir, ec.message()));
+  }
   std::unique_ptr<BlockStore> s(new BlockStore(std::move(opts)));
   struct Found {
     std::string id;
@@ -177,6 +187,58 @@ int BlockStore::OpenVerified(const std::string& id, uint64_t len) {
   return fd.release();
 }
 
+namespace {
+
+// All of `head` then `data` to `fd`.
+bool WriteAll(int fd, const char* head, std::string_view data) {
+  std::array<iovec, 2> iov{iovec{const_cast<char*>(head), kHeader},
+                           iovec{const_cast<char*>(data.data()), data.size()}};
+  size_t left = kHeader + data.size();
+  int first = 0;
+  while (left > 0) {
+    ssize_t n = ::writev(fd, iov.data() + first, 2 - first);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    left -= static_cast<size_t>(n);
+    for (size_t k = static_cast<size_t>(n); k > 0 && first < 2;) {
+      const size_t take = std::min(k, iov[first].iov_len);
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + take;
+      iov[first].iov_len -= take;
+      k -= take;
+      if (iov[first].iov_len == 0) ++first;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool BlockStore::WriteBlock(const std::string& id, const char* head, std::string_view data) {
+  const std::string path = PathOf(id);
+  // An unnamed file in the block's own directory, named once written: no temporary name, no
+  // rename across directories (whose locks writers in parallel would queue on).
+  const std::string dir = fmt::format("{}/{}", opts_.dir, id.substr(0, 2));
+  UniqueFd fd(::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600));
+  if (fd.get() >= 0) {
+    if (!WriteAll(fd.get(), head, data)) return false;
+    const std::string self = fmt::format("/proc/self/fd/{}", fd.get());
+    if (::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, path.c_str(), AT_SYMLINK_FOLLOW) == 0 ||
+        errno == EEXIST)  // the same block, written by another: its content is this one
+      return true;
+    // No /proc to name it through: the way below.
+  }
+  // Without O_TMPFILE (or /proc): a temporary name under tmp/, renamed into place.
+  const std::string tmp = fmt::format("{}/tmp/{}", opts_.dir, RandomHexString(8));
+  bool ok = false;
+  {
+    UniqueFd t(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    ok = t.get() >= 0 && WriteAll(t.get(), head, data);
+  }
+  ok = ok && ::rename(tmp.c_str(), path.c_str()) == 0;
+  if (!ok) ::unlink(tmp.c_str());
+  return ok;
+}
+
 bool BlockStore::HasRoom(uint64_t bytes) const {
   std::lock_guard lk(mu_);
   return FreeBytes() >= opts_.min_free + reserved_disk_ + DiskBytes(bytes);
@@ -211,33 +273,12 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
   std::memcpy(head + 4, &version, 4);
   std::memcpy(head + 8, &len, 8);
   std::memcpy(head + 16, &crc, 4);
-  const std::string tmp = fmt::format("{}/tmp/{}", opts_.dir, RandomHexString(8));
-  bool ok = false;
-  {
-    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-    if (fd.get() >= 0) {
-      ok = ::write(fd.get(), head, kHeader) == static_cast<ssize_t>(kHeader);
-      size_t done = 0;
-      while (ok && done < data.size()) {
-        ssize_t n = ::write(fd.get(), data.data() + done, data.size() - done);
-        ok = n > 0;
-        if (ok) done += static_cast<size_t>(n);
-      }
-    }
-  }
-  // No fsync: a block a crash tears fails its checksum and is fetched again. Its directory is
-  // made the first time one is missing.
-  const std::string path = PathOf(id);
-  if (ok && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::error_code ec;
-    fs::create_directories(fmt::format("{}/{}", opts_.dir, id.substr(0, 2)), ec);
-    ok = ::rename(tmp.c_str(), path.c_str()) == 0;
-  }
+  // No fsync: a block a crash tears fails its checksum and is fetched again.
+  const bool ok = WriteBlock(id, head, data);
   std::lock_guard lk(mu_);
   reserved_ -= data.size();
   reserved_disk_ -= need;
   if (!ok) {
-    ::unlink(tmp.c_str());
     stats_.rejected += 1;
     return false;
   }

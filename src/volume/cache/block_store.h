@@ -64,6 +64,7 @@ class BlockStore {
   bool EvictOne();                      // the policy's victim, from disk too; mu_ held
   void Drop(const BlockIndex::Key& k);  // from the index and the disk; mu_ held
   uint64_t FreeBytes() const;
+  bool WriteBlock(const std::string& id, const char* head, std::string_view data);
 
   BlockStoreOptions opts_;
   mutable std::mutex mu_;

@@ -1,9 +1,12 @@
 #include "volume/cache/cached_volume.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <thread>
 
 #include <fmt/format.h>
@@ -325,6 +328,7 @@ CachedVolume::CachedVolume(std::unique_ptr<Volume> inner, CacheOptions opts,
   g_bytes_ = &m.Gauge("sluice_cache_bytes", "Bytes of blocks the SSD cache holds.", l);
   g_blocks_ = &m.Gauge("sluice_cache_blocks", "Blocks the SSD cache holds.", l);
   PublishStore();
+  LoadJournal();
   if (opts_.read_ahead > 0)
     ahead_ = std::make_unique<ThreadPool>("cache-ahead", opts_.fetch_threads, 4096);
 }
@@ -366,14 +370,14 @@ Result<uint64_t> CachedVolume::Evict(const VFolderId& vfid, std::string_view rel
     std::lock_guard lk(mu_);
     meta_.erase(MetaKey(vfid, parts));
   }
-  ::unlink(MetaFile(vfid, JoinComponents(parts, parts.size())).c_str());
+  Journal({{"k", MetaKey(vfid, parts)}});
   PublishStore();
   return n;
 }
 
 uint64_t CachedVolume::EvictAll() {
   const uint64_t n = store_->EvictAll();
-  DropMetaDir(opts_.path + "/meta");
+  Journal({{"all", true}});
   {
     std::lock_guard lk(mu_);
     meta_.clear();
@@ -408,24 +412,6 @@ HwInfo CachedVolume::GetHwInfo() {
   h.metadata["cache-hits"] = std::to_string(s.hits);
   h.metadata["cache-misses"] = std::to_string(s.misses);
   return h;
-}
-
-std::string CachedVolume::MetaDir(const VFolderId& vfid) const {
-  return fmt::format("{}/meta/{}", opts_.path,
-                     Sha256Hex(fmt::format("{}\n{}", name(), vfid.ToString())).substr(0, 32));
-}
-
-std::string CachedVolume::MetaFile(const VFolderId& vfid, const std::string& rel) const {
-  return MetaDir(vfid) + "/" + Sha256Hex(rel);
-}
-
-void CachedVolume::DropMetaDir(const std::string& dir) {
-  const std::string aside = fmt::format("{}/tmp/meta-{}", opts_.path, RandomHexString(8));
-  if (::rename(dir.c_str(), aside.c_str()) != 0) return;  // none there
-  std::thread([aside] {
-    std::error_code ec;
-    std::filesystem::remove_all(aside, ec);
-  }).detach();
 }
 
 namespace {
@@ -475,68 +461,124 @@ std::optional<DirEntry> EntryFromJson(const nlohmann::json& j) {
 
 std::optional<CachedVolume::Meta> CachedVolume::FindMeta(const VFolderId& vfid,
                                                          const std::string& rel) {
-  const std::string key = vfid.ToString() + '\0' + rel;
-  {
-    std::lock_guard lk(mu_);
-    if (auto it = meta_.find(key); it != meta_.end()) return it->second;
-  }
-  // From disk: written when they were fetched, by this process or one before it.
-  std::ifstream f(MetaFile(vfid, rel), std::ios::binary);
-  if (!f) return std::nullopt;
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  auto j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || j.value("key", "") != key) return std::nullopt;
-  auto entry = j.contains("entry") ? EntryFromJson(j["entry"]) : std::nullopt;
-  auto meta = Base64Decode(j.value("meta", ""));
-  if (!entry || !meta.ok() || !j.contains("fetched") || !j["fetched"].is_number_integer())
-    return std::nullopt;
-  // Its age on the wall clock, as the same age on this process's steady one.
-  const auto age = std::chrono::system_clock::now() -
-                   std::chrono::system_clock::time_point(
-                       std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                           std::chrono::nanoseconds(j["fetched"].get<int64_t>())));
-  Meta m{std::move(*entry), std::move(meta).value(),
-         Steady::now() - std::chrono::duration_cast<Steady::duration>(
-                             std::max(age, std::chrono::system_clock::duration::zero()))};
   std::lock_guard lk(mu_);
-  if (meta_.size() > (1u << 20)) meta_.clear();
-  meta_[key] = m;
-  return m;
+  auto it = meta_.find(vfid.ToString() + '\0' + rel);
+  if (it == meta_.end()) return std::nullopt;
+  return it->second;
+}
+
+namespace {
+
+int64_t WallNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+void CachedVolume::Journal(const nlohmann::json& record) {
+  std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  line += '\n';
+  std::lock_guard lk(journal_mu_);
+  if (journal_.get() < 0) return;
+  if (journal_bytes_ > kJournalCompactAt) CompactJournal();
+  // One append per record: a crash tears at most the last line, which replay skips.
+  if (::write(journal_.get(), line.data(), line.size()) == static_cast<ssize_t>(line.size()))
+    journal_bytes_ += line.size();
 }
 
 void CachedVolume::KeepMeta(const VFolderId& vfid, const std::string& rel, Meta m) {
   const std::string key = vfid.ToString() + '\0' + rel;
-  nlohmann::json j = {{"key", key},
-                      {"fetched", std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                      std::chrono::system_clock::now().time_since_epoch())
-                                      .count()},
-                      {"entry", EntryJson(m.entry)},
-                      {"meta", Base64Encode(m.meta)}};
+  nlohmann::json j = {
+      {"k", key}, {"f", WallNs()}, {"e", EntryJson(m.entry)}, {"m", Base64Encode(m.meta)}};
   {
     std::lock_guard lk(mu_);
-    if (meta_.size() > (1u << 20)) meta_.clear();  // bounded: a full table starts over
+    if (meta_.size() > kMaxMeta) meta_.clear();  // bounded: a full table starts over
     meta_[key] = std::move(m);
   }
-  // Beside the blocks, written aside and renamed into place (no fsync: a torn copy fails to
-  // parse and is asked again); not when the disk is at its floor (memory keeps them).
-  if (!store_->HasRoom(4096)) return;
-  const std::string dir = MetaDir(vfid);
-  const std::string tmp = fmt::format("{}/tmp/{}", opts_.path, RandomHexString(8));
+  // Not on a disk at its floor (memory keeps them).
+  if (store_->HasRoom(4096)) Journal(j);
+}
+
+void CachedVolume::LoadJournal() {
+  const std::string path = opts_.path + "/attributes.log";
+  std::ifstream in(path, std::ios::binary);
+  std::string line;
+  const int64_t now = WallNs();
+  const auto steady = Steady::now();
+  while (in && std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) continue;  // a line torn by a crash
+    if (j.contains("all")) {
+      meta_.clear();
+    } else if (j.contains("p") && j["p"].is_string()) {  // a vfolder's, dropped
+      const std::string prefix = j["p"].get<std::string>();
+      for (auto it = meta_.lower_bound(prefix); it != meta_.end() && it->first.starts_with(prefix);)
+        it = meta_.erase(it);
+    } else if (j.contains("k") && j["k"].is_string()) {
+      const std::string key = j["k"].get<std::string>();
+      if (!j.contains("e")) {  // one file's, dropped
+        meta_.erase(key);
+        continue;
+      }
+      auto entry = EntryFromJson(j["e"]);
+      auto meta = Base64Decode(j.value("m", ""));
+      if (!entry || !meta.ok() || !j.contains("f") || !j["f"].is_number_integer()) continue;
+      // Its age on the wall clock, as the same age on this process's steady one.
+      const auto age = std::chrono::nanoseconds(std::max<int64_t>(0, now - j["f"].get<int64_t>()));
+      if (meta_.size() > kMaxMeta) meta_.clear();
+      meta_[key] = {std::move(*entry), std::move(meta).value(),
+                    steady - std::chrono::duration_cast<Steady::duration>(age)};
+    }
+  }
+  journal_.reset(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  if (journal_.get() < 0) {
+    spdlog::warn("cache {}: {}: {}; attributes are not kept across restarts", name(), path,
+                 std::strerror(errno));
+    return;
+  }
+  struct stat st;
+  journal_bytes_ = ::fstat(journal_.get(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  std::lock_guard lk(journal_mu_);
+  CompactJournal();  // what replay kept, and nothing else
+}
+
+void CachedVolume::CompactJournal() {
+  // journal_mu_ held. The live records, written aside and renamed over the log.
+  const std::string path = opts_.path + "/attributes.log";
+  const std::string tmp = fmt::format("{}/tmp/attributes-{}", opts_.path, RandomHexString(8));
+  std::string out;
   {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    if (!out) return (void)::unlink(tmp.c_str());
+    std::lock_guard lk(mu_);
+    const auto steady = Steady::now();
+    const int64_t now = WallNs();
+    for (const auto& [key, m] : meta_) {
+      const int64_t fetched =
+          now - std::chrono::duration_cast<std::chrono::nanoseconds>(steady - m.fetched).count();
+      out +=
+          nlohmann::json{
+              {"k", key}, {"f", fetched}, {"e", EntryJson(m.entry)}, {"m", Base64Encode(m.meta)}}
+              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      out += '\n';
+    }
   }
-  if (::rename(tmp.c_str(), MetaFile(vfid, rel).c_str()) != 0) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (::rename(tmp.c_str(), MetaFile(vfid, rel).c_str()) != 0) ::unlink(tmp.c_str());
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (fd.get() < 0 ||
+      ::write(fd.get(), out.data(), out.size()) != static_cast<ssize_t>(out.size()) ||
+      ::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return;
   }
+  UniqueFd appended(::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC));
+  if (appended.get() < 0) return;
+  journal_ = std::move(appended);
+  journal_bytes_ = out.size();
 }
 
 void CachedVolume::Invalidate(const VFolderId& vfid) {
-  DropMetaDir(MetaDir(vfid));
   const std::string prefix = vfid.ToString() + '\0';
+  Journal({{"p", prefix}});
   std::lock_guard lk(mu_);
   for (auto it = meta_.lower_bound(prefix); it != meta_.end() && it->first.starts_with(prefix);)
     it = meta_.erase(it);
@@ -714,7 +756,7 @@ Result<std::shared_ptr<FileReader>> CachedVolume::OpenReader(const VFolderId& vf
         std::lock_guard lk(mu_);
         meta_.erase(key);
       }
-      ::unlink(MetaFile(vfid, rel).c_str());
+      Journal({{"k", key}});
     }
     return r.status();
   }

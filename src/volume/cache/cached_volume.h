@@ -27,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/fd.h"
 #include "common/thread_pool.h"
 #include "volume/cache/block_store.h"
 #include "volume/forwarding_volume.h"
@@ -132,14 +133,20 @@ class CachedVolume : public ForwardingVolume {
     std::string meta;  // FileReader::ReadMeta
     std::chrono::steady_clock::time_point fetched;
   };
-  // A file's attributes, from memory or from their copy on disk (kept with the blocks, so that
-  // a restarted node opens within the TTL without the origin, and serves stale after it).
+  // Files' attributes are journaled beside the blocks (<path>/attributes.log, one JSON line
+  // per change, replayed and compacted at start), so that a restarted node opens files within
+  // the TTL without the origin, and serves them stale after it.
   std::optional<Meta> FindMeta(const VFolderId& vfid, const std::string& rel);
   void KeepMeta(const VFolderId& vfid, const std::string& rel, Meta m);
-  std::string MetaDir(const VFolderId& vfid) const;
-  std::string MetaFile(const VFolderId& vfid, const std::string& rel) const;
-  void DropMetaDir(const std::string& dir);  // moved aside at once, removed in the background
-  std::map<std::string, Meta> meta_;         // "<vfid>\0<relpath>"
+  void Journal(const nlohmann::json& record);
+  void LoadJournal();
+  void CompactJournal();  // journal_mu_ held
+  static constexpr size_t kMaxMeta = 1 << 20;
+  static constexpr uint64_t kJournalCompactAt = 256ULL << 20;
+  std::mutex journal_mu_;
+  UniqueFd journal_;
+  uint64_t journal_bytes_ = 0;
+  std::map<std::string, Meta> meta_;  // "<vfid>\0<relpath>"
   struct Listing {
     DirEntry info;
     std::vector<DirEntry> entries;  // by name

@@ -292,6 +292,35 @@ TEST_F(Cache, WritesThroughThisNodeDropWhatTheyReplace) {
   EXPECT_EQ(st.code(), Code::kNotFound);
 }
 
+// Attributes are journaled: a restarted node opens without the origin; a write through the
+// node drops them for the next start too; a line torn by a crash is skipped.
+TEST_F(Cache, AttributesSurviveARestartUntilAWriteDropsThem) {
+  opts_.ttl = std::chrono::hours(1);
+  Start();
+  Put("a", "alpha");
+  Put("b", "beta");
+  EXPECT_EQ(ReadAll("a"), "alpha");
+  EXPECT_EQ(ReadAll("b"), "beta");
+  Start();
+  EXPECT_EQ(ReadAll("a"), "alpha");
+  EXPECT_EQ(origin_->opens, 2);
+  ASSERT_OK(cache_->Mkdir(vf_, "d", false, false));  // a write: the vfolder's attributes go
+  {
+    std::ofstream torn(opts_.path + "/attributes.log", std::ios::app | std::ios::binary);
+    torn << "{\"k\": \"torn";
+  }
+  Start();
+  EXPECT_EQ(ReadAll("b"), "beta");
+  EXPECT_EQ(origin_->opens, 3);  // asked again
+  Start();
+  EXPECT_EQ(ReadAll("b"), "beta");
+  EXPECT_EQ(origin_->opens, 3);  // and kept again
+  EXPECT_EQ(cache_->EvictAll(), 2u);
+  Start();
+  EXPECT_EQ(ReadAll("b"), "beta");
+  EXPECT_EQ(origin_->opens, 4);  // nothing kept after an evict of everything
+}
+
 // A sequential reader gets the next blocks fetched ahead, in parallel; a reader that jumps
 // does not.
 TEST_F(Cache, SequentialReadersAreReadAhead) {

@@ -400,3 +400,66 @@ def test_a_prefix_on_the_origin_bound_read_only(proxy, origin):
                                      rc=1).stderr
     assert "not an s3 volume" in sluice("vfolder", "bind", "local", new_vfid(), base,
                                         rc=1).stderr
+
+
+def test_clones_from_another_volume_are_uploaded(proxy, origin):
+    """A vfolder of a local volume cloned onto the s3 volume: every file uploaded (one past the
+    part size as a multipart upload), directories as markers (an empty one too), a symbolic
+    link left out; read back through Sluice and straight from the origin."""
+    d = proxy
+    src = d.create_vfolder(volume="local")
+    root = d.vfolder_path(src)
+    files = {"a.txt": b"alpha", "deep/er/b.bin": os.urandom(300 * KiB),
+             "big.bin": os.urandom(12 * MiB + 3)}  # past part-size 5m: three parts
+    for rel, body in files.items():
+        os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
+        with open(os.path.join(root, rel), "wb") as f:
+            f.write(body)
+    os.makedirs(os.path.join(root, "empty"))
+    os.symlink("a.txt", os.path.join(root, "link"))
+    dst = new_vfid()
+    r = d.mgr("POST", "/folder/clone", json={"src_volume": "local", "src_vfid": src,
+                                             "dst_volume": "remote", "dst_vfid": dst})
+    assert r.status_code == 200, r.text
+    t = d.wait_task(r.json()["bgtask_id"])
+    assert t["status"] == "completed", t
+    base = vfolder_prefix(dst)
+    keys = {o["Key"][len(base):] for o in
+            origin.boto.list_objects_v2(Bucket=BUCKET, Prefix=base).get("Contents", [])}
+    assert {k for k in keys if not k.endswith("/")} == set(files)
+    assert "empty/" in keys and "link" not in keys
+    for rel, body in files.items():
+        assert origin.boto.get_object(Bucket=BUCKET, Key=base + rel)["Body"].read() == body
+        r = requests.get(d.client_url("/download"),
+                         params={"token": download_token(d, dst, rel, volume="remote")},
+                         timeout=60)
+        assert r.status_code == 200 and r.content == body, rel
+    items = d.file_op("remote", "list", vfid=dst, relpath="").json()["items"]
+    assert sorted(i["name"] for i in items) == ["a.txt", "big.bin", "deep", "empty"]
+
+
+def test_a_clone_onto_the_s3_volume_keeps_object_metadata(proxy, origin):
+    """Objects put through Sluice's S3 API on a local bucket keep their content type and user
+    metadata when their vfolder is cloned onto the s3 volume (a multipart-sized one too)."""
+    d = proxy
+    user = d.s3_user()["id"]
+    s3 = d.s3_client(*d.s3_key(user))
+    s3.create_bucket(Bucket="clone-src")
+    big = os.urandom(6 * MiB)  # past part-size 5m
+    s3.put_object(Bucket="clone-src", Key="m/big.bin", Body=big, ContentType="application/x-w",
+                  Metadata={"shard": "7"})
+    s3.put_object(Bucket="clone-src", Key="small.txt", Body=b"s", ContentType="text/x-s",
+                  Metadata={"k": "v"})
+    b = next(b for b in d.mgr("GET", "/s3/buckets").json()["buckets"] if b["name"] == "clone-src")
+    dst = new_vfid()
+    r = d.mgr("POST", "/folder/clone", json={"src_volume": b["volume"], "src_vfid": b["vfid"],
+                                             "dst_volume": "remote", "dst_vfid": dst})
+    assert r.status_code == 200 and d.wait_task(r.json()["bgtask_id"])["status"] == "completed"
+    r = d.mgr("POST", "/s3/buckets", json={"name": "clone-dst", "volume": "remote", "vfid": dst,
+                                           "owner": user})
+    assert r.status_code == 201, r.text
+    h = s3.head_object(Bucket="clone-dst", Key="m/big.bin")
+    assert h["ContentType"] == "application/x-w" and h["Metadata"] == {"shard": "7"}, h
+    assert s3.get_object(Bucket="clone-dst", Key="m/big.bin")["Body"].read() == big
+    h = s3.head_object(Bucket="clone-dst", Key="small.txt")
+    assert h["ContentType"] == "text/x-s" and h["Metadata"] == {"k": "v"}, h

@@ -874,13 +874,95 @@ Result<std::string> S3Volume::MountPath(const VFolderId&, std::string_view) {
 Status S3Volume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,
                                  const TreeUsage&) {
   SLUICE_RETURN_IF_ERROR(Writable());
-  if (&ForwardingVolume::Innermost(from) != this)
-    return Status(
-        Code::kUnsupported,
-        fmt::format("volume {} copies vfolders between its own prefixes only", cfg_.name));
-  SLUICE_RETURN_IF_ERROR(Live(src));  // a bound vfolder copies into a writable one
   SLUICE_RETURN_IF_ERROR(WritableVFolder(dst));
-  return origin_->CopyPrefix(ObjectKey(src, ""), ObjectKey(dst, ""), true);
+  if (&ForwardingVolume::Innermost(from) == this) {
+    SLUICE_RETURN_IF_ERROR(Live(src));  // a bound vfolder copies into a writable one
+    return origin_->CopyPrefix(ObjectKey(src, ""), ObjectKey(dst, ""), true);
+  }
+  // From another volume: every directory as a marker, every file uploaded (8 at a time).
+  std::vector<std::string> dirs;
+  std::vector<std::string> files;
+  uint64_t skipped = 0;
+  std::function<Status(DirHandle&, const std::string&)> walk = [&](DirHandle& d,
+                                                                   const std::string& rel) {
+    for (;;) {
+      SLUICE_ASSIGN_OR_RETURN(auto n, d.Next());
+      if (!n) return Status::Ok();
+      if (rel.empty() && n->name == kStagingDirName) continue;  // upload staging
+      const std::string child = rel.empty() ? n->name : rel + "/" + n->name;
+      if (n->type == EntryType::kDirectory) {
+        dirs.push_back(child);
+        SLUICE_ASSIGN_OR_RETURN(auto sub, d.OpenSubdir(n->name));
+        SLUICE_RETURN_IF_ERROR(walk(*sub, child));
+      } else if (n->type == EntryType::kFile) {
+        files.push_back(child);
+      } else {
+        skipped++;  // symbolic links and the like: an origin has no such thing
+      }
+    }
+  };
+  SLUICE_ASSIGN_OR_RETURN(auto root, from.OpenDir(src, ""));
+  SLUICE_RETURN_IF_ERROR(walk(*root, ""));
+  if (skipped)
+    spdlog::warn("volume {}: copying {} from {}: {} entries neither files nor directories left out",
+                 cfg_.name, src.ToString(), from.name(), skipped);
+  SLUICE_RETURN_IF_ERROR(Origin::ParallelFor(dirs.size(), 16, [&](size_t i) {
+    return origin_->PutMarker(ObjectKey(dst, dirs[i]) + "/");
+  }));
+  return Origin::ParallelFor(files.size(), 8, [&](size_t i) {
+    return CopyFileIn(from, src, files[i], ObjectKey(dst, files[i]));
+  });
+}
+
+Status S3Volume::CopyFileIn(Volume& from, const VFolderId& src, const std::string& rel,
+                            const std::string& key) {
+  SLUICE_ASSIGN_OR_RETURN(auto r, from.OpenReader(src, rel));
+  s3c::UserMeta user;
+  if (auto blob = r->ReadMeta(); blob.ok() && !blob->empty() && blob->size() <= kMaxMetaBlob) {
+    user[kObjectMeta] = Base64Encode(*blob);
+    user[kMtimeMeta] = std::to_string(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(r->info().modified.time_since_epoch())
+            .count());
+  }
+  auto& o = *origin_;
+  const uint64_t size = r->size();
+  const int fd = r->native_fd();  // a local file is sent from its descriptor
+  std::string buf;
+  auto body = [&](uint64_t off, uint64_t len) -> Result<s3c::Body> {
+    if (fd >= 0) return s3c::Body{{}, fd, off, len};
+    buf.resize(static_cast<size_t>(len));
+    for (size_t got = 0; got < buf.size();) {
+      SLUICE_ASSIGN_OR_RETURN(size_t k, r->ReadAt(off + got, buf.data() + got, buf.size() - got));
+      if (k == 0)
+        return Status(Code::kConflict, fmt::format("'{}' shrank while being copied", rel));
+      got += k;
+    }
+    return s3c::Body{buf};
+  };
+  if (size <= opts_.part_size) {
+    SLUICE_ASSIGN_OR_RETURN(auto b, body(0, size));
+    return o.Note(o.Client()->Put(o.bucket(), key, b, {}, user)).status();
+  }
+  SLUICE_ASSIGN_OR_RETURN(std::string id, o.Note(o.Client()->CreateMultipart(o.bucket(), key)));
+  auto abort = [&](Status st) {
+    (void)o.Client()->AbortMultipart(o.bucket(), key, id);
+    return st;
+  };
+  std::vector<s3c::PartInfo> parts;
+  for (uint64_t off = 0; off < size; off += opts_.part_size) {
+    const uint64_t len = std::min(opts_.part_size, size - off);
+    auto b = body(off, len);
+    if (!b.ok()) return abort(b.status());
+    auto etag =
+        o.Note(o.Client()->UploadPart(o.bucket(), key, id, static_cast<int>(parts.size() + 1), *b));
+    if (!etag.ok()) return abort(etag.status());
+    parts.push_back({static_cast<int>(parts.size() + 1), len, *etag, {}});
+  }
+  auto done = o.Note(o.Client()->CompleteMultipart(o.bucket(), key, id, parts));
+  if (!done.ok()) return abort(done.status());
+  // A multipart upload takes no user metadata: a copy onto itself sets it (up to 5 GiB on AWS).
+  if (!user.empty()) return o.Note(o.Client()->Copy(o.bucket(), key, key, &user)).status();
+  return Status::Ok();
 }
 
 Status S3Volume::ValidatePath(const VFolderId&, std::string_view relpath) {

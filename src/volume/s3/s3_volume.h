@@ -10,8 +10,8 @@
 // was opened (a file replaced on the origin mid-read fails the read, never mixes versions; a
 // small file is read whole at open); a listing is the origin's delimiter listing; rename and
 // move are copies then deletes, not atomic; usage is measured by listing; uploads are origin
-// multipart uploads with a durable tail (one writer per session per node). Not yet: quota
-// enforcement on writes, vfolder copies from other volumes.
+// multipart uploads with a durable tail (one writer per session per node); vfolder copies from
+// other volumes upload every file.
 #pragma once
 
 #include <chrono>
@@ -139,6 +139,9 @@ class S3Volume : public Volume {
   Status MoveEntry(const VFolderId& vfid, const std::vector<std::string>& src,
                    const std::vector<std::string>& dst);
   Status KeepParent(const VFolderId& vfid, const std::vector<std::string>& parts);
+  // File `rel` of vfolder `src` on another volume, uploaded as `key`.
+  Status CopyFileIn(Volume& from, const VFolderId& src, const std::string& rel,
+                    const std::string& key);
   Result<Level> ReadLevel(const VFolderId& vfid, std::string_view relpath);
   std::string StagingKey(const VFolderId& vfid, std::string_view session) const;
 

@@ -567,13 +567,84 @@ Status PosixVolume::CloneVFolderInto(const VFolderId& src, const VFolderId& dst)
   return fsop().CopyTree(VFolderPath(src), VFolderPath(dst));
 }
 
+namespace {
+
+// The tree of `d` (another kind of volume's: an s3 one) written into directory `to`: directories
+// made, files written from their readers with their mtime and object metadata, symbolic links
+// and special files left out (counted in `*skipped`). Bytes and entries written are counted.
+Status CopyTreeIn(DirHandle& d, int to, bool root, std::vector<char>& buf, uint64_t* bytes,
+                  uint64_t* entries, uint64_t* skipped) {
+  for (;;) {
+    SLUICE_ASSIGN_OR_RETURN(auto n, d.Next());
+    if (!n) return Status::Ok();
+    if (root && n->name == kStagingDirName) continue;
+    SLUICE_RETURN_IF_ERROR(ValidateName(n->name));  // whatever the other volume lists
+    const char* name = n->name.c_str();
+    if (n->type == EntryType::kDirectory) {
+      if (::mkdirat(to, name, 0755) != 0 && errno != EEXIST)
+        return Status::FromErrno(errno, fmt::format("make directory '{}'", n->name));
+      UniqueFd sub(::openat(to, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (sub.get() < 0) return Status::FromErrno(errno, fmt::format("open '{}'", n->name));
+      SLUICE_ASSIGN_OR_RETURN(auto from, d.OpenSubdir(n->name));
+      *entries += 1;
+      SLUICE_RETURN_IF_ERROR(CopyTreeIn(*from, sub.get(), false, buf, bytes, entries, skipped));
+      continue;
+    }
+    if (n->type != EntryType::kFile) {
+      *skipped += 1;
+      continue;
+    }
+    SLUICE_ASSIGN_OR_RETURN(auto r, d.OpenFile(n->name));
+    UniqueFd out(::openat(to, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+    if (out.get() < 0) return Status::FromErrno(errno, fmt::format("create '{}'", n->name));
+    for (uint64_t off = 0; off < r->size();) {
+      SLUICE_ASSIGN_OR_RETURN(size_t k, r->ReadAt(off, buf.data(), buf.size()));
+      if (k == 0)
+        return Status(Code::kConflict, fmt::format("'{}' shrank while being copied", n->name));
+      for (size_t w = 0; w < k;) {
+        ssize_t m = ::write(out.get(), buf.data() + w, k - w);
+        if (m < 0 && errno == EINTR) continue;
+        if (m <= 0) return Status::FromErrno(errno, fmt::format("write '{}'", n->name));
+        w += static_cast<size_t>(m);
+      }
+      off += k;
+    }
+    // Its object metadata where the file system keeps user xattrs (lost, as on every write
+    // there, where it does not), then the mtime that metadata was stored against.
+    if (auto meta = r->ReadMeta(); meta.ok() && !meta->empty())
+      (void)WriteObjectMeta(out.get(), *meta);
+    const auto ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(r->info().modified.time_since_epoch())
+            .count();
+    const timespec times[2] = {{0, UTIME_OMIT}, {ns / 1000000000, ns % 1000000000}};
+    ::futimens(out.get(), times);
+    *bytes += r->size();
+    *entries += 1;
+  }
+}
+
+}  // namespace
+
 Status PosixVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,
                                     const TreeUsage& size) {
   auto* other = dynamic_cast<PosixVolume*>(&ForwardingVolume::Innermost(from));
-  if (!other)
-    return Status(Code::kUnsupported,
-                  fmt::format("volume {} cannot copy from volume {} (backend {})", name(),
-                              from.name(), from.backend()));
+  if (!other) {
+    // Another kind of volume (an s3 one): its files read and written here.
+    SLUICE_ASSIGN_OR_RETURN(auto tree, from.OpenDir(src, ""));
+    SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(dst));
+    UniqueFd dir(::openat(root.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (dir.get() < 0) return Status::FromErrno(errno, "open the new vfolder");
+    std::vector<char> buf(1 << 20);
+    uint64_t bytes = 0, entries = 0, skipped = 0;
+    Status st = CopyTreeIn(*tree, dir.get(), true, buf, &bytes, &entries, &skipped);
+    AccountWrite(dst, static_cast<int64_t>(bytes), static_cast<int64_t>(entries));
+    if (skipped)
+      spdlog::warn(
+          "volume {}: copying {} from {}: {} entries neither files nor directories "
+          "left out",
+          name(), src.ToString(), from.name(), skipped);
+    return st;
+  }
   Status st = other == this ? CloneVFolderInto(src, dst)
                             : fsop().CopyTree(other->VFolderPath(src), VFolderPath(dst));
   if (st.ok())

@@ -463,3 +463,38 @@ def test_a_clone_onto_the_s3_volume_keeps_object_metadata(proxy, origin):
     assert s3.get_object(Bucket="clone-dst", Key="m/big.bin")["Body"].read() == big
     h = s3.head_object(Bucket="clone-dst", Key="small.txt")
     assert h["ContentType"] == "text/x-s" and h["Metadata"] == {"k": "v"}, h
+
+
+def test_a_clone_from_the_s3_volume_onto_a_local_one(proxy, origin):
+    """The other way: an s3 volume's vfolder cloned onto the local vfs volume is written there
+    file by file, with its directories, mtimes and object metadata."""
+    d = proxy
+    user = d.s3_user(volume="remote")["id"]
+    s3 = d.s3_client(*d.s3_key(user))
+    s3.create_bucket(Bucket="from-remote")
+    big = os.urandom(3 * MiB + 1)
+    s3.put_object(Bucket="from-remote", Key="w/big.bin", Body=big, ContentType="application/x-w",
+                  Metadata={"shard": "9"})
+    s3.put_object(Bucket="from-remote", Key="a.txt", Body=b"alpha")
+    b = next(b for b in d.mgr("GET", "/s3/buckets").json()["buckets"]
+             if b["name"] == "from-remote")
+    origin.boto.put_object(Bucket=BUCKET, Key=vfolder_prefix(b["vfid"]) + "empty/", Body=b"")
+    dst = new_vfid()
+    r = d.mgr("POST", "/folder/clone", json={"src_volume": "remote", "src_vfid": b["vfid"],
+                                             "dst_volume": "local", "dst_vfid": dst})
+    assert r.status_code == 200 and d.wait_task(r.json()["bgtask_id"])["status"] == "completed"
+    root = d.vfolder_path(dst)
+    with open(os.path.join(root, "w/big.bin"), "rb") as f:
+        assert f.read() == big
+    with open(os.path.join(root, "a.txt"), "rb") as f:
+        assert f.read() == b"alpha"
+    assert os.path.isdir(os.path.join(root, "empty"))
+    src_mtime = s3.head_object(Bucket="from-remote", Key="a.txt")["LastModified"].timestamp()
+    assert abs(os.stat(os.path.join(root, "a.txt")).st_mtime - src_mtime) < 1.5
+    r = d.mgr("POST", "/s3/buckets", json={"name": "onto-local", "volume": "local", "vfid": dst,
+                                           "owner": user})
+    assert r.status_code == 201, r.text
+    h = s3.head_object(Bucket="onto-local", Key="w/big.bin")
+    assert h["ContentType"] == "application/x-w" and h["Metadata"] == {"shard": "9"}, h
+    usage = d.mgr("GET", "/folder/usage", json={"volume": "local", "vfid": dst}).json()
+    assert usage["used_bytes"] == len(big) + 5

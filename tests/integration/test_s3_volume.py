@@ -396,6 +396,14 @@ def test_a_prefix_on_the_origin_bound_read_only(proxy, origin):
     assert "nothing under" in sluice("vfolder", "bind", "remote", new_vfid(), "nope/",
                                      rc=3).stderr
     assert "records" in sluice("vfolder", "bind", "remote", new_vfid(), "ds/", rc=1).stderr
+    vf_dir = vfolder_prefix(full)  # another vfolder's keys are never bound
+    assert "overlaps this volume's vfolders" in sluice("vfolder", "bind", "remote", new_vfid(),
+                                                       vf_dir, rc=1).stderr
+    uploading = d.create_vfolder(volume="remote")  # an upload open in it: not bound
+    r = d.mgr("POST", "/folder/file/upload",
+              json={"volume": "remote", "vfid": uploading, "relpath": "up.bin", "size": 3})
+    assert r.status_code == 200, r.text
+    assert "uploads" in sluice("vfolder", "bind", "remote", uploading, base, rc=4).stderr
     assert "ending in '/'" in sluice("vfolder", "bind", "remote", new_vfid(), "datasets",
                                      rc=1).stderr
     assert "not an s3 volume" in sluice("vfolder", "bind", "local", new_vfid(), base,

@@ -631,13 +631,14 @@ Result<std::vector<std::string>> S3Client::DeleteMany(std::string_view bucket,
 }
 
 Result<std::string> S3Client::CreateMultipart(std::string_view bucket, std::string_view key,
-                                              std::string_view content_type) {
+                                              std::string_view content_type, const UserMeta& meta) {
   Request req;
   req.method = "POST";
   req.path = PathOf(bucket, key);
   req.query = {{"uploads", ""}};
   req.what = fmt::format("CreateMultipartUpload s3://{}/{}", bucket, key);
   if (!content_type.empty()) req.headers.emplace_back("Content-Type", std::string(content_type));
+  for (const auto& [k, v] : meta) req.headers.emplace_back("x-amz-meta-" + k, v);
   if (opts_.checksums) req.headers.emplace_back("x-amz-checksum-algorithm", "CRC32C");
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
   SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));

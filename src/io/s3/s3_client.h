@@ -133,7 +133,8 @@ class S3Client {
                                               const std::vector<std::string>& keys);
 
   Result<std::string> CreateMultipart(std::string_view bucket, std::string_view key,
-                                      std::string_view content_type = {});
+                                      std::string_view content_type = {},
+                                      const UserMeta& meta = {});
   // Returns the part's ETag; `crc32c` (base64) is filled when checksums are on.
   Result<std::string> UploadPart(std::string_view bucket, std::string_view key,
                                  std::string_view upload_id, int number, const Body& body,

@@ -135,10 +135,11 @@ void BlockIndex::Ghost(const Key& k, uint64_t size) {
   }
 }
 
-std::optional<BlockIndex::Key> BlockIndex::Evict() {
+std::optional<BlockIndex::Key> BlockIndex::Evict(uint64_t* size) {
   if (map_.empty()) return std::nullopt;
   if (policy_ == EvictionPolicy::kLru) {
     Key k = main_.tail->first;
+    if (size) *size = main_.tail->second.size;
     Drop(main_.tail);
     return k;
   }
@@ -154,6 +155,7 @@ std::optional<BlockIndex::Key> BlockIndex::Evict() {
         continue;
       }
       Key k = e->first;
+      if (size) *size = e->second.size;
       Ghost(k, e->second.size);
       map_.erase(k);
       return k;
@@ -166,6 +168,7 @@ std::optional<BlockIndex::Key> BlockIndex::Evict() {
       continue;
     }
     Key k = e->first;
+    if (size) *size = e->second.size;
     map_.erase(k);
     return k;
   }

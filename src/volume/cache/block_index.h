@@ -44,7 +44,7 @@ class BlockIndex {
   // once (S3-FIFO puts it in the main queue).
   void Insert(const Key& k, uint64_t size, bool warm = false, bool verified = false);
   // The block to evict next, taken out of the index; nullopt when the index is empty.
-  std::optional<Key> Evict();
+  std::optional<Key> Evict(uint64_t* size = nullptr);
   // Takes a block out (a torn one, an explicit evict); false when it was not there.
   bool Remove(const Key& k);
   // Whether the block's checksum was checked since this process indexed it (blocks it wrote

@@ -72,11 +72,15 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Open(BlockStoreOptions opts) {
   }
   std::sort(found.begin(), found.end(),
             [](const Found& a, const Found& b) { return a.mtime < b.mtime; });
-  std::lock_guard lk(s->mu_);
-  for (const auto& f : found)  // the newest ends first
-    s->index_.Insert(*BlockIndex::ParseKey(f.id), f.size, /*warm=*/true);
-  while (s->index_.bytes() > s->opts_.max_bytes && s->EvictOne()) {
+  std::vector<BlockIndex::Key> gone;
+  {
+    std::lock_guard lk(s->mu_);
+    for (const auto& f : found)  // the newest ends first
+      s->index_.Insert(*BlockIndex::ParseKey(f.id), f.size, /*warm=*/true);
+    while (s->index_.bytes() > s->opts_.max_bytes)
+      if (auto k = s->EvictOne()) gone.push_back(*k);
   }
+  s->Unlink(gone);
   return s;
 }
 
@@ -89,34 +93,41 @@ void BlockStore::Drop(const BlockIndex::Key& k) {
   ::unlink(PathOf(k).c_str());
 }
 
-bool BlockStore::EvictOne() {
-  auto k = index_.Evict();
-  if (!k) return false;
-  ::unlink(PathOf(*k).c_str());
-  stats_.evictions += 1;
-  return true;
+std::optional<BlockIndex::Key> BlockStore::EvictOne(uint64_t* size) {
+  auto k = index_.Evict(size);
+  if (k) stats_.evictions += 1;
+  return k;
+}
+
+void BlockStore::Unlink(const std::vector<BlockIndex::Key>& keys) const {
+  for (const auto& k : keys) ::unlink(PathOf(k).c_str());
 }
 
 bool BlockStore::Evict(const std::string& id) {
   auto k = BlockIndex::ParseKey(id);
   if (!k) return false;
-  std::lock_guard lk(mu_);
-  if (!index_.Contains(*k)) return false;
-  Drop(*k);
-  stats_.evictions += 1;
+  {
+    std::lock_guard lk(mu_);
+    if (!index_.Remove(*k)) return false;
+    stats_.evictions += 1;
+  }
+  Unlink({*k});
   return true;
 }
 
 uint64_t BlockStore::EvictAll() {
-  std::lock_guard lk(mu_);
-  uint64_t n = 0;
-  while (EvictOne()) n++;
-  return n;
+  std::vector<BlockIndex::Key> gone;
+  {
+    std::lock_guard lk(mu_);
+    while (auto k = EvictOne()) gone.push_back(*k);
+  }
+  Unlink(gone);  // outside the lock: event loops take it (OpenVerified)
+  return gone.size();
 }
 
-uint64_t BlockStore::FreeBytes() const {
+std::optional<uint64_t> BlockStore::FreeBytes() const {
   struct statvfs sv;
-  if (::statvfs(opts_.dir.c_str(), &sv) != 0) return 0;
+  if (::statvfs(opts_.dir.c_str(), &sv) != 0) return std::nullopt;
   return static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
 }
 
@@ -128,6 +139,11 @@ std::optional<std::string> BlockStore::Get(const std::string& id) {
     if (!index_.Touch(*key)) return std::nullopt;
   }
   UniqueFd fd(::open(PathOf(id).c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0 && errno != ENOENT) {
+    // Out of descriptors, say: a miss this time, not a torn block.
+    spdlog::warn("cache {}: block {}: {}", opts_.dir, id, std::strerror(errno));
+    return std::nullopt;
+  }
   std::string data;
   bool good = false;
   struct stat st;
@@ -240,32 +256,51 @@ bool BlockStore::WriteBlock(const std::string& id, const char* head, std::string
 }
 
 bool BlockStore::HasRoom(uint64_t bytes) const {
+  const auto free = FreeBytes();
   std::lock_guard lk(mu_);
-  return FreeBytes() >= opts_.min_free + reserved_disk_ + DiskBytes(bytes);
+  return free && *free >= opts_.min_free + reserved_disk_ + DiskBytes(bytes);
 }
 
 bool BlockStore::Put(const std::string& id, std::string_view data) {
   auto key = BlockIndex::ParseKey(id);
   if (!key) return false;
   const uint64_t need = DiskBytes(kHeader + data.size());
+  // The disk's free space, and how much more the blocks evicted below give back (they are
+  // unlinked after the lock is released: event loops take it).
+  const auto free = FreeBytes();
+  std::vector<BlockIndex::Key> gone;
+  bool room;
   {
     std::lock_guard lk(mu_);
     if (index_.Touch(*key)) return true;
     // Room first: within the size limit, and never the disk below its free-space floor,
-    // counting the blocks other writers are writing now.
+    // counting the blocks other writers are writing now. Nothing is evicted for a block that
+    // can never fit, or when the disk's free space is unknown.
+    uint64_t freed = 0;
     auto over = [&] { return index_.bytes() + reserved_ + data.size() > opts_.max_bytes; };
-    auto low = [&] { return FreeBytes() < opts_.min_free + reserved_disk_ + need; };
-    while (over() && EvictOne()) {
+    auto low = [&] { return *free + freed < opts_.min_free + reserved_disk_ + need; };
+    // Possible at all: within max-size with everything else evicted, and the floor kept with
+    // every block's disk space back.
+    room = free && data.size() + reserved_ <= opts_.max_bytes &&
+           opts_.min_free + reserved_disk_ + need <=
+               *free + index_.bytes() + index_.blocks() * 4096 * 2;
+    while (room && (over() || low())) {
+      uint64_t size = 0;
+      auto k = EvictOne(&size);
+      if (!k) break;
+      freed += DiskBytes(kHeader + size);
+      gone.push_back(*k);
     }
-    while (low() && EvictOne()) {
-    }
-    if (over() || low()) {
+    room = room && !over() && !low();
+    if (room) {
+      reserved_ += data.size();
+      reserved_disk_ += need;
+    } else {
       stats_.rejected += 1;
-      return false;
     }
-    reserved_ += data.size();
-    reserved_disk_ += need;
   }
+  Unlink(gone);
+  if (!room) return false;
   char head[kHeader];
   std::memcpy(head, kMagic, 4);
   const uint32_t version = kVersion, crc = Crc32c(data.data(), data.size());

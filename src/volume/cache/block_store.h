@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 #include "volume/cache/block_index.h"
@@ -61,9 +62,11 @@ class BlockStore {
       : opts_(std::move(opts)), index_(opts_.policy, opts_.max_bytes) {}
   std::string PathOf(const std::string& id) const;
   std::string PathOf(const BlockIndex::Key& k) const { return PathOf(BlockIndex::KeyHex(k)); }
-  bool EvictOne();                      // the policy's victim, from disk too; mu_ held
-  void Drop(const BlockIndex::Key& k);  // from the index and the disk; mu_ held
-  uint64_t FreeBytes() const;
+  // The policy's victim, out of the index (its size in `*size`); mu_ held. Unlink() it after.
+  std::optional<BlockIndex::Key> EvictOne(uint64_t* size = nullptr);
+  void Unlink(const std::vector<BlockIndex::Key>& keys) const;
+  void Drop(const BlockIndex::Key& k);        // from the index and the disk; mu_ held
+  std::optional<uint64_t> FreeBytes() const;  // nullopt when statvfs fails
   bool WriteBlock(const std::string& id, const char* head, std::string_view data);
 
   BlockStoreOptions opts_;

@@ -66,8 +66,8 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
     n = static_cast<size_t>(std::min<uint64_t>(n, info_.size - offset));
     std::shared_ptr<const std::string> block;
     {
-      std::lock_guard lk(mu_);
-      if (last_ && last_index_ == offset / bs) block = last_;
+      std::unique_lock lk(mu_, std::try_to_lock);  // an event loop never waits here
+      if (lk && last_ && last_index_ == offset / bs) block = last_;
     }
     const uint64_t first = offset / bs * bs;
     if (!block || block->size() < offset - first + 1)
@@ -82,7 +82,8 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
     const uint64_t size = info_.size, bs = v_->options().block_size;
     if (offset >= size) return {};
     const uint64_t index = offset / bs, first = index * bs, len = std::min(bs, size - first);
-    std::lock_guard lk(mu_);
+    std::unique_lock lk(mu_, std::try_to_lock);  // an event loop never waits here
+    if (!lk) return {};
     if (ext_fd_.get() < 0 || ext_index_ != index) {
       UniqueFd fd(v_->store().OpenVerified(Id(index), len));
       if (fd.get() < 0) return {};
@@ -179,15 +180,19 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
     std::shared_ptr<FileReader> r;
     {
       std::lock_guard lk(mu_);
-      if (!inner_) {
-        auto opened = v_->inner().OpenReader(vfid_, rel_);
-        if (!opened.ok()) return opened.status();
-        if (ValidatorOf((*opened)->info()) != validator_ || (*opened)->info().size != info_.size) {
-          v_->Invalidate(vfid_);
-          return Status(Code::kConflict, fmt::format("'{}' changed since it was opened", rel_));
-        }
-        inner_ = std::move(opened).value();
+      r = inner_;
+    }
+    if (!r) {
+      // Opened at the origin without the lock: event loops take it (LocalExtent) and must
+      // not wait on a network round trip.
+      auto opened = v_->inner().OpenReader(vfid_, rel_);
+      if (!opened.ok()) return opened.status();
+      if (ValidatorOf((*opened)->info()) != validator_ || (*opened)->info().size != info_.size) {
+        v_->Invalidate(vfid_);
+        return Status(Code::kConflict, fmt::format("'{}' changed since it was opened", rel_));
       }
+      std::lock_guard lk(mu_);
+      if (!inner_) inner_ = std::move(opened).value();
       r = inner_;
     }
     std::string out(static_cast<size_t>(len), '\0');
@@ -366,23 +371,21 @@ Result<uint64_t> CachedVolume::Evict(const VFolderId& vfid, std::string_view rel
   SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
   SLUICE_ASSIGN_OR_RETURN(auto r, OpenReader(vfid, relpath));
   const uint64_t n = static_cast<CachedReader&>(*r).Evict();
-  {
+  Journal({{"k", MetaKey(vfid, parts)}}, [&] {
     std::lock_guard lk(mu_);
     meta_.erase(MetaKey(vfid, parts));
-  }
-  Journal({{"k", MetaKey(vfid, parts)}});
+  });
   PublishStore();
   return n;
 }
 
 uint64_t CachedVolume::EvictAll() {
   const uint64_t n = store_->EvictAll();
-  Journal({{"all", true}});
-  {
+  Journal({{"all", true}}, [&] {
     std::lock_guard lk(mu_);
     meta_.clear();
     dirs_.clear();
-  }
+  });
   PublishStore();
   return n;
 }
@@ -477,28 +480,38 @@ int64_t WallNs() {
 
 }  // namespace
 
-void CachedVolume::Journal(const nlohmann::json& record) {
+void CachedVolume::Journal(const nlohmann::json& record, const std::function<void()>& apply) {
   std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   line += '\n';
+  // The change to memory and its line in the journal in one order for every writer: replay
+  // ends where memory is.
   std::lock_guard lk(journal_mu_);
+  if (apply) apply();
   if (journal_.get() < 0) return;
-  if (journal_bytes_ > kJournalCompactAt) CompactJournal();
-  // One append per record: a crash tears at most the last line, which replay skips.
-  if (::write(journal_.get(), line.data(), line.size()) == static_cast<ssize_t>(line.size()))
+  if (journal_bytes_ > std::max(kJournalCompactAt, 2 * journal_compacted_)) CompactJournal();
+  // One append per record: a crash tears at most the last line, which replay skips; a short
+  // write (a full disk) is cut off, so the next line starts clean.
+  const ssize_t n = ::write(journal_.get(), line.data(), line.size());
+  if (n == static_cast<ssize_t>(line.size()))
     journal_bytes_ += line.size();
+  else if (n > 0 && ::ftruncate(journal_.get(), static_cast<off_t>(journal_bytes_)) != 0)
+    spdlog::warn("cache {}: the attributes journal could not be cut back: {}", name(),
+                 std::strerror(errno));
 }
 
 void CachedVolume::KeepMeta(const VFolderId& vfid, const std::string& rel, Meta m) {
   const std::string key = vfid.ToString() + '\0' + rel;
   nlohmann::json j = {
       {"k", key}, {"f", WallNs()}, {"e", EntryJson(m.entry)}, {"m", Base64Encode(m.meta)}};
-  {
+  auto apply = [&] {
     std::lock_guard lk(mu_);
     if (meta_.size() > kMaxMeta) meta_.clear();  // bounded: a full table starts over
     meta_[key] = std::move(m);
-  }
-  // Not on a disk at its floor (memory keeps them).
-  if (store_->HasRoom(4096)) Journal(j);
+  };
+  if (store_->HasRoom(4096))
+    Journal(j, apply);
+  else
+    apply();  // not on a disk at its floor: memory keeps them
 }
 
 void CachedVolume::LoadJournal() {
@@ -573,17 +586,18 @@ void CachedVolume::CompactJournal() {
   UniqueFd appended(::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC));
   if (appended.get() < 0) return;
   journal_ = std::move(appended);
-  journal_bytes_ = out.size();
+  journal_bytes_ = journal_compacted_ = out.size();
 }
 
 void CachedVolume::Invalidate(const VFolderId& vfid) {
   const std::string prefix = vfid.ToString() + '\0';
-  Journal({{"p", prefix}});
-  std::lock_guard lk(mu_);
-  for (auto it = meta_.lower_bound(prefix); it != meta_.end() && it->first.starts_with(prefix);)
-    it = meta_.erase(it);
-  for (auto it = dirs_.lower_bound(prefix); it != dirs_.end() && it->first.starts_with(prefix);)
-    it = dirs_.erase(it);
+  Journal({{"p", prefix}}, [&] {
+    std::lock_guard lk(mu_);
+    for (auto it = meta_.lower_bound(prefix); it != meta_.end() && it->first.starts_with(prefix);)
+      it = meta_.erase(it);
+    for (auto it = dirs_.lower_bound(prefix); it != dirs_.end() && it->first.starts_with(prefix);)
+      it = dirs_.erase(it);
+  });
 }
 
 std::optional<std::pair<DirEntry, bool>> CachedVolume::Known(
@@ -752,11 +766,10 @@ Result<std::shared_ptr<FileReader>> CachedVolume::OpenReader(const VFolderId& vf
           std::make_shared<CachedReader>(this, vfid, rel, known->entry, known->meta, nullptr));
     }
     if (r.status().code() == Code::kNotFound) {
-      {
+      Journal({{"k", key}}, [&] {
         std::lock_guard lk(mu_);
         meta_.erase(key);
-      }
-      Journal({{"k", key}});
+      });
     }
     return r.status();
   }

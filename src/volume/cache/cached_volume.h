@@ -138,15 +138,17 @@ class CachedVolume : public ForwardingVolume {
   // the TTL without the origin, and serves them stale after it.
   std::optional<Meta> FindMeta(const VFolderId& vfid, const std::string& rel);
   void KeepMeta(const VFolderId& vfid, const std::string& rel, Meta m);
-  void Journal(const nlohmann::json& record);
+  // Applies `apply` (the change to memory) and appends `record`, in that order, under the
+  // journal's lock.
+  void Journal(const nlohmann::json& record, const std::function<void()>& apply);
   void LoadJournal();
   void CompactJournal();  // journal_mu_ held
   static constexpr size_t kMaxMeta = 1 << 20;
   static constexpr uint64_t kJournalCompactAt = 256ULL << 20;
   std::mutex journal_mu_;
   UniqueFd journal_;
-  uint64_t journal_bytes_ = 0;
-  std::map<std::string, Meta> meta_;  // "<vfid>\0<relpath>"
+  uint64_t journal_bytes_ = 0, journal_compacted_ = 0;  // now, and after the last compaction
+  std::map<std::string, Meta> meta_;                    // "<vfid>\0<relpath>"
   struct Listing {
     DirEntry info;
     std::vector<DirEntry> entries;  // by name

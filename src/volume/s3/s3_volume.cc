@@ -683,10 +683,22 @@ Status S3Volume::WritableVFolder(const VFolderId& vfid) {
 }
 
 void S3Volume::NoteRecord(const VFolderId& vfid, const nlohmann::json& j) {
-  if (!j.contains("bound") || !j["bound"].is_string()) return;
-  std::lock_guard lk(bound_mu_);
-  if (bound_.size() > 100000) bound_.clear();
-  bound_[vfid.ToString()] = j["bound"].get<std::string>();
+  const bool bound = j.contains("bound") && j["bound"].is_string();
+  bool full = false;
+  {
+    std::lock_guard lk(bound_mu_);
+    if (!bound) {
+      bound_.erase(vfid.ToString());
+      return;
+    }
+    full = bound_.size() > 100000;
+    if (full) bound_.clear();
+    bound_[vfid.ToString()] = j["bound"].get<std::string>();
+  }
+  if (full) {  // the vfolders seen live must be asked again: their bindings are forgotten
+    std::lock_guard lk(mu_);
+    live_.clear();
+  }
 }
 
 Status S3Volume::Live(const VFolderId& vfid) {
@@ -755,7 +767,7 @@ Result<std::string> S3Volume::DetachVFolder(const VFolderId& vfid) {
   // The trash record first (what EmptyTrash finishes after a crash), then the vfolder's: the
   // vfolder is gone for every node once its record is (within vfolder-ttl for those that saw
   // it).
-  const std::string data = ObjectKey(vfid, "");
+  const std::string data = LayoutKey(vfid, "");
   SLUICE_RETURN_IF_ERROR(
       origin_->PutRecord(S3FsOp::TrashRecord(*origin_, data), {{"delete", data}}));
   SLUICE_RETURN_IF_ERROR(origin_->Note(origin_->Client()->Delete(opts_.bucket, key)));
@@ -783,6 +795,18 @@ Status S3Volume::BindVFolder(const VFolderId& vfid, const std::string& prefix) {
     return bad("is not a key prefix (over 1024 bytes, an empty component or a NUL)");
   if (prefix.starts_with(records) || records.starts_with(prefix))
     return bad(fmt::format("holds or is inside this volume's records ({})", records));
+  // Nor the vfolders' own keys: another tenant's data is never bound.
+  if (!opts_.prefix.empty()) {
+    if (prefix.starts_with(opts_.prefix) || opts_.prefix.starts_with(prefix))
+      return bad(fmt::format("overlaps this volume's vfolders ({})", opts_.prefix));
+  } else {
+    const std::string first = prefix.substr(0, prefix.find('/'));
+    auto hex = [](const std::string& c) {
+      return std::all_of(c.begin(), c.end(), [](char ch) { return std::isxdigit(ch) != 0; });
+    };
+    if ((first.size() == 32 || first.size() == 2) && hex(first))
+      return bad("overlaps this volume's vfolders (a scope or vfolder directory at the root)");
+  }
   SLUICE_ASSIGN_OR_RETURN(bool data, origin_->HasChildren(prefix));
   if (!data)
     return Status(Code::kNotFound,
@@ -794,9 +818,11 @@ Status S3Volume::BindVFolder(const VFolderId& vfid, const std::string& prefix) {
       return Status(Code::kAlreadyExists,
                     fmt::format("vfolder {} is bound already", vfid.ToString()), EEXIST);
     SLUICE_ASSIGN_OR_RETURN(bool used, origin_->HasChildren(LayoutKey(vfid, "")));
-    if (used)
+    SLUICE_ASSIGN_OR_RETURN(bool uploading, origin_->HasChildren(StagingKey(vfid, "")));
+    if (used || uploading)
       return Status(Code::kConflict,
-                    fmt::format("vfolder {} holds files: only a new or empty vfolder is bound",
+                    fmt::format("vfolder {} holds files or uploads: only a new or empty "
+                                "vfolder is bound",
                                 vfid.ToString()),
                     ENOTEMPTY);
   } else {
@@ -877,7 +903,7 @@ Status S3Volume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFold
   SLUICE_RETURN_IF_ERROR(WritableVFolder(dst));
   if (&ForwardingVolume::Innermost(from) == this) {
     SLUICE_RETURN_IF_ERROR(Live(src));  // a bound vfolder copies into a writable one
-    return origin_->CopyPrefix(ObjectKey(src, ""), ObjectKey(dst, ""), true);
+    return origin_->CopyPrefix(ObjectKey(src, ""), LayoutKey(dst, ""), true);
   }
   // From another volume: every directory as a marker, every file uploaded (8 at a time).
   std::vector<std::string> dirs;
@@ -907,10 +933,10 @@ Status S3Volume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFold
     spdlog::warn("volume {}: copying {} from {}: {} entries neither files nor directories left out",
                  cfg_.name, src.ToString(), from.name(), skipped);
   SLUICE_RETURN_IF_ERROR(Origin::ParallelFor(dirs.size(), 16, [&](size_t i) {
-    return origin_->PutMarker(ObjectKey(dst, dirs[i]) + "/");
+    return origin_->PutMarker(LayoutKey(dst, dirs[i]) + "/");
   }));
   return Origin::ParallelFor(files.size(), 8, [&](size_t i) {
-    return CopyFileIn(from, src, files[i], ObjectKey(dst, files[i]));
+    return CopyFileIn(from, src, files[i], LayoutKey(dst, files[i]));
   });
 }
 
@@ -943,14 +969,18 @@ Status S3Volume::CopyFileIn(Volume& from, const VFolderId& src, const std::strin
     SLUICE_ASSIGN_OR_RETURN(auto b, body(0, size));
     return o.Note(o.Client()->Put(o.bucket(), key, b, {}, user)).status();
   }
-  SLUICE_ASSIGN_OR_RETURN(std::string id, o.Note(o.Client()->CreateMultipart(o.bucket(), key)));
+  // Parts of part-size, or larger where 10,000 of them would not hold the file.
+  const uint64_t part =
+      std::max(opts_.part_size, (size + s3c::kMaxParts - 1) / s3c::kMaxParts + 4095) / 4096 * 4096;
+  SLUICE_ASSIGN_OR_RETURN(std::string id,
+                          o.Note(o.Client()->CreateMultipart(o.bucket(), key, {}, user)));
   auto abort = [&](Status st) {
     (void)o.Client()->AbortMultipart(o.bucket(), key, id);
     return st;
   };
   std::vector<s3c::PartInfo> parts;
-  for (uint64_t off = 0; off < size; off += opts_.part_size) {
-    const uint64_t len = std::min(opts_.part_size, size - off);
+  for (uint64_t off = 0; off < size; off += part) {
+    const uint64_t len = std::min(part, size - off);
     auto b = body(off, len);
     if (!b.ok()) return abort(b.status());
     auto etag =
@@ -960,8 +990,6 @@ Status S3Volume::CopyFileIn(Volume& from, const VFolderId& src, const std::strin
   }
   auto done = o.Note(o.Client()->CompleteMultipart(o.bucket(), key, id, parts));
   if (!done.ok()) return abort(done.status());
-  // A multipart upload takes no user metadata: a copy onto itself sets it (up to 5 GiB on AWS).
-  if (!user.empty()) return o.Note(o.Client()->Copy(o.bucket(), key, key, &user)).status();
   return Status::Ok();
 }
 
@@ -1086,7 +1114,7 @@ Status S3Volume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool par
     if (!IsNotFound(e.status())) return e.status();
     if (i < parts.size() && !parents)
       return Status(Code::kNotFound, fmt::format("'{}' does not exist", here), ENOENT);
-    make.push_back(ObjectKey(vfid, here) + "/");
+    make.push_back(LayoutKey(vfid, here) + "/");
   }
   for (const auto& m : make) SLUICE_RETURN_IF_ERROR(origin_->PutMarker(m));
   return Status::Ok();
@@ -1096,7 +1124,7 @@ Status S3Volume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool par
 // directory does on a file system.
 Status S3Volume::KeepParent(const VFolderId& vfid, const std::vector<std::string>& parts) {
   if (parts.size() < 2) return Status::Ok();
-  const std::string parent = ObjectKey(vfid, Join(parts, parts.size() - 1)) + "/";
+  const std::string parent = LayoutKey(vfid, Join(parts, parts.size() - 1)) + "/";
   SLUICE_ASSIGN_OR_RETURN(auto pm, origin_->HeadOpt(parent));
   return pm ? Status::Ok() : origin_->PutMarker(parent);
 }
@@ -1106,8 +1134,8 @@ Status S3Volume::MoveEntry(const VFolderId& vfid, const std::vector<std::string>
   const std::string from = Join(src, src.size());
   SLUICE_ASSIGN_OR_RETURN(DirEntry e, Stat(vfid, from));
   SLUICE_RETURN_IF_ERROR(KeepParent(vfid, src));
-  const std::string skey = ObjectKey(vfid, from);
-  const std::string dkey = ObjectKey(vfid, Join(dst, dst.size()));
+  const std::string skey = LayoutKey(vfid, from);
+  const std::string dkey = LayoutKey(vfid, Join(dst, dst.size()));
   if (e.type != EntryType::kDirectory) {
     SLUICE_RETURN_IF_ERROR(
         origin_->Note(origin_->Client()->Copy(opts_.bucket, skey, dkey)).status());
@@ -1190,7 +1218,7 @@ Status S3Volume::DeleteFiles(const VFolderId& vfid, const std::vector<std::strin
   for (size_t i = 0; i < all.size(); ++i) {
     const auto& parts = all[i];
     SLUICE_RETURN_IF_ERROR(KeepParent(vfid, parts));
-    const std::string key = ObjectKey(vfid, Join(parts, parts.size()));
+    const std::string key = LayoutKey(vfid, Join(parts, parts.size()));
     if (what[i].type == EntryType::kDirectory)
       SLUICE_RETURN_IF_ERROR(origin_->DeletePrefix(key + "/"));
     else
@@ -1327,7 +1355,7 @@ class S3Volume::Writer : public StagingWriter {
   Status Publish(const std::vector<std::string>& final_parts,
                  const std::function<std::string(const DirEntry&)>& meta, bool) override {
     if (final_parts.empty()) return Status(Code::kInvalidPath, "an upload needs a file name");
-    SLUICE_RETURN_IF_ERROR(v_->Live(vfid_));
+    SLUICE_RETURN_IF_ERROR(v_->WritableVFolder(vfid_));  // bound read-only since it began?
     const std::string rel = Join(final_parts, final_parts.size());
     // Nothing may stand in the way: a file where a directory goes, a directory at the target.
     for (size_t i = 1; i < final_parts.size(); ++i) {
@@ -1344,7 +1372,7 @@ class S3Volume::Writer : public StagingWriter {
                     fmt::format("'{}' is a directory; the upload cannot replace it", rel), EISDIR);
     if (!there.ok() && !IsNotFound(there.status())) return there.status();
     auto& o = *v_->origin_;
-    const std::string target = v_->ObjectKey(vfid_, rel);
+    const std::string target = v_->LayoutKey(vfid_, rel);
     const uint64_t total = Base() + buf_.size();
     s3c::UserMeta user;
     if (meta) {

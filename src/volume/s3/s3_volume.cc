@@ -905,6 +905,10 @@ Status S3Volume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFold
     SLUICE_RETURN_IF_ERROR(Live(src));  // a bound vfolder copies into a writable one
     return origin_->CopyPrefix(ObjectKey(src, ""), LayoutKey(dst, ""), true);
   }
+  if (from.backend() == "noop")  // unmanaged vfolders: refused, as the reference does
+    return Status(Code::kUnsupported,
+                  fmt::format("volume {} cannot copy from volume {} (backend {})", cfg_.name,
+                              from.name(), from.backend()));
   // From another volume: every directory as a marker, every file uploaded (8 at a time).
   std::vector<std::string> dirs;
   std::vector<std::string> files;

@@ -577,6 +577,10 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
   }
 
   void Write(HttpResponse r) {
+    const bool primed = std::exchange(primed_, false);
+    if (!primed && r.file && !is_head_ && r.file_length > 0 &&
+        NeedsFirstRead(*r.file, r.file_offset))
+      return ReadFirstThenWrite(std::move(r));
     ObserveOnce(r.status);
     ExpireAfter(opts().request_timeout);
     if (r.file) {
@@ -609,6 +613,38 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
         });
   }
 
+  // A file body neither in memory nor in a local file at its start (a block behind an SSD
+  // cache that is not cached): its first bytes are read on the pool before the status goes out,
+  // so that an origin that does not answer is a 503 with Retry-After, not a 200 cut short.
+  static bool NeedsFirstRead(FileReader& f, uint64_t offset) {
+    if (f.LocalExtent(offset).fd >= 0) return false;
+    char probe;
+    auto n = f.ReadAtNoWait(offset, &probe, 1);
+    return !n.ok() && n.status().code() == Code::kUnavailable;
+  }
+  void ReadFirstThenWrite(HttpResponse r) {
+    ExpireNever();  // the origin, not the client, is slow now
+    if (io_buf_.empty()) io_buf_.resize(kIoChunk);
+    auto self = this->shared_from_this();
+    auto held = std::make_shared<HttpResponse>(std::move(r));
+    bool queued = router().pool()->Submit([self, held] {
+      const size_t want =
+          static_cast<size_t>(std::min<uint64_t>(held->file_length, self->io_buf_.size()));
+      auto got = held->file->ReadAt(held->file_offset, self->io_buf_.data(), want);
+      Status st = !got.ok()      ? got.status()
+                  : *got != want ? Status(Code::kIoError, "the file shrank while being sent")
+                                 : Status::Ok();
+      asio::post(self->Sock().get_executor(), [self, held, st, want] {
+        if (!st.ok()) return self->Write(self->router().Error(st));
+        self->primed_ = true;  // the first `want` bytes are in io_buf_: they go with the head
+        self->primed_bytes_ = want;
+        self->Write(std::move(*held));
+      });
+    });
+    if (!queued)
+      Write(router().Error(Status(Code::kUnavailable, "server is overloaded; retry later")));
+  }
+
   // Writes head_ alone: the whole response.
   void WriteHead(bool close) {
     asio::async_write(stream_, asio::buffer(head_),
@@ -634,6 +670,17 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     file_off_ = r.file_offset;
     file_left_ = r.file_length;
     resident_until_ = file_off_;
+    if (const size_t n = std::exchange(primed_bytes_, 0); n > 0) {  // read before the status
+      file_off_ += n;
+      file_left_ -= n;
+      std::array<asio::const_buffer, 2> bufs{asio::buffer(head_), asio::buffer(io_buf_.data(), n)};
+      asio::async_write(stream_, bufs,
+                        [self = this->shared_from_this(), close](beast::error_code ec, size_t) {
+                          if (ec) return self->AfterWrite(ec, true);
+                          self->SendFileBody(close);
+                        });
+      return;
+    }
     if constexpr (!kTls) {
       if (file_left_ > 0 && file_left_ <= kSmallBody && SendSmallFile(close)) return;
       // The header goes out with MSG_MORE so that it shares a segment with the first bytes of
@@ -918,6 +965,8 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
   bool first_ = true;
   bool keep_alive_ = true;
   bool is_head_ = false;
+  bool primed_ = false;  // the file body's first bytes were read on the pool (ReadFirstThenWrite)
+  size_t primed_bytes_ = 0;   // how many, in io_buf_
   bool cors_ = false;         // the request carries Origin: the answer gets the CORS headers
   bool recv_filled_ = false;  // the last header recv filled its buffer
   bool expect_continue_ = false;

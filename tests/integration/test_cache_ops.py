@@ -201,3 +201,40 @@ def test_a_full_cache_disk(tmp_path, origin):
             assert low[0] >= 6 * MiB - 64 * 1024, low[0]
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_the_origin_killed_during_a_read(tmp_path, origin):
+    """SIGKILL of the origin in the middle of a cold read through the cache: the download is cut
+    short (never padded, never wrong), and every block the cache kept has the origin's bytes
+    and is served while the origin stays dead; the rest is 503."""
+    data = os.urandom(40 * MiB)
+    cache = cache_section(tmp_path / "cache", ttl="1h", **{"read-ahead": "2"})
+    with running_daemon(tmp_path / "proxy", extra_toml=s3_volume(origin) + cache) as d:
+        vfid = d.create_vfolder(volume="remote")
+        origin.boto.put_object(Bucket=BUCKET, Key=vfolder_prefix(vfid) + "model.bin", Body=data)
+        r = get(d, vfid, "model.bin", stream=True)
+        assert r.status_code == 200
+        got = bytearray()
+        chunks = r.iter_content(1 << 16)
+        for chunk in chunks:
+            got += chunk
+            if len(got) >= 8 * MiB:
+                break
+        origin.kill()  # SIGKILL, mid-read
+        origin.proc = None
+        try:
+            for chunk in chunks:
+                got += chunk
+        except requests.exceptions.RequestException:
+            pass  # the body cut short: what the client must see
+        r.close()
+        assert 8 * MiB <= len(got) < len(data)
+        assert bytes(got) == data[:len(got)]
+        served = 0
+        for i in range(40):
+            r = get(d, vfid, "model.bin", headers={"Range": f"bytes={i * MiB}-{(i + 1) * MiB - 1}"})
+            assert r.status_code in (206, 503), r.status_code
+            if r.status_code == 206:
+                assert r.content == data[i * MiB:(i + 1) * MiB], i
+                served += 1
+        assert served >= 8 and served == stats(d)["blocks"], (served, stats(d))

@@ -209,7 +209,10 @@ def test_the_origin_killed_during_a_read(tmp_path, origin):
     and is served while the origin stays dead; the rest is 503."""
     data = os.urandom(40 * MiB)
     cache = cache_section(tmp_path / "cache", ttl="1h", **{"read-ahead": "2"})
-    with running_daemon(tmp_path / "proxy", extra_toml=s3_volume(origin) + cache) as d:
+    # A dead origin is given up on after two attempts (the default retries for 30 s).
+    volume = s3_volume(origin, **{"max-attempts": "2", "retry-deadline": "2s",
+                                  "connect-timeout": "2s"})
+    with running_daemon(tmp_path / "proxy", extra_toml=volume + cache) as d:
         vfid = d.create_vfolder(volume="remote")
         origin.boto.put_object(Bucket=BUCKET, Key=vfolder_prefix(vfid) + "model.bin", Body=data)
         r = get(d, vfid, "model.bin", stream=True)

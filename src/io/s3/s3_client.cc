@@ -396,10 +396,17 @@ Result<S3Client::Answer> S3Client::SendOnce(Request& req) {
 
 Result<S3Client::Answer> S3Client::Send(Request& req) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
+  const auto deadline = std::chrono::steady_clock::now() + opts_.retry_deadline;
   for (int attempt = 1;; ++attempt) {
     uint64_t delivered_before = req.delivered;
     auto r = SendOnce(req);
-    bool last = attempt >= opts_.max_attempts || req.delivered != delivered_before;
+    // Full jitter: a random wait up to the doubled ceiling, so retrying clients spread out.
+    auto ceiling = std::min<int64_t>(opts_.max_backoff.count(), opts_.backoff.count()
+                                                                    << std::min(attempt - 1, 16));
+    std::uniform_int_distribution<int64_t> d(0, std::max<int64_t>(ceiling, 1));
+    const std::chrono::milliseconds wait(d(rng));
+    bool last = attempt >= opts_.max_attempts || req.delivered != delivered_before ||
+                std::chrono::steady_clock::now() + wait > deadline;
     bool transport = !r.ok() && r.status().code() == Code::kUnavailable;
     bool retry = !last && (transport || (r.ok() && Retryable(r->status, r->s3code)));
     if (!retry) {
@@ -414,11 +421,7 @@ Result<S3Client::Answer> S3Client::Send(Request& req) {
       return r;
     }
     ++retries_;
-    // Full jitter: a random wait up to the doubled ceiling, so retrying clients spread out.
-    auto ceiling = std::min<int64_t>(opts_.max_backoff.count(), opts_.backoff.count()
-                                                                    << std::min(attempt - 1, 16));
-    std::uniform_int_distribution<int64_t> d(0, std::max<int64_t>(ceiling, 1));
-    std::this_thread::sleep_for(std::chrono::milliseconds(d(rng)));
+    std::this_thread::sleep_for(wait);
   }
 }
 

@@ -30,7 +30,10 @@ struct ClientOptions {
   std::chrono::milliseconds connect_timeout{10000};
   // A transfer that moves no byte for this long is abandoned (and retried).
   std::chrono::milliseconds stall_timeout{60000};
-  int max_attempts = 5;                    // per request, the first included
+  int max_attempts = 5;  // per request, the first included
+  // A request's deadline for retries: no attempt starts later than this after its first one
+  // (each attempt is bounded by stall_timeout while it moves bytes).
+  std::chrono::milliseconds retry_deadline{30000};
   std::chrono::milliseconds backoff{100};  // first retry's ceiling, doubled per attempt
   std::chrono::milliseconds max_backoff{5000};
   bool checksums = true;  // send x-amz-checksum-crc32c with every upload (Sluice, AWS)

@@ -130,11 +130,24 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
       auto d = ParseDuration(str);
       if (!d.ok()) return bad(key, d.status().message());
       o.vfolder_ttl = *d;
+    } else if (key == "connect-timeout" || key == "stall-timeout" || key == "retry-deadline") {
+      auto d = ParseDuration(str);
+      if (!d.ok()) return bad(key, d.status().message());
+      if (d->count() <= 0 && key != "retry-deadline") return bad(key, "must be positive");
+      (key == "connect-timeout" ? o.client.connect_timeout
+       : key == "stall-timeout" ? o.client.stall_timeout
+                                : o.client.retry_deadline) = *d;
+    } else if (key == "max-attempts") {
+      char* end = nullptr;
+      const long n = std::strtol(str.c_str(), &end, 10);
+      if (str.empty() || *end != '\0' || n < 1 || n > 20) return bad(key, "must be 1 to 20");
+      o.client.max_attempts = static_cast<int>(n);
     } else {
       return bad(key,
                  "unknown key for the s3 backend (known: endpoint, bucket, prefix, region, "
                  "access-key, secret-key, credentials-file, ca-file, insecure, read-only, "
-                 "capacity, vfolder-ttl, part-size)");
+                 "capacity, vfolder-ttl, part-size, connect-timeout, stall-timeout, "
+                 "retry-deadline, max-attempts)");
     }
   }
   if (!creds_file.empty()) {

@@ -1,0 +1,55 @@
+// The s3 backend's options ([volume.NAME.options]): what they set, and the errors that name the
+// key for what they refuse.
+#include "support/assert_status.h"
+#include "volume/s3/s3_volume.h"
+
+namespace sluice::test {
+namespace {
+
+Result<S3VolumeOptions> Parse(nlohmann::json options) {
+  VolumeConfig c;
+  c.name = "remote";
+  c.backend = "s3";
+  c.path = "s3://b/p";
+  options["endpoint"] = "http://127.0.0.1:9";
+  options["bucket"] = "b";
+  options["access-key"] = "ak";
+  options["secret-key"] = "sk";
+  c.options = std::move(options);
+  return S3VolumeOptions::FromConfig(c);
+}
+
+TEST(S3VolumeOptions, TimeoutsRetriesAndParts) {
+  auto o = Parse({{"max-attempts", "2"},
+                  {"retry-deadline", "3s"},
+                  {"connect-timeout", "4s"},
+                  {"stall-timeout", "5s"},
+                  {"part-size", "8m"}});
+  ASSERT_OK(o);
+  EXPECT_EQ(o->client.max_attempts, 2);
+  EXPECT_EQ(o->client.retry_deadline, std::chrono::seconds(3));
+  EXPECT_EQ(o->client.connect_timeout, std::chrono::seconds(4));
+  EXPECT_EQ(o->client.stall_timeout, std::chrono::seconds(5));
+  EXPECT_EQ(o->part_size, 8u << 20);
+  auto d = Parse({});
+  ASSERT_OK(d);
+  EXPECT_EQ(d->client.max_attempts, 5);
+  EXPECT_EQ(d->client.retry_deadline, std::chrono::seconds(30));
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"max-attempts", "0"},
+           {"max-attempts", "21"},
+           {"max-attempts", "2x"},
+           {"connect-timeout", "0s"},
+           {"retry-deadline", "soon"},
+           {"part-size", "1m"},
+           {"timeout", "1s"}}) {
+    auto bad = Parse({{key, value}});
+    ASSERT_FALSE(bad.ok()) << key << "=" << value;
+    EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(bad.status().message().find("volume.remote.options." + key), std::string::npos)
+        << bad.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace sluice::test

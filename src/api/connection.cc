@@ -578,8 +578,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
 
   void Write(HttpResponse r) {
     const bool primed = std::exchange(primed_, false);
-    if (!primed && r.file && !is_head_ && r.file_length > 0 &&
-        NeedsFirstRead(*r.file, r.file_offset))
+    if (!primed && r.file && !is_head_ && r.file_length > 0 && !FirstBytesAtHand(r))
       return ReadFirstThenWrite(std::move(r));
     ObserveOnce(r.status);
     ExpireAfter(opts().request_timeout);
@@ -616,13 +615,24 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
   // A file body neither in memory nor in a local file at its start (a block behind an SSD
   // cache that is not cached): its first bytes are read on the pool before the status goes out,
   // so that an origin that does not answer is a 503 with Retry-After, not a 200 cut short.
-  static bool NeedsFirstRead(FileReader& f, uint64_t offset) {
-    if (f.LocalExtent(offset).fd >= 0) return false;
-    char probe;
-    auto n = f.ReadAtNoWait(offset, &probe, 1);
-    return !n.ok() && n.status().code() == Code::kUnavailable;
+  // False when it must wait: true for a local file at its start (sent zero-copy), or for bytes
+  // in memory, read here into io_buf_ to go out with the head (primed_bytes_).
+  bool FirstBytesAtHand(const HttpResponse& r) {
+    if constexpr (!kTls) {
+      if (r.file->LocalExtent(r.file_offset).fd >= 0) return true;
+    }
+    if (io_buf_.empty()) io_buf_.resize(kIoChunk);
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(r.file_length, io_buf_.size()));
+    auto n = r.file->ReadAtNoWait(r.file_offset, io_buf_.data(), want);
+    if (n.ok() && *n > 0) {
+      primed_bytes_ = *n;
+      return true;
+    }
+    // Not in memory: read on the pool first. Anything else: the general path answers it.
+    return n.ok() || n.status().code() != Code::kUnavailable;
   }
   void ReadFirstThenWrite(HttpResponse r) {
+    srv_->CountColdRead();
     ExpireNever();  // the origin, not the client, is slow now
     if (io_buf_.empty()) io_buf_.resize(kIoChunk);
     auto self = this->shared_from_this();
@@ -671,15 +681,22 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     file_left_ = r.file_length;
     resident_until_ = file_off_;
     if (const size_t n = std::exchange(primed_bytes_, 0); n > 0) {  // read before the status
-      file_off_ += n;
-      file_left_ -= n;
-      std::array<asio::const_buffer, 2> bufs{asio::buffer(head_), asio::buffer(io_buf_.data(), n)};
-      asio::async_write(stream_, bufs,
-                        [self = this->shared_from_this(), close](beast::error_code ec, size_t) {
-                          if (ec) return self->AfterWrite(ec, true);
-                          self->SendFileBody(close);
-                        });
-      return;
+      if constexpr (kTls) {
+        // The head, then the bytes: as the rest of the TLS path writes them.
+        return WriteHeadThen(
+            [self = this->shared_from_this(), n, close] { self->SendBuffered(n, close); });
+      } else {
+        file_off_ += n;
+        file_left_ -= n;
+        std::array<asio::const_buffer, 2> bufs{asio::buffer(head_),
+                                               asio::buffer(io_buf_.data(), n)};
+        asio::async_write(stream_, bufs,
+                          [self = this->shared_from_this(), close](beast::error_code ec, size_t) {
+                            if (ec) return self->AfterWrite(ec, true);
+                            self->SendFileBody(close);
+                          });
+        return;
+      }
     }
     if constexpr (!kTls) {
       if (file_left_ > 0 && file_left_ <= kSmallBody && SendSmallFile(close)) return;

@@ -404,9 +404,13 @@ Result<S3Client::Answer> S3Client::Send(Request& req) {
     auto ceiling = std::min<int64_t>(opts_.max_backoff.count(), opts_.backoff.count()
                                                                     << std::min(attempt - 1, 16));
     std::uniform_int_distribution<int64_t> d(0, std::max<int64_t>(ceiling, 1));
-    const std::chrono::milliseconds wait(d(rng));
-    bool last = attempt >= opts_.max_attempts || req.delivered != delivered_before ||
-                std::chrono::steady_clock::now() + wait > deadline;
+    const auto now = std::chrono::steady_clock::now();
+    // The wait never runs past the deadline; at the deadline, no more attempts.
+    const auto wait = std::min<std::chrono::steady_clock::duration>(
+        std::chrono::milliseconds(d(rng)),
+        std::max<std::chrono::steady_clock::duration>(deadline - now, {}));
+    bool last =
+        attempt >= opts_.max_attempts || req.delivered != delivered_before || now >= deadline;
     bool transport = !r.ok() && r.status().code() == Code::kUnavailable;
     bool retry = !last && (transport || (r.ok() && Retryable(r->status, r->s3code)));
     if (!retry) {

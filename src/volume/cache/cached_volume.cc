@@ -278,6 +278,7 @@ Result<CacheOptions> CacheOptions::FromJson(const std::string& volume, const nlo
     } else if (key == "ttl") {
       auto d = ParseDuration(v);
       if (!d.ok()) return bad(key, d.status().message());
+      if (*d > std::chrono::hours(24 * 365)) return bad(key, "must be at most a year");
       o.ttl = *d;
     } else if (key == "admission") {
       if (v != "first-miss" && v != "second-miss")

@@ -134,6 +134,7 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
       auto d = ParseDuration(str);
       if (!d.ok()) return bad(key, d.status().message());
       if (d->count() <= 0 && key != "retry-deadline") return bad(key, "must be positive");
+      if (*d > std::chrono::hours(24)) return bad(key, "must be at most a day");
       (key == "connect-timeout" ? o.client.connect_timeout
        : key == "stall-timeout" ? o.client.stall_timeout
                                 : o.client.retry_deadline) = *d;

@@ -523,6 +523,12 @@ TEST(CacheOptions, ParsesAndRefuses) {
                Code::kInvalidArgument);
   EXPECT_ERROR(CacheOptions::FromJson("v", {{"path", "/c"}, {"size", "1g"}}),
                Code::kInvalidArgument);
+  EXPECT_ERROR(CacheOptions::FromJson("v", {{"path", "/c"}, {"ttl", "1000000000000d"}}),
+               Code::kInvalidArgument);
+  EXPECT_ERROR(CacheOptions::FromJson("v", {{"path", "/c"}, {"read-ahead", "65"}}),
+               Code::kInvalidArgument);
+  EXPECT_ERROR(CacheOptions::FromJson("v", {{"path", "/c"}, {"eviction", "arc"}}),
+               Code::kInvalidArgument);
 }
 
 }  // namespace

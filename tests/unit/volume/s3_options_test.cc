@@ -35,14 +35,15 @@ TEST(S3VolumeOptions, TimeoutsRetriesAndParts) {
   ASSERT_OK(d);
   EXPECT_EQ(d->client.max_attempts, 5);
   EXPECT_EQ(d->client.retry_deadline, std::chrono::seconds(30));
-  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
-           {"max-attempts", "0"},
-           {"max-attempts", "21"},
-           {"max-attempts", "2x"},
-           {"connect-timeout", "0s"},
-           {"retry-deadline", "soon"},
-           {"part-size", "1m"},
-           {"timeout", "1s"}}) {
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, std::string>>{{"max-attempts", "0"},
+                                                        {"max-attempts", "21"},
+                                                        {"max-attempts", "2x"},
+                                                        {"connect-timeout", "0s"},
+                                                        {"retry-deadline", "soon"},
+                                                        {"stall-timeout", "1000000000000d"},
+                                                        {"part-size", "1m"},
+                                                        {"timeout", "1s"}}) {
     auto bad = Parse({{key, value}});
     ASSERT_FALSE(bad.ok()) << key << "=" << value;
     EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);

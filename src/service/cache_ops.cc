@@ -9,36 +9,13 @@
 #include <fmt/format.h>
 
 #include "common/path.h"
+#include "volume/vfolder_walk.h"
 
 namespace sluice {
 
 namespace {
 
 using FileFn = std::function<Status(const std::string& rel, const DirEntry& e)>;
-
-Status WalkDir(DirHandle& d, const std::string& rel, bool root, const FileFn& fn) {
-  for (;;) {
-    SLUICE_ASSIGN_OR_RETURN(auto n, d.Next());
-    if (!n) return Status::Ok();
-    if (root && n->name == kStagingDirName) continue;  // upload staging, never content
-    const std::string child = rel.empty() ? n->name : rel + "/" + n->name;
-    if (n->type == EntryType::kDirectory) {
-      auto sub = d.OpenSubdir(n->name);
-      if (!sub.ok()) {
-        if (sub.status().code() == Code::kNotFound) continue;  // gone meanwhile
-        return sub.status();
-      }
-      SLUICE_RETURN_IF_ERROR(WalkDir(**sub, child, false, fn));
-    } else if (n->type == EntryType::kFile) {
-      auto e = d.StatEntry(n->name);
-      if (!e.ok()) {
-        if (e.status().code() == Code::kNotFound) continue;
-        return e.status();
-      }
-      SLUICE_RETURN_IF_ERROR(fn(child, *e));
-    }
-  }
-}
 
 // Every regular file under `path` (a directory or a file), with its attributes.
 Status WalkFiles(Volume& v, const VFolderId& vfid, std::string_view path, const FileFn& fn) {
@@ -52,7 +29,14 @@ Status WalkFiles(Volume& v, const VFolderId& vfid, std::string_view path, const 
                     fmt::format("'{}' is neither a file nor a directory", rel));
   }
   SLUICE_ASSIGN_OR_RETURN(auto d, v.OpenDir(vfid, rel));
-  return WalkDir(*d, rel, rel.empty(), fn);
+  return WalkVFolderTree(
+      *d, rel, rel.empty(), [&](const std::string& child, const DirHandle::Name& n, DirHandle& in) {
+        if (n.type != EntryType::kFile) return Status::Ok();
+        auto e = in.StatEntry(n.name);
+        if (!e.ok())  // gone meanwhile: skipped
+          return e.status().code() == Code::kNotFound ? Status::Ok() : e.status();
+        return fn(child, *e);
+      });
 }
 
 }  // namespace

@@ -105,6 +105,11 @@ Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
                            {"dst_vfid", dst.ToString()}};
   auto task = [this, sv, dv, src, dst]() -> Status {
     auto copy = [&]() -> Status {
+      // Unmanaged vfolders are not copied, whatever the destination (as the reference).
+      if (sv == noop_.get())
+        return Status(Code::kUnsupported,
+                      fmt::format("volume {} cannot copy from volume {} (unmanaged vfolders)",
+                                  dv->name(), sv->name()));
       // The copy walks the whole tree anyway: a fresh figure costs little more.
       SLUICE_ASSIGN_OR_RETURN(TreeUsage need, sv->GetFreshUsage(src));
       SLUICE_ASSIGN_OR_RETURN(FsUsage fs, dv->GetFsUsage());

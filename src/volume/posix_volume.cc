@@ -628,10 +628,6 @@ Status CopyTreeIn(DirHandle& d, int to, bool root, std::vector<char>& buf, uint6
 Status PosixVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,
                                     const TreeUsage& size) {
   auto* other = dynamic_cast<PosixVolume*>(&ForwardingVolume::Innermost(from));
-  if (!other && from.backend() == "noop")  // unmanaged vfolders: refused, as the reference does
-    return Status(Code::kUnsupported,
-                  fmt::format("volume {} cannot copy from volume {} (backend {})", name(),
-                              from.name(), from.backend()));
   if (!other) {
     // Another kind of volume (an s3 one): its files read and written here.
     SLUICE_ASSIGN_OR_RETURN(auto tree, from.OpenDir(src, ""));

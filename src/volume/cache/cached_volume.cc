@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
-#include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -39,9 +38,7 @@ std::string ValidatorOf(const DirEntry& e) {
 }
 
 std::string Sha256Hex(std::string_view s) {
-  Digest d(Digest::Algo::kSha256);
-  d.Update(s);
-  return HexEncode(d.Final());
+  return HexEncode(Sha256(s));
 }
 
 // A file version read through the cache, block by block.

@@ -15,6 +15,7 @@
 #include "common/secrets.h"
 #include "volume/forwarding_volume.h"
 #include "volume/listed_dir.h"
+#include "volume/vfolder_walk.h"
 
 namespace sluice {
 
@@ -919,34 +920,21 @@ Status S3Volume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFold
     SLUICE_RETURN_IF_ERROR(Live(src));  // a bound vfolder copies into a writable one
     return origin_->CopyPrefix(ObjectKey(src, ""), LayoutKey(dst, ""), true);
   }
-  if (from.backend() == "noop")  // unmanaged vfolders: refused, as the reference does
-    return Status(Code::kUnsupported,
-                  fmt::format("volume {} cannot copy from volume {} (backend {})", cfg_.name,
-                              from.name(), from.backend()));
   // From another volume: every directory as a marker, every file uploaded (8 at a time).
   std::vector<std::string> dirs;
   std::vector<std::string> files;
   uint64_t skipped = 0;
-  std::function<Status(DirHandle&, const std::string&)> walk = [&](DirHandle& d,
-                                                                   const std::string& rel) {
-    for (;;) {
-      SLUICE_ASSIGN_OR_RETURN(auto n, d.Next());
-      if (!n) return Status::Ok();
-      if (rel.empty() && n->name == kStagingDirName) continue;  // upload staging
-      const std::string child = rel.empty() ? n->name : rel + "/" + n->name;
-      if (n->type == EntryType::kDirectory) {
-        dirs.push_back(child);
-        SLUICE_ASSIGN_OR_RETURN(auto sub, d.OpenSubdir(n->name));
-        SLUICE_RETURN_IF_ERROR(walk(*sub, child));
-      } else if (n->type == EntryType::kFile) {
-        files.push_back(child);
-      } else {
-        skipped++;  // symbolic links and the like: an origin has no such thing
-      }
-    }
-  };
   SLUICE_ASSIGN_OR_RETURN(auto root, from.OpenDir(src, ""));
-  SLUICE_RETURN_IF_ERROR(walk(*root, ""));
+  SLUICE_RETURN_IF_ERROR(WalkVFolderTree(
+      *root, "", true, [&](const std::string& rel, const DirHandle::Name& n, DirHandle&) {
+        if (n.type == EntryType::kDirectory)
+          dirs.push_back(rel);
+        else if (n.type == EntryType::kFile)
+          files.push_back(rel);
+        else
+          skipped++;  // symbolic links and the like: an origin has no such thing
+        return Status::Ok();
+      }));
   if (skipped)
     spdlog::warn("volume {}: copying {} from {}: {} entries neither files nor directories left out",
                  cfg_.name, src.ToString(), from.name(), skipped);

@@ -320,7 +320,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     is_head_ = hdr.method() == http::verb::head;
     BeginRequest(hdr.method());
     auto req = std::make_shared<HttpRequest>();
-    ParseTarget(hdr.target(), req->path, req->query);
+    ParseTarget(hdr.target(), req->path, req->query, router().query_skip_prefix());
     req->ctx.id = RequestIdFrom(hdr);
     req->msg.base() = std::move(hdr);
     req->remote = Remote();

@@ -129,7 +129,7 @@ HttpResponse ErrorResponse(const Status& st, const std::vector<std::string>& pat
 }
 
 void ParseTarget(std::string_view target, std::string& path,
-                 std::map<std::string, std::string>& query) {
+                 std::map<std::string, std::string>& query, std::string_view skip_prefix) {
   size_t q = target.find('?');
   path = PercentDecode(target.substr(0, q), false);
   if (q == std::string_view::npos) return;
@@ -139,8 +139,10 @@ void ParseTarget(std::string_view target, std::string& path,
     std::string_view kv = qs.substr(0, amp);
     size_t eq = kv.find('=');
     std::string k = PercentDecode(kv.substr(0, eq), true);
-    std::string v = eq == std::string_view::npos ? "" : PercentDecode(kv.substr(eq + 1), true);
-    if (!k.empty()) query.insert_or_assign(std::move(k), std::move(v));
+    if (!k.empty() && (skip_prefix.empty() || k.compare(0, skip_prefix.size(), skip_prefix) != 0))
+      query.insert_or_assign(std::move(k), eq == std::string_view::npos
+                                               ? std::string()
+                                               : PercentDecode(kv.substr(eq + 1), true));
     if (amp == std::string_view::npos) break;
     qs = qs.substr(amp + 1);
   }

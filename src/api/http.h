@@ -93,9 +93,11 @@ HttpResponse ErrorResponse(const Status& st, const std::vector<std::string>& pat
   } while (0)
 
 using sluice::PercentDecode;
-// Splits "/a/b?x=1&y=2" into path and query.
+// Splits "/a/b?x=1&y=2" into path and query. Parameters whose (decoded) names start with
+// `skip_prefix`, when it is not empty, are left out (the S3 listener's presigned X-Amz-*: its
+// authenticator reads them from the raw target, and nothing else does).
 void ParseTarget(std::string_view target, std::string& path,
-                 std::map<std::string, std::string>& query);
+                 std::map<std::string, std::string>& query, std::string_view skip_prefix = {});
 
 // Request parameters: the JSON object body (also on GET) merged with the query string; the body
 // wins. Accessors return kInvalidArgument naming the parameter on a missing or bad value.
@@ -208,6 +210,9 @@ class Router {
   // Runs on every request before it is routed: may change its path (the S3 listener's
   // virtual-hosted buckets, named by the Host header).
   void SetRewrite(std::function<void(HttpRequest&)> f) { rewrite_ = std::move(f); }
+  // Query parameters this listener's handlers never see in req.query (ParseTarget).
+  void SetQuerySkipPrefix(std::string prefix) { query_skip_prefix_ = std::move(prefix); }
+  std::string_view query_skip_prefix() const { return query_skip_prefix_; }
   HttpResponse Error(const Status& st, unsigned status = 0, std::string_view resource = {}) const;
 
   // What a request whose header is in goes to: its route (req.params filled), or the answer
@@ -254,6 +259,7 @@ class Router {
   std::vector<std::pair<std::string, std::string>> cors_headers_;
   ErrorFormatter error_format_;
   std::function<void(HttpRequest&)> rewrite_;
+  std::string query_skip_prefix_;
 };
 
 // The method as a metrics label: its name, or "other" for an extension method.

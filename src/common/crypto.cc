@@ -38,7 +38,7 @@ class HmacContext {
     return ok == 1 &&
            EVP_MAC_update(ctx_, reinterpret_cast<const unsigned char*>(data.data()), data.size()) ==
                1 &&
-           EVP_MAC_final(ctx_, out, len, EVP_MAX_MD_SIZE) == 1;
+           EVP_MAC_final(ctx_, out, len, 32) == 1;
   }
 
  private:
@@ -74,36 +74,47 @@ int HexVal(char c) {
 
 }  // namespace
 
-std::string HmacSha256(std::string_view key, std::string_view data) {
+void HmacSha256To(std::string_view key, std::string_view data, unsigned char out[32]) {
   thread_local HmacContext ctx;
-  unsigned char out[EVP_MAX_MD_SIZE];
   size_t len = 0;
-  if (ctx.Mac(key, data, out, &len)) return std::string(reinterpret_cast<char*>(out), len);
+  if (ctx.Mac(key, data, out, &len) && len == 32) return;
   unsigned int ulen = 0;
   HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
        reinterpret_cast<const unsigned char*>(data.data()), data.size(), out, &ulen);
-  return std::string(reinterpret_cast<char*>(out), ulen);
 }
 
-std::string Sha256(std::string_view data) {
+std::string HmacSha256(std::string_view key, std::string_view data) {
+  unsigned char out[32];
+  HmacSha256To(key, data, out);
+  return std::string(reinterpret_cast<char*>(out), sizeof out);
+}
+
+void Sha256To(std::string_view data, unsigned char out[32]) {
   thread_local EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   if (!ctx || EVP_DigestInit_ex(ctx, MdOf(Digest::Algo::kSha256), nullptr) != 1 ||
       EVP_DigestUpdate(ctx, data.data(), data.size()) != 1 ||
       EVP_DigestFinal_ex(ctx, out, &len) != 1)
     EVP_Digest(data.data(), data.size(), out, &len, EVP_sha256(), nullptr);
-  return std::string(reinterpret_cast<char*>(out), len);
+}
+
+std::string Sha256(std::string_view data) {
+  unsigned char out[32];
+  Sha256To(data, out);
+  return std::string(reinterpret_cast<char*>(out), sizeof out);
+}
+
+void HexEncodeTo(const unsigned char* raw, size_t n, char* out) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; ++i) {
+    out[2 * i] = kHex[raw[i] >> 4];
+    out[2 * i + 1] = kHex[raw[i] & 15];
+  }
 }
 
 std::string HexEncode(std::string_view raw) {
-  static constexpr char kHex[] = "0123456789abcdef";
   std::string out(raw.size() * 2, '\0');
-  for (size_t i = 0; i < raw.size(); ++i) {
-    auto b = static_cast<unsigned char>(raw[i]);
-    out[2 * i] = kHex[b >> 4];
-    out[2 * i + 1] = kHex[b & 15];
-  }
+  HexEncodeTo(reinterpret_cast<const unsigned char*>(raw.data()), raw.size(), out.data());
   return out;
 }
 

@@ -17,6 +17,11 @@ std::string HmacSha256(std::string_view key, std::string_view data);
 std::string Sha256(std::string_view data);
 // Lower-case hex of raw bytes.
 std::string HexEncode(std::string_view raw);
+// The same three into the caller's buffers, without allocating (SigV4 on every request).
+void HmacSha256To(std::string_view key, std::string_view data, unsigned char out[32]);
+void Sha256To(std::string_view data, unsigned char out[32]);
+// out[0, 2n) = lower-case hex of raw[0, n).
+void HexEncodeTo(const unsigned char* raw, size_t n, char* out);
 // Raw bytes of hex (either case); kInvalidArgument when it is not hex of even length.
 Result<std::string> HexDecode(std::string_view hex);
 // Standard base64 with padding (Content-MD5, x-amz-checksum-*).

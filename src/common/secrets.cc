@@ -62,10 +62,33 @@ Result<std::string> LoadOrCreateSecret(const std::string& path, bool* created) {
 }
 
 bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+  // Equal lengths (every signature, a token of the right size): compared directly. Otherwise
+  // through hashes, so that the time says nothing of either length.
+  if (a.size() == b.size()) return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
   unsigned char ha[SHA256_DIGEST_LENGTH], hb[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(a.data()), a.size(), ha);
   SHA256(reinterpret_cast<const unsigned char*>(b.data()), b.size(), hb);
   return CRYPTO_memcmp(ha, hb, sizeof(ha)) == 0 && a.size() == b.size();
+}
+
+std::string UniqueHexId() {
+  // splitmix64 over a per-thread counter that starts at a random point: distinct for 2^64
+  // calls on a thread, and threads start 2^64-wide apart at random, so ids do not repeat in
+  // practice; nothing about them is secret (RAND_bytes costs a lock and a getpid each call).
+  thread_local uint64_t state = [] {
+    uint64_t seed = 0;
+    if (RAND_bytes(reinterpret_cast<unsigned char*>(&seed), sizeof seed) != 1)
+      throw std::runtime_error("RAND_bytes failed");
+    return seed;
+  }();
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i, z >>= 4) out[static_cast<size_t>(i)] = kHex[z & 15];
+  return out;
 }
 
 }  // namespace sluice

@@ -18,4 +18,7 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b);
 // `n` cryptographically random bytes as lower-case hex.
 std::string RandomHexString(size_t n);
 
+// 16 hex digits that differ from call to call (request ids): cheap, not secret.
+std::string UniqueHexId();
+
 }  // namespace sluice

@@ -17,9 +17,14 @@ int HexValue(char c) {
 }  // namespace
 
 std::string PercentDecode(std::string_view s, bool plus_is_space) {
-  if (s.empty()) return {};  // its data() may be null, which memchr must not get
   std::string out;
-  out.reserve(s.size());
+  AppendPercentDecoded(out, s, plus_is_space);
+  return out;
+}
+
+void AppendPercentDecoded(std::string& out, std::string_view s, bool plus_is_space) {
+  if (s.empty()) return;  // its data() may be null, which memchr must not get
+  out.reserve(out.size() + s.size());
   // Runs of plain bytes are copied whole (a download token is hundreds of them), found with
   // memchr; each search resumes where the last one stopped, so the work stays linear.
   const char* p = s.data();
@@ -46,7 +51,6 @@ std::string PercentDecode(std::string_view s, bool plus_is_space) {
     if (pct < p) pct = next(p, '%');
     if (plus < p) plus = next(p, '+');
   }
-  return out;
 }
 
 namespace {
@@ -63,19 +67,28 @@ constexpr std::array<bool, 256> kUnreserved = [] {
 }  // namespace
 
 std::string UriEncode(std::string_view s, bool keep_slash) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out;
-  out.reserve(s.size() + 16);
-  for (unsigned char c : s) {
-    if (kUnreserved[c] || (keep_slash && c == '/')) {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out.push_back('%');
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
-    }
-  }
+  AppendUriEncoded(out, s, keep_slash);
   return out;
+}
+
+void AppendUriEncoded(std::string& out, std::string_view s, bool keep_slash) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  // Runs of bytes kept as they are go in whole: most of a key or a query value is one run.
+  size_t i = 0;
+  out.reserve(out.size() + s.size() + 16);
+  while (i < s.size()) {
+    size_t j = i;
+    while (j < s.size() &&
+           (kUnreserved[static_cast<unsigned char>(s[j])] || (keep_slash && s[j] == '/')))
+      ++j;
+    out.append(s.data() + i, j - i);
+    if (j == s.size()) break;
+    auto c = static_cast<unsigned char>(s[j]);
+    const char esc[3] = {'%', kHex[c >> 4], kHex[c & 15]};
+    out.append(esc, 3);
+    i = j + 1;
+  }
 }
 
 }  // namespace sluice

@@ -51,7 +51,7 @@ struct S3Ctx {
 };
 
 std::string RequestId() {
-  return RandomHexString(8);
+  return UniqueHexId();
 }
 
 bool StartsWith(std::string_view s, std::string_view p) {
@@ -135,7 +135,9 @@ std::optional<std::string> HostBucket(const HttpRequest& req, const std::string&
 
 // Signing keys per access key, for its day, region and service: four HMACs saved on every
 // request.
-std::string CachedSigningKey(const S3Key& key, const s3::SigV4Auth& a) {
+// The signing key of `key` for the request's day, region and service. The reference stays
+// valid until this thread's next call.
+const std::string& CachedSigningKey(const S3Key& key, const s3::SigV4Auth& a) {
   struct Entry {
     std::string date, region, service, secret, signing;
   };
@@ -147,9 +149,9 @@ std::string CachedSigningKey(const S3Key& key, const s3::SigV4Auth& a) {
   if (cache.size() > 1024) cache.clear();
   Entry e{a.date, a.region, a.service, key.secret_key,
           s3::SigningKey(key.secret_key, a.date, a.region, a.service)};
-  std::string k = e.signing;
-  cache[key.access_key] = std::move(e);
-  return k;
+  Entry& slot = cache[key.access_key];
+  slot = std::move(e);
+  return slot.signing;
 }
 
 // -------------------------------------------------------------------------- authentication
@@ -167,20 +169,20 @@ Authenticator MakeSigV4Authenticator(S3Ctx* ctx) {
     if (!key)
       return refuse({403, "InvalidAccessKeyId",
                      "the AWS access key Id you provided does not exist in our records"});
-    std::string skey = CachedSigningKey(*key, *auth);
-    std::string_view raw_path = target.substr(0, target.find('?'));
-    std::string_view raw_query =
-        target.find('?') == std::string_view::npos ? "" : target.substr(target.find('?') + 1);
-    std::string method(req.msg.method_string());
+    const std::string& skey = CachedSigningKey(*key, *auth);
+    const size_t qmark = target.find('?');
+    std::string_view raw_path = target.substr(0, qmark);
+    std::string_view raw_query = qmark == std::string_view::npos ? "" : target.substr(qmark + 1);
+    std::string_view method = req.msg.method_string();
     // A virtual-hosted request was signed for the path it sent, without the bucket the router
     // put in front of it.
     std::string_view signed_path = req.path;
     if (auto b = HostBucket(req, ctx->opts.domain)) signed_path.remove_prefix(1 + b->size());
     auto matches = [&](std::string_view path) {
-      std::string sig = s3::SignatureOf(
-          skey,
-          s3::StringToSign(*auth, s3::CanonicalRequest(req.msg, method, path, raw_query, *auth)));
-      return ConstantTimeEquals(sig, auth->signature);
+      thread_local std::string canonical;
+      canonical.clear();
+      s3::AppendCanonicalRequest(canonical, req.msg, method, path, raw_query, *auth);
+      return s3::SignatureMatches(skey, *auth, canonical, auth->signature);
     };
     // Clients encode the path once from the key; some sign it exactly as they sent it.
     if (!matches(signed_path) &&
@@ -1719,6 +1721,8 @@ std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, Th
   // Lives as long as the router's routes.
   auto* ctx = new S3Ctx{service, store, ObjectStore(&service->reservations()), std::move(options)};
   // Errors the HTTP layer makes (unparsable requests, limits, no route) are S3 XML too.
+  // Presigned URLs' X-Amz-* parameters are the authenticator's, read from the raw target.
+  router->SetQuerySkipPrefix("X-Amz-");
   router->SetErrorFormatter([](const Status& st, unsigned status, std::string_view resource) {
     unsigned http = status ? status : static_cast<unsigned>(CodeHttpStatus(st.code()));
     std::string code = http == 405 ? "MethodNotAllowed" : std::string(CodeS3Error(st.code()));

@@ -163,22 +163,36 @@ std::optional<SigV4Auth> ParseSigV4(const http::request_header<>& h, std::string
     }
   } else if (has_query_sig) {
     a.presigned = true;
-    std::string alg, cred, sh, expires;
-    for (auto& [k, v] : DecodeQuery(query)) {
-      if (k == "X-Amz-Algorithm")
-        alg = v;
-      else if (k == "X-Amz-Credential")
-        cred = v;
-      else if (k == "X-Amz-Date")
-        a.amz_date = v;
-      else if (k == "X-Amz-Expires")
-        expires = v;
-      else if (k == "X-Amz-SignedHeaders")
-        sh = v;
-      else if (k == "X-Amz-Signature")
-        a.signature = v;
-      else if (k == "X-Amz-Content-Sha256")
-        a.payload_hash = v;
+    // Only the X-Amz-* parameters are decoded (the last of a repeated one wins), those not
+    // kept into per-thread buffers: every presigned request comes this way.
+    thread_local std::string name, alg, cred, sh, expires;
+    alg.clear();
+    cred.clear();
+    sh.clear();
+    expires.clear();
+    for (std::string_view q = query; !q.empty();) {
+      size_t amp = q.find('&');
+      std::string_view part = q.substr(0, amp);
+      q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
+      size_t eq = part.find('=');
+      std::string_view k = part.substr(0, eq);
+      if (k.find('%') != std::string_view::npos) {
+        name.clear();
+        AppendPercentDecoded(name, k, false);
+        k = name;
+      }
+      if (k.substr(0, 6) != "X-Amz-") continue;
+      std::string* to = k == "X-Amz-Algorithm"        ? &alg
+                        : k == "X-Amz-Credential"     ? &cred
+                        : k == "X-Amz-Date"           ? &a.amz_date
+                        : k == "X-Amz-Expires"        ? &expires
+                        : k == "X-Amz-SignedHeaders"  ? &sh
+                        : k == "X-Amz-Signature"      ? &a.signature
+                        : k == "X-Amz-Content-Sha256" ? &a.payload_hash
+                                                      : nullptr;
+      if (!to) continue;
+      to->clear();
+      if (eq != std::string_view::npos) AppendPercentDecoded(*to, part.substr(eq + 1), false);
     }
     auto qerr = [&](std::string msg) {
       *err = Err(400, "AuthorizationQueryParametersError", std::move(msg));

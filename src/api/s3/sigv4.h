@@ -31,6 +31,7 @@ struct S3Error {
 inline constexpr int64_t kMaxPresignExpiry = 7 * 24 * 3600;
 inline constexpr int64_t kMaxSkew = 15 * 60;
 
+using io::s3::AppendCanonicalRequest;
 using io::s3::AsciiLower;
 using io::s3::CanonicalRequest;
 using io::s3::ChunkStringToSign;
@@ -41,6 +42,7 @@ using io::s3::kStreamingSignedTrailer;
 using io::s3::kStreamingUnsignedTrailer;
 using io::s3::kUnsignedPayload;
 using io::s3::ParseAmzDate;
+using io::s3::SignatureMatches;
 using io::s3::SignatureOf;
 using io::s3::SigningKey;
 using io::s3::SigV4Auth;

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "common/crypto.h"
+#include "common/secrets.h"
 
 namespace sluice::io::s3 {
 
@@ -75,32 +76,78 @@ std::optional<std::time_t> ParseAmzDate(std::string_view s) {
   return timegm(&tm);
 }
 
-std::string CanonicalRequest(const http::request_header<>& h, std::string_view method,
-                             std::string_view path, std::string_view raw_query,
-                             const SigV4Auth& auth) {
-  std::string out;
-  out.reserve(512);
+namespace {
+
+// Whether a header's name, lower-cased, is `lower` (as listed in SignedHeaders).
+bool NameIs(std::string_view name, std::string_view lower) {
+  if (name.size() != lower.size()) return false;
+  for (size_t i = 0; i < name.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(name[i])) != lower[i]) return false;
+  return true;
+}
+
+void AppendScope(std::string& out, const SigV4Auth& a) {
+  out.append(a.date).push_back('/');
+  out.append(a.region).push_back('/');
+  out.append(a.service).append("/aws4_request");
+}
+
+}  // namespace
+
+void AppendCanonicalRequest(std::string& out, const http::request_header<>& h,
+                            std::string_view method, std::string_view path,
+                            std::string_view raw_query, const SigV4Auth& auth) {
   out.append(method).push_back('\n');
-  out.append(UriEncode(path.empty() ? std::string_view("/") : path, true)).push_back('\n');
-  auto pairs = DecodeQuery(raw_query);
-  std::vector<std::pair<std::string, std::string>> enc;
-  enc.reserve(pairs.size());
-  for (auto& [k, v] : pairs) {
-    if (auth.presigned && k == "X-Amz-Signature") continue;
-    enc.emplace_back(UriEncode(k, false), UriEncode(v, false));
+  AppendUriEncoded(out, path.empty() ? std::string_view("/") : path, true);
+  out.push_back('\n');
+  // The query's pairs decoded, encoded again the S3 way and sorted, without an allocation per
+  // pair: each is a span of one per-thread arena (every request is signed).
+  struct Pair {
+    uint32_t k, kn, v, vn;
+  };
+  thread_local std::string arena, decoded;
+  thread_local std::vector<Pair> pairs;
+  arena.clear();
+  pairs.clear();
+  auto encode = [&](std::string_view raw, uint32_t* at, uint32_t* n) {
+    decoded.clear();
+    AppendPercentDecoded(decoded, raw, false);
+    *at = static_cast<uint32_t>(arena.size());
+    AppendUriEncoded(arena, decoded, false);
+    *n = static_cast<uint32_t>(arena.size()) - *at;
+  };
+  for (std::string_view q = raw_query; !q.empty();) {
+    size_t amp = q.find('&');
+    std::string_view part = q.substr(0, amp);
+    q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
+    if (part.empty()) continue;
+    size_t eq = part.find('=');
+    Pair p{};
+    encode(part.substr(0, eq), &p.k, &p.kn);
+    if (auth.presigned && std::string_view(arena).substr(p.k) == "X-Amz-Signature") {
+      arena.resize(p.k);
+      continue;
+    }
+    encode(eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1), &p.v, &p.vn);
+    pairs.push_back(p);
   }
-  std::sort(enc.begin(), enc.end());
-  for (size_t i = 0; i < enc.size(); ++i) {
+  auto key = [](const Pair& p) { return std::string_view(arena).substr(p.k, p.kn); };
+  auto value = [](const Pair& p) { return std::string_view(arena).substr(p.v, p.vn); };
+  std::sort(pairs.begin(), pairs.end(), [&](const Pair& a, const Pair& b) {
+    int c = key(a).compare(key(b));
+    return c != 0 ? c < 0 : value(a) < value(b);
+  });
+  for (size_t i = 0; i < pairs.size(); ++i) {
     if (i) out.push_back('&');
-    out.append(enc[i].first).push_back('=');
-    out.append(enc[i].second);
+    out.append(key(pairs[i])).push_back('=');
+    out.append(value(pairs[i]));
   }
   out.push_back('\n');
   for (const auto& name : auth.signed_headers) {
     out.append(name).push_back(':');
     bool first = true;
     for (const auto& f : h) {
-      if (f.name_string().size() != name.size() || AsciiLower(f.name_string()) != name) continue;
+      if (!NameIs(f.name_string(), name)) continue;
       if (!first) out.push_back(',');
       AppendCanonicalValue(out, f.value());
       first = false;
@@ -114,12 +161,46 @@ std::string CanonicalRequest(const http::request_header<>& h, std::string_view m
   }
   out.push_back('\n');
   out.append(auth.payload_hash);
+}
+
+std::string CanonicalRequest(const http::request_header<>& h, std::string_view method,
+                             std::string_view path, std::string_view raw_query,
+                             const SigV4Auth& auth) {
+  std::string out;
+  out.reserve(512);
+  AppendCanonicalRequest(out, h, method, path, raw_query, auth);
   return out;
 }
 
+void AppendStringToSign(std::string& out, const SigV4Auth& auth,
+                        std::string_view canonical_request) {
+  unsigned char hash[32];
+  Sha256To(canonical_request, hash);
+  char hex[64];
+  HexEncodeTo(hash, sizeof hash, hex);
+  out.append(kSigV4Algorithm).push_back('\n');
+  out.append(auth.amz_date).push_back('\n');
+  AppendScope(out, auth);
+  out.push_back('\n');
+  out.append(hex, sizeof hex);
+}
+
 std::string StringToSign(const SigV4Auth& auth, std::string_view canonical_request) {
-  return fmt::format("{}\n{}\n{}\n{}", kSigV4Algorithm, auth.amz_date, auth.scope(),
-                     HexEncode(Sha256(canonical_request)));
+  std::string out;
+  AppendStringToSign(out, auth, canonical_request);
+  return out;
+}
+
+bool SignatureMatches(std::string_view signing_key, const SigV4Auth& auth,
+                      std::string_view canonical_request, std::string_view signature) {
+  thread_local std::string sts;
+  sts.clear();
+  AppendStringToSign(sts, auth, canonical_request);
+  unsigned char mac[32];
+  HmacSha256To(signing_key, sts, mac);
+  char hex[64];
+  HexEncodeTo(mac, sizeof mac, hex);
+  return ConstantTimeEquals(std::string_view(hex, sizeof hex), signature);
 }
 
 std::string SigningKey(std::string_view secret, std::string_view date, std::string_view region,

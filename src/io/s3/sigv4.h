@@ -59,7 +59,17 @@ std::vector<std::pair<std::string, std::string>> DecodeQuery(std::string_view q)
 std::string CanonicalRequest(const http::request_header<>& h, std::string_view method,
                              std::string_view path, std::string_view raw_query,
                              const SigV4Auth& auth);
+// The same, appended to `out` (a buffer the caller reuses).
+void AppendCanonicalRequest(std::string& out, const http::request_header<>& h,
+                            std::string_view method, std::string_view path,
+                            std::string_view raw_query, const SigV4Auth& auth);
 std::string StringToSign(const SigV4Auth& auth, std::string_view canonical_request);
+void AppendStringToSign(std::string& out, const SigV4Auth& auth,
+                        std::string_view canonical_request);
+// Whether `signature` (hex, as sent) is the signature of `canonical_request` under
+// `signing_key`; compared in constant time, without allocating.
+bool SignatureMatches(std::string_view signing_key, const SigV4Auth& auth,
+                      std::string_view canonical_request, std::string_view signature);
 // The signing key (raw): HMAC chain of "AWS4" + secret over date, region, service.
 std::string SigningKey(std::string_view secret, std::string_view date, std::string_view region,
                        std::string_view service);

@@ -478,8 +478,8 @@ ObjectMetaCache::Shard& ObjectMetaCache::ShardOf(const Volume* v, uint64_t ino) 
   return shards_[(ino * 0x9E3779B97F4A7C15ULL >> 60) % kShards];
 }
 
-std::optional<std::optional<ObjectMeta>> ObjectMetaCache::Find(const Volume* v,
-                                                               const DirEntry& e) const {
+std::optional<std::shared_ptr<const ObjectMeta>> ObjectMetaCache::Find(const Volume* v,
+                                                                       const DirEntry& e) const {
   if (e.ino == 0) return std::nullopt;
   Shard& s = ShardOf(v, e.ino);
   std::lock_guard lk(s.mu);
@@ -496,7 +496,8 @@ void ObjectMetaCache::Put(const Volume* v, const DirEntry& e,
   Shard& s = ShardOf(v, e.ino);
   std::lock_guard lk(s.mu);
   if (s.map.size() >= per_shard_) s.map.clear();
-  s.map[{v, e.ino}] = Entry{e.size, Ns(e.modified), Ns(e.changed), meta};
+  s.map[{v, e.ino}] = Entry{e.size, Ns(e.modified), Ns(e.changed),
+                            meta ? std::make_shared<const ObjectMeta>(*meta) : nullptr};
 }
 
 // ------------------------------------------------------------------------------------ writing
@@ -875,7 +876,7 @@ Result<ObjectStore::Opened> ObjectStore::OpenWith(Volume& v, const VFolderId& vf
   o.entry = o.file->info();
   if (!want_meta) return o;
   if (auto hit = meta_cache_->Find(&v, o.entry)) {
-    o.meta = std::move(*hit);
+    if (*hit) o.meta = **hit;
     return o;
   }
   if (cached_only) return would_block();

@@ -191,15 +191,16 @@ class ObjectMetaCache {
  public:
   explicit ObjectMetaCache(size_t capacity = 1 << 16);
   ~ObjectMetaCache();
-  // Found: what the file carries (nullopt inside for none).
-  std::optional<std::optional<ObjectMeta>> Find(const Volume* v, const DirEntry& e) const;
+  // Found: what the file carries (null inside for none).
+  std::optional<std::shared_ptr<const ObjectMeta>> Find(const Volume* v, const DirEntry& e) const;
   void Put(const Volume* v, const DirEntry& e, const std::optional<ObjectMeta>& meta);
 
  private:
+  // Small, so that a lookup touches one cache line of its node (the metadata lives apart).
   struct Entry {
     uint64_t size;
     int64_t mtime_ns, ctime_ns;
-    std::optional<ObjectMeta> meta;
+    std::shared_ptr<const ObjectMeta> meta;
   };
   struct Shard;
   static constexpr size_t kShards = 16;

@@ -51,6 +51,10 @@ TEST(Http, ParseTarget) {
   EXPECT_EQ(q["volume"], "local");
   EXPECT_EQ(q["vfid"], "a/b");
   EXPECT_EQ(q["x"], "1 2");
+  // A listener's skipped prefix (the S3 listener's presigned parameters) never reaches handlers.
+  std::map<std::string, std::string> s3q;
+  ParseTarget("/b/k?X-Amz-Date=1&X%2DAmz-Signature=2&x-amz-x=3&uploads", path, s3q, "X-Amz-");
+  EXPECT_EQ(s3q, (std::map<std::string, std::string>{{"uploads", ""}, {"x-amz-x", "3"}}));
 }
 
 TEST(Http, ParamsMergeBodyOverQuery) {

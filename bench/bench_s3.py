@@ -9,7 +9,8 @@
           against nginx's per-object GETs of `get`
   list    K keys (files on the volume) listed page after page (ListObjectsV2, 1000 a page) and
           split over W workers (?list-split, then ListObjectsV2 with start-after and end-key,
-          one process each) -> keys/s, and the split's speed-up over the sequential listing
+          a connection each), both by the same client, `sluice s3 ls -r -j 1|W` -> keys/s, and
+          the split's speed-up over the sequential listing
   large   one object of B bytes fetched over one connection (wrk, presigned) against nginx, and
           uploaded as a multipart upload (parts of P bytes, 4 at once, presigned UploadPart URLs
           with unsigned payloads) against `dd bs=P conv=fsync` writing the same bytes to the
@@ -29,7 +30,6 @@ mean Sluice is faster.
 import argparse
 import concurrent.futures
 import json
-import multiprocessing
 import os
 import shutil
 import statistics
@@ -48,7 +48,7 @@ from botocore.config import Config
 from botocore.credentials import Credentials
 
 from bench_download import LUA, Nginx, alternating, make_small_tree, rounds_text, wrk
-from benchlib import Sluiced, free_port, parse_size
+from benchlib import BIN, Sluiced, free_port, parse_size
 
 NS = {"s3": "http://s3.amazonaws.com/doc/2006-03-01/"}
 RGW = None  # --rgw: the Ceph RGW peer
@@ -275,31 +275,20 @@ def bench_batch(s, root, args, state):
 
 # --------------------------------------------------------------------------------------- list
 
-def list_range(spec):
-    """Keys of one listing (all of it, or one range of a split), page after page."""
-    url, ak, sk, bucket, start, end = spec
-    count = 0
-    token = None
-    with requests.Session() as session:
-        while True:
-            q = "list-type=2&max-keys=1000"
-            if start is not None:
-                q += "&start-after=" + requests.utils.quote(start, safe="")
-            if end is not None:
-                q += "&end-key=" + requests.utils.quote(end, safe="")
-            if token:
-                q += "&continuation-token=" + requests.utils.quote(token, safe="")
-            req = AWSRequest(method="GET", url=f"{url}/{bucket}?{q}")
-            req.headers["x-amz-content-sha256"] = "UNSIGNED-PAYLOAD"
-            SigV4Auth(Credentials(ak, sk), "s3", "us-east-1").add_auth(req)
-            p = req.prepare()
-            r = session.get(p.url, headers=dict(p.headers), timeout=600)
-            r.raise_for_status()
-            page = ET.fromstring(r.content)
-            count += len(page.findall("s3:Contents", NS))
-            token = page.findtext("s3:NextContinuationToken", None, NS)
-            if page.findtext("s3:IsTruncated", None, NS) != "true":
-                return count
+def list_cli(url, ak, sk, bucket, jobs, keys):
+    """keys/s of `sluice s3 ls -r -j JOBS` over the whole bucket (one client for every server:
+    C++, pugixml, one connection a job; with jobs > 1 it splits the key space with list-split
+    and lists the ranges in parallel, a server without list-split is listed sequentially)."""
+    env = dict(os.environ, AWS_ACCESS_KEY_ID=ak, AWS_SECRET_ACCESS_KEY=sk, SLUICE_S3_ENDPOINT=url)
+    env.pop("AWS_CA_BUNDLE", None)
+    t0 = time.perf_counter()
+    out = subprocess.run([os.path.join(BIN, "sluice"), "s3", "ls", "-r", "-j", str(jobs),
+                          f"s3://{bucket}/"], env=env, check=True, capture_output=True).stdout
+    rate = keys / (time.perf_counter() - t0)
+    got = out.count(b"\n")
+    if got != keys:
+        raise RuntimeError(f"listing {url}/{bucket} with {jobs} jobs gave {got} keys, not {keys}")
+    return rate
 
 
 def bench_list(s, root, args, state):
@@ -307,50 +296,27 @@ def bench_list(s, root, args, state):
     t0 = time.perf_counter()
     make_objects(path, args.keys, 1, prefix="k")
     print(f"list: {args.keys} keys made in {time.perf_counter() - t0:.1f} s")
-    spec = (s.s3_url, s.ak, s.sk, bucket, None, None)
-    assert list_range(spec) == args.keys  # warm-up (dentries), and a check
-
-    def sequential():
-        t0 = time.perf_counter()
-        assert list_range(spec) == args.keys
-        return args.keys / (time.perf_counter() - t0)
-
-    def split(pool):
-        t0 = time.perf_counter()
-        r = signed(s, "GET", f"/{bucket}?list-split&parts={args.workers}")
-        r.raise_for_status()
-        ranges = [(x.findtext("s3:StartAfter", None, NS), x.findtext("s3:EndKey", None, NS))
-                  for x in ET.fromstring(r.content).findall("s3:Range", NS)]
-        counts = pool.map(list_range, [(s.s3_url, s.ak, s.sk, bucket, a, b) for a, b in ranges])
-        assert sum(counts) == args.keys, counts
-        return args.keys / (time.perf_counter() - t0)
-
-    with multiprocessing.Pool(args.workers) as pool:
-        seq, par = [], []
-        for _ in range(args.rounds):
-            seq.append(sequential())
-            par.append(split(pool))
-    print(f"list: sequential rounds: {rounds_text(seq, 1, 'keys/s')}")
-    print(f"list: split rounds: {rounds_text(par, 1, 'keys/s')}")
-    ms, mp = statistics.median(seq), statistics.median(par)
-    print(f"list: {args.keys} keys, 1000 a page: sequential median {ms:,.0f} keys/s; split over "
-          f"{args.workers} workers {mp:,.0f} keys/s, {mp / ms:.2f}x the sequential listing")
+    listing = {"sequential": lambda d: list_cli(s.s3_url, s.ak, s.sk, bucket, 1, args.keys),
+               "split": lambda d: list_cli(s.s3_url, s.ak, s.sk, bucket, args.workers,
+                                           args.keys)}
     if RGW:
         rb = RGW.bucket()
         t0 = time.perf_counter()
         RGW.upload(rb, [f"k/d{i // 1000:03d}/f{i:05d}" for i in range(args.keys)], b"k")
         print(f"list: {args.keys} keys uploaded to rgw in {time.perf_counter() - t0:.0f} s")
-        rspec = (RGW.s3_url, RGW.ak, RGW.sk, rb, None, None)
-        assert list_range(rspec) == args.keys
-        rates = []
-        for _ in range(args.rounds):
-            t0 = time.perf_counter()
-            assert list_range(rspec) == args.keys
-            rates.append(args.keys / (time.perf_counter() - t0))
-        mr = statistics.median(rates)
-        print(f"list: ceph rgw sequential rounds: {rounds_text(rates, 1, 'keys/s')}")
-        print(f"list: medians: sluice sequential/rgw {ms / mr:.2f}x, sluice split over "
-              f"{args.workers} workers/rgw {mp / mr:.2f}x")
+        listing["rgw"] = lambda d: list_cli(RGW.s3_url, RGW.ak, RGW.sk, rb, 1, args.keys)
+    rates = alternating(args.rounds, 1, listing)  # a first listing of each warms it (dentries)
+    for name in rates:
+        print(f"list: {name} rounds: {rounds_text(rates[name], 1, 'keys/s')}")
+    med = {n: statistics.median(r) for n, r in rates.items()}
+    ms, mp = med["sequential"], med["split"]
+    print(f"list: {args.keys} keys, 1000 a page, client `sluice s3 ls -r`: sequential median "
+          f"{ms:,.0f} keys/s; split over {args.workers} workers {mp:,.0f} keys/s, "
+          f"{mp / ms:.2f}x the sequential listing")
+    if RGW:
+        mr = med["rgw"]
+        print(f"list: medians: ceph rgw sequential {mr:,.0f} keys/s; sluice sequential/rgw "
+              f"{ms / mr:.2f}x, sluice split over {args.workers} workers/rgw {mp / mr:.2f}x")
 
 
 # -------------------------------------------------------------------------------------- large

@@ -20,6 +20,40 @@ std::string FormatIso8601(std::chrono::system_clock::time_point tp) {
                      tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, frac);
 }
 
+// Digit by digit (a listing formats one per key): the date from the day number with Howard
+// Hinnant's civil_from_days, no gmtime or strftime.
+std::string FormatIso8601Millis(std::chrono::system_clock::time_point t) {
+  const int64_t ms =
+      std::chrono::floor<std::chrono::milliseconds>(t.time_since_epoch()).count();
+  const int64_t secs = ms >= 0 ? ms / 1000 : -((-ms + 999) / 1000);
+  const int64_t days = secs >= 0 ? secs / 86400 : -((-secs + 86399) / 86400);
+  const int64_t sod = secs - days * 86400, milli = ms - secs * 1000;
+  const int64_t z = days + 719468;
+  const int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+  const int64_t doe = z - era * 146097;
+  const int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+  const int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+  const int64_t mp = (5 * doy + 2) / 153;
+  const int64_t day = doy - (153 * mp + 2) / 5 + 1;
+  const int64_t month = mp < 10 ? mp + 3 : mp - 9;
+  const int64_t year = yoe + era * 400 + (month <= 2);
+  if (year < 0 || year > 9999)
+    return fmt::format("{:04d}-{:02d}-{:02d}T{:02d}:{:02d}:{:02d}.{:03d}Z", year, month, day,
+                       sod / 3600, sod / 60 % 60, sod % 60, milli);
+  std::string out = "0000-00-00T00:00:00.000Z";
+  auto put = [&out](size_t at, int64_t v, int width) {
+    for (int i = width - 1; i >= 0; --i, v /= 10) out[at + static_cast<size_t>(i)] = static_cast<char>('0' + v % 10);
+  };
+  put(0, year, 4);
+  put(5, month, 2);
+  put(8, day, 2);
+  put(11, sod / 3600, 2);
+  put(14, sod / 60 % 60, 2);
+  put(17, sod % 60, 2);
+  put(20, milli, 3);
+  return out;
+}
+
 double MonotonicSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }

@@ -9,6 +9,9 @@ namespace sluice {
 
 // ISO 8601 in UTC with microseconds: "2026-11-29T17:25:50.123456+00:00".
 std::string FormatIso8601(std::chrono::system_clock::time_point tp);
+// ISO 8601 in UTC with milliseconds and a Z, as S3 writes times: "2026-12-02T04:15:52.123Z"
+// (floored to the millisecond, before 1970 too).
+std::string FormatIso8601Millis(std::chrono::system_clock::time_point tp);
 
 // Seconds on a monotonic clock, for durations.
 double MonotonicSeconds();

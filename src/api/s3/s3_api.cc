@@ -15,7 +15,9 @@
 #include "api/s3/batch_get.h"
 #include "api/s3/s3_errors.h"
 #include "api/s3/sigv4.h"
+#include "api/s3/xml_text.h"
 #include "common/checksum.h"
+#include "common/clock.h"
 #include "common/crypto.h"
 #include "common/json.h"
 #include "common/jwt.h"
@@ -59,13 +61,7 @@ bool StartsWith(std::string_view s, std::string_view p) {
 }
 
 std::string IsoTime(std::chrono::system_clock::time_point t) {
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
-  std::time_t secs = static_cast<std::time_t>(ms / 1000);
-  struct tm tm;
-  gmtime_r(&secs, &tm);
-  char buf[40];
-  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
-  return fmt::format("{}.{:03d}Z", buf, static_cast<int>(ms % 1000));
+  return FormatIso8601Millis(t);
 }
 
 std::string XmlText(const pugi::xml_document& doc) {
@@ -498,61 +494,75 @@ HttpResponse ListObjectsAny(S3Ctx& ctx, const HttpRequest& req, bool versions) {
   // Sluice's bounded listing: nothing after end-key (inclusive), so that workers given the
   // ranges of ?list-split stop at the end of theirs.
   if (auto end = QueryParam(req, "end-key")) q.end = *end;
-  auto page = ListObjects(*ref.volume, ref.vfid, q);
+  auto page = ctx.objects.List(*ref.volume, ref.vfid, q);
   if (!page.ok()) return ErrorXml(FromStatus(page.status(), "NoSuchBucket"), req.path);
 
-  pugi::xml_document doc;
-  auto root = doc.append_child(versions ? "ListVersionsResult" : "ListBucketResult");
-  root.append_attribute("xmlns") = kXmlns;
-  auto add = [](pugi::xml_node n, const char* name, const std::string& v) {
-    n.append_child(name).text().set(v.c_str());
-  };
-  add(root, "Name", ref.bucket.name);
-  add(root, "Prefix", Enc(q.prefix, url));
+  // Written directly (s3/xml_text.h), the same bytes pugixml wrote, element by element.
+  std::string x;
+  x.reserve(512 + page->items.size() * 320);
+  const char* root = versions ? "ListVersionsResult" : "ListBucketResult";
+  x.append("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<").append(root);
+  x.append(" xmlns=\"").append(kXmlns).append("\">");
+  auto add = [&x](std::string_view name, std::string_view v) { s3::AppendXmlElement(x, name, v); };
+  add("Name", ref.bucket.name);
+  add("Prefix", Enc(q.prefix, url));
   if (v2) {
-    if (token) add(root, "ContinuationToken", *token);
-    if (start_after) add(root, "StartAfter", Enc(*start_after, url));
-    add(root, "KeyCount", std::to_string(page->items.size()));
+    if (token) add("ContinuationToken", *token);
+    if (start_after) add("StartAfter", Enc(*start_after, url));
+    add("KeyCount", std::to_string(page->items.size()));
   } else {
-    add(root, versions ? "KeyMarker" : "Marker", Enc(marker.value_or(""), url));
-    if (versions) add(root, "VersionIdMarker", "");
+    add(versions ? "KeyMarker" : "Marker", Enc(marker.value_or(""), url));
+    if (versions) add("VersionIdMarker", "");
   }
-  add(root, "MaxKeys", std::to_string(q.max_keys));
-  if (!q.delimiter.empty()) add(root, "Delimiter", Enc(q.delimiter, url));
-  add(root, "IsTruncated", page->truncated ? "true" : "false");
+  add("MaxKeys", std::to_string(q.max_keys));
+  if (!q.delimiter.empty()) add("Delimiter", Enc(q.delimiter, url));
+  add("IsTruncated", page->truncated ? "true" : "false");
   if (page->truncated && !page->items.empty()) {
     const std::string& last = page->items.back().object.key;
     if (v2)
-      add(root, "NextContinuationToken", Base64UrlEncode("k" + last));
+      add("NextContinuationToken", Base64UrlEncode("k" + last));
     else if (versions) {
-      add(root, "NextKeyMarker", Enc(last, url));
-      add(root, "NextVersionIdMarker", "null");
+      add("NextKeyMarker", Enc(last, url));
+      add("NextVersionIdMarker", "null");
     } else if (!q.delimiter.empty())
-      add(root, "NextMarker", Enc(last, url));
+      add("NextMarker", Enc(last, url));
   }
-  if (q.end) add(root, "EndKey", Enc(*q.end, url));
-  if (url) add(root, "EncodingType", "url");
+  if (q.end) add("EndKey", Enc(*q.end, url));
+  if (url) add("EncodingType", "url");
   const bool owner = !v2 || QueryParam(req, "fetch-owner").value_or("") == "true";
   std::string display = owner ? DisplayNameOf(ctx, ref.bucket.owner) : "";
+  const std::string_view item = versions ? "Version" : "Contents";
   for (const auto& it : page->items) {
     if (it.is_prefix) continue;
-    auto c = root.append_child(versions ? "Version" : "Contents");
-    add(c, "Key", Enc(it.object.key, url));
+    x.append("<").append(item).append(">");
+    if (url)
+      add("Key", Enc(it.object.key, url));
+    else
+      add("Key", it.object.key);
     if (versions) {
-      add(c, "VersionId", "null");
-      add(c, "IsLatest", "true");
+      add("VersionId", "null");
+      add("IsLatest", "true");
     }
-    add(c, "LastModified", IsoTime(it.object.modified));
-    add(c, "ETag", it.object.etag);
-    add(c, "Size", std::to_string(it.object.size));
-    if (owner) AddOwner(c, "Owner", ref.bucket.owner, display);
-    add(c, "StorageClass", "STANDARD");
+    add("LastModified", IsoTime(it.object.modified));
+    add("ETag", it.object.etag);
+    add("Size", std::to_string(it.object.size));
+    if (owner) {
+      x.append("<Owner>");
+      add("ID", ref.bucket.owner);
+      add("DisplayName", display);
+      x.append("</Owner>");
+    }
+    add("StorageClass", "STANDARD");
+    x.append("</").append(item).append(">");
   }
   for (const auto& it : page->items) {
     if (!it.is_prefix) continue;
-    add(root.append_child("CommonPrefixes"), "Prefix", Enc(it.object.key, url));
+    x.append("<CommonPrefixes>");
+    add("Prefix", Enc(it.object.key, url));
+    x.append("</CommonPrefixes>");
   }
-  return Xml(200, doc);
+  x.append("</").append(root).append(">");
+  return HttpResponse::Text(200, std::move(x), "application/xml");
 }
 
 // Sluice's split listing (GET /bucket?list-split&parts=N[&prefix=P]): N key ranges holding

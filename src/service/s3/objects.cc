@@ -81,6 +81,10 @@ std::optional<ObjectMeta> ObjectMeta::Decode(std::string_view blob, const DirEnt
 }
 
 std::string ObjectETag(const DirEntry& e, const std::optional<ObjectMeta>& meta) {
+  return ObjectETag(e, meta ? &*meta : nullptr);
+}
+
+std::string ObjectETag(const DirEntry& e, const ObjectMeta* meta) {
   if (meta && !meta->etag.empty()) return "\"" + meta->etag + "\"";
   if (!e.etag.empty()) return e.etag;  // the origin's, for a volume that has one (s3)
   char buf[api::kMaxETagSize];
@@ -136,7 +140,8 @@ namespace {
 
 class Lister {
  public:
-  Lister(Volume& v, const VFolderId& vfid, const ListQuery& q) : v_(v), vfid_(vfid), q_(q) {}
+  Lister(Volume& v, const VFolderId& vfid, const ListQuery& q, ObjectMetaCache* cache)
+      : v_(v), vfid_(vfid), q_(q), cache_(cache) {}
 
   Result<ListPage> Run() {
     ListPage page;
@@ -198,11 +203,20 @@ class Lister {
       std::optional<ObjectMeta> meta;
       // An entry with its backend's own entity tag (an s3 volume's, from the origin's listing)
       // is listed with it: its stored metadata would cost a request per key.
-      if (q_.want_etag && e->etag.empty()) {
-        auto blob = dir.EntryMeta(name);
-        if (blob.ok()) meta = ObjectMeta::Decode(*blob, *e);
+      // Known by this file's version (inode, size, mtime, ctime), no attribute is read.
+      auto known = q_.want_etag && e->etag.empty() && cache_ ? cache_->Find(&v_, *e) : std::nullopt;
+      if (known) {
+        it.object.etag = ObjectETag(*e, known->get());
+      } else {
+        if (q_.want_etag && e->etag.empty()) {
+          auto blob = dir.EntryMeta(name);
+          if (blob.ok()) {
+            meta = ObjectMeta::Decode(*blob, *e);
+            if (cache_) cache_->Put(&v_, *e, meta);
+          }
+        }
+        it.object.etag = ObjectETag(*e, meta);
       }
-      it.object.etag = ObjectETag(*e, meta);
     } else {
       it.object.etag = "\"d41d8cd98f00b204e9800998ecf8427e\"";  // a marker: MD5 of nothing
     }
@@ -302,6 +316,7 @@ class Lister {
   Volume& v_;
   const VFolderId& vfid_;
   const ListQuery& q_;
+  ObjectMetaCache* cache_;
   std::vector<ListPage::Item> items_;
   std::string last_prefix_;
 };
@@ -309,7 +324,16 @@ class Lister {
 }  // namespace
 
 Result<ListPage> ListObjects(Volume& v, const VFolderId& vfid, const ListQuery& q) {
-  return Lister(v, vfid, q).Run();
+  return Lister(v, vfid, q, nullptr).Run();
+}
+
+Result<ListPage> ListObjects(Volume& v, const VFolderId& vfid, const ListQuery& q,
+                             ObjectMetaCache* cache) {
+  return Lister(v, vfid, q, cache).Run();
+}
+
+Result<ListPage> ObjectStore::List(Volume& v, const VFolderId& vfid, const ListQuery& q) {
+  return ListObjects(v, vfid, q, meta_cache_.get());
 }
 
 // ------------------------------------------------------------------------------ split listing

@@ -51,6 +51,7 @@ int64_t MtimeNs(const DirEntry& e);
 // inode, size and mtime ("<ino>-<size>-<mtime>" in hex, never 32 hex digits, so no client takes
 // it for an MD5).
 std::string ObjectETag(const DirEntry& e, const std::optional<ObjectMeta>& meta);
+std::string ObjectETag(const DirEntry& e, const ObjectMeta* meta);
 
 // Key -> path components below the vfolder. kInvalidArgument for what no file tree can hold
 // ("", "..", ".", "//", NUL, over 1024 bytes: kUriTooLong), kPermissionDenied for the staging
@@ -91,6 +92,10 @@ struct ListPage {
 // Lists a bucket's keys in byte order, walking only the directories that can hold keys in the
 // page (those on the path of `after` and after it, below the prefix's directory).
 Result<ListPage> ListObjects(Volume& v, const VFolderId& vfid, const ListQuery& q);
+class ObjectMetaCache;
+// The same, with each object's metadata looked up in `cache` first and remembered there.
+Result<ListPage> ListObjects(Volume& v, const VFolderId& vfid, const ListQuery& q,
+                             ObjectMetaCache* cache);
 
 // Split listing: key ranges that hold about the same number of keys each, so that N workers can
 // list a large bucket in parallel (ListObjectsV2 with start-after and end-key). The ranges
@@ -182,14 +187,15 @@ struct UploadedPart {
 
 inline constexpr int kMaxPartNumber = 10000;
 
-// Object metadata by file version, so that GET and HEAD need not read a file's extended
-// attribute again (and an event loop can answer them with no I/O at all). An entry holds for
-// its inode while the file's size, mtime and ctime are those it was read with: writing the file
-// or any of its attributes moves ctime, which nobody can set back. Bounded: a full shard starts
-// over.
+// Object metadata by file version, so that GET, HEAD and listings need not read a file's
+// extended attribute again (and an event loop can answer them with no I/O at all). An entry
+// holds for its inode while the file's size, mtime and ctime are those it was read with: writing
+// the file or any of its attributes moves ctime, which nobody can set back. Bounded: a full
+// shard starts over. An entry is about 90 bytes (its node, a bucket, the metadata apart when a
+// file has any): 2^18 entries, a dataset of a quarter million objects, take about 24 MB.
 class ObjectMetaCache {
  public:
-  explicit ObjectMetaCache(size_t capacity = 1 << 16);
+  explicit ObjectMetaCache(size_t capacity = 1 << 18);
   ~ObjectMetaCache();
   // Found: what the file carries (null inside for none).
   std::optional<std::shared_ptr<const ObjectMeta>> Find(const Volume* v, const DirEntry& e) const;
@@ -258,6 +264,8 @@ class ObjectStore {
   // The same on an event loop: no I/O at all, kUnavailable where Open would need some (the
   // path or the metadata not in memory, a directory marker).
   Result<Opened> OpenCached(Volume& v, const VFolderId& vfid, std::string_view key);
+  // A page of a listing (ListObjects, with this store's metadata cache).
+  Result<ListPage> List(Volume& v, const VFolderId& vfid, const ListQuery& q);
   // Deleting a missing key succeeds (as S3 does).
   Status Delete(Volume& v, const VFolderId& vfid, std::string_view key);
   // Whether the vfolder holds any object (staging excluded).

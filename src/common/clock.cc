@@ -23,8 +23,7 @@ std::string FormatIso8601(std::chrono::system_clock::time_point tp) {
 // Digit by digit (a listing formats one per key): the date from the day number with Howard
 // Hinnant's civil_from_days, no gmtime or strftime.
 std::string FormatIso8601Millis(std::chrono::system_clock::time_point t) {
-  const int64_t ms =
-      std::chrono::floor<std::chrono::milliseconds>(t.time_since_epoch()).count();
+  const int64_t ms = std::chrono::floor<std::chrono::milliseconds>(t.time_since_epoch()).count();
   const int64_t secs = ms >= 0 ? ms / 1000 : -((-ms + 999) / 1000);
   const int64_t days = secs >= 0 ? secs / 86400 : -((-secs + 86399) / 86400);
   const int64_t sod = secs - days * 86400, milli = ms - secs * 1000;
@@ -42,7 +41,8 @@ std::string FormatIso8601Millis(std::chrono::system_clock::time_point t) {
                        sod / 3600, sod / 60 % 60, sod % 60, milli);
   std::string out = "0000-00-00T00:00:00.000Z";
   auto put = [&out](size_t at, int64_t v, int width) {
-    for (int i = width - 1; i >= 0; --i, v /= 10) out[at + static_cast<size_t>(i)] = static_cast<char>('0' + v % 10);
+    for (int i = width - 1; i >= 0; --i, v /= 10)
+      out[at + static_cast<size_t>(i)] = static_cast<char>('0' + v % 10);
   };
   put(0, year, 4);
   put(5, month, 2);

@@ -16,8 +16,8 @@ std::string ViaGmtime(int64_t ms) {
   std::time_t t = static_cast<std::time_t>(secs);
   struct tm tm;
   gmtime_r(&t, &tm);
-  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", tm.tm_year + 1900,
-                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ms - secs * 1000);
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", tm.tm_year + 1900, tm.tm_mon + 1,
+                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ms - secs * 1000);
 }
 
 std::chrono::system_clock::time_point AtMs(int64_t ms) {

@@ -185,6 +185,9 @@ Result<UploadTarget> UploadService::ResolveGrant(const UploadGrant& g,
 Status ReserveScopeQuota(QuotaReservations& reservations, Volume& volume, const VFolderId& vfid,
                          const std::string& key, uint64_t more_bytes) {
   if (!vfid.scope) return Status::Ok();
+  // A scope without a limit has nothing to check: its usage is not measured.
+  SLUICE_ASSIGN_OR_RETURN(auto has_limit, volume.quota().ScopeLimit(*vfid.scope));
+  if (!has_limit) return Status::Ok();
   SLUICE_ASSIGN_OR_RETURN(QuotaUsage q, volume.quota().DescribeScope(*vfid.scope));
   if (!q.limit_bytes) return Status::Ok();
   uint64_t limit = *q.limit_bytes;

@@ -215,6 +215,12 @@ class QuotaModel {
   virtual Status CreateScope(const QuotaScopeId& qsid, std::optional<uint64_t> limit_bytes) = 0;
   // kNotFound when missing.
   virtual Result<QuotaUsage> DescribeScope(const QuotaScopeId& qsid) = 0;
+  // The limit alone (nullopt: none), for writes that check it before they measure usage: a
+  // scope's usage can cost a walk (vfs, stale figures) or a listing (s3), its limit a record.
+  virtual Result<std::optional<uint64_t>> ScopeLimit(const QuotaScopeId& qsid) {
+    SLUICE_ASSIGN_OR_RETURN(QuotaUsage u, DescribeScope(qsid));
+    return u.limit_bytes;
+  }
   // Sets the limit; creates the scope when missing.
   virtual Status UpdateScope(const QuotaScopeId& qsid, uint64_t limit_bytes) = 0;
   // Lifts the limit and keeps the scope; kNotFound when missing.

@@ -500,16 +500,21 @@ class S3Quota : public QuotaModel {
     return Put(qs, limit);
   }
   Result<QuotaUsage> DescribeScope(const QuotaScopeId& qs) override {
-    SLUICE_ASSIGN_OR_RETURN(auto rec, o_->GetRecord(ScopeRecord(*o_, qs)));
-    if (!rec) return MissingQuotaScope(qs, o_->volume);
     QuotaUsage q;
-    if (const auto& j = rec->first; j.contains("limit") && j["limit"].is_number_unsigned())
-      q.limit_bytes = j["limit"].get<uint64_t>();
+    SLUICE_ASSIGN_OR_RETURN(q.limit_bytes, ScopeLimit(qs));
     SLUICE_RETURN_IF_ERROR(o_->ForEachKey(Data(qs), [&](const s3c::ObjectInfo& obj) {
       q.used_bytes += obj.size;
       return Status::Ok();
     }));
     return q;
+  }
+  // The scope's record alone: no listing of its data.
+  Result<std::optional<uint64_t>> ScopeLimit(const QuotaScopeId& qs) override {
+    SLUICE_ASSIGN_OR_RETURN(auto rec, o_->GetRecord(ScopeRecord(*o_, qs)));
+    if (!rec) return MissingQuotaScope(qs, o_->volume);
+    if (const auto& j = rec->first; j.contains("limit") && j["limit"].is_number_unsigned())
+      return std::optional<uint64_t>(j["limit"].get<uint64_t>());
+    return std::optional<uint64_t>();
   }
   Status UpdateScope(const QuotaScopeId& qs, uint64_t limit) override { return Put(qs, limit); }
   Status UnsetQuota(const QuotaScopeId& qs) override {

@@ -99,6 +99,11 @@ Result<QuotaUsage> VfsQuotaModel::DescribeScope(const QuotaScopeId& qsid) {
   return u;
 }
 
+Result<std::optional<uint64_t>> VfsQuotaModel::ScopeLimit(const QuotaScopeId& qsid) {
+  SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
+  return ReadLimit(qsid);
+}
+
 Status VfsQuotaModel::UpdateScope(const QuotaScopeId& qsid, uint64_t limit) {
   Status s = vol_->CheckScopeDir(qsid);
   if (s.code() == Code::kNotFound) {

@@ -35,6 +35,7 @@ std::vector<std::string> Names(const std::vector<DirEntry>& entries) {
 TEST_P(VolumeInterface, QuotaScopeLifecycle) {
   auto& q = vol_->quota();
   ASSERT_ERROR(q.DescribeScope(qs_), Code::kNotFound);
+  ASSERT_ERROR(q.ScopeLimit(qs_), Code::kNotFound);
   if (!GetParam().limits) {
     EXPECT_ERROR(q.CreateScope(qs_, 1 << 20), Code::kUnsupported);
     ASSERT_OK(q.CreateScope(qs_, std::nullopt));
@@ -48,14 +49,17 @@ TEST_P(VolumeInterface, QuotaScopeLifecycle) {
   if (GetParam().limits) {
     ASSERT_TRUE(d->limit_bytes.has_value());
     EXPECT_EQ(*d->limit_bytes, 1u << 20);
+    EXPECT_EQ(q.ScopeLimit(qs_).value(), std::optional<uint64_t>(1u << 20));
     ASSERT_OK(q.UpdateScope(qs_, 2 << 20));
     EXPECT_EQ(*q.DescribeScope(qs_)->limit_bytes, 2u << 20);
+    EXPECT_EQ(q.ScopeLimit(qs_).value(), std::optional<uint64_t>(2u << 20));
   } else {
     EXPECT_FALSE(d->limit_bytes.has_value());
     EXPECT_ERROR(q.UpdateScope(qs_, 2 << 20), Code::kUnsupported);
   }
   ASSERT_OK(q.UnsetQuota(qs_));
   EXPECT_FALSE(q.DescribeScope(qs_)->limit_bytes.has_value());
+  EXPECT_FALSE(q.ScopeLimit(qs_).value().has_value());
   ASSERT_OK(q.DeleteScope(qs_));
   EXPECT_ERROR(q.DeleteScope(qs_), Code::kNotFound);
   EXPECT_ERROR(q.UnsetQuota(qs_), Code::kNotFound);

@@ -15,6 +15,10 @@
           uploaded as a multipart upload (parts of P bytes, 4 at once, presigned UploadPart URLs
           with unsigned payloads) against `dd bs=P conv=fsync` writing the same bytes to the
           same file system
+  complete
+          CompleteMultipartUpload alone (parts uploaded first) of B/4 and B bytes, on the
+          bench's file system and on a loop-mounted btrfs (root): how its time grows with the
+          object (O(metadata) where parts are reflinked)
   put     objects of S bytes PUT at random over C connections (wrk, presigned), durable (each
           fsync'ed before the answer) -> req/s
 
@@ -23,7 +27,7 @@ joins get, list and put as a peer on the same data (uploaded to it first). Both 
 wrk share this machine's cores and this script's session (see bench_download.py). Ratios > 1
 mean Sluice is faster.
 
-  /usr/bin/python3 bench/bench_s3.py [--only get,batch,list,large,put] [--objects 10000]
+  /usr/bin/python3 bench/bench_s3.py [--only get,batch,list,large,complete,put] [--objects 10000]
       [--object-size 4k] [--conns 64] [--duration 10] [--rounds 3] [--keys 100000]
       [--workers 8] [--big 1g] [--part 8m] [--rgw]
 """
@@ -321,6 +325,24 @@ def bench_list(s, root, args, state):
 
 # -------------------------------------------------------------------------------------- large
 
+def upload_parts(s, bucket, key, data, part_size):
+    """Begins a multipart upload of `data` and uploads its parts, 4 at once (presigned
+    UploadPart URLs, unsigned payloads): (upload id, the parts for Complete)."""
+    up = s.client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    nparts = (len(data) + part_size - 1) // part_size
+
+    def part(i):
+        u = s.client.generate_presigned_url("upload_part", Params={
+            "Bucket": bucket, "Key": key, "UploadId": up, "PartNumber": i + 1})
+        with requests.Session() as session:
+            r = session.put(u, data=data[i * part_size:(i + 1) * part_size], timeout=600)
+            r.raise_for_status()
+            return {"PartNumber": i + 1, "ETag": r.headers["ETag"]}
+
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        return up, list(ex.map(part, range(nparts)))
+
+
 def bench_large(s, root, args, state):
     bucket, path = s.bucket()
     src = os.path.join(root, "big.src")
@@ -354,19 +376,7 @@ def bench_large(s, root, args, state):
     def upload():
         key = f"up-{uuid.uuid4().hex[:8]}"
         t0 = time.perf_counter()
-        up = s.client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
-        nparts = (len(data) + args.part - 1) // args.part
-
-        def part(i):
-            u = s.client.generate_presigned_url("upload_part", Params={
-                "Bucket": bucket, "Key": key, "UploadId": up, "PartNumber": i + 1})
-            with requests.Session() as session:
-                r = session.put(u, data=data[i * args.part:(i + 1) * args.part], timeout=600)
-                r.raise_for_status()
-                return {"PartNumber": i + 1, "ETag": r.headers["ETag"]}
-
-        with concurrent.futures.ThreadPoolExecutor(4) as ex:
-            parts = list(ex.map(part, range(nparts)))
+        up, parts = upload_parts(s, bucket, key, data, args.part)
         s.client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up,
                                            MultipartUpload={"Parts": parts})
         took = time.perf_counter() - t0
@@ -389,6 +399,65 @@ def bench_large(s, root, args, state):
     print(f"large: multipart upload of {args.big >> 20} MiB in {args.part >> 20} MiB parts, 4 at "
           f"once, durable: median sluice {med['sluice'] / 1e9:.2f} GB/s, dd conv=fsync "
           f"{med['dd'] / 1e9:.2f} GB/s, ratio {med['sluice'] / med['dd']:.2f}x")
+
+
+# ----------------------------------------------------------------------------------- complete
+
+def bench_complete(s, root, args, state):
+    """CompleteMultipartUpload alone, of a quarter of --big and of --big, on the bench's file
+    system (ext4 here: the parts are copied) and on a loop-mounted btrfs (tests/tools/
+    btrfs-loop.sh; copy_file_range reflinks the parts): a Complete that is O(metadata) takes
+    about as long for 4x the bytes."""
+    data = memoryview(b"".join([os.urandom(1 << 20)] * (args.big >> 20)))
+    sizes = [args.big // 4, args.big]
+    servers = [("the bench's file system", s)]
+    bt_dir, bt = None, None
+    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests",
+                        "tools", "btrfs-loop.sh")
+    if os.geteuid() == 0 and shutil.which("mkfs.btrfs"):
+        bt_dir = tempfile.mkdtemp(prefix="sluice-btrfs-bench-", dir="/tmp")
+        os.rmdir(bt_dir)
+        mnt = subprocess.run([tool, "up", bt_dir, str(3 * args.big + (1 << 30))], check=True,
+                             capture_output=True, text=True,
+                             env=dict(os.environ, SLUICE_BTRFS_OWNER=str(os.getpid())))
+        mnt = mnt.stdout.strip().splitlines()[-1]
+        os.makedirs(os.path.join(mnt, "vol"))
+        bt_root = os.path.join(root, "btrfs-sluiced")
+        os.makedirs(bt_root)
+        bt = S3Sluiced(bt_root, volumes=f"""
+[volume.bt]
+backend = "vfs"
+path = "{mnt}/vol"
+""", user_volume="bt")
+        servers.append(("btrfs (loop-mounted)", bt))
+    else:
+        print("complete: btrfs skipped (needs root and mkfs.btrfs)")
+    try:
+        for label, srv in servers:
+            bucket, _ = srv.bucket()
+            took = {}
+            for size in sizes:
+                runs = []
+                for _ in range(args.rounds):
+                    key = f"complete-{uuid.uuid4().hex[:8]}"
+                    up, parts = upload_parts(srv, bucket, key, data[:size], args.part)
+                    t0 = time.perf_counter()
+                    srv.client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up,
+                                                         MultipartUpload={"Parts": parts})
+                    runs.append(time.perf_counter() - t0)
+                    srv.client.delete_object(Bucket=bucket, Key=key)
+                took[size] = statistics.median(runs)
+                print(f"complete: {label}: {size >> 20} MiB in {len(parts)} parts: rounds "
+                      f"{', '.join(f'{r * 1e3:.0f}' for r in runs)} ms")
+            small, big = took[sizes[0]], took[sizes[1]]
+            print(f"complete: {label}: median {small * 1e3:.0f} ms for {sizes[0] >> 20} MiB, "
+                  f"{big * 1e3:.0f} ms for {sizes[1] >> 20} MiB: {big / small:.2f}x the time for "
+                  f"4x the bytes")
+    finally:
+        if bt:
+            bt.stop()
+        if bt_dir:
+            subprocess.run([tool, "down", bt_dir], check=False)
 
 
 # ---------------------------------------------------------------------------------------- put
@@ -422,7 +491,7 @@ def bench_put(s, root, args, state):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default="get,batch,list,large,put")
+    ap.add_argument("--only", default="get,batch,list,large,complete,put")
     ap.add_argument("--objects", type=int, default=10000)
     ap.add_argument("--object-size", type=parse_size, default=parse_size("4k"))
     ap.add_argument("--conns", type=int, default=64)
@@ -451,7 +520,7 @@ def main():
         print(f"machine: {os.cpu_count()} cores shared by the servers and their clients")
         for name in args.only.split(","):
             {"get": bench_get, "batch": bench_batch, "list": bench_list, "large": bench_large,
-             "put": bench_put}[name](s, root, args, state)
+             "complete": bench_complete, "put": bench_put}[name](s, root, args, state)
     finally:
         if RGW:
             RGW.stop()

@@ -16,7 +16,7 @@
           with unsigned payloads) against `dd bs=P conv=fsync` writing the same bytes to the
           same file system
   complete
-          CompleteMultipartUpload alone (parts uploaded first) of B/4 and B bytes, on the
+          CompleteMultipartUpload alone (32 parts uploaded first) of B/4 and B bytes, on the
           bench's file system and on a loop-mounted btrfs (root): how its time grows with the
           object (O(metadata) where parts are reflinked)
   put     objects of S bytes PUT at random over C connections (wrk, presigned), durable (each
@@ -404,10 +404,10 @@ def bench_large(s, root, args, state):
 # ----------------------------------------------------------------------------------- complete
 
 def bench_complete(s, root, args, state):
-    """CompleteMultipartUpload alone, of a quarter of --big and of --big, on the bench's file
-    system (ext4 here: the parts are copied) and on a loop-mounted btrfs (tests/tools/
-    btrfs-loop.sh; copy_file_range reflinks the parts): a Complete that is O(metadata) takes
-    about as long for 4x the bytes."""
+    """CompleteMultipartUpload alone, of a quarter of --big and of --big in the same number of
+    parts (32), on the bench's file system (ext4 here: the parts are copied) and on a
+    loop-mounted btrfs (tests/tools/btrfs-loop.sh; copy_file_range reflinks the parts): a
+    Complete that is O(metadata) takes about as long for 4x the bytes."""
     data = memoryview(b"".join([os.urandom(1 << 20)] * (args.big >> 20)))
     sizes = [args.big // 4, args.big]
     servers = [("the bench's file system", s)]
@@ -440,7 +440,7 @@ path = "{mnt}/vol"
                 runs = []
                 for _ in range(args.rounds):
                     key = f"complete-{uuid.uuid4().hex[:8]}"
-                    up, parts = upload_parts(srv, bucket, key, data[:size], args.part)
+                    up, parts = upload_parts(srv, bucket, key, data[:size], size // 32)
                     t0 = time.perf_counter()
                     srv.client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up,
                                                          MultipartUpload={"Parts": parts})

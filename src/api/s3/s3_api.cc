@@ -1729,7 +1729,8 @@ std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, Th
                                      S3Options options) {
   auto router = std::make_shared<Router>("s3", io_pool);
   // Lives as long as the router's routes.
-  auto* ctx = new S3Ctx{service, store, ObjectStore(&service->reservations()), std::move(options)};
+  auto* ctx =
+      new S3Ctx{service, store, ObjectStore(&service->reservations(), io_pool), std::move(options)};
   // Errors the HTTP layer makes (unparsable requests, limits, no route) are S3 XML too.
   // Presigned URLs' X-Amz-* parameters are the authenticator's, read from the raw target.
   router->SetQuerySkipPrefix("X-Amz-");

@@ -803,10 +803,14 @@ Result<std::string> ObjectStore::CompleteMultipart(Volume& v, const VFolderId& v
   meta.etag = MultipartETag(md5s);
   meta.checksums = std::move(checksums);
   SLUICE_RETURN_IF_ERROR(w->Publish(meta, durable));
-  Status gone = v.DeleteFiles(vfid, {UploadRel(u.id)}, true);
-  if (!gone.ok() && !IsObjectNotFound(gone))
-    spdlog::warn("s3: upload {} completed; its parts stay until the sweep: {}", u.id,
-                 gone.ToString());
+  Status ended = v.DeleteFiles(vfid, {UploadRel(u.id) + "/" + kUploadRecord}, false);
+  auto remove_parts = [&v, vfid, id = u.id] {
+    Status gone = v.DeleteFiles(vfid, {UploadRel(id)}, true);
+    if (!gone.ok() && !IsObjectNotFound(gone))
+      spdlog::warn("s3: upload {} completed; its parts stay until the sweep: {}", id,
+                   gone.ToString());
+  };
+  if (!ended.ok() || !background_ || !background_->Submit(remove_parts)) remove_parts();
   return meta.etag;
 }
 
@@ -836,6 +840,27 @@ Result<std::vector<MultipartUpload>> ObjectStore::ListMultipart(Volume& v, const
 }
 
 size_t ObjectStore::SweepMultipart(Volume& v, const VFolderId& vfid, std::chrono::seconds age) {
+  // The parts of completed uploads whose removal a crash cut short: directories without a
+  // record. (One being created has its record within moments: CreateMultipart writes it first.)
+  const auto leftover_cutoff =
+      std::chrono::system_clock::now() - std::min<std::chrono::seconds>(age, std::chrono::hours(1));
+  if (auto dir = v.OpenDir(vfid, kStagingDirName); dir.ok()) {
+    std::vector<std::string> gone;
+    for (;;) {
+      auto n = (*dir)->Next();
+      if (!n.ok() || !*n) break;
+      const std::string& name = (*n)->name;
+      if ((*n)->type != EntryType::kDirectory || name.size() != 35 || name.substr(0, 3) != "mp-")
+        continue;
+      auto e = (*dir)->StatEntry(name);
+      if (!e.ok() || e->modified > leftover_cutoff) continue;
+      auto u = GetMultipart(v, vfid, name.substr(3));
+      if (!u.ok() && u.status().code() == Code::kNotFound) gone.push_back(name);
+    }
+    for (const auto& name : gone)
+      if (v.DeleteFiles(vfid, {std::string(kStagingDirName) + "/" + name}, true).ok())
+        spdlog::info("s3: removed the parts left by completed upload {}", name.substr(3));
+  }
   auto all = ListMultipart(v, vfid);
   if (!all.ok()) return 0;
   size_t n = 0;

@@ -24,6 +24,7 @@
 
 #include "common/crypto.h"
 #include "common/status.h"
+#include "common/thread_pool.h"
 #include "service/reservations.h"
 #include "volume/volume.h"
 
@@ -217,8 +218,11 @@ class ObjectMetaCache {
 
 class ObjectStore {
  public:
-  explicit ObjectStore(QuotaReservations* reservations)
-      : reservations_(reservations), meta_cache_(std::make_shared<ObjectMetaCache>()) {}
+  // `background` (optional) removes completed uploads' parts after Complete answers.
+  explicit ObjectStore(QuotaReservations* reservations, ThreadPool* background = nullptr)
+      : reservations_(reservations),
+        background_(background),
+        meta_cache_(std::make_shared<ObjectMetaCache>()) {}
 
   // --- multipart uploads ---
   Result<MultipartUpload> CreateMultipart(Volume& v, const VFolderId& vfid, std::string_view key,
@@ -235,6 +239,10 @@ class ObjectStore {
   // Assembles `parts` (checked by the caller: ascending, present, sized) into the object, without
   // the bytes passing through user space where the volume allows, publishes it with the
   // multipart ETag ("<md5 of the part MD5s>-<count>") and removes the upload. Returns the ETag.
+  // The upload ends with the removal of its record (one file: NoSuchUpload from then on, to
+  // every node); its parts are removed afterwards, on the background pool when there is one
+  // (freeing them is what a Complete spends its time on where they were reflinked), by the
+  // sweep when a crash comes between.
   // `checksums` (the object's, from MultipartChecksum) replace those of the upload's metadata.
   Result<std::string> CompleteMultipart(Volume& v, const VFolderId& vfid, const MultipartUpload& u,
                                         const std::vector<UploadedPart>& parts,
@@ -242,7 +250,8 @@ class ObjectStore {
   Status AbortMultipart(Volume& v, const VFolderId& vfid, const MultipartUpload& u);
   // Every upload in progress in the vfolder, by key then initiation.
   Result<std::vector<MultipartUpload>> ListMultipart(Volume& v, const VFolderId& vfid);
-  // Uploads initiated longer than `age` ago, removed; returns how many.
+  // Uploads initiated longer than `age` ago, removed; returns how many. Also removes what
+  // completed uploads left (parts without a record) once older than `age` or an hour.
   size_t SweepMultipart(Volume& v, const VFolderId& vfid, std::chrono::seconds age);
 
   // Starts writing `key`; `size` (when known) is reserved against the quota scope at once.
@@ -279,6 +288,7 @@ class ObjectStore {
                           Lookup lookup);
 
   QuotaReservations* reservations_;
+  ThreadPool* background_;
   std::shared_ptr<ObjectMetaCache> meta_cache_;
 };
 

@@ -1,5 +1,10 @@
 // Split listing and bounded listing over the in-memory volume: whatever the estimate, the ranges
 // partition the keys, and bounded listings of them, paged, give every key exactly once.
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -7,6 +12,7 @@
 #include "service/s3/objects.h"
 #include "support/assert_status.h"
 #include "volume/mem/mem_volume.h"
+#include "volume/registry.h"
 
 namespace sluice {
 namespace {
@@ -149,6 +155,82 @@ TEST_F(SplitTest, BoundedListingStopsAtItsEndWithPrefixes) {
   for (const auto& it : p->items) keys.push_back(it.object.key);
   EXPECT_EQ(keys, (std::vector<std::string>{"a/", "b/", "c"}));
   EXPECT_FALSE(p->truncated);
+}
+
+// Complete ends an upload with the removal of its record (NoSuchUpload at once, to every node),
+// the object published; its parts go after (here: no background pool, before it answers). A
+// Complete whose part removal a crash cut short leaves parts without a record: the sweep takes
+// them once old enough, and leaves uploads in progress alone. (On a vfs volume: multipart
+// records are extended attributes, which the in-memory volume does not keep.)
+TEST(Multipart, CompletedUploadsEndAtOnceAndTheSweepTakesWhatTheyLeave) {
+  std::string tmpl = "/tmp/sluice-mp-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  const std::string base = tmpl;
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() { std::filesystem::remove_all(dir); }
+  } cleanup{base};
+  ThreadPool pool("scan", 2);
+  VolumeConfig cfg;
+  cfg.name = "test";
+  cfg.backend = "vfs";
+  cfg.path = base;
+  auto made = VolumeRegistry::Builtin().Create(cfg, VolumeDeps{&pool});
+  ASSERT_OK(made);
+  auto& vol = **made;
+  ASSERT_OK(vol.Init());
+  const auto vf =
+      VFolderId::Parse("user:11111111111111111111111111111111/abcdef0123456789abcdef0123456789")
+          .value();
+  ASSERT_OK(vol.CreateVFolder(vf, 0755, true, std::nullopt));
+  QuotaReservations reservations;
+  ObjectStore store(&reservations);
+  std::vector<UploadedPart> parts;
+  auto part = [&](const MultipartUpload& u, int n, const std::string& data) {
+    auto w = store.BeginPart(vol, vf, u, n, data.size(), false);
+    ASSERT_OK(w);
+    ASSERT_OK((*w)->Write(data.data(), data.size()));
+    ASSERT_OK((*w)->Publish(ObjectMeta{}, false));
+  };
+  auto done = store.CreateMultipart(vol, vf, "big", {});
+  ASSERT_OK(done);
+  part(*done, 1, std::string(5 << 20, 'a'));
+  part(*done, 2, "world");
+  auto listed = store.ListParts(vol, vf, *done);
+  ASSERT_OK(listed);
+  ASSERT_EQ(listed->size(), 2u);
+  ASSERT_OK(store.CompleteMultipart(vol, vf, *done, *listed, {}, false));
+  EXPECT_ERROR(store.GetMultipart(vol, vf, done->id), Code::kNotFound);
+  EXPECT_ERROR(store.ListParts(vol, vf, *done), Code::kNotFound);
+  auto o = store.Open(vol, vf, "big");
+  ASSERT_OK(o);
+  EXPECT_EQ(o->entry.size, (5u << 20) + 5);
+  auto dir_of = [](const MultipartUpload& u) {
+    return std::string(kStagingDirName) + "/mp-" + u.id;
+  };
+  EXPECT_ERROR(vol.Stat(vf, dir_of(*done)), Code::kNotFound);
+
+  // What a crash between the record's removal and the parts' leaves, beside an upload in
+  // progress.
+  auto left = store.CreateMultipart(vol, vf, "other", {});
+  ASSERT_OK(left);
+  part(*left, 1, "x");
+  ASSERT_OK(vol.DeleteFiles(vf, {dir_of(*left) + "/upload"}, false));
+  auto live = store.CreateMultipart(vol, vf, "third", {});
+  ASSERT_OK(live);
+  part(*live, 1, "y");
+  // Younger than an hour: kept, and nothing is abandoned yet.
+  EXPECT_EQ(store.SweepMultipart(vol, vf, std::chrono::hours(24)), 0u);
+  ASSERT_OK(vol.Stat(vf, dir_of(*left)));
+  // An hour old: the leftover goes; the upload in progress (24 hours to live) stays.
+  auto hour_ago = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now()) - 3601;
+  const std::string left_path = vol.MountPath(vf, "").value() + "/" + dir_of(*left);
+  struct timespec times[2] = {{hour_ago, 0}, {hour_ago, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, left_path.c_str(), times, 0), 0) << left_path;
+  EXPECT_EQ(store.SweepMultipart(vol, vf, std::chrono::hours(24)), 0u);
+  EXPECT_ERROR(vol.Stat(vf, dir_of(*left)), Code::kNotFound);
+  ASSERT_OK(store.GetMultipart(vol, vf, live->id));
+  ASSERT_OK(vol.Stat(vf, dir_of(*live)));
 }
 
 }  // namespace

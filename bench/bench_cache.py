@@ -2,8 +2,9 @@
 """Dataset epochs through an s3 volume behind the SSD read cache, against its origin read
 directly and against Sluice serving the same files from a local vfs volume, in the same run.
 
-  epochs  N objects of S bytes, every one read once per epoch with `sluice s3 cp -r` (one
-          listing, then C parallel GETs over keep-alive connections) into tmpfs:
+  epochs  N objects of S bytes, every one read once per epoch with `sluice s3 bench` (one
+          listing, then C parallel GETs over keep-alive connections; the bytes are counted and
+          dropped, as a data loader does):
             origin  the origin's S3 API read directly
             epoch1  Sluice's S3 API on a bucket of the s3 volume, the cache empty
             epoch2  the same again, the cache warm
@@ -31,6 +32,7 @@ on every side.
 """
 import argparse
 import concurrent.futures
+import json
 import os
 import shutil
 import subprocess
@@ -48,25 +50,47 @@ SLUICE = os.path.join(BIN, "sluice")
 BUCKET = "origin"
 
 
+def cpu_seconds(pids):
+    """CPU time (user + system) the processes `pids` have used so far, every thread counted;
+    processes that are gone count nothing."""
+    total = 0
+    for pid in pids:
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def pids_naming(text):
+    """Pids of the processes whose command line contains `text` (the origin's daemons)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if text.encode() in f.read():
+                        out.append(int(pid))
+            except OSError:
+                continue
+    return out
+
+
 def epoch(url, ak, sk, bucket, conns, want):
-    """Objects/s copying every object of `bucket` once with `sluice s3 cp -r` (libcurl, `conns`
-    parallel GETs; one listing first) into a fresh directory on tmpfs."""
-    dst = tempfile.mkdtemp(prefix="sluice-epoch-", dir="/dev/shm")
-    try:
-        env = {"PATH": os.environ["PATH"], "HOME": dst, "AWS_ACCESS_KEY_ID": ak,
-               "AWS_SECRET_ACCESS_KEY": sk}
-        t0 = time.perf_counter()
-        subprocess.run([SLUICE, "s3", "cp", "-r", f"s3://{bucket}/", dst + "/out",
-                        "--s3-endpoint", url, "-j", str(conns), "-q"],
-                       env=env, check=True, timeout=3600)
-        took = time.perf_counter() - t0
-        files = [os.path.join(d, f) for d, _, fs in os.walk(dst + "/out") for f in fs]
-        got = sum(os.path.getsize(f) for f in files)
-        if len(files) != want[0] or got != want[1]:
-            raise RuntimeError(f"{bucket}: {len(files)} files, {got} B; expected {want}")
-        return len(files) / took
-    finally:
-        shutil.rmtree(dst, ignore_errors=True)
+    """Objects/s reading every object of `bucket` once with `sluice s3 bench` (one listing, then
+    `conns` parallel GETs over kept-alive connections, libcurl; the bytes are counted and
+    dropped, as a data loader does, so that the client's own disk is not what is measured)."""
+    env = {"PATH": os.environ["PATH"], "AWS_ACCESS_KEY_ID": ak, "AWS_SECRET_ACCESS_KEY": sk}
+    out = subprocess.run([SLUICE, "--json", "s3", "bench", f"s3://{bucket}/", "--s3-endpoint",
+                          url, "-j", str(conns)],
+                         env=env, check=True, timeout=3600, capture_output=True, text=True).stdout
+    e = json.loads(out)[0]
+    if (e["objects"], e["bytes"]) != want:
+        raise RuntimeError(f"{bucket}: {e['objects']} objects, {e['bytes']} B; expected {want}")
+    return e["objects_per_second"]
 
 
 def read_tree(root, keys, conns, want):
@@ -272,13 +296,24 @@ ttl = "1h"
             c = proxy.call("GET", "/volume/cache", volume="remote")
             return c["hits"], c["misses"]
 
+        # Where each epoch's CPU went, per object: the origin's daemons (RGW with its OSD and
+        # monitor, or the origin sluiced), the proxy, the client. Everything shares two cores.
+        origin_pids = (pids_naming(origin.dir) if args.origin == "rgw" else [origin.d.proc.pid])
+
         def run(name, url, ak, sk, bucket):
             before = cache_counts()
+            o0, p0, c0 = cpu_seconds(origin_pids), cpu_seconds([proxy.proc.pid]), os.times()
             rates[name] = epoch(url, ak, sk, bucket, args.conns, want)
+            o1, p1, c1 = cpu_seconds(origin_pids), cpu_seconds([proxy.proc.pid]), os.times()
             h, m = (a - b for a, b in zip(cache_counts(), before))
             hit[name] = h / (h + m) if h + m else 0.0
+            client = (c1.children_user - c0.children_user) + (c1.children_system -
+                                                              c0.children_system)
+            n = len(keys)
             print(f"epochs: {name}: {rates[name]:,.0f} objects/s, cache hit ratio "
-                  f"{100 * hit[name]:.1f}%", flush=True)
+                  f"{100 * hit[name]:.1f}%; CPU per object: origin {1e6 * (o1 - o0) / n:,.0f} us, "
+                  f"proxy {1e6 * (p1 - p0) / n:,.0f} us, client {1e6 * client / n:,.0f} us",
+                  flush=True)
 
         remote_key = (k["access_key"], k["secret_key"])
         run("origin", origin.s3_url, origin.ak, origin.sk, rgw_bucket)

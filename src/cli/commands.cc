@@ -1208,8 +1208,8 @@ void AddS3Commands(CLI::App& app, Args& a, Action* run) {
   auto* s3 = Command(&app, "s3",
                      "The S3 API: users, access keys and bucket names (through the manager\n"
                      "API), and data commands that speak S3 with an access key: ls, cp, sync,\n"
-                     "rm, get-batch. Buckets are vfolders; every S3 request is signed by an\n"
-                     "access key of a user.",
+                     "rm, get-batch, bench. Buckets are vfolders; every S3 request is signed\n"
+                     "by an access key of a user.",
                      "sluice s3 key create --user alice");
   s3->require_subcommand(1);
   AddS3DataCommands(s3, [run](DataAction fn) {

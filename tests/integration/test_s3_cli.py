@@ -1,5 +1,6 @@
-"""`sluice s3 ls | cp | sync | rm | get-batch` against a real sluiced: what the data commands
-write is checked through boto3 and on the volume, what they read against the bytes written."""
+"""`sluice s3 ls | cp | sync | rm | get-batch | bench` against a real sluiced: what the data
+commands write is checked through boto3 and on the volume, what they read against the bytes
+written."""
 
 import hashlib
 import io
@@ -12,7 +13,7 @@ import uuid
 
 import pytest
 
-from conftest import BIN_DIR, running_daemon
+from conftest import BIN_DIR, running_daemon, toml_section
 
 SLUICE = BIN_DIR / "sluice"
 MiB = 1 << 20
@@ -340,6 +341,48 @@ def test_get_batch(s3d, bucket, tmp_path):
     p = cli(s3d, "get-batch", f"s3://{bucket}", "train/missing", "-o", str(z), check=False)
     assert p.returncode == 3 and b"NoSuchKey" in p.stderr
     assert not z.exists()
+
+
+def test_bench_reads_every_object_once_an_epoch(s3d, bucket):
+    sizes = {f"train/part{i % 3}/s{i:03d}": (i * 977) % 20000 for i in range(45)}
+    for k, n in sizes.items():
+        s3d.boto.put_object(Bucket=bucket, Key=k, Body=os.urandom(n))
+    s3d.boto.put_object(Bucket=bucket, Key="train/part1/", Body=b"")  # a marker: not read
+    s3d.boto.put_object(Bucket=bucket, Key="other", Body=b"not under the prefix")
+    js = json.loads(cli(s3d, "--json", "bench", "-j", "4", "--epochs", "3", "--shuffle",
+                        f"s3://{bucket}/train/").stdout)
+    assert [e["epoch"] for e in js] == [1, 2, 3]
+    for e in js:
+        assert e["objects"] == len(sizes) and e["bytes"] == sum(sizes.values())
+        assert e["objects_per_second"] > 0 and e["seconds"] > 0
+        assert 0 < e["latency_ms"]["p50"] <= e["latency_ms"]["p99"] <= e["latency_ms"]["max"]
+    text = cli(s3d, "bench", "-j", "2", f"s3://{bucket}/train/part2/").stdout.decode()
+    want = sum(1 for k in sizes if k.startswith("train/part2/"))
+    assert text.startswith(f"epoch 1: {want} objects, ") and "objects/s" in text, text
+    # Nothing there, or no such bucket: the not-found exit status and a message.
+    p = cli(s3d, "bench", f"s3://{bucket}/nothing/", check=False)
+    assert p.returncode == 3 and b"no objects under" in p.stderr
+    p = cli(s3d, "bench", "s3://no-such-bucket-here/", check=False)
+    assert p.returncode == 3 and b"NoSuchBucket" in p.stderr
+
+
+def test_bench_fails_on_an_object_it_cannot_read(tmp_path):
+    vol = tmp_path / "vol-faulty"
+    vol.mkdir()
+    faulty = toml_section("volume.faulty", {
+        "backend": "vfs", "path": str(vol),
+        "faults": [{"op": "read", "path": "*bad*", "error": "EIO", "after": "1k"}]})
+    with running_daemon(tmp_path / "d", volumes={"faulty": vol}, s3={},
+                        extra_toml=faulty) as d:
+        d.user = d.s3_user(volume="faulty")["id"]
+        d.ak, d.sk = d.s3_key(d.user)
+        d.boto = d.s3_client(d.ak, d.sk)
+        d.boto.create_bucket(Bucket="faulty-data")
+        for k in ("a-good", "b-bad", "c-good"):
+            d.boto.put_object(Bucket="faulty-data", Key=k, Body=os.urandom(64 << 10))
+        p = cli(d, "bench", "-j", "1", "s3://faulty-data/", check=False, timeout=300)
+        assert p.returncode != 0 and b"b-bad" in p.stderr, p.stderr
+        assert b"epoch 1:" not in p.stdout  # no figures for an epoch that failed
 
 
 def test_https(tmp_path):

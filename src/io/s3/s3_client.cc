@@ -324,7 +324,8 @@ Result<S3Client::Answer> S3Client::SendOnce(Request& req) {
     payload_hash = kEmptySha256;
   else
     payload_hash = HexEncode(Sha256(req.body.data));
-  SignRequest(h, req.method, req.path, raw_query, payload_hash, opts_.creds, std::time(nullptr));
+  SignRequest(h, req.method, req.path, raw_query, payload_hash, opts_.creds, std::time(nullptr),
+              &signing_);
 
   curl_slist* hdrs = nullptr;
   for (const auto& f : h)
@@ -350,6 +351,10 @@ Result<S3Client::Answer> S3Client::SendOnce(Request& req) {
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME,
                    std::max(1L, static_cast<long>(opts_.stall_timeout.count() / 1000)));
   curl_easy_setopt(c, CURLOPT_TCP_NODELAY, 1L);
+  // Bodies move in large reads and writes (libcurl's defaults, 16 KiB in and 64 KiB out, cost a
+  // recv or send and a poll every few pages of an object).
+  curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L << 10);
+  curl_easy_setopt(c, CURLOPT_UPLOAD_BUFFERSIZE, 1L << 20);
   if (!opts_.ca_file.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, opts_.ca_file.c_str());
   if (opts_.insecure) {
     curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 0L);

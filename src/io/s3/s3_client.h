@@ -173,6 +173,7 @@ class S3Client {
   std::string base_path_;    // "" or "/prefix"
   void* curl_ = nullptr;
   uint64_t retries_ = 0;
+  SigningKeyCache signing_;
 };
 
 // CRC32C of bytes [off, off+len) of a file, base64 as S3 sends it.

@@ -237,7 +237,7 @@ std::string FormatAmzDate(std::time_t t) {
 
 std::string SignRequest(http::request_header<>& h, std::string_view method, std::string_view path,
                         std::string_view raw_query, std::string_view payload_hash,
-                        const Credentials& creds, std::time_t now) {
+                        const Credentials& creds, std::time_t now, SigningKeyCache* cache) {
   SigV4Auth a;
   a.amz_date = FormatAmzDate(now);
   a.date = a.amz_date.substr(0, 8);
@@ -256,7 +256,12 @@ std::string SignRequest(http::request_header<>& h, std::string_view method, std:
   a.signed_headers.erase(std::unique(a.signed_headers.begin(), a.signed_headers.end()),
                          a.signed_headers.end());
   std::string sts = StringToSign(a, CanonicalRequest(h, method, path, raw_query, a));
-  std::string sig = SignatureOf(SigningKey(creds.secret_key, a.date, a.region, a.service), sts);
+  SigningKeyCache own;
+  SigningKeyCache& k = cache ? *cache : own;
+  if (k.key.empty() || k.date != a.date || k.region != a.region || k.secret != creds.secret_key)
+    k = {a.date, a.region, creds.secret_key,
+         SigningKey(creds.secret_key, a.date, a.region, a.service)};
+  std::string sig = SignatureOf(k.key, sts);
   std::string signed_list;
   for (const auto& n : a.signed_headers) {
     if (!signed_list.empty()) signed_list.push_back(';');

@@ -95,12 +95,19 @@ struct Credentials {
   std::string region = "us-east-1";
 };
 
+// A signing key kept for the day it is for (four HMACs saved on every request after the first).
+struct SigningKeyCache {
+  std::string date, region, secret, key;
+};
+
 // Client side: signs the request in `h` with an Authorization header. Sets x-amz-date and
 // x-amz-content-sha256 (`payload_hash`: hex SHA-256 or UNSIGNED-PAYLOAD) first; signs host,
 // content-md5, content-type and every x-amz-* header present. `path` is the decoded path,
-// `raw_query` the query as it goes on the wire. Returns the signature.
+// `raw_query` the query as it goes on the wire. `cache` (optional, one per client) keeps the
+// signing key. Returns the signature.
 std::string SignRequest(http::request_header<>& h, std::string_view method, std::string_view path,
                         std::string_view raw_query, std::string_view payload_hash,
-                        const Credentials& creds, std::time_t now);
+                        const Credentials& creds, std::time_t now,
+                        SigningKeyCache* cache = nullptr);
 
 }  // namespace sluice::io::s3

@@ -256,9 +256,10 @@ Result<CacheOptions> CacheOptions::FromJson(const std::string& volume, const nlo
     }
     if (!value.is_string()) return bad(key, "must be a string");
     const std::string v = value.get<std::string>();
+    const std::string& name = key;  // a lambda may not capture a structured binding (clang 14)
     auto size = [&](uint64_t* out) -> Status {
       auto s = ParseBinarySize(v);
-      if (!s.ok()) return bad(key, s.status().message());
+      if (!s.ok()) return bad(name, s.status().message());
       *out = *s;
       return Status::Ok();
     };

@@ -53,6 +53,7 @@ struct DataArgs {
   std::string keys_from, output, extract;
   int epochs = 1;
   bool shuffle = false;
+  std::string addressing = "path";
 };
 
 std::string Env(std::initializer_list<const char*> names) {
@@ -197,6 +198,10 @@ void AddConnection(CLI::App* sub, DataArgs& a) {
   sub->add_option("-j,--jobs", a.jobs, "parallel requests")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
+  sub->add_option("--addressing", a.addressing,
+                  "path (host/bucket/key) or virtual (bucket.host/key, as AWS and GCS prefer)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"path", "virtual"}));
 }
 
 void AddTransferFlags(CLI::App* sub, DataArgs& a) {
@@ -236,6 +241,7 @@ Result<io::s3::ClientOptions> Connection(const DataArgs& a, const DataGlobals& g
       std::chrono::milliseconds(static_cast<int64_t>(std::max(1.0, g.timeout) * 1000));
   o.connect_timeout = std::min(o.connect_timeout, o.stall_timeout);
   o.checksums = !a.no_checksum;
+  o.virtual_hosted = a.addressing == "virtual";
   Status st = io::s3::S3Client::Validate(o);
   if (!st.ok()) {
     if (o.creds.access_key.empty() || o.creds.secret_key.empty())
@@ -525,12 +531,13 @@ void AddS3DataCommands(CLI::App* s3, const std::function<void(DataAction)>& set_
                        {"latency_ms", {{"p50", e.p50_ms}, {"p99", e.p99_ms}, {"max", e.max_ms}}}});
         return;
       }
-      std::printf("epoch %d: %llu objects, %s in %.2fs: %.0f objects/s, %s/s; GET latency "
-                  "p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
-                  epoch, static_cast<unsigned long long>(e.objects), FormatSize(e.bytes).c_str(),
-                  e.seconds, static_cast<double>(e.objects) / secs,
-                  FormatSize(static_cast<uint64_t>(static_cast<double>(e.bytes) / secs)).c_str(),
-                  e.p50_ms, e.p99_ms, e.max_ms);
+      std::printf(
+          "epoch %d: %llu objects, %s in %.2fs: %.0f objects/s, %s/s; GET latency "
+          "p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
+          epoch, static_cast<unsigned long long>(e.objects), FormatSize(e.bytes).c_str(), e.seconds,
+          static_cast<double>(e.objects) / secs,
+          FormatSize(static_cast<uint64_t>(static_cast<double>(e.bytes) / secs)).c_str(), e.p50_ms,
+          e.p99_ms, e.max_ms);
       std::fflush(stdout);
     });
     if (g.json) std::printf("%s\n", out.dump(2).c_str());

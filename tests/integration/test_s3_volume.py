@@ -212,6 +212,30 @@ def test_s3_api_over_an_s3_volume(proxy, origin):
     assert [o["Key"] for o in s3.list_objects_v2(Bucket="on-remote")["Contents"]] == ["k/big.bin"]
 
 
+def test_a_virtual_hosted_origin(tmp_path):
+    """addressing = "virtual": the volume names its bucket in the host (origin.localhost:port,
+    which libcurl resolves to the loopback address), as AWS and GCS prefer; the origin, a Sluice
+    with [api.s3] domain, checks each signature over that host."""
+    with running_daemon(tmp_path / "origin", s3={"domain": "localhost"}) as o:
+        o.ak, o.sk = o.s3_key(o.s3_user()["id"])
+        o.boto = o.s3_client(o.ak, o.sk)
+        o.boto.create_bucket(Bucket=BUCKET)
+        volume = s3_volume(o, addressing="virtual",
+                           endpoint=f"http://localhost:{o.s3_port}")
+        with running_daemon(tmp_path / "proxy", s3={}, extra_toml=volume) as d:
+            s3 = d.s3_client(*d.s3_key(d.s3_user(volume="remote")["id"]))
+            s3.create_bucket(Bucket="vh-remote")
+            body = os.urandom(300 * KiB)
+            s3.put_object(Bucket="vh-remote", Key="a/b.bin", Body=body)
+            assert s3.get_object(Bucket="vh-remote", Key="a/b.bin")["Body"].read() == body
+            assert [o["Key"] for o in s3.list_objects_v2(Bucket="vh-remote")["Contents"]] == [
+                "a/b.bin"]
+            b = next(b for b in d.mgr("GET", "/s3/buckets").json()["buckets"]
+                     if b["name"] == "vh-remote")
+            key = vfolder_prefix(b["vfid"]) + "a/b.bin"
+            assert o.boto.get_object(Bucket=BUCKET, Key=key)["Body"].read() == body
+
+
 def test_clones_are_server_side_copies(proxy, origin):
     d = proxy
     src = d.create_vfolder(volume="remote")

@@ -145,7 +145,8 @@ std::time_t ParseIso8601(std::string_view s) {
 
 struct S3Client::Request {
   std::string method = "GET";
-  std::string path;  // decoded
+  std::string path;    // decoded
+  std::string bucket;  // the bucket addressed ("" for the service): its host when virtual-hosted
   std::vector<std::pair<std::string, std::string>> query;
   std::vector<std::pair<std::string, std::string>> headers;
   Body body;
@@ -189,6 +190,9 @@ S3Client::S3Client(ClientOptions opts) : opts_(std::move(opts)) {
   start = start == std::string_view::npos ? 0 : start + 2;
   size_t slash = e.find('/', start);
   scheme_host_ = std::string(e.substr(0, slash));
+  scheme_ = std::string(e.substr(0, start));
+  authority_ =
+      std::string(e.substr(start, slash == std::string_view::npos ? e.npos : slash - start));
   host_header_ =
       std::string(e.substr(start, slash == std::string_view::npos ? e.npos : slash - start));
   if (slash != std::string_view::npos) {
@@ -210,14 +214,16 @@ S3Client::~S3Client() {
   if (curl_) curl_easy_cleanup(static_cast<CURL*>(curl_));
 }
 
-std::string S3Client::PathOf(std::string_view bucket, std::string_view key) const {
+void S3Client::Address(Request& req, std::string_view bucket, std::string_view key) const {
+  // Path style: /bucket/key. Virtual-hosted: the bucket goes in the host name, /key.
   std::string p = base_path_ + "/";
-  p += bucket;
-  if (!key.empty()) {
-    p.push_back('/');
-    p += key;
+  if (!opts_.virtual_hosted) {
+    p += bucket;
+    if (!key.empty()) p.push_back('/');
   }
-  return p;
+  p += key;
+  req.path = std::move(p);
+  req.bucket = std::string(bucket);
 }
 
 namespace {
@@ -311,11 +317,14 @@ Result<S3Client::Answer> S3Client::SendOnce(Request& req) {
     raw_query += UriEncode(k, false);
     if (!v.empty()) raw_query += "=" + UriEncode(v, false);
   }
-  std::string url = scheme_host_ + UriEncode(req.path, true);
+  const bool in_host = opts_.virtual_hosted && !req.bucket.empty();
+  const std::string host = in_host ? req.bucket + "." + host_header_ : host_header_;
+  std::string url = in_host ? scheme_ + req.bucket + "." + authority_ : scheme_host_;
+  url += UriEncode(req.path, true);
   if (!raw_query.empty()) url += "?" + raw_query;
 
   http::request_header<> h;
-  h.set(http::field::host, host_header_);
+  h.set(http::field::host, host);
   for (const auto& [k, v] : req.headers) h.set(k, v);
   std::string payload_hash;
   if (req.body.fd >= 0)
@@ -448,7 +457,7 @@ Result<std::vector<BucketInfo>> S3Client::ListBuckets() {
 
 Result<ListPage> S3Client::ListObjects(std::string_view bucket, const ListRequest& lr) {
   Request req;
-  req.path = PathOf(bucket, "");
+  Address(req, bucket, "");
   req.what = fmt::format("list s3://{}/{}", bucket, lr.prefix);
   req.query = {{"list-type", "2"}, {"max-keys", std::to_string(lr.max_keys)}};
   auto add = [&](const char* k, const std::string& v) {
@@ -483,7 +492,7 @@ Result<ListPage> S3Client::ListObjects(std::string_view bucket, const ListReques
 Result<std::vector<KeyRange>> S3Client::ListSplit(std::string_view bucket, std::string_view prefix,
                                                   int parts) {
   Request req;
-  req.path = PathOf(bucket, "");
+  Address(req, bucket, "");
   req.what = fmt::format("split listing of s3://{}/{}", bucket, prefix);
   req.query = {{"list-split", ""}, {"parts", std::to_string(parts)}};
   if (!prefix.empty()) req.query.emplace_back("prefix", std::string(prefix));
@@ -519,7 +528,7 @@ ObjectInfo InfoFrom(std::string_view key,
 Result<ObjectInfo> S3Client::Head(std::string_view bucket, std::string_view key) {
   Request req;
   req.method = "HEAD";
-  req.path = PathOf(bucket, key);
+  Address(req, bucket, key);
   req.what = fmt::format("HEAD s3://{}/{}", bucket, key);
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
   return InfoFrom(key, a.headers);
@@ -529,7 +538,7 @@ Result<ObjectInfo> S3Client::Get(std::string_view bucket, std::string_view key, 
                                  std::optional<std::pair<uint64_t, uint64_t>> range,
                                  std::string_view if_match) {
   Request req;
-  req.path = PathOf(bucket, key);
+  Address(req, bucket, key);
   req.what = fmt::format("GET s3://{}/{}", bucket, key);
   req.sink = &sink;
   ObjectInfo info;
@@ -579,7 +588,7 @@ Result<std::string> S3Client::Put(std::string_view bucket, std::string_view key,
                                   std::string_view content_type, const UserMeta& meta) {
   Request req;
   req.method = "PUT";
-  req.path = PathOf(bucket, key);
+  Address(req, bucket, key);
   req.what = fmt::format("PUT s3://{}/{}", bucket, key);
   req.body = body;
   if (!content_type.empty()) req.headers.emplace_back("Content-Type", std::string(content_type));
@@ -596,7 +605,7 @@ Result<std::string> S3Client::Copy(std::string_view bucket, std::string_view src
                                    std::string_view dst_key, const UserMeta* replace) {
   Request req;
   req.method = "PUT";
-  req.path = PathOf(bucket, dst_key);
+  Address(req, bucket, dst_key);
   req.what = fmt::format("copy s3://{}/{} to {}", bucket, src_key, dst_key);
   req.headers.emplace_back("x-amz-copy-source",
                            UriEncode(fmt::format("/{}/{}", bucket, src_key), true));
@@ -615,7 +624,7 @@ Result<std::string> S3Client::Copy(std::string_view bucket, std::string_view src
 Status S3Client::Delete(std::string_view bucket, std::string_view key) {
   Request req;
   req.method = "DELETE";
-  req.path = PathOf(bucket, key);
+  Address(req, bucket, key);
   req.what = fmt::format("DELETE s3://{}/{}", bucket, key);
   auto r = Send(req);
   return r.status();
@@ -628,7 +637,7 @@ Result<std::vector<std::string>> S3Client::DeleteMany(std::string_view bucket,
   xml += "</Delete>";
   Request req;
   req.method = "POST";
-  req.path = PathOf(bucket, "");
+  Address(req, bucket, "");
   req.query = {{"delete", ""}};
   req.what = fmt::format("DeleteObjects in s3://{}", bucket);
   req.body.data = xml;
@@ -646,7 +655,7 @@ Result<std::string> S3Client::CreateMultipart(std::string_view bucket, std::stri
                                               std::string_view content_type, const UserMeta& meta) {
   Request req;
   req.method = "POST";
-  req.path = PathOf(bucket, key);
+  Address(req, bucket, key);
   req.query = {{"uploads", ""}};
   req.what = fmt::format("CreateMultipartUpload s3://{}/{}", bucket, key);
   if (!content_type.empty()) req.headers.emplace_back("Content-Type", std::string(content_type));
@@ -664,7 +673,7 @@ Result<std::string> S3Client::UploadPart(std::string_view bucket, std::string_vi
                                          std::string* crc32c) {
   Request req;
   req.method = "PUT";
-  req.path = PathOf(bucket, key);
+  Address(req, bucket, key);
   req.query = {{"partNumber", std::to_string(number)}, {"uploadId", std::string(upload_id)}};
   req.what = fmt::format("UploadPart {} of s3://{}/{}", number, bucket, key);
   req.body = body;
@@ -685,7 +694,7 @@ Result<std::vector<PartInfo>> S3Client::ListParts(std::string_view bucket, std::
   std::string marker;
   for (;;) {
     Request req;
-    req.path = PathOf(bucket, key);
+    Address(req, bucket, key);
     req.query = {{"uploadId", std::string(upload_id)}};
     if (!marker.empty()) req.query.emplace_back("part-number-marker", marker);
     req.what = fmt::format("ListParts of s3://{}/{}", bucket, key);
@@ -717,7 +726,7 @@ Result<std::string> S3Client::CompleteMultipart(std::string_view bucket, std::st
   xml += "</CompleteMultipartUpload>";
   Request req;
   req.method = "POST";
-  req.path = PathOf(bucket, key);
+  Address(req, bucket, key);
   req.query = {{"uploadId", std::string(upload_id)}};
   req.what = fmt::format("CompleteMultipartUpload s3://{}/{}", bucket, key);
   req.body.data = xml;
@@ -735,7 +744,7 @@ Status S3Client::AbortMultipart(std::string_view bucket, std::string_view key,
                                 std::string_view upload_id) {
   Request req;
   req.method = "DELETE";
-  req.path = PathOf(bucket, key);
+  Address(req, bucket, key);
   req.query = {{"uploadId", std::string(upload_id)}};
   req.what = fmt::format("AbortMultipartUpload s3://{}/{}", bucket, key);
   return Send(req).status();
@@ -747,7 +756,7 @@ Result<std::vector<MultipartInfo>> S3Client::ListMultipartUploads(std::string_vi
   std::string key_marker, id_marker;
   for (;;) {
     Request req;
-    req.path = PathOf(bucket, "");
+    Address(req, bucket, "");
     req.query = {{"uploads", ""}};
     if (!prefix.empty()) req.query.emplace_back("prefix", std::string(prefix));
     if (!key_marker.empty()) req.query.emplace_back("key-marker", key_marker);
@@ -770,7 +779,10 @@ Status S3Client::BatchGet(std::string_view bucket, std::string_view request_json
                           const Sink& sink) {
   Request req;
   req.method = "POST";
-  req.path = bucket.empty() ? base_path_ + "/" : PathOf(bucket, "");
+  if (bucket.empty())
+    req.path = base_path_ + "/";
+  else
+    Address(req, bucket, "");
   req.query = {{"batch-get", ""}};
   req.what =
       bucket.empty() ? std::string("batch get") : fmt::format("batch get in s3://{}", bucket);

@@ -37,6 +37,9 @@ struct ClientOptions {
   std::chrono::milliseconds backoff{100};  // first retry's ceiling, doubled per attempt
   std::chrono::milliseconds max_backoff{5000};
   bool checksums = true;  // send x-amz-checksum-crc32c with every upload (Sluice, AWS)
+  // Virtual-hosted addressing: the bucket in the host name (bucket.host/key), as AWS and GCS
+  // prefer; path style (host/bucket/key) otherwise, as Sluice, RGW and MinIO take by default.
+  bool virtual_hosted = false;
 };
 
 struct BucketInfo {
@@ -165,10 +168,13 @@ class S3Client {
   struct Answer;
   Result<Answer> Send(Request& req);
   Result<Answer> SendOnce(Request& req);
-  std::string PathOf(std::string_view bucket, std::string_view key) const;
+  // Sets the request's path (and bucket) for `key` of `bucket` in this client's addressing.
+  void Address(Request& req, std::string_view bucket, std::string_view key) const;
 
   ClientOptions opts_;
   std::string scheme_host_;  // "http://host:port"
+  std::string scheme_;       // "http://"
+  std::string authority_;    // "host:port" as the endpoint names it
   std::string host_header_;  // "host:port"
   std::string base_path_;    // "" or "/prefix"
   void* curl_ = nullptr;

@@ -117,6 +117,10 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
       creds_file = str;
     } else if (key == "ca-file" || key == "ca_file") {
       o.client.ca_file = str;
+    } else if (key == "addressing") {
+      if (str != "path" && str != "virtual")
+        return bad(key, "must be \"path\" (host/bucket/key) or \"virtual\" (bucket.host/key)");
+      o.client.virtual_hosted = str == "virtual";
     } else if (key == "capacity") {
       auto size = ParseBinarySize(str);
       if (!size.ok()) return bad(key, size.status().message());
@@ -148,8 +152,8 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
       return bad(key,
                  "unknown key for the s3 backend (known: endpoint, bucket, prefix, region, "
                  "access-key, secret-key, credentials-file, ca-file, insecure, read-only, "
-                 "capacity, vfolder-ttl, part-size, connect-timeout, stall-timeout, "
-                 "retry-deadline, max-attempts)");
+                 "addressing, capacity, vfolder-ttl, part-size, connect-timeout, "
+                 "stall-timeout, retry-deadline, max-attempts)");
     }
   }
   if (!creds_file.empty()) {

@@ -43,7 +43,9 @@ struct S3VolumeOptions {
   std::chrono::milliseconds vfolder_ttl{5000};
 
   // From [volume.NAME.options]: endpoint, bucket, prefix, region, access-key, secret-key or
-  // credentials-file, ca-file, insecure, read-only, capacity, vfolder-ttl, part-size.
+  // credentials-file, ca-file, insecure, read-only, addressing ("path" or "virtual"),
+  // capacity, vfolder-ttl, part-size, connect-timeout, stall-timeout, retry-deadline,
+  // max-attempts.
   static Result<S3VolumeOptions> FromConfig(const VolumeConfig& cfg);
 };
 

@@ -34,6 +34,9 @@ TEST(S3VolumeOptions, TimeoutsRetriesAndParts) {
   auto d = Parse({});
   ASSERT_OK(d);
   EXPECT_EQ(d->client.max_attempts, 5);
+  EXPECT_FALSE(d->client.virtual_hosted);  // path style unless asked
+  EXPECT_TRUE(Parse({{"addressing", "virtual"}})->client.virtual_hosted);
+  EXPECT_FALSE(Parse({{"addressing", "path"}})->client.virtual_hosted);
   EXPECT_EQ(d->client.retry_deadline, std::chrono::seconds(30));
   for (const auto& [key, value] :
        std::vector<std::pair<std::string, std::string>>{{"max-attempts", "0"},
@@ -43,6 +46,7 @@ TEST(S3VolumeOptions, TimeoutsRetriesAndParts) {
                                                         {"retry-deadline", "soon"},
                                                         {"stall-timeout", "1000000000000d"},
                                                         {"part-size", "1m"},
+                                                        {"addressing", "dns"},
                                                         {"timeout", "1s"}}) {
     auto bad = Parse({{key, value}});
     ASSERT_FALSE(bad.ok()) << key << "=" << value;

@@ -549,10 +549,11 @@ class ManagerApi {
     API_ASSIGN_OR_RESPOND(std::string prefix, p.Str("prefix"));
     auto* s3 = dynamic_cast<S3Volume*>(&ForwardingVolume::Innermost(*t.volume));
     if (!s3)
-      return ErrorResponse(Status(
-          Code::kInvalidArgument,
-          fmt::format("volume '{}' is not an s3 volume: only a prefix of an S3 origin is bound",
-                      t.volume->name())));
+      return ErrorResponse(
+          Status(Code::kInvalidArgument,
+                 fmt::format("volume '{}' is not an s3 volume: only a prefix or a bucket of an S3 "
+                             "origin is bound",
+                             t.volume->name())));
     API_RETURN_IF_ERROR(s3->BindVFolder(t.vfid, prefix));
     // An empty vfolder bound now may have been listed through the cache a moment ago.
     if (auto* c = dynamic_cast<CachedVolume*>(t.volume)) c->Invalidate(t.vfid);

@@ -841,16 +841,21 @@ void AddVFolderCommands(CLI::App& app, Args& a, Action* run) {
     return kExitOk;
   });
 
-  auto* bind = Command(vf, "bind",
-                       "Serve a prefix already on an s3 volume's origin as a read-only vfolder.\n"
-                       "Nothing is copied: the vfolder lists and reads the keys under PREFIX (of "
-                       "the\nvolume's bucket). It is created, or an empty one (say, one the "
-                       "manager just\nmade) is bound. Deleting it deletes the binding, never "
-                       "the data; a clone\ncopies the data into a writable vfolder.",
-                       std::string("sluice vfolder bind datasets ") + kVfidEx + " imagenet/train/");
+  auto* bind =
+      Command(vf, "bind",
+              "Serve a prefix already on an s3 volume's origin as a read-only vfolder.\n"
+              "Nothing is copied: the vfolder lists and reads the keys under PREFIX (of "
+              "the\nvolume's bucket), or of another bucket of the origin given as\n"
+              "s3://BUCKET/PREFIX/ (s3://BUCKET/: all of it; the volume's credentials "
+              "need only\nread it: Sluice writes nothing there). The vfolder is "
+              "created, or an empty one\n(say, one the manager just made) is bound. "
+              "Deleting it deletes the binding,\nnever the data; a clone copies the "
+              "data into a writable vfolder.",
+              std::string("sluice vfolder bind datasets ") + kVfidEx + " s3://imagenet/train/");
   AddVolume(bind, a);
   AddVfid(bind, a);
-  bind->add_option("PREFIX", a.cache_path, "key prefix in the volume's bucket, ending in '/'")
+  bind->add_option("PREFIX", a.cache_path,
+                   "key prefix in the volume's bucket, ending in '/', or s3://BUCKET[/PREFIX/]")
       ->required();
   OnRun(bind, run, [&a](Cli& c) {
     json body = {{"volume", a.volume}, {"vfid", a.vfid}, {"prefix", a.cache_path}};

@@ -434,6 +434,71 @@ def test_a_prefix_on_the_origin_bound_read_only(proxy, origin):
                                         rc=1).stderr
 
 
+def test_another_bucket_bound_read_only(proxy, origin):
+    """A dataset in another bucket of the origin, bound whole (s3://BUCKET/) or in part
+    (s3://BUCKET/PREFIX/): read, listed, measured and cloned; nothing is ever written to that
+    bucket (the binding is a record in the volume's own), so read access is all it needs."""
+    from conftest import MANAGER_SECRET
+
+    def sluice(*args, rc=0):
+        p = subprocess.run([str(BIN_DIR / "sluice"), "--endpoint", d.url(""), "--token",
+                            MANAGER_SECRET, *args], capture_output=True, text=True, timeout=60)
+        assert p.returncode == rc, f"sluice {args}: {p.returncode}\n{p.stdout}\n{p.stderr}"
+        return p
+
+    d = proxy
+    other = f"ds-{uuid.uuid4().hex[:8]}"
+    origin.boto.create_bucket(Bucket=other)
+    files = {"train/a.bin": os.urandom(300 * KiB), "train/deep/b.txt": b"beta",
+             "README": b"read me"}
+    for rel, body in files.items():
+        origin.boto.put_object(Bucket=other, Key=rel, Body=body)
+
+    def keys_of(bucket):
+        return {o["Key"]: o["ETag"] for o in
+                origin.boto.list_objects_v2(Bucket=bucket).get("Contents", [])}
+
+    before = keys_of(other)
+    whole, part = new_vfid(), new_vfid()
+    out = sluice("vfolder", "bind", "remote", whole, f"s3://{other}/").stdout
+    assert "read-only" in out and f"s3://{other}" in out, out
+    sluice("vfolder", "bind", "remote", part, f"s3://{other}/train/")
+    names = sorted(i["name"] for i in d.file_op("remote", "list", vfid=whole,
+                                                relpath="").json()["items"])
+    assert names == ["README", "train"]
+    names = sorted(i["name"] for i in d.file_op("remote", "list", vfid=part,
+                                                relpath="").json()["items"])
+    assert names == ["a.bin", "deep"]
+    for vfid, strip in ((whole, ""), (part, "train/")):
+        for rel, body in files.items():
+            if not rel.startswith(strip):
+                continue
+            r = requests.get(d.client_url("/download"), params={
+                "token": download_token(d, vfid, rel[len(strip):], volume="remote")},
+                timeout=60)
+            assert r.status_code == 200 and r.content == body, rel
+    usage = d.mgr("GET", "/folder/usage", json={"volume": "remote", "vfid": whole}).json()
+    assert usage["used_bytes"] == sum(map(len, files.values()))
+    r = d.file_op("remote", "rename", vfid=whole, relpath="README", new_name="x")
+    assert r.status_code == 400 and r.json()["errno"] == errno.EROFS, r.text
+    # A clone copies across buckets, server side, into the volume's own layout.
+    dst = new_vfid()
+    r = d.mgr("POST", "/folder/clone", json={"src_volume": "remote", "src_vfid": part,
+                                             "dst_volume": "remote", "dst_vfid": dst})
+    assert r.status_code == 200 and d.wait_task(r.json()["bgtask_id"])["status"] == "completed"
+    got = origin.boto.get_object(Bucket=BUCKET, Key=vfolder_prefix(dst) + "a.bin")
+    assert got["Body"].read() == files["train/a.bin"]
+    d.delete_vfolder(whole, volume="remote")
+    d.delete_vfolder(part, volume="remote")
+    assert keys_of(other) == before  # nothing written, nothing deleted
+    # Refusals: no such bucket, nothing under a prefix, a name that is no bucket.
+    assert "nothing under" in sluice("vfolder", "bind", "remote", new_vfid(),
+                                     f"s3://{other}/none/", rc=3).stderr
+    assert "names no bucket" in sluice("vfolder", "bind", "remote", new_vfid(), "s3://A_B/",
+                                       rc=1).stderr
+    sluice("vfolder", "bind", "remote", new_vfid(), "s3://no-such-bucket-x/", rc=3)
+
+
 def test_clones_from_another_volume_are_uploaded(proxy, origin):
     """A vfolder of a local volume cloned onto the s3 volume: every file uploaded (one past the
     part size as a multipart upload), directories as markers (an empty one too), a symbolic

@@ -602,13 +602,15 @@ Result<std::string> S3Client::Put(std::string_view bucket, std::string_view key,
 }
 
 Result<std::string> S3Client::Copy(std::string_view bucket, std::string_view src_key,
-                                   std::string_view dst_key, const UserMeta* replace) {
+                                   std::string_view dst_key, const UserMeta* replace,
+                                   std::string_view src_bucket) {
+  if (src_bucket.empty()) src_bucket = bucket;
   Request req;
   req.method = "PUT";
   Address(req, bucket, dst_key);
-  req.what = fmt::format("copy s3://{}/{} to {}", bucket, src_key, dst_key);
+  req.what = fmt::format("copy s3://{}/{} to s3://{}/{}", src_bucket, src_key, bucket, dst_key);
   req.headers.emplace_back("x-amz-copy-source",
-                           UriEncode(fmt::format("/{}/{}", bucket, src_key), true));
+                           UriEncode(fmt::format("/{}/{}", src_bucket, src_key), true));
   req.headers.emplace_back("x-amz-metadata-directive", replace ? "REPLACE" : "COPY");
   if (replace)
     for (const auto& [k, v] : *replace) req.headers.emplace_back("x-amz-meta-" + k, v);

@@ -131,8 +131,11 @@ class S3Client {
                           std::string_view content_type = {}, const UserMeta& meta = {});
   // A server-side copy (CopyObject); returns the new object's ETag. The metadata is copied, or
   // replaced by `replace` when given.
+  // Server-side copy of `src_key` (in `src_bucket`, or `bucket` when empty) to `dst_key` of
+  // `bucket`.
   Result<std::string> Copy(std::string_view bucket, std::string_view src_key,
-                           std::string_view dst_key, const UserMeta* replace = nullptr);
+                           std::string_view dst_key, const UserMeta* replace = nullptr,
+                           std::string_view src_bucket = {});
   Status Delete(std::string_view bucket, std::string_view key);
   // Deletes up to 1000 keys in one request; returns "key: code message" for each refused one.
   Result<std::vector<std::string>> DeleteMany(std::string_view bucket,

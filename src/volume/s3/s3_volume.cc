@@ -226,6 +226,8 @@ struct S3Volume::Origin {
 
   Clients::Lease Client() { return clients.Take(); }
   const std::string& bucket() const { return opts.bucket; }
+  // `in`, or the volume's bucket when `in` is empty (reads of a vfolder bound to another).
+  std::string_view Bucket(std::string_view in) const { return in.empty() ? bucket() : in; }
 
   // Remembers whether the origin answered, for GetHwInfo.
   template <typename T>
@@ -244,8 +246,8 @@ struct S3Volume::Origin {
     return r.status();
   }
 
-  Result<std::optional<s3c::ObjectInfo>> HeadOpt(const std::string& key) {
-    auto r = Note(Client()->Head(bucket(), key));
+  Result<std::optional<s3c::ObjectInfo>> HeadOpt(const std::string& key, std::string_view in = {}) {
+    auto r = Note(Client()->Head(Bucket(in), key));
     if (!r.ok()) {
       if (IsNotFound(r.status())) return std::optional<s3c::ObjectInfo>();
       return r.status();
@@ -254,11 +256,11 @@ struct S3Volume::Origin {
   }
 
   // Whether any key other than `dir` itself (its marker) lies below `dir` ("a/b/").
-  Result<bool> HasChildren(const std::string& dir) {
+  Result<bool> HasChildren(const std::string& dir, std::string_view in = {}) {
     s3c::ListRequest lr;
     lr.prefix = dir;
     lr.max_keys = 2;
-    auto page = Note(Client()->ListObjects(bucket(), lr));
+    auto page = Note(Client()->ListObjects(Bucket(in), lr));
     if (!page.ok()) return page.status();
     for (const auto& o : page->objects)
       if (o.key != dir) return true;
@@ -267,11 +269,12 @@ struct S3Volume::Origin {
 
   // Every key below `prefix`, page after page.
   Status ForEachKey(const std::string& prefix,
-                    const std::function<Status(const s3c::ObjectInfo&)>& fn) {
+                    const std::function<Status(const s3c::ObjectInfo&)>& fn,
+                    std::string_view in = {}) {
     s3c::ListRequest lr;
     lr.prefix = prefix;
     for (;;) {
-      auto page = Note(Client()->ListObjects(bucket(), lr));
+      auto page = Note(Client()->ListObjects(Bucket(in), lr));
       if (!page.ok()) return page.status();
       for (const auto& o : page->objects) SLUICE_RETURN_IF_ERROR(fn(o));
       if (page->next_token.empty()) return Status::Ok();
@@ -322,18 +325,21 @@ struct S3Volume::Origin {
     });
   }
 
-  // Server-side copies of every key below `from` to the same name below `to`, 16 at once
-  // (`skip_from`: not the key `from` itself, a marker the target has its own of).
-  Status CopyPrefix(const std::string& from, const std::string& to, bool skip_from) {
+  // Server-side copies of every key below `from` (in bucket `from_bucket`, "" for the
+  // volume's) to the same name below `to` in the volume's bucket, 16 at once (`skip_from`: not
+  // the key `from` itself, a marker the target has its own of).
+  Status CopyPrefix(const std::string& from, const std::string& to, bool skip_from,
+                    std::string_view from_bucket = {}) {
     s3c::ListRequest lr;
     lr.prefix = from;
     for (;;) {
-      auto page = Note(Client()->ListObjects(bucket(), lr));
+      auto page = Note(Client()->ListObjects(Bucket(from_bucket), lr));
       if (!page.ok()) return page.status();
       const auto& objs = page->objects;
       SLUICE_RETURN_IF_ERROR(ParallelFor(objs.size(), 16, [&](size_t i) {
         if (skip_from && objs[i].key == from) return Status::Ok();
-        return Note(Client()->Copy(bucket(), objs[i].key, to + objs[i].key.substr(from.size())))
+        return Note(Client()->Copy(bucket(), objs[i].key, to + objs[i].key.substr(from.size()),
+                                   nullptr, Bucket(from_bucket)))
             .status();
       }));
       if (page->next_token.empty()) return Status::Ok();
@@ -344,13 +350,13 @@ struct S3Volume::Origin {
   // The entries directly below `dir` ("" or "a/b/"), sorted by name (the origin's order puts a
   // directory "a" after "a-b", as its prefix is "a/"). A name that is both an object and a
   // prefix lists as the directory.
-  Result<std::vector<DirEntry>> ListLevel(const std::string& dir) {
+  Result<std::vector<DirEntry>> ListLevel(const std::string& dir, std::string_view in = {}) {
     std::map<std::string, DirEntry> out;
     s3c::ListRequest lr;
     lr.prefix = dir;
     lr.delimiter = "/";
     for (;;) {
-      auto page = Note(Client()->ListObjects(bucket(), lr));
+      auto page = Note(Client()->ListObjects(Bucket(in), lr));
       if (!page.ok()) return page.status();
       for (const auto& o : page->objects) {
         if (o.key.size() <= dir.size()) continue;  // the directory's own marker
@@ -411,9 +417,10 @@ namespace {
 
 class S3Reader : public FileReader {
  public:
-  S3Reader(std::shared_ptr<S3Volume::Origin> o, std::string key, DirEntry info, std::string head,
-           std::string meta)
+  S3Reader(std::shared_ptr<S3Volume::Origin> o, std::string bucket, std::string key, DirEntry info,
+           std::string head, std::string meta)
       : origin_(std::move(o)),
+        bucket_(std::move(bucket)),
         key_(std::move(key)),
         info_(std::move(info)),
         head_(std::move(head)),
@@ -437,8 +444,8 @@ class S3Reader : public FileReader {
     // Pinned to the version opened: a replaced object fails the read (412), never mixes.
     std::string_view etag(info_.etag);
     if (etag.size() >= 2) etag = etag.substr(1, etag.size() - 2);
-    auto r = origin_->Note(origin_->Client()->Get(origin_->bucket(), key_, sink,
-                                                  std::make_pair(offset, uint64_t{n}), etag));
+    auto r = origin_->Note(
+        origin_->Client()->Get(bucket_, key_, sink, std::make_pair(offset, uint64_t{n}), etag));
     if (!r.ok()) {
       if (r.status().code() == Code::kConflict || IsNotFound(r.status()))
         return Status(Code::kConflict,
@@ -457,6 +464,7 @@ class S3Reader : public FileReader {
 
  private:
   std::shared_ptr<S3Volume::Origin> origin_;
+  std::string bucket_;
   std::string key_;
   DirEntry info_;
   std::string head_;  // the first bytes (all of a small file), read at open
@@ -658,7 +666,7 @@ Status S3Volume::EmptyTrash() {
   return Status::Ok();
 }
 
-std::optional<std::string> S3Volume::BoundPrefix(const VFolderId& vfid) const {
+std::optional<S3Volume::Binding> S3Volume::BoundTo(const VFolderId& vfid) const {
   std::lock_guard lk(bound_mu_);
   auto it = bound_.find(vfid.ToString());
   if (it == bound_.end()) return std::nullopt;
@@ -666,8 +674,13 @@ std::optional<std::string> S3Volume::BoundPrefix(const VFolderId& vfid) const {
 }
 
 std::string S3Volume::ObjectKey(const VFolderId& vfid, std::string_view relpath) const {
-  if (auto b = BoundPrefix(vfid)) return *b + std::string(relpath);
+  if (auto b = BoundTo(vfid)) return b->prefix + std::string(relpath);
   return LayoutKey(vfid, relpath);
+}
+
+std::string S3Volume::BucketOf(const VFolderId& vfid) const {
+  auto b = BoundTo(vfid);
+  return b && !b->bucket.empty() ? b->bucket : opts_.bucket;
 }
 
 std::string S3Volume::LayoutKey(const VFolderId& vfid, std::string_view relpath) const {
@@ -681,8 +694,8 @@ std::string S3Volume::LayoutKey(const VFolderId& vfid, std::string_view relpath)
 
 std::string S3Volume::VFolderPath(const VFolderId& vfid) const {
   std::string k = ObjectKey(vfid, "");
-  k.pop_back();
-  return fmt::format("s3://{}/{}", opts_.bucket, k);
+  if (!k.empty()) k.pop_back();
+  return fmt::format("s3://{}/{}", BucketOf(vfid), k);
 }
 
 Result<std::vector<std::string>> S3Volume::Parts(std::string_view relpath) const {
@@ -698,11 +711,10 @@ Status S3Volume::Writable() const {
 Status S3Volume::WritableVFolder(const VFolderId& vfid) {
   SLUICE_RETURN_IF_ERROR(Writable());
   SLUICE_RETURN_IF_ERROR(Live(vfid));
-  if (auto b = BoundPrefix(vfid))
+  if (auto b = BoundTo(vfid))
     return Status(
         Code::kPermissionDenied,
-        fmt::format("vfolder {} is s3://{}/{} bound read-only", vfid.ToString(), opts_.bucket, *b),
-        EROFS);
+        fmt::format("vfolder {} is {} bound read-only", vfid.ToString(), VFolderPath(vfid)), EROFS);
   return Status::Ok();
 }
 
@@ -717,7 +729,10 @@ void S3Volume::NoteRecord(const VFolderId& vfid, const nlohmann::json& j) {
     }
     full = bound_.size() > 100000;
     if (full) bound_.clear();
-    bound_[vfid.ToString()] = j["bound"].get<std::string>();
+    Binding b{"", j["bound"].get<std::string>()};
+    if (j.contains("bound-bucket") && j["bound-bucket"].is_string())
+      b.bucket = j["bound-bucket"].get<std::string>();
+    bound_[vfid.ToString()] = std::move(b);
   }
   if (full) {  // the vfolders seen live must be asked again: their bindings are forgotten
     std::lock_guard lk(mu_);
@@ -806,21 +821,45 @@ Status S3Volume::CheckVFolder(const VFolderId& vfid) {
   return Live(vfid);
 }
 
-Status S3Volume::BindVFolder(const VFolderId& vfid, const std::string& prefix) {
+Status S3Volume::BindVFolder(const VFolderId& vfid, const std::string& what) {
   SLUICE_RETURN_IF_ERROR(Writable());
   const std::string records = origin_->RecordKey("");
   auto bad = [&](std::string_view why) {
-    return Status(Code::kInvalidArgument, fmt::format("prefix '{}': {}", prefix, why));
+    return Status(Code::kInvalidArgument, fmt::format("prefix '{}': {}", what, why));
   };
-  if (prefix.empty() || prefix.back() != '/' || prefix.front() == '/')
-    return bad("must name a directory of keys: not empty, ending in '/', not starting with it");
+  // "s3://BUCKET[/PREFIX/]": another bucket of the origin, whole or in part.
+  std::string bucket, prefix = what;
+  if (what.starts_with("s3://")) {
+    const std::string rest = what.substr(5);
+    const size_t slash = rest.find('/');
+    bucket = rest.substr(0, slash);
+    prefix = slash == std::string::npos ? std::string() : rest.substr(slash + 1);
+    const bool name_ok =
+        bucket.size() >= 3 && bucket.size() <= 63 &&
+        std::all_of(bucket.begin(), bucket.end(), [](char c) {
+          return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.';
+        });
+    if (!name_ok)
+      return bad(
+          "names no bucket (s3://BUCKET[/PREFIX/], a bucket of 3 to 63 "
+          "lower-case letters, digits, '-' and '.')");
+    if (bucket == opts_.bucket) bucket.clear();  // the volume's own: its rules below
+  }
+  const bool other = !bucket.empty();
+  if ((!other && prefix.empty()) || (!prefix.empty() && prefix.back() != '/') ||
+      prefix.starts_with('/'))
+    return bad(other ? "must be a directory of keys: ending in '/', not starting with it"
+                     : "must name a directory of keys: not empty, ending in '/', not starting "
+                       "with it (s3://BUCKET/ binds another bucket whole)");
   if (prefix.size() > 1024 || prefix.find("//") != std::string::npos ||
       prefix.find('\0') != std::string::npos)
     return bad("is not a key prefix (over 1024 bytes, an empty component or a NUL)");
-  if (prefix.starts_with(records) || records.starts_with(prefix))
+  if (!other && (prefix.starts_with(records) || records.starts_with(prefix)))
     return bad(fmt::format("holds or is inside this volume's records ({})", records));
   // Nor the vfolders' own keys: another tenant's data is never bound.
-  if (!opts_.prefix.empty()) {
+  if (other) {
+    // Another bucket holds no vfolder of this volume.
+  } else if (!opts_.prefix.empty()) {
     if (prefix.starts_with(opts_.prefix) || opts_.prefix.starts_with(prefix))
       return bad(fmt::format("overlaps this volume's vfolders ({})", opts_.prefix));
   } else {
@@ -831,10 +870,11 @@ Status S3Volume::BindVFolder(const VFolderId& vfid, const std::string& prefix) {
     if ((first.size() == 32 || first.size() == 2) && hex(first))
       return bad("overlaps this volume's vfolders (a scope or vfolder directory at the root)");
   }
-  SLUICE_ASSIGN_OR_RETURN(bool data, origin_->HasChildren(prefix));
+  SLUICE_ASSIGN_OR_RETURN(bool data, origin_->HasChildren(prefix, bucket));
   if (!data)
     return Status(Code::kNotFound,
-                  fmt::format("there is nothing under s3://{}/{}", opts_.bucket, prefix), ENOENT);
+                  fmt::format("there is nothing under s3://{}/{}", origin_->Bucket(bucket), prefix),
+                  ENOENT);
   const std::string key = VFolderRecord(*origin_, vfid);
   SLUICE_ASSIGN_OR_RETURN(auto rec, origin_->GetRecord(key));
   if (rec) {
@@ -852,10 +892,12 @@ Status S3Volume::BindVFolder(const VFolderId& vfid, const std::string& prefix) {
   } else {
     SLUICE_RETURN_IF_ERROR(CreateVFolder(vfid, 0555, true, std::nullopt));
   }
-  SLUICE_RETURN_IF_ERROR(origin_->PutRecord(key, {{"mode", 0555}, {"bound", prefix}}));
+  nlohmann::json record = {{"mode", 0555}, {"bound", prefix}};
+  if (other) record["bound-bucket"] = bucket;
+  SLUICE_RETURN_IF_ERROR(origin_->PutRecord(key, record));
   {
     std::lock_guard lk(bound_mu_);
-    bound_[vfid.ToString()] = prefix;
+    bound_[vfid.ToString()] = Binding{bucket, prefix};
   }
   std::lock_guard lk(mu_);
   live_[key] = std::chrono::steady_clock::now() + opts_.vfolder_ttl;
@@ -867,20 +909,24 @@ Result<TreeUsage> S3Volume::GetUsage(const VFolderId& vfid) {
   const std::string root = ObjectKey(vfid, "");
   TreeUsage u;
   std::set<std::string> dirs;
-  SLUICE_RETURN_IF_ERROR(origin_->ForEachKey(root, [&](const s3c::ObjectInfo& o) {
-    std::string rel = o.key.substr(root.size());
-    if (rel.empty()) return Status::Ok();
-    if (rel.back() == '/')
-      rel.pop_back();  // a directory marker
-    else {
-      u.file_count += 1;
-      u.used_bytes += o.size;
-    }
-    for (size_t slash = rel.find('/'); slash != std::string::npos; slash = rel.find('/', slash + 1))
-      dirs.insert(rel.substr(0, slash));
-    if (o.key.back() == '/') dirs.insert(rel);
-    return Status::Ok();
-  }));
+  SLUICE_RETURN_IF_ERROR(origin_->ForEachKey(
+      root,
+      [&](const s3c::ObjectInfo& o) {
+        std::string rel = o.key.substr(root.size());
+        if (rel.empty()) return Status::Ok();
+        if (rel.back() == '/')
+          rel.pop_back();  // a directory marker
+        else {
+          u.file_count += 1;
+          u.used_bytes += o.size;
+        }
+        for (size_t slash = rel.find('/'); slash != std::string::npos;
+             slash = rel.find('/', slash + 1))
+          dirs.insert(rel.substr(0, slash));
+        if (o.key.back() == '/') dirs.insert(rel);
+        return Status::Ok();
+      },
+      BucketOf(vfid)));
   u.file_count += dirs.size();
   return u;
 }
@@ -927,7 +973,7 @@ Status S3Volume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFold
   SLUICE_RETURN_IF_ERROR(WritableVFolder(dst));
   if (&ForwardingVolume::Innermost(from) == this) {
     SLUICE_RETURN_IF_ERROR(Live(src));  // a bound vfolder copies into a writable one
-    return origin_->CopyPrefix(ObjectKey(src, ""), LayoutKey(dst, ""), true);
+    return origin_->CopyPrefix(ObjectKey(src, ""), LayoutKey(dst, ""), true, BucketOf(src));
   }
   // From another volume: every directory as a marker, every file uploaded (8 at a time).
   std::vector<std::string> dirs;
@@ -1025,18 +1071,18 @@ Result<DirEntry> S3Volume::Stat(const VFolderId& vfid, std::string_view relpath)
     return DirEntryOf("", perm, rec->second.mtime);
   }
   SLUICE_RETURN_IF_ERROR(Live(vfid));
-  const std::string key = ObjectKey(vfid, rel);
-  SLUICE_ASSIGN_OR_RETURN(auto f, origin_->HeadOpt(key));
+  const std::string key = ObjectKey(vfid, rel), in = BucketOf(vfid);
+  SLUICE_ASSIGN_OR_RETURN(auto f, origin_->HeadOpt(key, in));
   if (f) return FileEntry(parts.back(), *f);
-  SLUICE_ASSIGN_OR_RETURN(auto marker, origin_->HeadOpt(key + "/"));
+  SLUICE_ASSIGN_OR_RETURN(auto marker, origin_->HeadOpt(key + "/", in));
   if (marker) return DirEntryOf(parts.back(), 0755, marker->mtime);
-  SLUICE_ASSIGN_OR_RETURN(bool children, origin_->HasChildren(key + "/"));
+  SLUICE_ASSIGN_OR_RETURN(bool children, origin_->HasChildren(key + "/", in));
   if (children) return DirEntryOf(parts.back());
   return Status(Code::kNotFound, fmt::format("'{}' does not exist", rel), ENOENT);
 }
 
 Result<std::string> S3Volume::ObjectMetaOf(const VFolderId& vfid, const std::string& rel) {
-  SLUICE_ASSIGN_OR_RETURN(auto o, origin_->HeadOpt(ObjectKey(vfid, rel)));
+  SLUICE_ASSIGN_OR_RETURN(auto o, origin_->HeadOpt(ObjectKey(vfid, rel), BucketOf(vfid)));
   return o ? MetaOf(*o) : std::string();
 }
 
@@ -1050,11 +1096,11 @@ Result<std::shared_ptr<FileReader>> S3Volume::OpenReader(const VFolderId& vfid,
     return Status(Code::kInvalidArgument, "the vfolder root is a directory", EISDIR);
   SLUICE_RETURN_IF_ERROR(Live(vfid));
   const std::string rel = Join(parts, parts.size());
-  const std::string key = ObjectKey(vfid, rel);
+  const std::string key = ObjectKey(vfid, rel), in = BucketOf(vfid);
   // One ranged GET answers the attributes and the first bytes (all of a small file).
   std::string head;
   auto got = origin_->Note(origin_->Client()->Get(
-      opts_.bucket, key,
+      in, key,
       [&](std::string_view p) {
         head.append(p.substr(0, kReadWholeBelow - std::min<size_t>(head.size(), kReadWholeBelow)));
         return Status::Ok();
@@ -1062,12 +1108,12 @@ Result<std::shared_ptr<FileReader>> S3Volume::OpenReader(const VFolderId& vfid,
       std::make_pair(uint64_t{0}, kReadWholeBelow)));
   if (!got.ok() && !IsNotFound(got.status())) {
     // An empty object has no byte 0 to range over (416): its HEAD says so.
-    auto h = origin_->HeadOpt(key);
+    auto h = origin_->HeadOpt(key, in);
     if (h.ok() && *h && (*h)->size == 0) got = Result<s3c::ObjectInfo>(**h);
   }
   if (got.ok())
     return std::shared_ptr<FileReader>(std::make_shared<S3Reader>(
-        origin_, key, FileEntry(parts.back(), *got), std::move(head), MetaOf(*got)));
+        origin_, in, key, FileEntry(parts.back(), *got), std::move(head), MetaOf(*got)));
   if (!IsNotFound(got.status())) return got.status();
   auto dir = Stat(vfid, rel);
   if (dir.ok() && dir->type == EntryType::kDirectory)
@@ -1084,7 +1130,7 @@ Result<S3Volume::Level> S3Volume::ReadLevel(const VFolderId& vfid, std::string_v
     return Status(Code::kInvalidArgument, fmt::format("'{}' is not a directory", l.rel), ENOTDIR);
   std::string dir = ObjectKey(vfid, l.rel);
   if (!l.rel.empty()) dir += '/';
-  SLUICE_ASSIGN_OR_RETURN(l.entries, origin_->ListLevel(dir));
+  SLUICE_ASSIGN_OR_RETURN(l.entries, origin_->ListLevel(dir, BucketOf(vfid)));
   return l;
 }
 

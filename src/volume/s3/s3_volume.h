@@ -106,16 +106,25 @@ class S3Volume : public Volume {
   StagingSweep SweepStaging(const std::optional<VFolderId>& vfid, std::chrono::seconds age,
                             const StagingRemoved& removed) override;
 
-  // Binds the key prefix `prefix` (ending in '/') of the volume's bucket as vfolder `vfid`,
-  // read-only: a dataset already on the origin, served without a copy. Creates the vfolder
-  // (and its quota scope), or binds an existing empty one (one the manager just made).
-  // Deleting the vfolder deletes the binding, never the data.
+  // Binds a dataset already on the origin as vfolder `vfid`, read-only, served without a copy:
+  // `prefix` is a key prefix (ending in '/') of the volume's bucket, or "s3://BUCKET[/PREFIX/]"
+  // for another bucket of the same origin, whole or in part. Sluice writes nothing there (the
+  // binding is a record in the volume's bucket), so the volume's credentials need only read
+  // it. Creates the vfolder (and its quota scope), or binds an existing empty one (one the
+  // manager just made). Deleting the vfolder deletes the binding, never the data.
   Status BindVFolder(const VFolderId& vfid, const std::string& prefix);
-  // The prefix the vfolder is bound to, if it is a bound one (known once it was seen live).
-  std::optional<std::string> BoundPrefix(const VFolderId& vfid) const;
+  struct Binding {
+    std::string bucket;  // "" for the volume's own
+    std::string prefix;  // "" (a whole bucket) or ending in '/'
+  };
+  // What the vfolder is bound to, if it is a bound one (known once it was seen live).
+  std::optional<Binding> BoundTo(const VFolderId& vfid) const;
 
-  // The origin's key of `relpath` in the vfolder ("" names the vfolder's prefix, with its '/').
+  // The origin's key of `relpath` in the vfolder ("" names the vfolder's prefix, with its '/'),
+  // in the bucket BucketOf names.
   std::string ObjectKey(const VFolderId& vfid, std::string_view relpath) const;
+  // The bucket the vfolder's files are in: the volume's, or a bound one.
+  std::string BucketOf(const VFolderId& vfid) const;
   // The key in the volume's own layout, whether or not the vfolder is bound elsewhere.
   std::string LayoutKey(const VFolderId& vfid, std::string_view relpath) const;
   const S3VolumeOptions& options() const { return opts_; }
@@ -159,7 +168,7 @@ class S3Volume : public Volume {
   std::map<std::string, std::chrono::steady_clock::time_point> live_;  // vfolder key -> until
   std::set<std::string> writers_;  // upload sessions with a writer on this node
   mutable std::mutex bound_mu_;
-  std::map<std::string, std::string> bound_;  // vfid -> the prefix it is bound to
+  std::map<std::string, Binding> bound_;  // vfid -> what it is bound to
 };
 
 }  // namespace sluice

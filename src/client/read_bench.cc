@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <mutex>
 #include <numeric>
 #include <random>
@@ -20,11 +21,11 @@ double Ms(Clock::duration d) {
   return std::chrono::duration<double, std::milli>(d).count();
 }
 
-// The value below which `q` of the sorted `v` lie (nearest rank).
+// The nearest-rank quantile `q` of the sorted `v`: the ceil(q * n)-th smallest.
 double Quantile(const std::vector<double>& v, double q) {
   if (v.empty()) return 0;
-  size_t i = static_cast<size_t>(q * static_cast<double>(v.size()));
-  return v[std::min(i, v.size() - 1)];
+  const auto rank = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
 }
 
 }  // namespace

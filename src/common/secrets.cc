@@ -61,10 +61,11 @@ Result<std::string> LoadOrCreateSecret(const std::string& path, bool* created) {
   return secret;
 }
 
+bool ConstantTimeEqualsFixed(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
 bool ConstantTimeEquals(std::string_view a, std::string_view b) {
-  // Equal lengths (every signature, a token of the right size): compared directly. Otherwise
-  // through hashes, so that the time says nothing of either length.
-  if (a.size() == b.size()) return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
   unsigned char ha[SHA256_DIGEST_LENGTH], hb[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(a.data()), a.size(), ha);
   SHA256(reinterpret_cast<const unsigned char*>(b.data()), b.size(), hb);

@@ -14,6 +14,9 @@ Result<std::string> LoadOrCreateSecret(const std::string& path, bool* created = 
 
 // Compares in time independent of where the inputs differ (and of their lengths).
 bool ConstantTimeEquals(std::string_view a, std::string_view b);
+// The same for values whose length is public (a 64-digit signature): the lengths are compared
+// first, the bytes in constant time, without ConstantTimeEquals's two hashes.
+bool ConstantTimeEqualsFixed(std::string_view a, std::string_view b);
 
 // `n` cryptographically random bytes as lower-case hex.
 std::string RandomHexString(size_t n);

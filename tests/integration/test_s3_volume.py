@@ -463,6 +463,12 @@ def test_another_bucket_bound_read_only(proxy, origin):
     out = sluice("vfolder", "bind", "remote", whole, f"s3://{other}/").stdout
     assert "read-only" in out and f"s3://{other}" in out, out
     sluice("vfolder", "bind", "remote", part, f"s3://{other}/train/")
+    # The binding is a record in the volume's own bucket; the bound bucket is named in it the
+    # way no node reads as a prefix of its own bucket.
+    scope, vf = split_vfid(part)
+    record = json.loads(origin.boto.get_object(
+        Bucket=BUCKET, Key=f"ds/.sluice/vfolders/{scope}/{vf}")["Body"].read())
+    assert record["bound"] == f"s3://{other}/train/" and record["mode"] == 0o555, record
     names = sorted(i["name"] for i in d.file_op("remote", "list", vfid=whole,
                                                 relpath="").json()["items"])
     assert names == ["README", "train"]

@@ -62,7 +62,7 @@ std::optional<S3Error> AwsChunkedDecoder::OnChunkEnd() {
   if (o_.signed_chunks) {
     std::string want = SignatureOf(
         o_.signing_key, ChunkStringToSign(o_.auth, prev_sig_, HexEncode(chunk_sha_.Final())));
-    if (!ConstantTimeEquals(want, chunk_sig_)) return BadSignature("chunk");
+    if (!ConstantTimeEqualsFixed(want, chunk_sig_)) return BadSignature("chunk");
     prev_sig_ = want;
   }
   if (chunk_size_ == 0) {
@@ -85,7 +85,7 @@ std::optional<S3Error> AwsChunkedDecoder::OnTrailerLine() {
       std::string want =
           SignatureOf(o_.signing_key,
                       TrailerStringToSign(o_.auth, prev_sig_, HexEncode(Sha256(trailer_text_))));
-      if (!ConstantTimeEquals(want, trailer_sig_)) return BadSignature("trailer");
+      if (!ConstantTimeEqualsFixed(want, trailer_sig_)) return BadSignature("trailer");
     }
     state_ = State::kDone;
     return std::nullopt;

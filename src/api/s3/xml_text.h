@@ -2,7 +2,8 @@
 // as a pugixml document cost more than reading the directory it lists (7,000 nodes, then
 // serialised). Escapes exactly as pugixml's writer does, so answers are byte for byte what they
 // were (tests/unit/api/xml_text_test.cc compares the two): & < > as entities, control bytes
-// other than tab, LF and CR as "&#NN;", everything else (UTF-8 included) as it is.
+// other than tab, LF and CR as "&#NN;", everything else (UTF-8 included) as it is; a NUL ends
+// the text.
 #pragma once
 
 #include <string>
@@ -11,6 +12,8 @@
 namespace sluice::api::s3 {
 
 inline void AppendXmlText(std::string& out, std::string_view s) {
+  // A NUL ends the text, as it did when pugixml took it as a C string (XML has no NUL).
+  s = s.substr(0, s.find('\0'));
   size_t run = 0;  // bytes that need no escape go in one append
   for (size_t i = 0; i < s.size(); ++i) {
     const auto c = static_cast<unsigned char>(s[i]);

@@ -200,7 +200,7 @@ bool SignatureMatches(std::string_view signing_key, const SigV4Auth& auth,
   HmacSha256To(signing_key, sts, mac);
   char hex[64];
   HexEncodeTo(mac, sizeof mac, hex);
-  return ConstantTimeEquals(std::string_view(hex, sizeof hex), signature);
+  return ConstantTimeEqualsFixed(std::string_view(hex, sizeof hex), signature);
 }
 
 std::string SigningKey(std::string_view secret, std::string_view date, std::string_view region,

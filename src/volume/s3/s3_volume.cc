@@ -673,14 +673,10 @@ std::optional<S3Volume::Binding> S3Volume::BoundTo(const VFolderId& vfid) const 
   return it->second;
 }
 
-std::string S3Volume::ObjectKey(const VFolderId& vfid, std::string_view relpath) const {
-  if (auto b = BoundTo(vfid)) return b->prefix + std::string(relpath);
-  return LayoutKey(vfid, relpath);
-}
-
-std::string S3Volume::BucketOf(const VFolderId& vfid) const {
-  auto b = BoundTo(vfid);
-  return b && !b->bucket.empty() ? b->bucket : opts_.bucket;
+S3Volume::Location S3Volume::Locate(const VFolderId& vfid, std::string_view relpath) const {
+  if (auto b = BoundTo(vfid))
+    return {b->bucket.empty() ? opts_.bucket : b->bucket, b->prefix + std::string(relpath)};
+  return {opts_.bucket, LayoutKey(vfid, relpath)};
 }
 
 std::string S3Volume::LayoutKey(const VFolderId& vfid, std::string_view relpath) const {
@@ -693,9 +689,9 @@ std::string S3Volume::LayoutKey(const VFolderId& vfid, std::string_view relpath)
 }
 
 std::string S3Volume::VFolderPath(const VFolderId& vfid) const {
-  std::string k = ObjectKey(vfid, "");
-  if (!k.empty()) k.pop_back();
-  return fmt::format("s3://{}/{}", BucketOf(vfid), k);
+  Location at = Locate(vfid, "");
+  if (!at.key.empty()) at.key.pop_back();
+  return fmt::format("s3://{}/{}", at.bucket, at.key);
 }
 
 Result<std::vector<std::string>> S3Volume::Parts(std::string_view relpath) const {
@@ -729,9 +725,14 @@ void S3Volume::NoteRecord(const VFolderId& vfid, const nlohmann::json& j) {
     }
     full = bound_.size() > 100000;
     if (full) bound_.clear();
+    // "PREFIX/" of the volume's bucket, or "s3://BUCKET/[PREFIX/]" of another: a node that
+    // predates other buckets reads the latter as a prefix no key of its bucket has.
     Binding b{"", j["bound"].get<std::string>()};
-    if (j.contains("bound-bucket") && j["bound-bucket"].is_string())
-      b.bucket = j["bound-bucket"].get<std::string>();
+    if (b.prefix.starts_with("s3://")) {
+      const size_t slash = b.prefix.find('/', 5);
+      b.bucket = b.prefix.substr(5, slash == std::string::npos ? slash : slash - 5);
+      b.prefix = slash == std::string::npos ? std::string() : b.prefix.substr(slash + 1);
+    }
     bound_[vfid.ToString()] = std::move(b);
   }
   if (full) {  // the vfolders seen live must be asked again: their bindings are forgotten
@@ -892,9 +893,8 @@ Status S3Volume::BindVFolder(const VFolderId& vfid, const std::string& what) {
   } else {
     SLUICE_RETURN_IF_ERROR(CreateVFolder(vfid, 0555, true, std::nullopt));
   }
-  nlohmann::json record = {{"mode", 0555}, {"bound", prefix}};
-  if (other) record["bound-bucket"] = bucket;
-  SLUICE_RETURN_IF_ERROR(origin_->PutRecord(key, record));
+  const std::string bound = other ? fmt::format("s3://{}/{}", bucket, prefix) : prefix;
+  SLUICE_RETURN_IF_ERROR(origin_->PutRecord(key, {{"mode", 0555}, {"bound", bound}}));
   {
     std::lock_guard lk(bound_mu_);
     bound_[vfid.ToString()] = Binding{bucket, prefix};
@@ -906,7 +906,8 @@ Status S3Volume::BindVFolder(const VFolderId& vfid, const std::string& what) {
 
 Result<TreeUsage> S3Volume::GetUsage(const VFolderId& vfid) {
   SLUICE_RETURN_IF_ERROR(CheckVFolder(vfid));
-  const std::string root = ObjectKey(vfid, "");
+  const Location at = Locate(vfid, "");
+  const std::string& root = at.key;
   TreeUsage u;
   std::set<std::string> dirs;
   SLUICE_RETURN_IF_ERROR(origin_->ForEachKey(
@@ -926,7 +927,7 @@ Result<TreeUsage> S3Volume::GetUsage(const VFolderId& vfid) {
         if (o.key.back() == '/') dirs.insert(rel);
         return Status::Ok();
       },
-      BucketOf(vfid)));
+      at.bucket));
   u.file_count += dirs.size();
   return u;
 }
@@ -973,7 +974,8 @@ Status S3Volume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFold
   SLUICE_RETURN_IF_ERROR(WritableVFolder(dst));
   if (&ForwardingVolume::Innermost(from) == this) {
     SLUICE_RETURN_IF_ERROR(Live(src));  // a bound vfolder copies into a writable one
-    return origin_->CopyPrefix(ObjectKey(src, ""), LayoutKey(dst, ""), true, BucketOf(src));
+    const Location from = Locate(src, "");
+    return origin_->CopyPrefix(from.key, LayoutKey(dst, ""), true, from.bucket);
   }
   // From another volume: every directory as a marker, every file uploaded (8 at a time).
   std::vector<std::string> dirs;
@@ -1071,7 +1073,7 @@ Result<DirEntry> S3Volume::Stat(const VFolderId& vfid, std::string_view relpath)
     return DirEntryOf("", perm, rec->second.mtime);
   }
   SLUICE_RETURN_IF_ERROR(Live(vfid));
-  const std::string key = ObjectKey(vfid, rel), in = BucketOf(vfid);
+  const auto [in, key] = Locate(vfid, rel);
   SLUICE_ASSIGN_OR_RETURN(auto f, origin_->HeadOpt(key, in));
   if (f) return FileEntry(parts.back(), *f);
   SLUICE_ASSIGN_OR_RETURN(auto marker, origin_->HeadOpt(key + "/", in));
@@ -1082,7 +1084,8 @@ Result<DirEntry> S3Volume::Stat(const VFolderId& vfid, std::string_view relpath)
 }
 
 Result<std::string> S3Volume::ObjectMetaOf(const VFolderId& vfid, const std::string& rel) {
-  SLUICE_ASSIGN_OR_RETURN(auto o, origin_->HeadOpt(ObjectKey(vfid, rel), BucketOf(vfid)));
+  const Location at = Locate(vfid, rel);
+  SLUICE_ASSIGN_OR_RETURN(auto o, origin_->HeadOpt(at.key, at.bucket));
   return o ? MetaOf(*o) : std::string();
 }
 
@@ -1096,7 +1099,7 @@ Result<std::shared_ptr<FileReader>> S3Volume::OpenReader(const VFolderId& vfid,
     return Status(Code::kInvalidArgument, "the vfolder root is a directory", EISDIR);
   SLUICE_RETURN_IF_ERROR(Live(vfid));
   const std::string rel = Join(parts, parts.size());
-  const std::string key = ObjectKey(vfid, rel), in = BucketOf(vfid);
+  const auto [in, key] = Locate(vfid, rel);
   // One ranged GET answers the attributes and the first bytes (all of a small file).
   std::string head;
   auto got = origin_->Note(origin_->Client()->Get(
@@ -1128,9 +1131,9 @@ Result<S3Volume::Level> S3Volume::ReadLevel(const VFolderId& vfid, std::string_v
   SLUICE_ASSIGN_OR_RETURN(l.info, Stat(vfid, l.rel));
   if (l.info.type != EntryType::kDirectory)
     return Status(Code::kInvalidArgument, fmt::format("'{}' is not a directory", l.rel), ENOTDIR);
-  std::string dir = ObjectKey(vfid, l.rel);
-  if (!l.rel.empty()) dir += '/';
-  SLUICE_ASSIGN_OR_RETURN(l.entries, origin_->ListLevel(dir, BucketOf(vfid)));
+  Location at = Locate(vfid, l.rel);
+  if (!l.rel.empty()) at.key += '/';
+  SLUICE_ASSIGN_OR_RETURN(l.entries, origin_->ListLevel(at.key, at.bucket));
   return l;
 }
 
@@ -1267,7 +1270,8 @@ Status S3Volume::DeleteFiles(const VFolderId& vfid, const std::vector<std::strin
       return e.status();
     }
     if (e->type == EntryType::kDirectory && !recursive) {
-      SLUICE_ASSIGN_OR_RETURN(bool children, origin_->HasChildren(ObjectKey(vfid, rel) + "/"));
+      // (Writable: never bound, its own layout.)
+      SLUICE_ASSIGN_OR_RETURN(bool children, origin_->HasChildren(LayoutKey(vfid, rel) + "/"));
       if (children)
         return Status(
             Code::kNotEmpty,

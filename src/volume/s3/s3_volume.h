@@ -120,11 +120,17 @@ class S3Volume : public Volume {
   // What the vfolder is bound to, if it is a bound one (known once it was seen live).
   std::optional<Binding> BoundTo(const VFolderId& vfid) const;
 
-  // The origin's key of `relpath` in the vfolder ("" names the vfolder's prefix, with its '/'),
-  // in the bucket BucketOf names.
-  std::string ObjectKey(const VFolderId& vfid, std::string_view relpath) const;
-  // The bucket the vfolder's files are in: the volume's, or a bound one.
-  std::string BucketOf(const VFolderId& vfid) const;
+  // Where `relpath` of the vfolder is on the origin ("" names the vfolder's prefix, with its
+  // '/'): the volume's bucket and its layout, or what the vfolder is bound to. One look at the
+  // bindings, so that a key is never paired with another binding's bucket.
+  struct Location {
+    std::string bucket, key;
+  };
+  Location Locate(const VFolderId& vfid, std::string_view relpath) const;
+  // Its key alone (the volume's own bucket unless the vfolder is bound to another).
+  std::string ObjectKey(const VFolderId& vfid, std::string_view relpath) const {
+    return Locate(vfid, relpath).key;
+  }
   // The key in the volume's own layout, whether or not the vfolder is bound elsewhere.
   std::string LayoutKey(const VFolderId& vfid, std::string_view relpath) const;
   const S3VolumeOptions& options() const { return opts_; }

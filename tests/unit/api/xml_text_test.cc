@@ -35,6 +35,10 @@ TEST(XmlText, SameBytesAsPugixml) {
   EXPECT_EQ(Direct(every), ViaPugi(every));
   EXPECT_EQ(Direct(""), ViaPugi(""));
   EXPECT_EQ(Direct("a&b<c>d\"e'f\x01g\th"), "<K>a&amp;b&lt;c&gt;d\"e'f&#01;g\th</K>");
+  // A NUL (a %00 in a listing's prefix or marker) ends the text, as it did through pugixml.
+  const std::string with_nul("ab\0cd", 5);
+  EXPECT_EQ(Direct(with_nul), ViaPugi(with_nul));
+  EXPECT_EQ(Direct(with_nul), "<K>ab</K>");
   std::mt19937 rng(7);
   const std::string alphabet = "ab/&<>\"'\t\n\r\x01\x1f\x7f\xc3\xa9 ";
   for (int i = 0; i < 2000; ++i) {

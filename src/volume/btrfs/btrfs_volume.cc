@@ -278,6 +278,15 @@ Result<QuotaUsage> BtrfsQuotaModel::DescribeScope(const QuotaScopeId& qsid) {
   return u;
 }
 
+Result<std::optional<uint64_t>> BtrfsQuotaModel::ScopeLimit(const QuotaScopeId& qsid) {
+  // The limit alone: no walk of a plain directory, no transaction commit for fresh counters.
+  SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
+  SLUICE_ASSIGN_OR_RETURN(std::optional<uint64_t> q, ScopeQgroup(qsid));
+  if (!q) return std::optional<uint64_t>();
+  SLUICE_ASSIGN_OR_RETURN(btrfs::QgroupCounters c, vol_->sysfs_.Read(*q));
+  return c.max_referenced;
+}
+
 Status BtrfsQuotaModel::UpdateScope(const QuotaScopeId& qsid, uint64_t limit) {
   Status s = vol_->CheckScopeDir(qsid);
   if (s.code() == Code::kNotFound) {

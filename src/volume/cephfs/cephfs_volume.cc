@@ -85,6 +85,13 @@ Result<QuotaUsage> CephfsQuotaModel::DescribeScope(const QuotaScopeId& qsid) {
   return u;
 }
 
+Result<std::optional<uint64_t>> CephfsQuotaModel::ScopeLimit(const QuotaScopeId& qsid) {
+  SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
+  SLUICE_ASSIGN_OR_RETURN(auto limit, GetNumberXattr(ScopePath(qsid), kMaxBytes));
+  if (limit && *limit > 0) return std::optional<uint64_t>(*limit);
+  return std::optional<uint64_t>();
+}
+
 Status CephfsQuotaModel::UpdateScope(const QuotaScopeId& qsid, uint64_t limit) {
   Status s = vol_->CheckScopeDir(qsid);
   if (s.code() == Code::kNotFound) {

@@ -35,6 +35,7 @@ class CephfsQuotaModel : public QuotaModel {
   Status CreateScope(const QuotaScopeId& qsid, std::optional<uint64_t> limit_bytes) override;
   // used_bytes: ceph.dir.rbytes plus what Sluice wrote in the pending-write window.
   Result<QuotaUsage> DescribeScope(const QuotaScopeId& qsid) override;
+  Result<std::optional<uint64_t>> ScopeLimit(const QuotaScopeId& qsid) override;
   Status UpdateScope(const QuotaScopeId& qsid, uint64_t limit_bytes) override;
   Status UnsetQuota(const QuotaScopeId& qsid) override;
   Status DeleteScope(const QuotaScopeId& qsid) override;

@@ -118,6 +118,15 @@ Result<QuotaUsage> XfsQuotaModel::DescribeScope(const QuotaScopeId& qsid) {
   return u;
 }
 
+Result<std::optional<uint64_t>> XfsQuotaModel::ScopeLimit(const QuotaScopeId& qsid) {
+  // Without accounting there is no limit (they are refused), and no walk to make for one.
+  SLUICE_ASSIGN_OR_RETURN(uint32_t id, ScopeProject(qsid));
+  if (!vol_->quota_state_.accounting) return std::optional<uint64_t>();
+  SLUICE_ASSIGN_OR_RETURN(xfs::ProjectQuota q, xfs::GetProjectQuota(vol_->device(), id));
+  if (q.hard_limit_bytes) return std::optional<uint64_t>(q.hard_limit_bytes);
+  return std::optional<uint64_t>();
+}
+
 Status XfsQuotaModel::UpdateScope(const QuotaScopeId& qsid, uint64_t limit) {
   if (!vol_->limits_enforced()) return vol_->RefuseLimit(qsid);
   Status s = vol_->CheckScopeDir(qsid);

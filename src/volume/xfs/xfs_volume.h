@@ -28,6 +28,7 @@ class XfsQuotaModel : public QuotaModel {
   std::string ScopePath(const QuotaScopeId& qsid) const override;
   Status CreateScope(const QuotaScopeId& qsid, std::optional<uint64_t> limit_bytes) override;
   Result<QuotaUsage> DescribeScope(const QuotaScopeId& qsid) override;
+  Result<std::optional<uint64_t>> ScopeLimit(const QuotaScopeId& qsid) override;
   Status UpdateScope(const QuotaScopeId& qsid, uint64_t limit_bytes) override;
   Status UnsetQuota(const QuotaScopeId& qsid) override;
   Status DeleteScope(const QuotaScopeId& qsid) override;

@@ -54,6 +54,25 @@ def proxy(tmp_path_factory, origin):
         yield d
 
 
+def sluice_admin(d, *args, rc=0):
+    """`sluice ARGS` against daemon `d`'s manager API; its exit status must be `rc`."""
+    from conftest import MANAGER_SECRET
+    p = subprocess.run([str(BIN_DIR / "sluice"), "--endpoint", d.url(""), "--token",
+                        MANAGER_SECRET, *args], capture_output=True, text=True, timeout=60)
+    assert p.returncode == rc, f"sluice {args}: {p.returncode}\n{p.stdout}\n{p.stderr}"
+    return p
+
+
+def clone_vfolder(d, src_volume, src_vfid, dst_volume):
+    """Clones `src_vfid` into a new vfolder of `dst_volume` and waits for the task: its id."""
+    dst = new_vfid()
+    r = d.mgr("POST", "/folder/clone", json={"src_volume": src_volume, "src_vfid": src_vfid,
+                                             "dst_volume": dst_volume, "dst_vfid": dst})
+    assert r.status_code == 200, r.text
+    assert d.wait_task(r.json()["bgtask_id"])["status"] == "completed"
+    return dst
+
+
 def vfolder_prefix(vfid, prefix="ds"):
     scope, vf = split_vfid(vfid)
     return f"{prefix}/{scope}/{vf[0:2]}/{vf[2:4]}/{vf[4:]}/"
@@ -242,11 +261,7 @@ def test_clones_are_server_side_copies(proxy, origin):
     files = {f"d{i % 4}/f{i:03}.bin": os.urandom(1000 + i) for i in range(60)}
     for rel, body in files.items():
         origin.boto.put_object(Bucket=BUCKET, Key=vfolder_prefix(src) + rel, Body=body)
-    dst = new_vfid()
-    r = d.mgr("POST", "/folder/clone", json={"src_volume": "remote", "src_vfid": src,
-                                             "dst_volume": "remote", "dst_vfid": dst})
-    assert r.status_code == 200, r.text
-    assert d.wait_task(r.json()["bgtask_id"])["status"] == "completed"
+    dst = clone_vfolder(d, "remote", src, "remote")
     keys = {}
     token = None
     while True:
@@ -347,13 +362,8 @@ def test_a_prefix_on_the_origin_bound_read_only(proxy, origin):
     """A dataset another client uploaded outside Sluice's layout, served as a vfolder without a
     copy (`sluice vfolder bind`): listed, read and archived; never written, and never deleted
     with the vfolder; a clone copies it into a writable vfolder."""
-    from conftest import MANAGER_SECRET
-
     def sluice(*args, rc=0):
-        p = subprocess.run([str(BIN_DIR / "sluice"), "--endpoint", d.url(""), "--token",
-                            MANAGER_SECRET, *args], capture_output=True, text=True, timeout=60)
-        assert p.returncode == rc, f"sluice {args}: {p.returncode}\n{p.stdout}\n{p.stderr}"
-        return p
+        return sluice_admin(d, *args, rc=rc)
 
     d = proxy
     base = f"datasets/{uuid.uuid4().hex[:8]}/"
@@ -393,10 +403,7 @@ def test_a_prefix_on_the_origin_bound_read_only(proxy, origin):
     assert r.status_code in (400, 403) and "bound read-only" in r.text, r.text
 
     # A clone is a writable copy.
-    dst = new_vfid()
-    r = d.mgr("POST", "/folder/clone", json={"src_volume": "remote", "src_vfid": vfid,
-                                             "dst_volume": "remote", "dst_vfid": dst})
-    assert r.status_code == 200 and d.wait_task(r.json()["bgtask_id"])["status"] == "completed"
+    dst = clone_vfolder(d, "remote", vfid, "remote")
     got = origin.boto.get_object(Bucket=BUCKET, Key=vfolder_prefix(dst) + "train/a.bin")
     assert got["Body"].read() == files["train/a.bin"]
     assert d.file_op("remote", "mkdir", vfid=dst, relpath="mine").status_code == 200
@@ -438,13 +445,8 @@ def test_another_bucket_bound_read_only(proxy, origin):
     """A dataset in another bucket of the origin, bound whole (s3://BUCKET/) or in part
     (s3://BUCKET/PREFIX/): read, listed, measured and cloned; nothing is ever written to that
     bucket (the binding is a record in the volume's own), so read access is all it needs."""
-    from conftest import MANAGER_SECRET
-
     def sluice(*args, rc=0):
-        p = subprocess.run([str(BIN_DIR / "sluice"), "--endpoint", d.url(""), "--token",
-                            MANAGER_SECRET, *args], capture_output=True, text=True, timeout=60)
-        assert p.returncode == rc, f"sluice {args}: {p.returncode}\n{p.stdout}\n{p.stderr}"
-        return p
+        return sluice_admin(d, *args, rc=rc)
 
     d = proxy
     other = f"ds-{uuid.uuid4().hex[:8]}"
@@ -488,10 +490,7 @@ def test_another_bucket_bound_read_only(proxy, origin):
     r = d.file_op("remote", "rename", vfid=whole, relpath="README", new_name="x")
     assert r.status_code == 400 and r.json()["errno"] == errno.EROFS, r.text
     # A clone copies across buckets, server side, into the volume's own layout.
-    dst = new_vfid()
-    r = d.mgr("POST", "/folder/clone", json={"src_volume": "remote", "src_vfid": part,
-                                             "dst_volume": "remote", "dst_vfid": dst})
-    assert r.status_code == 200 and d.wait_task(r.json()["bgtask_id"])["status"] == "completed"
+    dst = clone_vfolder(d, "remote", part, "remote")
     got = origin.boto.get_object(Bucket=BUCKET, Key=vfolder_prefix(dst) + "a.bin")
     assert got["Body"].read() == files["train/a.bin"]
     d.delete_vfolder(whole, volume="remote")
@@ -554,10 +553,7 @@ def test_a_clone_onto_the_s3_volume_keeps_object_metadata(proxy, origin):
     s3.put_object(Bucket="clone-src", Key="small.txt", Body=b"s", ContentType="text/x-s",
                   Metadata={"k": "v"})
     b = next(b for b in d.mgr("GET", "/s3/buckets").json()["buckets"] if b["name"] == "clone-src")
-    dst = new_vfid()
-    r = d.mgr("POST", "/folder/clone", json={"src_volume": b["volume"], "src_vfid": b["vfid"],
-                                             "dst_volume": "remote", "dst_vfid": dst})
-    assert r.status_code == 200 and d.wait_task(r.json()["bgtask_id"])["status"] == "completed"
+    dst = clone_vfolder(d, b["volume"], b["vfid"], "remote")
     r = d.mgr("POST", "/s3/buckets", json={"name": "clone-dst", "volume": "remote", "vfid": dst,
                                            "owner": user})
     assert r.status_code == 201, r.text
@@ -582,10 +578,7 @@ def test_a_clone_from_the_s3_volume_onto_a_local_one(proxy, origin):
     b = next(b for b in d.mgr("GET", "/s3/buckets").json()["buckets"]
              if b["name"] == "from-remote")
     origin.boto.put_object(Bucket=BUCKET, Key=vfolder_prefix(b["vfid"]) + "empty/", Body=b"")
-    dst = new_vfid()
-    r = d.mgr("POST", "/folder/clone", json={"src_volume": "remote", "src_vfid": b["vfid"],
-                                             "dst_volume": "local", "dst_vfid": dst})
-    assert r.status_code == 200 and d.wait_task(r.json()["bgtask_id"])["status"] == "completed"
+    dst = clone_vfolder(d, "remote", b["vfid"], "local")
     root = d.vfolder_path(dst)
     with open(os.path.join(root, "w/big.bin"), "rb") as f:
         assert f.read() == big

@@ -12,6 +12,8 @@
 
 #include <fmt/format.h>
 
+#include "common/crypto.h"
+
 namespace sluice {
 
 std::string RandomHexString(size_t n) {
@@ -86,9 +88,10 @@ std::string UniqueHexId() {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   z ^= z >> 31;
-  static constexpr char kHex[] = "0123456789abcdef";
+  unsigned char raw[8];
+  for (int i = 7; i >= 0; --i, z >>= 8) raw[i] = static_cast<unsigned char>(z);
   std::string out(16, '0');
-  for (int i = 15; i >= 0; --i, z >>= 4) out[static_cast<size_t>(i)] = kHex[z & 15];
+  HexEncodeTo(raw, sizeof raw, out.data());
   return out;
 }
 

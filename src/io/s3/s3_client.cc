@@ -189,7 +189,6 @@ S3Client::S3Client(ClientOptions opts) : opts_(std::move(opts)) {
   size_t start = e.find("//");
   start = start == std::string_view::npos ? 0 : start + 2;
   size_t slash = e.find('/', start);
-  scheme_host_ = std::string(e.substr(0, slash));
   scheme_ = std::string(e.substr(0, start));
   authority_ =
       std::string(e.substr(start, slash == std::string_view::npos ? e.npos : slash - start));
@@ -319,7 +318,7 @@ Result<S3Client::Answer> S3Client::SendOnce(Request& req) {
   }
   const bool in_host = opts_.virtual_hosted && !req.bucket.empty();
   const std::string host = in_host ? req.bucket + "." + host_header_ : host_header_;
-  std::string url = in_host ? scheme_ + req.bucket + "." + authority_ : scheme_host_;
+  std::string url = scheme_ + (in_host ? req.bucket + "." : std::string()) + authority_;
   url += UriEncode(req.path, true);
   if (!raw_query.empty()) url += "?" + raw_query;
 
@@ -392,8 +391,8 @@ Result<S3Client::Answer> S3Client::SendOnce(Request& req) {
     return Status(Code::kUnavailable,
                   fmt::format("{}: the answer is over {} MiB", req.what, kMaxAnswerBody >> 20));
   if (rc != CURLE_OK)
-    return Status(Code::kUnavailable,
-                  fmt::format("{}: {} ({})", req.what, curl_easy_strerror(rc), scheme_host_));
+    return Status(Code::kUnavailable, fmt::format("{}: {} ({}{})", req.what, curl_easy_strerror(rc),
+                                                  scheme_, authority_));
   Answer a;
   a.status = t.status;
   a.headers = std::move(t.headers);
@@ -445,7 +444,7 @@ Result<S3Client::Answer> S3Client::Send(Request& req) {
 
 Result<std::vector<BucketInfo>> S3Client::ListBuckets() {
   Request req;
-  req.path = base_path_ + "/";
+  Address(req, "", "");
   req.what = "ListBuckets";
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
   SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));
@@ -781,10 +780,7 @@ Status S3Client::BatchGet(std::string_view bucket, std::string_view request_json
                           const Sink& sink) {
   Request req;
   req.method = "POST";
-  if (bucket.empty())
-    req.path = base_path_ + "/";
-  else
-    Address(req, bucket, "");
+  Address(req, bucket, "");
   req.query = {{"batch-get", ""}};
   req.what =
       bucket.empty() ? std::string("batch get") : fmt::format("batch get in s3://{}", bucket);

@@ -171,11 +171,11 @@ class S3Client {
   struct Answer;
   Result<Answer> Send(Request& req);
   Result<Answer> SendOnce(Request& req);
-  // Sets the request's path (and bucket) for `key` of `bucket` in this client's addressing.
+  // Sets the request's path (and bucket) for `key` of `bucket` in this client's addressing; an
+  // empty bucket names the service ("/").
   void Address(Request& req, std::string_view bucket, std::string_view key) const;
 
   ClientOptions opts_;
-  std::string scheme_host_;  // "http://host:port"
   std::string scheme_;       // "http://"
   std::string authority_;    // "host:port" as the endpoint names it
   std::string host_header_;  // "host:port"

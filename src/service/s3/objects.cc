@@ -200,23 +200,24 @@ class Lister {
     it.object.key = key;
     if (e->type == EntryType::kFile) {
       it.object.size = e->size;
-      std::optional<ObjectMeta> meta;
       // An entry with its backend's own entity tag (an s3 volume's, from the origin's listing)
-      // is listed with it: its stored metadata would cost a request per key.
-      // Known by this file's version (inode, size, mtime, ctime), no attribute is read.
-      auto known = q_.want_etag && e->etag.empty() && cache_ ? cache_->Find(&v_, *e) : std::nullopt;
-      if (known) {
-        it.object.etag = ObjectETag(*e, known->get());
-      } else {
-        if (q_.want_etag && e->etag.empty()) {
-          auto blob = dir.EntryMeta(name);
-          if (blob.ok()) {
-            meta = ObjectMeta::Decode(*blob, *e);
-            if (cache_) cache_->Put(&v_, *e, meta);
-          }
+      // is listed with it: its stored metadata would cost a request per key. Otherwise the
+      // metadata cache answers by the file's version (inode, size, mtime, ctime), else the
+      // attribute is read (and remembered).
+      const ObjectMeta* meta = nullptr;
+      std::shared_ptr<const ObjectMeta> known;
+      std::optional<ObjectMeta> read;
+      if (q_.want_etag && e->etag.empty()) {
+        if (auto hit = cache_ ? cache_->Find(&v_, *e) : std::nullopt) {
+          known = std::move(*hit);
+          meta = known.get();
+        } else if (auto blob = dir.EntryMeta(name); blob.ok()) {
+          read = ObjectMeta::Decode(*blob, *e);
+          if (cache_) cache_->Put(&v_, *e, read);
+          if (read) meta = &*read;
         }
-        it.object.etag = ObjectETag(*e, meta);
       }
+      it.object.etag = ObjectETag(*e, meta);
     } else {
       it.object.etag = "\"d41d8cd98f00b204e9800998ecf8427e\"";  // a marker: MD5 of nothing
     }
@@ -322,10 +323,6 @@ class Lister {
 };
 
 }  // namespace
-
-Result<ListPage> ListObjects(Volume& v, const VFolderId& vfid, const ListQuery& q) {
-  return Lister(v, vfid, q, nullptr).Run();
-}
 
 Result<ListPage> ListObjects(Volume& v, const VFolderId& vfid, const ListQuery& q,
                              ObjectMetaCache* cache) {

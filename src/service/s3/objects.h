@@ -92,11 +92,10 @@ struct ListPage {
 
 // Lists a bucket's keys in byte order, walking only the directories that can hold keys in the
 // page (those on the path of `after` and after it, below the prefix's directory).
-Result<ListPage> ListObjects(Volume& v, const VFolderId& vfid, const ListQuery& q);
 class ObjectMetaCache;
-// The same, with each object's metadata looked up in `cache` first and remembered there.
+// `cache` (optional): each object's metadata is looked up there first, and remembered there.
 Result<ListPage> ListObjects(Volume& v, const VFolderId& vfid, const ListQuery& q,
-                             ObjectMetaCache* cache);
+                             ObjectMetaCache* cache = nullptr);
 
 // Split listing: key ranges that hold about the same number of keys each, so that N workers can
 // list a large bucket in parallel (ListObjectsV2 with start-after and end-key). The ranges

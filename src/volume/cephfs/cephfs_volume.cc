@@ -75,12 +75,9 @@ Status CephfsQuotaModel::CreateScope(const QuotaScopeId& qsid, std::optional<uin
 }
 
 Result<QuotaUsage> CephfsQuotaModel::DescribeScope(const QuotaScopeId& qsid) {
-  SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
-  std::string p = ScopePath(qsid);
   QuotaUsage u;
-  SLUICE_ASSIGN_OR_RETURN(auto limit, GetNumberXattr(p, kMaxBytes));
-  if (limit && *limit > 0) u.limit_bytes = *limit;
-  SLUICE_ASSIGN_OR_RETURN(auto rbytes, GetNumberXattr(p, kRBytes));
+  SLUICE_ASSIGN_OR_RETURN(u.limit_bytes, ScopeLimit(qsid));
+  SLUICE_ASSIGN_OR_RETURN(auto rbytes, GetNumberXattr(ScopePath(qsid), kRBytes));
   u.used_bytes = rbytes.value_or(0) + vol_->PendingBytes(qsid.hex);
   return u;
 }

@@ -673,6 +673,14 @@ std::optional<S3Volume::Binding> S3Volume::BoundTo(const VFolderId& vfid) const 
   return it->second;
 }
 
+S3Volume::Binding S3Volume::ParseBinding(std::string_view bound) {
+  if (!bound.starts_with("s3://")) return {"", std::string(bound)};
+  bound.remove_prefix(5);
+  const size_t slash = bound.find('/');
+  return {std::string(bound.substr(0, slash)),
+          slash == std::string_view::npos ? std::string() : std::string(bound.substr(slash + 1))};
+}
+
 S3Volume::Location S3Volume::Locate(const VFolderId& vfid, std::string_view relpath) const {
   if (auto b = BoundTo(vfid))
     return {b->bucket.empty() ? opts_.bucket : b->bucket, b->prefix + std::string(relpath)};
@@ -725,15 +733,7 @@ void S3Volume::NoteRecord(const VFolderId& vfid, const nlohmann::json& j) {
     }
     full = bound_.size() > 100000;
     if (full) bound_.clear();
-    // "PREFIX/" of the volume's bucket, or "s3://BUCKET/[PREFIX/]" of another: a node that
-    // predates other buckets reads the latter as a prefix no key of its bucket has.
-    Binding b{"", j["bound"].get<std::string>()};
-    if (b.prefix.starts_with("s3://")) {
-      const size_t slash = b.prefix.find('/', 5);
-      b.bucket = b.prefix.substr(5, slash == std::string::npos ? slash : slash - 5);
-      b.prefix = slash == std::string::npos ? std::string() : b.prefix.substr(slash + 1);
-    }
-    bound_[vfid.ToString()] = std::move(b);
+    bound_[vfid.ToString()] = ParseBinding(j["bound"].get<std::string>());
   }
   if (full) {  // the vfolders seen live must be asked again: their bindings are forgotten
     std::lock_guard lk(mu_);
@@ -829,12 +829,9 @@ Status S3Volume::BindVFolder(const VFolderId& vfid, const std::string& what) {
     return Status(Code::kInvalidArgument, fmt::format("prefix '{}': {}", what, why));
   };
   // "s3://BUCKET[/PREFIX/]": another bucket of the origin, whole or in part.
-  std::string bucket, prefix = what;
-  if (what.starts_with("s3://")) {
-    const std::string rest = what.substr(5);
-    const size_t slash = rest.find('/');
-    bucket = rest.substr(0, slash);
-    prefix = slash == std::string::npos ? std::string() : rest.substr(slash + 1);
+  Binding asked = ParseBinding(what);
+  std::string &bucket = asked.bucket, &prefix = asked.prefix;
+  if (!bucket.empty()) {
     const bool name_ok =
         bucket.size() >= 3 && bucket.size() <= 63 &&
         std::all_of(bucket.begin(), bucket.end(), [](char c) {

@@ -117,6 +117,10 @@ class S3Volume : public Volume {
     std::string bucket;  // "" for the volume's own
     std::string prefix;  // "" (a whole bucket) or ending in '/'
   };
+  // A binding as its record and BindVFolder write it: "PREFIX/" of the volume's bucket, or
+  // "s3://BUCKET/[PREFIX/]" of another (which a node that predates other buckets reads as a
+  // prefix no key of its own bucket has).
+  static Binding ParseBinding(std::string_view bound);
   // What the vfolder is bound to, if it is a bound one (known once it was seen live).
   std::optional<Binding> BoundTo(const VFolderId& vfid) const;
 

@@ -76,9 +76,8 @@ Status VfsQuotaModel::CreateScope(const QuotaScopeId& qsid, std::optional<uint64
 }
 
 Result<QuotaUsage> VfsQuotaModel::DescribeScope(const QuotaScopeId& qsid) {
-  SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
   QuotaUsage u;
-  SLUICE_ASSIGN_OR_RETURN(u.limit_bytes, ReadLimit(qsid));
+  SLUICE_ASSIGN_OR_RETURN(u.limit_bytes, ScopeLimit(qsid));
   // The scope's vfolders sit at <scope>/<aa>/<bb>/<rest>; the sum of their maintained figures
   // costs a readdir of the hash levels, not a walk of the data.
   std::string base = ScopePath(qsid);

@@ -82,14 +82,23 @@ class FaultDir : public ForwardingDirHandle {
     return std::shared_ptr<FileReader>(std::make_shared<FaultReader>(std::move(f), vol_, p));
   }
   Result<std::unique_ptr<DirHandle>> OpenSubdir(const std::string& name) override {
-    std::string p = Join(path_, name);
-    if (const FaultRule* r = vol_->Fire("open", p); r && r->error)
-      return FaultVolume::Failure(*r, "open", p);
-    SLUICE_ASSIGN_OR_RETURN(auto d, inner_->OpenSubdir(name));
-    return std::unique_ptr<DirHandle>(new FaultDir(std::move(d), vol_, p));
+    return Sub(name, [&] { return inner_->OpenSubdir(name); });
+  }
+  Result<std::unique_ptr<DirHandle>> OpenSubdirFrom(const std::string& name,
+                                                    const ListFrom& from) override {
+    return Sub(name, [&] { return inner_->OpenSubdirFrom(name, from); });
   }
 
  private:
+  template <typename Open>
+  Result<std::unique_ptr<DirHandle>> Sub(const std::string& name, Open open) {
+    std::string p = Join(path_, name);
+    if (const FaultRule* r = vol_->Fire("open", p); r && r->error)
+      return FaultVolume::Failure(*r, "open", p);
+    SLUICE_ASSIGN_OR_RETURN(auto d, open());
+    return std::unique_ptr<DirHandle>(new FaultDir(std::move(d), vol_, p));
+  }
+
   FaultVolume* vol_;
   std::string path_;
 };
@@ -332,6 +341,14 @@ Result<std::unique_ptr<DirHandle>> FaultVolume::OpenDir(const VFolderId& vfid,
                                                         std::string_view relpath) {
   SLUICE_RETURN_IF_ERROR(Check("list", relpath));
   SLUICE_ASSIGN_OR_RETURN(auto d, ForwardingVolume::OpenDir(vfid, relpath));
+  return std::unique_ptr<DirHandle>(new FaultDir(std::move(d), this, std::string(relpath)));
+}
+
+Result<std::unique_ptr<DirHandle>> FaultVolume::OpenDirFrom(const VFolderId& vfid,
+                                                            std::string_view relpath,
+                                                            const ListFrom& from) {
+  SLUICE_RETURN_IF_ERROR(Check("list", relpath));
+  SLUICE_ASSIGN_OR_RETURN(auto d, ForwardingVolume::OpenDirFrom(vfid, relpath, from));
   return std::unique_ptr<DirHandle>(new FaultDir(std::move(d), this, std::string(relpath)));
 }
 

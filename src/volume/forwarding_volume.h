@@ -100,6 +100,10 @@ class ForwardingVolume : public Volume {
                                              std::string_view relpath) override {
     return inner_->OpenDir(vfid, relpath);
   }
+  Result<std::unique_ptr<DirHandle>> OpenDirFrom(const VFolderId& vfid, std::string_view relpath,
+                                                 const ListFrom& from) override {
+    return inner_->OpenDirFrom(vfid, relpath, from);
+  }
   Result<std::vector<DirEntry>> ListSorted(const VFolderId& vfid, std::string_view relpath,
                                            std::string_view start_after, size_t max) override {
     return inner_->ListSorted(vfid, relpath, start_after, max);
@@ -162,6 +166,11 @@ class ForwardingDirHandle : public DirHandle {
   }
   Result<std::string> EntryMeta(const std::string& name) override {
     return inner_->EntryMeta(name);
+  }
+  bool KeyOrdered() const override { return inner_->KeyOrdered(); }
+  Result<std::unique_ptr<DirHandle>> OpenSubdirFrom(const std::string& name,
+                                                    const ListFrom& from) override {
+    return inner_->OpenSubdirFrom(name, from);
   }
 
  protected:

@@ -1,6 +1,5 @@
-// A directory handle over a listing taken once (names and attributes, sorted by name), whose
-// children are opened through a volume by path: for backends without directory descriptors
-// (the s3 one) and decorators that keep listings (the SSD read cache).
+// Directory handles whose children are opened through a volume by path: for backends without
+// directory descriptors (the s3 one) and decorators that keep listings (the SSD read cache).
 #pragma once
 
 #include <algorithm>
@@ -12,14 +11,45 @@
 
 namespace sluice {
 
-class ListedDir : public DirHandle {
+// A directory whose children are opened through a volume by path.
+class ByPathDir : public DirHandle {
+ public:
+  ByPathDir(Volume* v, VFolderId vfid, std::string rel)
+      : v_(v), vfid_(std::move(vfid)), rel_(std::move(rel)) {}
+  Result<std::shared_ptr<FileReader>> OpenFile(const std::string& name) override {
+    SLUICE_RETURN_IF_ERROR(ValidateName(name));
+    return v_->OpenReader(vfid_, Child(name));
+  }
+  Result<std::unique_ptr<DirHandle>> OpenSubdir(const std::string& name) override {
+    SLUICE_RETURN_IF_ERROR(ValidateName(name));
+    return v_->OpenDir(vfid_, Child(name));
+  }
+  Result<std::unique_ptr<DirHandle>> OpenSubdirFrom(const std::string& name,
+                                                    const ListFrom& from) override {
+    SLUICE_RETURN_IF_ERROR(ValidateName(name));
+    return v_->OpenDirFrom(vfid_, Child(name), from);
+  }
+  Result<std::string> EntryMeta(const std::string& name) override {
+    SLUICE_ASSIGN_OR_RETURN(auto f, OpenFile(name));
+    return f->ReadMeta();
+  }
+
+ protected:
+  std::string Child(const std::string& name) const {
+    return rel_.empty() ? name : rel_ + "/" + name;
+  }
+  Volume* v_;
+  VFolderId vfid_;
+  std::string rel_;
+};
+
+// A directory handle over a listing taken once (names and attributes, sorted by name).
+class ListedDir : public ByPathDir {
  public:
   // `info` and `entries` live as long as `keep` does.
   ListedDir(Volume* v, VFolderId vfid, std::string rel, std::shared_ptr<const void> keep,
             const DirEntry* info, const std::vector<DirEntry>* entries)
-      : v_(v),
-        vfid_(std::move(vfid)),
-        rel_(std::move(rel)),
+      : ByPathDir(v, std::move(vfid), std::move(rel)),
         keep_(std::move(keep)),
         info_(info),
         entries_(entries) {}
@@ -37,26 +67,6 @@ class ListedDir : public DirHandle {
     if (it != entries_->end() && it->name == name) return *it;
     return v_->Stat(vfid_, Child(name));
   }
-  Result<std::shared_ptr<FileReader>> OpenFile(const std::string& name) override {
-    SLUICE_RETURN_IF_ERROR(ValidateName(name));
-    return v_->OpenReader(vfid_, Child(name));
-  }
-  Result<std::unique_ptr<DirHandle>> OpenSubdir(const std::string& name) override {
-    SLUICE_RETURN_IF_ERROR(ValidateName(name));
-    return v_->OpenDir(vfid_, Child(name));
-  }
-  Result<std::string> EntryMeta(const std::string& name) override {
-    SLUICE_ASSIGN_OR_RETURN(auto f, OpenFile(name));
-    return f->ReadMeta();
-  }
-
- protected:
-  std::string Child(const std::string& name) const {
-    return rel_.empty() ? name : rel_ + "/" + name;
-  }
-  Volume* v_;
-  VFolderId vfid_;
-  std::string rel_;
 
  private:
   std::shared_ptr<const void> keep_;

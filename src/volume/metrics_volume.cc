@@ -50,6 +50,11 @@ class MeteredDir : public ForwardingDirHandle {
     SLUICE_ASSIGN_OR_RETURN(auto d, inner_->OpenSubdir(name));
     return std::unique_ptr<DirHandle>(new MeteredDir(std::move(d), stats_));
   }
+  Result<std::unique_ptr<DirHandle>> OpenSubdirFrom(const std::string& name,
+                                                    const ListFrom& from) override {
+    SLUICE_ASSIGN_OR_RETURN(auto d, inner_->OpenSubdirFrom(name, from));
+    return std::unique_ptr<DirHandle>(new MeteredDir(std::move(d), stats_));
+  }
 
  private:
   VolumeIoStats* stats_;
@@ -208,6 +213,15 @@ Result<std::unique_ptr<DirHandle>> MetricsVolume::OpenDir(const VFolderId& vfid,
                                                           std::string_view relpath) {
   auto t0 = Clock::now();
   auto d = Timed(Op::kList, t0, ForwardingVolume::OpenDir(vfid, relpath));
+  if (!d.ok()) return d.status();
+  return std::unique_ptr<DirHandle>(new MeteredDir(std::move(d).value(), stats_));
+}
+
+Result<std::unique_ptr<DirHandle>> MetricsVolume::OpenDirFrom(const VFolderId& vfid,
+                                                              std::string_view relpath,
+                                                              const ListFrom& from) {
+  auto t0 = Clock::now();
+  auto d = Timed(Op::kList, t0, ForwardingVolume::OpenDirFrom(vfid, relpath, from));
   if (!d.ok()) return d.status();
   return std::unique_ptr<DirHandle>(new MeteredDir(std::move(d).value(), stats_));
 }

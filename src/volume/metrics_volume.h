@@ -54,6 +54,8 @@ class MetricsVolume : public ForwardingVolume {
   Result<DirEntry> Stat(const VFolderId& vfid, std::string_view relpath) override;
   Result<std::unique_ptr<DirHandle>> OpenDir(const VFolderId& vfid,
                                              std::string_view relpath) override;
+  Result<std::unique_ptr<DirHandle>> OpenDirFrom(const VFolderId& vfid, std::string_view relpath,
+                                                 const ListFrom& from) override;
   Result<std::vector<DirEntry>> ListSorted(const VFolderId& vfid, std::string_view relpath,
                                            std::string_view start_after, size_t max) override;
   Result<std::string> CreateStaging(const VFolderId& vfid) override;

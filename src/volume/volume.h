@@ -115,6 +115,28 @@ class FileReader {
 inline constexpr const char* kObjectMetaAttr = "user.sluice.object";
 inline constexpr size_t kMaxObjectMeta = 16 << 10;
 
+// Where a listing in key order starts (Volume::OpenDirFrom): S3's order, in which a directory's
+// name sorts as if followed by '/'. Entries whose names start with `prefix`, from the first whose
+// key sorts after `after`, or is a proper prefix of it (the directory `after` lies in).
+// `prefix` holds no '/': those entries are one run in key order.
+struct ListFrom {
+  std::string_view prefix;
+  std::string_view after;
+};
+
+// An entry's key in a listing: its name, with '/' after a directory's.
+inline std::string ListKey(std::string_view name, bool is_dir) {
+  std::string k(name);
+  if (is_dir) k += '/';
+  return k;
+}
+
+// Whether an entry with `key` belongs in a listing that resumes after `after` (see ListFrom).
+inline bool ListKeyFrom(std::string_view key, std::string_view after) {
+  return key > after ||
+         (key.size() < after.size() && !key.empty() && key.back() == '/' && after.starts_with(key));
+}
+
 // An open directory of a volume: its entries in directory order, and its children opened
 // relative to it (never following a symbolic link), so that a walk never resolves a path.
 class DirHandle {
@@ -135,6 +157,14 @@ class DirHandle {
   virtual Result<std::unique_ptr<DirHandle>> OpenSubdir(const std::string& name) = 0;
   // The object metadata of entry `name` (see FileReader::ReadMeta) without opening it.
   virtual Result<std::string> EntryMeta(const std::string& name) { return std::string(); }
+  // True when Next() yields only what the ListFrom it was opened with selects, in key order
+  // (see Volume::OpenDirFrom).
+  virtual bool KeyOrdered() const { return false; }
+  // Subdirectory `name` opened as Volume::OpenDirFrom opens a directory.
+  virtual Result<std::unique_ptr<DirHandle>> OpenSubdirFrom(const std::string& name,
+                                                            const ListFrom& from) {
+    return OpenSubdir(name);
+  }
 };
 
 // The name reserved in every vfolder's root for upload staging: never a target of uploads,
@@ -322,6 +352,15 @@ class Volume {
   // Opens the directory at `relpath` (symbolic links followed while they stay inside).
   virtual Result<std::unique_ptr<DirHandle>> OpenDir(const VFolderId& vfid,
                                                      std::string_view relpath) = 0;
+  // The directory at `relpath`, for a listing that pages in key order. A backend that can (an
+  // origin that lists in key order, a kept listing) yields only the entries `from` selects, in
+  // key order, reading no more than the caller consumes, and says so with KeyOrdered(); others
+  // answer as OpenDir does, and the caller selects and sorts.
+  virtual Result<std::unique_ptr<DirHandle>> OpenDirFrom(const VFolderId& vfid,
+                                                         std::string_view relpath,
+                                                         const ListFrom& from) {
+    return OpenDir(vfid, relpath);
+  }
   // Up to `max` entries of the directory at `relpath` whose names sort after `start_after`
   // (byte order), in that order, with their attributes: a listing that pages.
   virtual Result<std::vector<DirEntry>> ListSorted(const VFolderId& vfid, std::string_view relpath,

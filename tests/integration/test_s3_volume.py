@@ -8,6 +8,7 @@ import errno
 import io
 import json
 import os
+import pathlib
 import subprocess
 import uuid
 import zipfile
@@ -85,7 +86,7 @@ def run_interface_suite(endpoint, bucket, ak, sk):
                        env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-2000:]
     # Every case of the suite ran on the s3 instance (none filtered away by a typo).
-    assert "[  PASSED  ] 11 tests." in p.stdout, p.stdout[-3000:]
+    assert "[  PASSED  ] 12 tests." in p.stdout, p.stdout[-3000:]
 
 
 def test_interface_suite_on_a_sluice_origin(origin):
@@ -229,6 +230,54 @@ def test_s3_api_over_an_s3_volume(proxy, origin):
     assert listed["Contents"][0]["Size"] == len(big)
     s3.delete_object(Bucket="on-remote", Key="k/one.txt")
     assert [o["Key"] for o in s3.list_objects_v2(Bucket="on-remote")["Contents"]] == ["k/big.bin"]
+
+
+def origin_listings(origin):
+    """ListObjects requests the origin has answered so far."""
+    text = requests.get(origin.internal_url("/metrics"), timeout=30).text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith('sluice_http_requests_total{listener="s3",method="GET",'
+                                  'route="/{bucket}"'))
+
+
+def test_a_large_flat_directory_lists_page_by_page(proxy, origin):
+    """S3 listings through an s3 volume resume on the origin where their page starts (a
+    delimiter listing is in key order there too): each page of a flat directory of thousands
+    of keys costs an origin page, not a listing of the whole directory."""
+    d = proxy
+    vfid = d.create_vfolder(volume="remote")
+    # Written straight into the origin's bucket (its objects are files): fast to make.
+    b = next(b for b in origin.mgr("GET", "/s3/buckets").json()["buckets"]
+             if b["name"] == BUCKET)
+    root = pathlib.Path(origin.mgr("GET", "/folder/mount", json={
+        "volume": b["volume"], "vfid": b["vfid"]}).json()["path"]) / vfolder_prefix(vfid)
+    names = [f"n{i:04d}" for i in range(3000)] + ["n-a", "n.b", "n0/x", "n/y"]
+    for n in names:
+        (root / n).parent.mkdir(parents=True, exist_ok=True)
+        (root / n).write_bytes(b"k")
+    user = d.s3_user()["id"]
+    s3 = d.s3_client(*d.s3_key(user))
+    bucket = f"flat-{uuid.uuid4().hex[:8]}"
+    sluice_admin(d, "s3", "bucket", "bind", bucket, "remote", vfid, "--owner", user)
+    before = origin_listings(origin)
+    keys, pages = [], 0
+    for page in s3.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, PaginationConfig={"PageSize": 100}):
+        keys += [o["Key"] for o in page.get("Contents", [])]
+        pages += 1
+    asked = origin_listings(origin) - before
+    assert keys == sorted(names)  # "n-a", "n.b", "n/y", "n0/x", "n0000", ...
+    assert pages == 31
+    # One origin page per page (a thousand keys from where it resumes), and the lookup of
+    # the directory; the whole directory each time would be four listings a page.
+    assert asked <= 2 * pages, (asked, pages)
+    top = s3.list_objects_v2(Bucket=bucket, Delimiter="/", MaxKeys=3)
+    assert [o["Key"] for o in top["Contents"]] == ["n-a", "n.b"]
+    assert [p["Prefix"] for p in top["CommonPrefixes"]] == ["n/"]
+    top = s3.list_objects_v2(Bucket=bucket, Delimiter="/", StartAfter="n/", MaxKeys=2)
+    assert [p["Prefix"] for p in top["CommonPrefixes"]] == ["n0/"]
+    assert [o["Key"] for o in top["Contents"]] == ["n0000"]
+    sluice_admin(d, "s3", "bucket", "unbind", bucket)
 
 
 def test_a_virtual_hosted_origin(tmp_path):

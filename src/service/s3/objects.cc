@@ -15,6 +15,7 @@
 #include "common/path.h"
 #include "common/secrets.h"
 #include "service/upload.h"
+#include "volume/key_order.h"
 
 namespace sluice {
 
@@ -140,8 +141,9 @@ namespace {
 
 class Lister {
  public:
-  Lister(Volume& v, const VFolderId& vfid, const ListQuery& q, ObjectMetaCache* cache)
-      : v_(v), vfid_(vfid), q_(q), cache_(cache) {}
+  Lister(Volume& v, const VFolderId& vfid, const ListQuery& q, ObjectMetaCache* cache,
+         KeyOrderCache* names)
+      : v_(v), vfid_(vfid), q_(q), cache_(cache), names_(names) {}
 
   Result<ListPage> Run() {
     ListPage page;
@@ -152,14 +154,18 @@ class Lister {
       auto parts = KeyParts(base);
       if (!parts.ok()) return page;  // no such directory can exist: nothing to list
     }
+    // Every key below `base` sorts before an `after` past it.
+    if (q_.after > base && !StartsWith(q_.after, base)) return page;
     std::string rel = base.empty() ? "" : base.substr(0, base.size() - 1);
-    auto dir = v_.OpenDir(vfid_, rel);
+    const ListFrom from{std::string_view(q_.prefix).substr(base.size()), AfterIn(base)};
+    auto dir = v_.OpenDirFrom(vfid_, rel, from);
     if (!dir.ok()) {
       if (IsObjectNotFound(dir.status()) || dir.status().code() == Code::kInvalidArgument)
         return page;
       return dir.status();
     }
-    SLUICE_RETURN_IF_ERROR(Visit(**dir, base, base.empty()));
+    SLUICE_ASSIGN_OR_RETURN(auto ordered, Ordered(std::move(dir).value(), rel, from));
+    SLUICE_RETURN_IF_ERROR(Visit(*ordered, base, base.empty(), nullptr));
     page.items = std::move(items_);
     if (page.items.size() > q_.max_keys) {
       page.items.resize(q_.max_keys);
@@ -170,6 +176,38 @@ class Lister {
 
  private:
   bool Full() const { return items_.size() > q_.max_keys; }
+
+  // Where the page resumes within the directory of keys `base` ("" when before all of it).
+  std::string_view AfterIn(const std::string& base) const {
+    return StartsWith(q_.after, base) ? std::string_view(q_.after).substr(base.size())
+                                      : std::string_view();
+  }
+
+  // `dir` with its entries in key order, from where `from` starts: as it is when the volume
+  // lists in key order, else read whole and sorted (the sorted names of a large directory
+  // kept for the next page).
+  Result<std::unique_ptr<DirHandle>> Ordered(std::unique_ptr<DirHandle> dir, const std::string& rel,
+                                             const ListFrom& from) {
+    if (dir->KeyOrdered()) return dir;
+    const std::string id =
+        names_ ? fmt::format("{}|{}|{}", static_cast<const void*>(&v_), vfid_.ToString(), rel)
+               : std::string();
+    std::shared_ptr<const KeyOrderedNames> names;
+    if (names_) names = names_->Find(id, dir->info());
+    if (!names) {
+      const auto read_at = std::chrono::system_clock::now();
+      auto all = std::make_shared<KeyOrderedNames>();
+      for (;;) {
+        SLUICE_ASSIGN_OR_RETURN(auto n, dir->Next());
+        if (!n) break;
+        all->push_back(std::move(*n));
+      }
+      SortByKey(*all);
+      names = std::move(all);
+      if (names_) names_->Put(id, dir->info(), names, read_at);
+    }
+    return KeyOrderedView(std::move(dir), std::move(names), from);
+  }
 
   // The common prefix `key` rolls up into, or "" when none.
   std::string RollUp(const std::string& key) const {
@@ -226,98 +264,52 @@ class Lister {
     return Status::Ok();
   }
 
-  // `base`: the key prefix of this directory's entries ("" or "a/b/").
-  Status Visit(DirHandle& dir, const std::string& base, bool root) {
-    struct Ent {
-      std::string sort;  // name, plus '/' for a directory: key order
-      std::string name;
-      bool is_dir;
-    };
-    std::vector<Ent> ents;
-    for (;;) {
+  // `base`: the key prefix of this directory's entries ("" or "a/b/"); `dir` yields them in
+  // key order, from where the page resumes. `*any`: whether it yielded anything.
+  Status Visit(DirHandle& dir, const std::string& base, bool root, bool* any) {
+    while (!Full()) {
       SLUICE_ASSIGN_OR_RETURN(auto n, dir.Next());
       if (!n) break;
+      if (any) *any = true;
       if (n->type != EntryType::kFile && n->type != EntryType::kDirectory) continue;
       if (root && n->name == kStagingDirName) continue;
-      bool d = n->type == EntryType::kDirectory;
+      const bool d = n->type == EntryType::kDirectory;
       std::string key = base + n->name + (d ? "/" : "");
-      // Only what can be in this page: under the prefix (or above it), not before `after`, not
-      // past `end` (every key below "d/" sorts after it).
+      if (q_.end && key > *q_.end) break;  // key order: nothing after it is in the page
+      // Only what can be in this page: under the prefix (or above it), not before `after`.
       if (d) {
         if (!StartsWith(key, q_.prefix) && !StartsWith(q_.prefix, key)) continue;
         if (key <= q_.after && !StartsWith(q_.after, key)) continue;
       } else {
         if (!StartsWith(key, q_.prefix) || key <= q_.after) continue;
       }
-      if (q_.end && key > *q_.end) continue;
-      ents.push_back({n->name + (d ? "/" : ""), std::move(n->name), d});
-    }
-    std::sort(ents.begin(), ents.end(), [](const Ent& a, const Ent& b) { return a.sort < b.sort; });
-    for (const auto& e : ents) {
-      if (Full()) break;
-      std::string key = base + e.sort;
       if (StartsWith(key, q_.prefix) && AddPrefixOf(key)) continue;
-      if (!e.is_dir) {
-        SLUICE_RETURN_IF_ERROR(AddObject(dir, e.name, key));
+      if (!d) {
+        SLUICE_RETURN_IF_ERROR(AddObject(dir, n->name, key));
         continue;
       }
-      auto sub = dir.OpenSubdir(e.name);
+      const ListFrom from{"", AfterIn(key)};
+      auto sub = dir.OpenSubdirFrom(n->name, from);
+      if (sub.ok()) sub = Ordered(std::move(sub).value(), key.substr(0, key.size() - 1), from);
       if (!sub.ok()) {
         if (IsObjectNotFound(sub.status())) continue;  // removed or replaced meanwhile
         return sub.status();
       }
       size_t before = items_.size();
-      bool empty = true;
-      SLUICE_RETURN_IF_ERROR(VisitSub(**sub, key, &empty));
+      bool seen = false;
+      SLUICE_RETURN_IF_ERROR(Visit(**sub, key, false, &seen));
       // An empty directory is the marker "dir/": it sorts before anything under it.
-      if (empty && items_.size() == before && StartsWith(key, q_.prefix) && key > q_.after)
-        SLUICE_RETURN_IF_ERROR(AddObject(dir, e.name, key));
+      if (!seen && items_.size() == before && StartsWith(key, q_.prefix) && key > q_.after)
+        SLUICE_RETURN_IF_ERROR(AddObject(dir, n->name, key));
     }
     return Status::Ok();
-  }
-
-  Status VisitSub(DirHandle& sub, const std::string& key, bool* empty) {
-    // Whether the directory has entries at all decides whether it is a marker; Visit filters
-    // them, so look first.
-    auto first = sub.Next();
-    if (!first.ok()) return first.status();
-    if (!*first) return Status::Ok();
-    *empty = false;
-    // Start over: reopen to read from the beginning.
-    return VisitFrom(sub, key, std::move(**first));
-  }
-
-  Status VisitFrom(DirHandle& sub, const std::string& key, DirHandle::Name first) {
-    // A directory handle that yields `first` again before the rest.
-    class Prepend : public DirHandle {
-     public:
-      Prepend(DirHandle& d, DirHandle::Name n) : d_(d), n_(std::move(n)) {}
-      const DirEntry& info() const override { return d_.info(); }
-      Result<std::optional<Name>> Next() override {
-        if (n_) return std::exchange(n_, std::nullopt);
-        return d_.Next();
-      }
-      Result<DirEntry> StatEntry(const std::string& name) override { return d_.StatEntry(name); }
-      Result<std::shared_ptr<FileReader>> OpenFile(const std::string& name) override {
-        return d_.OpenFile(name);
-      }
-      Result<std::unique_ptr<DirHandle>> OpenSubdir(const std::string& name) override {
-        return d_.OpenSubdir(name);
-      }
-      Result<std::string> EntryMeta(const std::string& name) override { return d_.EntryMeta(name); }
-
-     private:
-      DirHandle& d_;
-      std::optional<Name> n_;
-    };
-    Prepend p(sub, std::move(first));
-    return Visit(p, key, false);
   }
 
   Volume& v_;
   const VFolderId& vfid_;
   const ListQuery& q_;
   ObjectMetaCache* cache_;
+  KeyOrderCache* names_;
   std::vector<ListPage::Item> items_;
   std::string last_prefix_;
 };
@@ -325,12 +317,12 @@ class Lister {
 }  // namespace
 
 Result<ListPage> ListObjects(Volume& v, const VFolderId& vfid, const ListQuery& q,
-                             ObjectMetaCache* cache) {
-  return Lister(v, vfid, q, cache).Run();
+                             ObjectMetaCache* cache, KeyOrderCache* names) {
+  return Lister(v, vfid, q, cache, names).Run();
 }
 
 Result<ListPage> ObjectStore::List(Volume& v, const VFolderId& vfid, const ListQuery& q) {
-  return ListObjects(v, vfid, q, meta_cache_.get());
+  return ListObjects(v, vfid, q, meta_cache_.get(), key_order_cache_.get());
 }
 
 // ------------------------------------------------------------------------------ split listing

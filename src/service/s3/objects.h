@@ -26,6 +26,7 @@
 #include "common/status.h"
 #include "common/thread_pool.h"
 #include "service/reservations.h"
+#include "volume/key_order.h"
 #include "volume/volume.h"
 
 namespace sluice {
@@ -94,8 +95,9 @@ struct ListPage {
 // page (those on the path of `after` and after it, below the prefix's directory).
 class ObjectMetaCache;
 // `cache` (optional): each object's metadata is looked up there first, and remembered there.
+// `names` (optional): the sorted names of large directories, kept for the next page.
 Result<ListPage> ListObjects(Volume& v, const VFolderId& vfid, const ListQuery& q,
-                             ObjectMetaCache* cache = nullptr);
+                             ObjectMetaCache* cache = nullptr, KeyOrderCache* names = nullptr);
 
 // Split listing: key ranges that hold about the same number of keys each, so that N workers can
 // list a large bucket in parallel (ListObjectsV2 with start-after and end-key). The ranges
@@ -221,7 +223,8 @@ class ObjectStore {
   explicit ObjectStore(QuotaReservations* reservations, ThreadPool* background = nullptr)
       : reservations_(reservations),
         background_(background),
-        meta_cache_(std::make_shared<ObjectMetaCache>()) {}
+        meta_cache_(std::make_shared<ObjectMetaCache>()),
+        key_order_cache_(std::make_shared<KeyOrderCache>()) {}
 
   // --- multipart uploads ---
   Result<MultipartUpload> CreateMultipart(Volume& v, const VFolderId& vfid, std::string_view key,
@@ -289,6 +292,7 @@ class ObjectStore {
   QuotaReservations* reservations_;
   ThreadPool* background_;
   std::shared_ptr<ObjectMetaCache> meta_cache_;
+  std::shared_ptr<KeyOrderCache> key_order_cache_;
 };
 
 // The multipart ETag of `parts` (hex MD5 of their raw MD5s, "-", their count), unquoted.

@@ -638,8 +638,8 @@ Result<DirEntry> CachedVolume::Stat(const VFolderId& vfid, std::string_view relp
   return r;
 }
 
-Result<std::unique_ptr<DirHandle>> CachedVolume::OpenDir(const VFolderId& vfid,
-                                                         std::string_view relpath) {
+Result<std::pair<std::shared_ptr<const CachedVolume::Listing>, std::string>> CachedVolume::Listed(
+    const VFolderId& vfid, std::string_view relpath) {
   SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
   const std::string key = MetaKey(vfid, parts);
   const std::string rel = parts.empty() ? std::string() : JoinComponents(parts, parts.size());
@@ -672,8 +672,39 @@ Result<std::unique_ptr<DirHandle>> CachedVolume::OpenDir(const VFolderId& vfid,
     if (dirs_.size() > (1u << 16)) dirs_.clear();  // bounded: a full table starts over
     dirs_[key] = l;
   }
+  return std::pair{std::move(l), std::move(rel)};
+}
+
+std::shared_ptr<const KeyOrderedNames> CachedVolume::Listing::KeyOrder() const {
+  std::call_once(key_order_once, [this] {
+    auto names = std::make_shared<KeyOrderedNames>();
+    names->reserve(entries.size());
+    for (const auto& e : entries) names->push_back({e.name, e.type});
+    SortByKey(*names);
+    key_order = std::move(names);
+  });
+  return key_order;
+}
+
+Result<std::unique_ptr<DirHandle>> CachedVolume::OpenDir(const VFolderId& vfid,
+                                                         std::string_view relpath) {
+  SLUICE_ASSIGN_OR_RETURN(auto l, Listed(vfid, relpath));
   // Children open through the cache, described from the listing.
-  return std::unique_ptr<DirHandle>(new ListedDir(this, vfid, rel, l, &l->info, &l->entries));
+  auto& [listing, rel] = l;
+  return std::unique_ptr<DirHandle>(
+      new ListedDir(this, vfid, rel, listing, &listing->info, &listing->entries));
+}
+
+// The kept listing in key order: a page of a listing of a large directory costs its entries.
+Result<std::unique_ptr<DirHandle>> CachedVolume::OpenDirFrom(const VFolderId& vfid,
+                                                             std::string_view relpath,
+                                                             const ListFrom& from) {
+  SLUICE_ASSIGN_OR_RETURN(auto l, Listed(vfid, relpath));
+  auto& [listing, rel] = l;
+  auto names = listing->KeyOrder();
+  return KeyOrderedView(std::unique_ptr<DirHandle>(new ListedDir(
+                            this, vfid, rel, listing, &listing->info, &listing->entries)),
+                        std::move(names), from);
 }
 
 bool CachedVolume::Admit(const std::string& id) {

@@ -31,6 +31,7 @@
 #include "common/thread_pool.h"
 #include "volume/cache/block_store.h"
 #include "volume/forwarding_volume.h"
+#include "volume/key_order.h"
 
 namespace sluice {
 
@@ -82,6 +83,8 @@ class CachedVolume : public ForwardingVolume {
   // need no origin round trip.
   Result<std::unique_ptr<DirHandle>> OpenDir(const VFolderId& vfid,
                                              std::string_view relpath) override;
+  Result<std::unique_ptr<DirHandle>> OpenDirFrom(const VFolderId& vfid, std::string_view relpath,
+                                                 const ListFrom& from) override;
 
   struct Stats {
     uint64_t hits = 0, misses = 0, origin_bytes = 0, admission_rejects = 0, stale_served = 0;
@@ -153,7 +156,14 @@ class CachedVolume : public ForwardingVolume {
     DirEntry info;
     std::vector<DirEntry> entries;  // by name
     std::chrono::steady_clock::time_point fetched;
+    // The names in key order, for listings that page (made on first use).
+    std::shared_ptr<const KeyOrderedNames> KeyOrder() const;
+    mutable std::once_flag key_order_once;
+    mutable std::shared_ptr<const KeyOrderedNames> key_order;
   };
+  // The directory's listing: kept, else read and kept. With its path.
+  Result<std::pair<std::shared_ptr<const Listing>, std::string>> Listed(const VFolderId& vfid,
+                                                                        std::string_view relpath);
   std::map<std::string, std::shared_ptr<const Listing>> dirs_;  // "<vfid>\0<relpath>"
   std::map<std::string, std::shared_ptr<Flight>> flights_;
   MissFilter second_miss_;

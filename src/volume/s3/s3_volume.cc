@@ -377,6 +377,11 @@ struct S3Volume::Origin {
     return v;
   }
 
+  // One page of a listing of bucket `in` (the volume's own when empty).
+  Result<s3c::ListPage> ListOnce(std::string_view in, const s3c::ListRequest& lr) {
+    return Note(Client()->ListObjects(Bucket(in), lr));
+  }
+
   // A record's JSON and attributes; nullopt when there is none.
   Result<std::optional<std::pair<nlohmann::json, s3c::ObjectInfo>>> GetRecord(
       const std::string& key) {
@@ -490,6 +495,90 @@ class S3Dir : public ListedDir {
 
  private:
   S3Volume* s3_;
+};
+
+// A directory read in key order straight from the origin, whose delimiter listings are in that
+// order, a page as the caller reads on: a listing that pages through a level of millions of
+// keys asks the origin for what each of its pages needs, not for the whole level each time.
+class S3OrderedDir : public ByPathDir {
+ public:
+  S3OrderedDir(S3Volume* v, std::shared_ptr<S3Volume::Origin> o, VFolderId vfid, std::string rel,
+               DirEntry info, S3Volume::Location at, const ListFrom& from)
+      : ByPathDir(v, std::move(vfid), std::move(rel)),
+        s3_(v),
+        o_(std::move(o)),
+        info_(std::move(info)),
+        bucket_(std::move(at.bucket)),
+        dir_(std::move(at.key)),
+        after_(from.after) {
+    lr_.prefix = dir_ + std::string(from.prefix);
+    lr_.delimiter = "/";
+    // The origin starts after a key: the one `after` names in this directory (up to its '/'
+    // when it lies below a subdirectory, which must come again); what is between is dropped
+    // by ListKeyFrom.
+    if (!after_.empty()) lr_.start_after = dir_ + after_.substr(0, after_.find('/'));
+  }
+  const DirEntry& info() const override { return info_; }
+  bool KeyOrdered() const override { return true; }
+  Result<std::optional<Name>> Next() override {
+    while (next_ >= page_.size()) {
+      if (done_) return std::optional<Name>();
+      SLUICE_RETURN_IF_ERROR(Fill());
+    }
+    const DirEntry& e = page_[next_++];
+    return std::optional<Name>(Name{e.name, e.type});
+  }
+  // What the origin's page said (no request), else the volume.
+  Result<DirEntry> StatEntry(const std::string& name) override {
+    SLUICE_RETURN_IF_ERROR(ValidateName(name));
+    for (size_t i = next_; i-- > 0;)
+      if (page_[i].name == name) return page_[i];
+    return v_->Stat(vfid_, Child(name));
+  }
+  Result<std::string> EntryMeta(const std::string& name) override {
+    SLUICE_RETURN_IF_ERROR(ValidateName(name));
+    return s3_->ObjectMetaOf(vfid_, Child(name));
+  }
+
+ private:
+  // The origin's next page, its objects and common prefixes merged in key order.
+  Status Fill() {
+    SLUICE_ASSIGN_OR_RETURN(auto p, o_->ListOnce(bucket_, lr_));
+    page_.clear();
+    next_ = 0;
+    auto obj = p.objects.begin();
+    auto pre = p.prefixes.begin();
+    while (obj != p.objects.end() || pre != p.prefixes.end()) {
+      const bool take_obj = pre == p.prefixes.end() || (obj != p.objects.end() && obj->key < *pre);
+      const std::string& key = take_obj ? obj->key : *pre;
+      std::string_view rel = std::string_view(key).substr(std::min(key.size(), dir_.size()));
+      // Neither the directory's own marker nor "dir//" has a name.
+      if (!rel.empty() && rel != "/" && ListKeyFrom(rel, after_)) {
+        if (take_obj)
+          page_.push_back(FileEntry(std::string(rel), *obj));
+        else
+          page_.push_back(DirEntryOf(std::string(rel.substr(0, rel.size() - 1))));
+      }
+      if (take_obj)
+        ++obj;
+      else
+        ++pre;
+    }
+    if (p.next_token.empty())
+      done_ = true;
+    else
+      lr_.continuation = std::move(p.next_token);
+    return Status::Ok();
+  }
+
+  S3Volume* s3_;
+  std::shared_ptr<S3Volume::Origin> o_;
+  DirEntry info_;
+  std::string bucket_, dir_, after_;
+  s3c::ListRequest lr_;
+  std::vector<DirEntry> page_;
+  size_t next_ = 0;
+  bool done_ = false;
 };
 
 std::string ScopeRecord(const S3Volume::Origin& o, const QuotaScopeId& qs) {
@@ -1121,7 +1210,8 @@ Result<std::shared_ptr<FileReader>> S3Volume::OpenReader(const VFolderId& vfid,
   return Status(Code::kNotFound, fmt::format("'{}' does not exist", rel), ENOENT);
 }
 
-Result<S3Volume::Level> S3Volume::ReadLevel(const VFolderId& vfid, std::string_view relpath) {
+Result<std::pair<S3Volume::Level, S3Volume::Location>> S3Volume::LocateDir(
+    const VFolderId& vfid, std::string_view relpath) {
   SLUICE_ASSIGN_OR_RETURN(auto parts, Parts(relpath));
   Level l;
   l.rel = Join(parts, parts.size());
@@ -1130,8 +1220,13 @@ Result<S3Volume::Level> S3Volume::ReadLevel(const VFolderId& vfid, std::string_v
     return Status(Code::kInvalidArgument, fmt::format("'{}' is not a directory", l.rel), ENOTDIR);
   Location at = Locate(vfid, l.rel);
   if (!l.rel.empty()) at.key += '/';
-  SLUICE_ASSIGN_OR_RETURN(l.entries, origin_->ListLevel(at.key, at.bucket));
-  return l;
+  return std::pair{std::move(l), std::move(at)};
+}
+
+Result<S3Volume::Level> S3Volume::ReadLevel(const VFolderId& vfid, std::string_view relpath) {
+  SLUICE_ASSIGN_OR_RETURN(auto d, LocateDir(vfid, relpath));
+  SLUICE_ASSIGN_OR_RETURN(d.first.entries, origin_->ListLevel(d.second.key, d.second.bucket));
+  return std::move(d.first);
 }
 
 Result<std::unique_ptr<DirHandle>> S3Volume::OpenDir(const VFolderId& vfid,
@@ -1139,6 +1234,15 @@ Result<std::unique_ptr<DirHandle>> S3Volume::OpenDir(const VFolderId& vfid,
   SLUICE_ASSIGN_OR_RETURN(Level l, ReadLevel(vfid, relpath));
   auto shared = std::make_shared<const Level>(std::move(l));
   return std::unique_ptr<DirHandle>(new S3Dir(this, vfid, shared->rel, shared));
+}
+
+Result<std::unique_ptr<DirHandle>> S3Volume::OpenDirFrom(const VFolderId& vfid,
+                                                         std::string_view relpath,
+                                                         const ListFrom& from) {
+  SLUICE_ASSIGN_OR_RETURN(auto d, LocateDir(vfid, relpath));
+  return std::unique_ptr<DirHandle>(new S3OrderedDir(this, origin_, vfid, std::move(d.first.rel),
+                                                     std::move(d.first.info), std::move(d.second),
+                                                     from));
 }
 
 Result<std::vector<DirEntry>> S3Volume::ListSorted(const VFolderId& vfid, std::string_view relpath,

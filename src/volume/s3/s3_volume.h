@@ -94,6 +94,8 @@ class S3Volume : public Volume {
   Result<DirEntry> Stat(const VFolderId& vfid, std::string_view relpath) override;
   Result<std::unique_ptr<DirHandle>> OpenDir(const VFolderId& vfid,
                                              std::string_view relpath) override;
+  Result<std::unique_ptr<DirHandle>> OpenDirFrom(const VFolderId& vfid, std::string_view relpath,
+                                                 const ListFrom& from) override;
   Result<std::vector<DirEntry>> ListSorted(const VFolderId& vfid, std::string_view relpath,
                                            std::string_view start_after, size_t max) override;
 
@@ -163,6 +165,9 @@ class S3Volume : public Volume {
   // File `rel` of vfolder `src` on another volume, uploaded as `key`.
   Status CopyFileIn(Volume& from, const VFolderId& src, const std::string& rel,
                     const std::string& key);
+  // The directory at `relpath`: `rel` and `info` of a Level, and where its keys are (`key`
+  // ending in '/' below the vfolder's root).
+  Result<std::pair<Level, Location>> LocateDir(const VFolderId& vfid, std::string_view relpath);
   Result<Level> ReadLevel(const VFolderId& vfid, std::string_view relpath);
   std::string StagingKey(const VFolderId& vfid, std::string_view session) const;
 

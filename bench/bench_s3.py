@@ -7,7 +7,8 @@
   batch   the same N objects fetched with batch gets (one signed request, one TAR stream; as
           many streams at once as there are cores, each of N/cores objects) -> objects/s
           against nginx's per-object GETs of `get`
-  list    K keys (files on the volume) listed page after page (ListObjectsV2, 1000 a page) and
+  list    K keys (files on the volume, 1000 a directory; --flat: all in one) listed page
+          after page (ListObjectsV2, 1000 a page) and
           split over W workers (?list-split, then ListObjectsV2 with start-after and end-key,
           a connection each), both by the same client, `sluice s3 ls -r -j 1|W` -> keys/s, and
           the split's speed-up over the sequential listing
@@ -298,15 +299,24 @@ def list_cli(url, ak, sk, bucket, jobs, keys):
 def bench_list(s, root, args, state):
     bucket, path = s.bucket()
     t0 = time.perf_counter()
-    make_objects(path, args.keys, 1, prefix="k")
-    print(f"list: {args.keys} keys made in {time.perf_counter() - t0:.1f} s")
+    if args.flat:  # one directory of them all, as many datasets are laid out
+        os.makedirs(os.path.join(path, "k"))
+        rgw_keys = [f"k/f{i:07d}" for i in range(args.keys)]
+        for k in rgw_keys:
+            with open(os.path.join(path, k), "wb") as f:
+                f.write(b"k")
+    else:
+        make_objects(path, args.keys, 1, prefix="k")
+        rgw_keys = [f"k/d{i // 1000:03d}/f{i:05d}" for i in range(args.keys)]
+    shape = "in one directory" if args.flat else "1000 a directory"
+    print(f"list: {args.keys} keys ({shape}) made in {time.perf_counter() - t0:.1f} s")
     listing = {"sequential": lambda d: list_cli(s.s3_url, s.ak, s.sk, bucket, 1, args.keys),
                "split": lambda d: list_cli(s.s3_url, s.ak, s.sk, bucket, args.workers,
                                            args.keys)}
     if RGW:
         rb = RGW.bucket()
         t0 = time.perf_counter()
-        RGW.upload(rb, [f"k/d{i // 1000:03d}/f{i:05d}" for i in range(args.keys)], b"k")
+        RGW.upload(rb, rgw_keys, b"k")
         print(f"list: {args.keys} keys uploaded to rgw in {time.perf_counter() - t0:.0f} s")
         listing["rgw"] = lambda d: list_cli(RGW.s3_url, RGW.ak, RGW.sk, rb, 1, args.keys)
     rates = alternating(args.rounds, 1, listing)  # a first listing of each warms it (dentries)
@@ -500,6 +510,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--keys", type=int, default=100000)
     ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--flat", action="store_true", help="list: every key in one directory")
     ap.add_argument("--big", type=parse_size, default=parse_size("1g"))
     ap.add_argument("--part", type=parse_size, default=parse_size("8m"))
     ap.add_argument("--workdir", default=None, help="where to put data (default: a temp dir)")

@@ -550,6 +550,14 @@ Result<std::chrono::seconds> ParseDuration(std::string_view s) {
   return std::chrono::seconds(static_cast<int64_t>(num * it->second));
 }
 
+Result<std::chrono::milliseconds> ParseDurationMillis(std::string_view s) {
+  if (s.size() > 2 && s.size() < 15 && s.ends_with("ms") &&
+      s.find_first_not_of("0123456789") == s.size() - 2)
+    return std::chrono::milliseconds(std::stoull(std::string(s.substr(0, s.size() - 2))));
+  SLUICE_ASSIGN_OR_RETURN(auto d, ParseDuration(s));
+  return std::chrono::duration_cast<std::chrono::milliseconds>(d);
+}
+
 std::string DefaultConfigToml() {
   return R"(# Sluice configuration. Sluice reads Backend.AI's storage-proxy.toml as it is: keys may be
 # kebab-case or snake_case. Sections Sluice does not use ([etcd], [logging], [debug], ...) are
@@ -659,7 +667,8 @@ path = "./var/volumes/local"
 #           usage-walk-budget = "10ms"        (vfolders walked faster than this: every request)
 #   cephfs: pending-write-window = "30s"      (Sluice's writes count on top of ceph.dir.rbytes)
 #   s3:     endpoint, bucket, prefix, region, access-key + secret-key or credentials-file,
-#           ca-file, insecure, read-only, capacity, vfolder-ttl, part-size (docs/s3-volumes.md)
+#           ca-file, insecure, read-only, capacity, vfolder-ttl, part-size, usage-reconcile-
+#           interval, usage-walk-budget (as vfs: usage kept by listings) (docs/s3-volumes.md)
 # options = { usage-reconcile-interval = "60s" }
 #
 # Any volume can have an SSD read cache in front of it (docs/cache.md):

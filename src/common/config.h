@@ -154,5 +154,7 @@ std::string DefaultConfigToml();
 Result<uint64_t> ParseBinarySize(std::string_view s);
 // "1d", "12h", "30m", "45s", "1w", "90" -> seconds.
 Result<std::chrono::seconds> ParseDuration(std::string_view s);
+// The same, and sub-second durations as "250ms".
+Result<std::chrono::milliseconds> ParseDurationMillis(std::string_view s);
 
 }  // namespace sluice

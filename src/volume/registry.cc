@@ -29,15 +29,9 @@ Result<std::chrono::milliseconds> OptionDuration(const VolumeConfig& cfg, const 
   if (value.is_number_unsigned()) {
     out = std::chrono::seconds(value.get<uint64_t>());
   } else if (value.is_string()) {
-    std::string s = value.get<std::string>();
-    if (s.size() > 2 && s.size() < 15 && s.ends_with("ms") &&
-        s.find_first_not_of("0123456789") == s.size() - 2) {
-      out = std::chrono::milliseconds(std::stoull(s.substr(0, s.size() - 2)));
-    } else {
-      auto d = ParseDuration(s);
-      if (!d.ok()) return bad(d.status().message());
-      out = *d;
-    }
+    auto d = ParseDurationMillis(value.get<std::string>());
+    if (!d.ok()) return bad(d.status().message());
+    out = *d;
   } else {
     return bad("expected a duration such as \"60s\"");
   }

@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import subprocess
+import time
 import uuid
 import zipfile
 
@@ -205,6 +206,54 @@ def test_scope_limits_hold_on_writes(proxy, origin):
     keys = [o["Key"] for o in origin.boto.list_objects_v2(
         Bucket=BUCKET, Prefix=vfolder_prefix(vfid)).get("Contents", [])]
     assert [k[len(vfolder_prefix(vfid)):] for k in keys] == ["fits.bin"]
+
+
+def test_scope_usage_is_maintained(tmp_path, origin):
+    """A quota scope's usage on an s3 volume is a maintained figure: this node's writes and
+    deletes change it at once, its quota checks list nothing, and what others wrote on the
+    origin shows once the figure is measured again (usage-reconcile-interval)."""
+    options = {"part-size": "5m", "usage-walk-budget": "0s", "usage-reconcile-interval": "5s"}
+    with running_daemon(tmp_path / "proxy", extra_toml=s3_volume(origin, **options)) as d:
+        qsid = new_qsid()
+        r = d.mgr("POST", "/quota-scope",
+                  json={"volume": "remote", "qsid": qsid, "options": {"limit_bytes": MiB}})
+        assert r.status_code == 204, r.text
+        vfid = d.create_vfolder(vfid=new_vfid(qsid), volume="remote")
+
+        def used():
+            return d.mgr("GET", "/quota-scope", json={"volume": "remote", "qsid": qsid}
+                         ).json()["used_bytes"]
+
+        assert used() == 0
+        token = new_session(d, vfid, "a.bin", 400 * KiB, volume="remote")
+        assert patch(d, token, 0, b"a" * (400 * KiB)).status_code == 204
+        assert used() == 400 * KiB  # counted by the write, not measured
+        token = new_session(d, vfid, "b.bin", 300 * KiB, volume="remote")
+        assert patch(d, token, 0, b"b" * (300 * KiB)).status_code == 204
+        assert used() == 700 * KiB
+        r = d.mgr("POST", "/folder/file/upload", json={
+            "volume": "remote", "vfid": vfid, "relpath": "over.bin", "size": 400 * KiB})
+        if r.status_code == 200:  # refused when the bytes come, if not when the session is made
+            r = patch(d, r.json()["token"], 0, b"c" * (400 * KiB))
+        assert r.status_code in (413, 507), (r.status_code, r.text)
+        assert d.file_op("remote", "delete", vfid=vfid, relpaths=["b.bin"]).status_code == 200
+        assert used() == 400 * KiB
+        # Another client of the origin writes below the vfolder: measured again, it counts.
+        origin.boto.put_object(Bucket=BUCKET, Key=vfolder_prefix(vfid) + "other.bin",
+                               Body=b"o" * (200 * KiB))
+        assert used() == 400 * KiB  # the figure, not a listing
+        deadline = time.monotonic() + 30
+        while used() != 600 * KiB and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert used() == 600 * KiB
+
+        def vfolder_usage():
+            return d.mgr("GET", "/folder/usage", json={"volume": "remote", "vfid": vfid}).json()
+
+        while vfolder_usage()["used_bytes"] != 600 * KiB and time.monotonic() < deadline:
+            time.sleep(0.2)
+        usage = vfolder_usage()
+        assert usage["used_bytes"] == 600 * KiB and usage["file_count"] == 2, usage
 
 
 def test_s3_api_over_an_s3_volume(proxy, origin):

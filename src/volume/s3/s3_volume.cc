@@ -131,6 +131,15 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
       if (*size < (5u << 20) || *size > (5ULL << 30))
         return bad(key, "must be 5 MiB to 5 GiB (S3's part sizes)");
       o.part_size = *size;
+    } else if (key == "usage-reconcile-interval" || key == "usage-walk-budget") {
+      auto d = ParseDurationMillis(str);
+      if (!d.ok()) return bad(key, d.status().message());
+      if (key == "usage-reconcile-interval") {
+        if (d->count() <= 0) return bad(key, "must be positive");
+        o.usage_reconcile = *d;
+      } else {
+        o.usage_walk_budget = *d;
+      }
     } else if (key == "vfolder-ttl" || key == "vfolder_ttl") {
       auto d = ParseDuration(str);
       if (!d.ok()) return bad(key, d.status().message());
@@ -153,7 +162,8 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
                  "unknown key for the s3 backend (known: endpoint, bucket, prefix, region, "
                  "access-key, secret-key, credentials-file, ca-file, insecure, read-only, "
                  "addressing, capacity, vfolder-ttl, part-size, connect-timeout, "
-                 "stall-timeout, retry-deadline, max-attempts)");
+                 "stall-timeout, retry-deadline, max-attempts, usage-reconcile-interval, "
+                 "usage-walk-budget)");
     }
   }
   if (!creds_file.empty()) {
@@ -306,13 +316,16 @@ struct S3Volume::Origin {
   }
 
   // Deletes every key below `prefix` (DeleteObjects batches of 1000, 4 at once); refusals are
-  // errors.
-  Status DeletePrefix(const std::string& prefix) {
+  // errors. `bytes`: what the keys held.
+  Status DeletePrefix(const std::string& prefix, uint64_t* bytes = nullptr) {
     std::vector<std::string> keys;
+    uint64_t held = 0;
     SLUICE_RETURN_IF_ERROR(ForEachKey(prefix, [&](const s3c::ObjectInfo& o) {
       keys.push_back(o.key);
+      held += o.size;
       return Status::Ok();
     }));
+    if (bytes) *bytes = held;
     return ParallelFor((keys.size() + 999) / 1000, 4, [&](size_t b) {
       std::vector<std::string> batch(keys.begin() + b * 1000,
                                      keys.begin() + std::min(keys.size(), b * 1000 + 1000));
@@ -591,7 +604,9 @@ std::string VFolderRecord(const S3Volume::Origin& o, const VFolderId& vf) {
 
 class S3Quota : public QuotaModel {
  public:
-  explicit S3Quota(std::shared_ptr<S3Volume::Origin> o) : o_(std::move(o)) {}
+  // Scope usage is the figure `usage` keeps for the scope's keys.
+  S3Quota(std::shared_ptr<S3Volume::Origin> o, UsageTracker* usage)
+      : o_(std::move(o)), usage_(usage) {}
   std::string ScopePath(const QuotaScopeId& qs) const override {
     return fmt::format("s3://{}/{}", o_->bucket(), Data(qs));
   }
@@ -603,10 +618,8 @@ class S3Quota : public QuotaModel {
   Result<QuotaUsage> DescribeScope(const QuotaScopeId& qs) override {
     QuotaUsage q;
     SLUICE_ASSIGN_OR_RETURN(q.limit_bytes, ScopeLimit(qs));
-    SLUICE_RETURN_IF_ERROR(o_->ForEachKey(Data(qs), [&](const s3c::ObjectInfo& obj) {
-      q.used_bytes += obj.size;
-      return Status::Ok();
-    }));
+    SLUICE_ASSIGN_OR_RETURN(auto u, usage_->Get(ScopePath(qs)));
+    q.used_bytes = u.used_bytes;
     return q;
   }
   // The scope's record alone: no listing of its data.
@@ -628,7 +641,9 @@ class S3Quota : public QuotaModel {
     if (!m) return MissingQuotaScope(qs, o_->volume);
     SLUICE_ASSIGN_OR_RETURN(bool used, o_->HasChildren(o_->RecordKey("vfolders/" + qs.hex + "/")));
     if (used) return QuotaScopeNotEmpty(qs);
-    return o_->Note(o_->Client()->Delete(o_->bucket(), ScopeRecord(*o_, qs)));
+    SLUICE_RETURN_IF_ERROR(o_->Note(o_->Client()->Delete(o_->bucket(), ScopeRecord(*o_, qs))));
+    usage_->Forget(ScopePath(qs));
+    return Status::Ok();
   }
 
  private:
@@ -639,6 +654,7 @@ class S3Quota : public QuotaModel {
     return o_->PutRecord(ScopeRecord(*o_, qs), j);
   }
   std::shared_ptr<S3Volume::Origin> o_;
+  UsageTracker* usage_;
 };
 
 // Tree operations on "s3://<bucket>/<key prefix>" paths (ScopePath, VFolderPath, detached
@@ -703,8 +719,10 @@ S3Volume::S3Volume(VolumeConfig cfg, S3VolumeOptions opts)
     : cfg_(std::move(cfg)),
       opts_(std::move(opts)),
       io_stats_(&Metrics::Global().Volume(cfg_.name)),
-      origin_(std::make_shared<Origin>(opts_, cfg_.name)) {
-  quota_ = std::make_unique<S3Quota>(origin_);
+      origin_(std::make_shared<Origin>(opts_, cfg_.name)),
+      usage_(std::make_unique<UsageTracker>([this](const std::string& p) { return Measure(p); },
+                                            opts_.usage_reconcile, opts_.usage_walk_budget)) {
+  quota_ = std::make_unique<S3Quota>(origin_, usage_.get());
   fsop_ = std::make_unique<S3FsOp>(origin_);
 }
 
@@ -868,6 +886,7 @@ Status S3Volume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_sco
                   fmt::format("vfolder {} already exists on volume {}", vfid.ToString(), cfg_.name),
                   EEXIST);
   SLUICE_RETURN_IF_ERROR(origin_->PutRecord(key, {{"mode", mode}}));
+  usage_->Set(VFolderPath(vfid), TreeUsage{});
   std::lock_guard lk(mu_);
   live_[key] = std::chrono::steady_clock::now() + opts_.vfolder_ttl;
   return Status::Ok();
@@ -904,6 +923,9 @@ Result<std::string> S3Volume::DetachVFolder(const VFolderId& vfid) {
     std::lock_guard lk(mu_);
     live_.erase(key);
   }
+  // Its keys count in the scope until they are deleted in the background: measured again.
+  usage_->Forget(VFolderPath(vfid));
+  if (vfid.scope) usage_->Forget(quota_->ScopePath(*vfid.scope));
   return VFolderPath(vfid);
 }
 
@@ -990,10 +1012,15 @@ Status S3Volume::BindVFolder(const VFolderId& vfid, const std::string& what) {
   return Status::Ok();
 }
 
-Result<TreeUsage> S3Volume::GetUsage(const VFolderId& vfid) {
-  SLUICE_RETURN_IF_ERROR(CheckVFolder(vfid));
-  const Location at = Locate(vfid, "");
-  const std::string& root = at.key;
+Result<TreeUsage> S3Volume::Measure(const std::string& path) {
+  // "s3://BUCKET/KEY": a vfolder's path (VFolderPath) or a scope's (ScopePath).
+  constexpr std::string_view kScheme = "s3://";
+  const size_t slash = path.find('/', kScheme.size());
+  if (!path.starts_with(kScheme) || slash == std::string::npos)
+    return Status(Code::kInvalidArgument, fmt::format("'{}' is not an s3:// path", path));
+  const std::string bucket = path.substr(kScheme.size(), slash - kScheme.size());
+  std::string root = path.substr(slash + 1);
+  if (!root.empty() && root.back() != '/') root += '/';
   TreeUsage u;
   std::set<std::string> dirs;
   SLUICE_RETURN_IF_ERROR(origin_->ForEachKey(
@@ -1013,9 +1040,26 @@ Result<TreeUsage> S3Volume::GetUsage(const VFolderId& vfid) {
         if (o.key.back() == '/') dirs.insert(rel);
         return Status::Ok();
       },
-      at.bucket));
+      bucket == opts_.bucket ? std::string_view() : std::string_view(bucket)));
   u.file_count += dirs.size();
   return u;
+}
+
+// Maintained: measured by a listing once, then kept current by this node's writes and
+// re-measured in the background (and on every read while a listing is fast: small trees).
+Result<TreeUsage> S3Volume::GetUsage(const VFolderId& vfid) {
+  SLUICE_RETURN_IF_ERROR(CheckVFolder(vfid));
+  return usage_->Get(VFolderPath(vfid));
+}
+
+Result<TreeUsage> S3Volume::GetFreshUsage(const VFolderId& vfid) {
+  SLUICE_RETURN_IF_ERROR(CheckVFolder(vfid));
+  return usage_->Reconcile(VFolderPath(vfid));
+}
+
+void S3Volume::Account(const VFolderId& vfid, int64_t bytes, int64_t entries) {
+  usage_->Add(VFolderPath(vfid), bytes, entries);
+  if (vfid.scope) usage_->Add(quota_->ScopePath(*vfid.scope), bytes, entries);
 }
 
 Result<uint64_t> S3Volume::GetUsedBytes(const VFolderId& vfid) {
@@ -1055,9 +1099,17 @@ Result<std::string> S3Volume::MountPath(const VFolderId&, std::string_view) {
 }
 
 Status S3Volume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,
-                                 const TreeUsage&) {
+                                 const TreeUsage& size) {
   SLUICE_RETURN_IF_ERROR(Writable());
   SLUICE_RETURN_IF_ERROR(WritableVFolder(dst));
+  Status copied = CopyTreeIn(from, src, dst);
+  // What was copied counts, also in part: the figure may run high until it is measured again,
+  // never low.
+  Account(dst, static_cast<int64_t>(size.used_bytes), static_cast<int64_t>(size.file_count));
+  return copied;
+}
+
+Status S3Volume::CopyTreeIn(Volume& from, const VFolderId& src, const VFolderId& dst) {
   if (&ForwardingVolume::Innermost(from) == this) {
     SLUICE_RETURN_IF_ERROR(Live(src));  // a bound vfolder copies into a writable one
     const Location from = Locate(src, "");
@@ -1281,7 +1333,10 @@ Status S3Volume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool par
       return Status(Code::kNotFound, fmt::format("'{}' does not exist", here), ENOENT);
     make.push_back(LayoutKey(vfid, here) + "/");
   }
-  for (const auto& m : make) SLUICE_RETURN_IF_ERROR(origin_->PutMarker(m));
+  for (const auto& m : make) {
+    SLUICE_RETURN_IF_ERROR(origin_->PutMarker(m));
+    Account(vfid, 0, 1);
+  }
   return Status::Ok();
 }
 
@@ -1385,10 +1440,16 @@ Status S3Volume::DeleteFiles(const VFolderId& vfid, const std::vector<std::strin
     const auto& parts = all[i];
     SLUICE_RETURN_IF_ERROR(KeepParent(vfid, parts));
     const std::string key = LayoutKey(vfid, Join(parts, parts.size()));
-    if (what[i].type == EntryType::kDirectory)
-      SLUICE_RETURN_IF_ERROR(origin_->DeletePrefix(key + "/"));
-    else
+    if (what[i].type == EntryType::kDirectory) {
+      // Its bytes are known from the listing that deleted them; the entries below it (some
+      // only implied by keys) are left to the next measure.
+      uint64_t bytes = 0;
+      SLUICE_RETURN_IF_ERROR(origin_->DeletePrefix(key + "/", &bytes));
+      Account(vfid, -static_cast<int64_t>(bytes), -1);
+    } else {
       SLUICE_RETURN_IF_ERROR(origin_->Note(origin_->Client()->Delete(opts_.bucket, key)));
+      Account(vfid, -static_cast<int64_t>(what[i].size), -1);
+    }
   }
   return Status::Ok();
 }
@@ -1574,6 +1635,8 @@ class S3Volume::Writer : public StagingWriter {
       (void)o.Note(o.Client()->Delete(o.bucket(), key_ + ".data"));
     }
     (void)o.Note(o.Client()->Delete(o.bucket(), key_ + ".tail"));
+    v_->Account(vfid_, static_cast<int64_t>(total) - (there.ok() ? int64_t(there->size) : 0),
+                there.ok() ? 0 : 1);
     rec_.staged = false;  // the record stays: the session reads as complete
     rec_.parts.clear();
     pending_.clear();

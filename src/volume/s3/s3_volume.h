@@ -25,6 +25,7 @@
 
 #include "common/config.h"
 #include "io/s3/s3_client.h"
+#include "volume/usage_tracker.h"
 #include "volume/volume.h"
 
 namespace sluice {
@@ -41,11 +42,16 @@ struct S3VolumeOptions {
   // How long a vfolder seen on the origin is taken to exist without asking again: what another
   // node's deletion of a vfolder may take to show here.
   std::chrono::milliseconds vfolder_ttl{5000};
+  // Maintained usage (see usage_tracker.h): how old a figure may get before a background
+  // listing re-measures it, and how fast a listing must be for its tree to be listed on every
+  // read instead (exact, and what other nodes wrote counts at once).
+  std::chrono::milliseconds usage_reconcile{60000};
+  std::chrono::microseconds usage_walk_budget{10000};
 
   // From [volume.NAME.options]: endpoint, bucket, prefix, region, access-key, secret-key or
   // credentials-file, ca-file, insecure, read-only, addressing ("path" or "virtual"),
   // capacity, vfolder-ttl, part-size, connect-timeout, stall-timeout, retry-deadline,
-  // max-attempts.
+  // max-attempts, usage-reconcile-interval, usage-walk-budget.
   static Result<S3VolumeOptions> FromConfig(const VolumeConfig& cfg);
 };
 
@@ -72,6 +78,7 @@ class S3Volume : public Volume {
   Result<std::string> DetachVFolder(const VFolderId& vfid) override;
   Status CheckVFolder(const VFolderId& vfid) override;
   Result<TreeUsage> GetUsage(const VFolderId& vfid) override;
+  Result<TreeUsage> GetFreshUsage(const VFolderId& vfid) override;
   Result<uint64_t> GetUsedBytes(const VFolderId& vfid) override;
   Result<FsUsage> GetFsUsage() override;
   HwInfo GetHwInfo() override;
@@ -162,6 +169,8 @@ class S3Volume : public Volume {
   Status MoveEntry(const VFolderId& vfid, const std::vector<std::string>& src,
                    const std::vector<std::string>& dst);
   Status KeepParent(const VFolderId& vfid, const std::vector<std::string>& parts);
+  // CopyVFolderFrom's copy: server side within the origin, else uploads.
+  Status CopyTreeIn(Volume& from, const VFolderId& src, const VFolderId& dst);
   // File `rel` of vfolder `src` on another volume, uploaded as `key`.
   Status CopyFileIn(Volume& from, const VFolderId& src, const std::string& rel,
                     const std::string& key);
@@ -172,11 +181,17 @@ class S3Volume : public Volume {
   std::string StagingKey(const VFolderId& vfid, std::string_view session) const;
 
   void Unlock(const std::string& session);
+  // A write through this node changed the vfolder (and its scope) by these amounts.
+  void Account(const VFolderId& vfid, int64_t bytes, int64_t entries);
+  // Every key below "s3://BUCKET/KEY" listed: the bytes, and the files and directories.
+  Result<TreeUsage> Measure(const std::string& path);
 
   VolumeConfig cfg_;
   S3VolumeOptions opts_;
   VolumeIoStats* io_stats_;
   std::shared_ptr<Origin> origin_;
+  // Usage figures of vfolders (VFolderPath) and quota scopes (ScopePath).
+  std::unique_ptr<UsageTracker> usage_;
   std::unique_ptr<QuotaModel> quota_;
   std::unique_ptr<FSOpModel> fsop_;
   std::mutex mu_;

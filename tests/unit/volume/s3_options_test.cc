@@ -19,13 +19,17 @@ Result<S3VolumeOptions> Parse(nlohmann::json options) {
   return S3VolumeOptions::FromConfig(c);
 }
 
-TEST(S3VolumeOptions, TimeoutsRetriesAndParts) {
+TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
   auto o = Parse({{"max-attempts", "2"},
                   {"retry-deadline", "3s"},
                   {"connect-timeout", "4s"},
                   {"stall-timeout", "5s"},
-                  {"part-size", "8m"}});
+                  {"part-size", "8m"},
+                  {"usage-reconcile-interval", "2m"},
+                  {"usage-walk-budget", "250ms"}});
   ASSERT_OK(o);
+  EXPECT_EQ(o->usage_reconcile, std::chrono::minutes(2));
+  EXPECT_EQ(o->usage_walk_budget, std::chrono::milliseconds(250));
   EXPECT_EQ(o->client.max_attempts, 2);
   EXPECT_EQ(o->client.retry_deadline, std::chrono::seconds(3));
   EXPECT_EQ(o->client.connect_timeout, std::chrono::seconds(4));
@@ -38,6 +42,8 @@ TEST(S3VolumeOptions, TimeoutsRetriesAndParts) {
   EXPECT_TRUE(Parse({{"addressing", "virtual"}})->client.virtual_hosted);
   EXPECT_FALSE(Parse({{"addressing", "path"}})->client.virtual_hosted);
   EXPECT_EQ(d->client.retry_deadline, std::chrono::seconds(30));
+  EXPECT_EQ(d->usage_reconcile, std::chrono::seconds(60));
+  EXPECT_EQ(d->usage_walk_budget, std::chrono::milliseconds(10));
   for (const auto& [key, value] :
        std::vector<std::pair<std::string, std::string>>{{"max-attempts", "0"},
                                                         {"max-attempts", "21"},
@@ -47,6 +53,8 @@ TEST(S3VolumeOptions, TimeoutsRetriesAndParts) {
                                                         {"stall-timeout", "1000000000000d"},
                                                         {"part-size", "1m"},
                                                         {"addressing", "dns"},
+                                                        {"usage-reconcile-interval", "0s"},
+                                                        {"usage-walk-budget", "fast"},
                                                         {"timeout", "1s"}}) {
     auto bad = Parse({{key, value}});
     ASSERT_FALSE(bad.ok()) << key << "=" << value;

@@ -256,6 +256,64 @@ def test_scope_usage_is_maintained(tmp_path, origin):
         assert usage["used_bytes"] == 600 * KiB and usage["file_count"] == 2, usage
 
 
+def multipart_put(s3, bucket, key, body, part, **create):
+    """`body` put as a multipart upload of `part`-byte parts (`create`: CreateMultipartUpload's
+    arguments)."""
+    up = s3.create_multipart_upload(Bucket=bucket, Key=key, **create)["UploadId"]
+    parts = []
+    for i, at in enumerate(range(0, len(body), part)):
+        r = s3.upload_part(Bucket=bucket, Key=key, UploadId=up, PartNumber=i + 1,
+                           Body=body[at:at + part])
+        parts.append({"PartNumber": i + 1, "ETag": r["ETag"]})
+    s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up,
+                                 MultipartUpload={"Parts": parts})
+
+
+def test_objects_past_max_copy_size_copy_in_parts(tmp_path, origin):
+    """Server-side copies of objects larger than max-copy-size (AWS's CopyObject stops at
+    5 GiB) are multipart uploads of UploadPartCopy parts: a rename, a clone, an upload's
+    commit. Content and metadata arrive whole; the ETags show the parts."""
+    options = {"part-size": "6m", "max-copy-size": "5m"}
+    with running_daemon(tmp_path / "proxy", s3={},
+                        extra_toml=s3_volume(origin, **options)) as d:
+        user = d.s3_user(volume="remote")["id"]
+        s3 = d.s3_client(*d.s3_key(user))
+        s3.create_bucket(Bucket="parts")
+        body = os.urandom(11 * MiB)
+        multipart_put(s3, "parts", "m.bin", body, 6 * MiB, ContentType="x-model/w",
+                      Metadata={"epoch": "7"})
+        b = next(b for b in d.mgr("GET", "/s3/buckets").json()["buckets"]
+                 if b["name"] == "parts")
+        vfid = b["vfid"]
+        base = vfolder_prefix(vfid)
+
+        def on_origin(key):
+            got = origin.boto.get_object(Bucket=BUCKET, Key=base + key)
+            return got["Body"].read(), got["ETag"].strip('"')
+
+        assert on_origin("m.bin")[0] == body  # one PUT: it never filled a part in memory
+        r = d.file_op("remote", "rename", vfid=vfid, relpath="m.bin", new_name="n.bin")
+        assert r.status_code in (200, 204), r.text
+        data, etag = on_origin("n.bin")
+        assert data == body and etag.endswith("-3"), etag
+        got = s3.get_object(Bucket="parts", Key="n.bin")
+        assert got["Body"].read() == body
+        assert got["ContentType"] == "x-model/w" and got["Metadata"] == {"epoch": "7"}, got
+        dst = clone_vfolder(d, "remote", vfid, "remote")
+        got = origin.boto.get_object(Bucket=BUCKET, Key=vfolder_prefix(dst) + "n.bin")
+        assert got["Body"].read() == body and got["ETag"].strip('"').endswith("-3")
+        # A tus upload of 17 MiB in three PATCHes: its data goes to the origin in 6 MiB
+        # parts (an upload of three), then onto the file in four parts of 5 MiB.
+        big = os.urandom(17 * MiB)
+        token = new_session(d, vfid, "t.bin", len(big), volume="remote")
+        for at in range(0, len(big), 6 * MiB):
+            assert patch(d, token, at, big[at:at + 6 * MiB]).status_code == 204
+        data, etag = on_origin("t.bin")
+        assert data == big and etag.endswith("-4"), etag
+        # Nothing left in progress on the origin: every copy completed its upload.
+        assert not origin.boto.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+
+
 def test_s3_api_over_an_s3_volume(proxy, origin):
     d = proxy
     user = d.s3_user(volume="remote")["id"]
@@ -264,14 +322,7 @@ def test_s3_api_over_an_s3_volume(proxy, origin):
     s3.put_object(Bucket="on-remote", Key="k/one.txt", Body=b"one")
     assert s3.get_object(Bucket="on-remote", Key="k/one.txt")["Body"].read() == b"one"
     big = os.urandom(11 * MiB)
-    up = s3.create_multipart_upload(Bucket="on-remote", Key="k/big.bin")["UploadId"]
-    parts = []
-    for i, at in enumerate(range(0, len(big), 5 * MiB)):
-        r = s3.upload_part(Bucket="on-remote", Key="k/big.bin", UploadId=up, PartNumber=i + 1,
-                           Body=big[at:at + 5 * MiB])
-        parts.append({"PartNumber": i + 1, "ETag": r["ETag"]})
-    s3.complete_multipart_upload(Bucket="on-remote", Key="k/big.bin", UploadId=up,
-                                 MultipartUpload={"Parts": parts})
+    multipart_put(s3, "on-remote", "k/big.bin", big, 5 * MiB)
     got = s3.get_object(Bucket="on-remote", Key="k/big.bin", Range="bytes=6291456-6291555")
     assert got["Body"].read() == big[6291456:6291556]
     listed = s3.list_objects_v2(Bucket="on-remote", Prefix="k/")

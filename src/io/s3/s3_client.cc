@@ -600,6 +600,22 @@ Result<std::string> S3Client::Put(std::string_view bucket, std::string_view key,
   return StripQuotes(a.header("etag"));
 }
 
+namespace {
+
+// A copy can fail after its 200 has gone out: the error is then the body (as AWS documents).
+Result<std::string> CopiedETag(const std::string& body, const std::string& what,
+                               const char* result) {
+  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(body, what));
+  if (auto e = doc.child("Error"))
+    return Status(CodeOf(500, Child(e, "Code")),
+                  fmt::format("{}: {}: {}", what, Child(e, "Code"), Child(e, "Message")));
+  std::string etag = StripQuotes(Child(doc.child(result), "ETag"));
+  if (etag.empty()) return Status(Code::kUnavailable, what + ": no ETag in the answer");
+  return etag;
+}
+
+}  // namespace
+
 Result<std::string> S3Client::Copy(std::string_view bucket, std::string_view src_key,
                                    std::string_view dst_key, const UserMeta* replace,
                                    std::string_view src_bucket) {
@@ -614,12 +630,24 @@ Result<std::string> S3Client::Copy(std::string_view bucket, std::string_view src
   if (replace)
     for (const auto& [k, v] : *replace) req.headers.emplace_back("x-amz-meta-" + k, v);
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
-  // A copy can fail after its 200 has gone out: the error is then the body (as AWS documents).
-  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));
-  if (auto e = doc.child("Error"))
-    return Status(CodeOf(500, Child(e, "Code")),
-                  fmt::format("{}: {}: {}", req.what, Child(e, "Code"), Child(e, "Message")));
-  return StripQuotes(Child(doc.child("CopyObjectResult"), "ETag"));
+  return CopiedETag(a.body, req.what, "CopyObjectResult");
+}
+
+Result<std::string> S3Client::CopyPart(std::string_view bucket, std::string_view key,
+                                       std::string_view upload_id, int number,
+                                       std::string_view src_bucket, std::string_view src_key,
+                                       uint64_t first, uint64_t last) {
+  Request req;
+  req.method = "PUT";
+  Address(req, bucket, key);
+  req.query = {{"partNumber", std::to_string(number)}, {"uploadId", std::string(upload_id)}};
+  req.what = fmt::format("UploadPartCopy {} of s3://{}/{} from s3://{}/{}", number, bucket, key,
+                         src_bucket, src_key);
+  req.headers.emplace_back("x-amz-copy-source",
+                           UriEncode(fmt::format("/{}/{}", src_bucket, src_key), true));
+  req.headers.emplace_back("x-amz-copy-source-range", fmt::format("bytes={}-{}", first, last));
+  SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
+  return CopiedETag(a.body, req.what, "CopyPartResult");
 }
 
 Status S3Client::Delete(std::string_view bucket, std::string_view key) {

@@ -131,6 +131,12 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
       if (*size < (5u << 20) || *size > (5ULL << 30))
         return bad(key, "must be 5 MiB to 5 GiB (S3's part sizes)");
       o.part_size = *size;
+    } else if (key == "max-copy-size") {
+      auto size = ParseBinarySize(str);
+      if (!size.ok()) return bad(key, size.status().message());
+      if (*size < (5u << 20) || *size > (5ULL << 30))
+        return bad(key, "must be 5 MiB to 5 GiB (S3's part sizes)");
+      o.max_copy_size = *size;
     } else if (key == "usage-reconcile-interval" || key == "usage-walk-budget") {
       auto d = ParseDurationMillis(str);
       if (!d.ok()) return bad(key, d.status().message());
@@ -163,7 +169,7 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
                  "access-key, secret-key, credentials-file, ca-file, insecure, read-only, "
                  "addressing, capacity, vfolder-ttl, part-size, connect-timeout, "
                  "stall-timeout, retry-deadline, max-attempts, usage-reconcile-interval, "
-                 "usage-walk-budget)");
+                 "usage-walk-budget, max-copy-size)");
     }
   }
   if (!creds_file.empty()) {
@@ -351,13 +357,53 @@ struct S3Volume::Origin {
       const auto& objs = page->objects;
       SLUICE_RETURN_IF_ERROR(ParallelFor(objs.size(), 16, [&](size_t i) {
         if (skip_from && objs[i].key == from) return Status::Ok();
-        return Note(Client()->Copy(bucket(), objs[i].key, to + objs[i].key.substr(from.size()),
-                                   nullptr, Bucket(from_bucket)))
-            .status();
+        return CopyObject(from_bucket, objs[i].key, to + objs[i].key.substr(from.size()),
+                          objs[i].size);
       }));
       if (page->next_token.empty()) return Status::Ok();
       lr.continuation = page->next_token;
     }
+  }
+
+  // A server-side copy of `src_key` (`size` bytes, in bucket `from`: "" for the volume's) to
+  // `dst_key` of the volume's bucket, its metadata copied or `replace`d: one CopyObject up to
+  // max-copy-size, else a multipart upload of UploadPartCopy parts of that size, 8 at once
+  // (the metadata read first: a multipart upload takes it at its creation).
+  Status CopyObject(std::string_view from, const std::string& src_key, const std::string& dst_key,
+                    uint64_t size, const s3c::UserMeta* replace = nullptr) {
+    if (size <= opts.max_copy_size)
+      return Note(Client()->Copy(bucket(), src_key, dst_key, replace, Bucket(from))).status();
+    const uint64_t part = opts.max_copy_size;
+    const size_t n = static_cast<size_t>((size + part - 1) / part);
+    if (n > static_cast<size_t>(s3c::kMaxParts))
+      return Status(Code::kTooLarge,
+                    fmt::format("copy of s3://{}/{}: {} bytes is more than {} "
+                                "parts of max-copy-size ({} bytes)",
+                                Bucket(from), src_key, size, s3c::kMaxParts, part));
+    s3c::UserMeta meta;
+    std::string type;
+    if (replace) {
+      meta = *replace;
+    } else {
+      SLUICE_ASSIGN_OR_RETURN(auto h, Note(Client()->Head(Bucket(from), src_key)));
+      meta = std::move(h.meta);
+      type = std::move(h.content_type);
+    }
+    SLUICE_ASSIGN_OR_RETURN(std::string id,
+                            Note(Client()->CreateMultipart(bucket(), dst_key, type, meta)));
+    std::vector<s3c::PartInfo> parts(n);
+    Status st = ParallelFor(n, 8, [&](size_t i) {
+      const uint64_t first = i * part, last = std::min(size, first + part) - 1;
+      SLUICE_ASSIGN_OR_RETURN(
+          parts[i].etag, Note(Client()->CopyPart(bucket(), dst_key, id, static_cast<int>(i + 1),
+                                                 Bucket(from), src_key, first, last)));
+      parts[i].number = static_cast<int>(i + 1);
+      parts[i].size = last - first + 1;
+      return Status::Ok();
+    });
+    if (st.ok()) st = Note(Client()->CompleteMultipart(bucket(), dst_key, id, parts)).status();
+    if (!st.ok()) (void)Note(Client()->AbortMultipart(bucket(), dst_key, id));
+    return st;
   }
 
   // The entries directly below `dir` ("" or "a/b/"), sorted by name (the origin's order puts a
@@ -1357,8 +1403,7 @@ Status S3Volume::MoveEntry(const VFolderId& vfid, const std::vector<std::string>
   const std::string skey = LayoutKey(vfid, from);
   const std::string dkey = LayoutKey(vfid, Join(dst, dst.size()));
   if (e.type != EntryType::kDirectory) {
-    SLUICE_RETURN_IF_ERROR(
-        origin_->Note(origin_->Client()->Copy(opts_.bucket, skey, dkey)).status());
+    SLUICE_RETURN_IF_ERROR(origin_->CopyObject({}, skey, dkey, e.size));
     return origin_->Note(origin_->Client()->Delete(opts_.bucket, skey));
   }
   // A directory: every key copied, then every key deleted (not atomic: a crash in between
@@ -1629,9 +1674,8 @@ class S3Volume::Writer : public StagingWriter {
       SLUICE_RETURN_IF_ERROR(
           o.Note(o.Client()->CompleteMultipart(o.bucket(), key_ + ".data", rec_.upload, all))
               .status());
-      // Server-side, onto the target (CopyObject: up to 5 GiB on AWS; see docs/s3-volumes.md).
-      SLUICE_RETURN_IF_ERROR(
-          o.Note(o.Client()->Copy(o.bucket(), key_ + ".data", target, &user)).status());
+      // Server-side, onto the target (in parts past max-copy-size; see docs/s3-volumes.md).
+      SLUICE_RETURN_IF_ERROR(o.CopyObject({}, key_ + ".data", target, total, &user));
       (void)o.Note(o.Client()->Delete(o.bucket(), key_ + ".data"));
     }
     (void)o.Note(o.Client()->Delete(o.bucket(), key_ + ".tail"));

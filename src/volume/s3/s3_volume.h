@@ -39,6 +39,9 @@ struct S3VolumeOptions {
   // file), each writer holding up to about two parts in memory.
   uint64_t part_size = 16ULL << 20;
   uint64_t capacity = 1ULL << 50;  // what GetFsUsage reports: an origin has no fixed size
+  // Objects up to this size are copied with one CopyObject (AWS takes up to 5 GiB); larger
+  // ones as a multipart upload of UploadPartCopy parts of this size.
+  uint64_t max_copy_size = 5ULL << 30;
   // How long a vfolder seen on the origin is taken to exist without asking again: what another
   // node's deletion of a vfolder may take to show here.
   std::chrono::milliseconds vfolder_ttl{5000};
@@ -51,7 +54,7 @@ struct S3VolumeOptions {
   // From [volume.NAME.options]: endpoint, bucket, prefix, region, access-key, secret-key or
   // credentials-file, ca-file, insecure, read-only, addressing ("path" or "virtual"),
   // capacity, vfolder-ttl, part-size, connect-timeout, stall-timeout, retry-deadline,
-  // max-attempts, usage-reconcile-interval, usage-walk-budget.
+  // max-attempts, usage-reconcile-interval, usage-walk-budget, max-copy-size.
   static Result<S3VolumeOptions> FromConfig(const VolumeConfig& cfg);
 };
 

@@ -26,10 +26,12 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
                   {"stall-timeout", "5s"},
                   {"part-size", "8m"},
                   {"usage-reconcile-interval", "2m"},
-                  {"usage-walk-budget", "250ms"}});
+                  {"usage-walk-budget", "250ms"},
+                  {"max-copy-size", "1g"}});
   ASSERT_OK(o);
   EXPECT_EQ(o->usage_reconcile, std::chrono::minutes(2));
   EXPECT_EQ(o->usage_walk_budget, std::chrono::milliseconds(250));
+  EXPECT_EQ(o->max_copy_size, 1u << 30);
   EXPECT_EQ(o->client.max_attempts, 2);
   EXPECT_EQ(o->client.retry_deadline, std::chrono::seconds(3));
   EXPECT_EQ(o->client.connect_timeout, std::chrono::seconds(4));
@@ -44,6 +46,7 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
   EXPECT_EQ(d->client.retry_deadline, std::chrono::seconds(30));
   EXPECT_EQ(d->usage_reconcile, std::chrono::seconds(60));
   EXPECT_EQ(d->usage_walk_budget, std::chrono::milliseconds(10));
+  EXPECT_EQ(d->max_copy_size, 5ULL << 30);  // AWS's CopyObject limit
   for (const auto& [key, value] :
        std::vector<std::pair<std::string, std::string>>{{"max-attempts", "0"},
                                                         {"max-attempts", "21"},
@@ -55,6 +58,8 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
                                                         {"addressing", "dns"},
                                                         {"usage-reconcile-interval", "0s"},
                                                         {"usage-walk-budget", "fast"},
+                                                        {"max-copy-size", "4m"},
+                                                        {"max-copy-size", "6g"},
                                                         {"timeout", "1s"}}) {
     auto bad = Parse({{key, value}});
     ASSERT_FALSE(bad.ok()) << key << "=" << value;

@@ -668,8 +668,8 @@ path = "./var/volumes/local"
 #   cephfs: pending-write-window = "30s"      (Sluice's writes count on top of ceph.dir.rbytes)
 #   s3:     endpoint, bucket, prefix, region, access-key + secret-key or credentials-file,
 #           ca-file, insecure, read-only, capacity, vfolder-ttl, part-size, usage-reconcile-
-#           interval, usage-walk-budget (as vfs: usage kept by listings), max-copy-size
-#           (docs/s3-volumes.md)
+#           interval, usage-walk-budget (as vfs: usage kept by listings), max-copy-size,
+#           upload-lock-ttl (docs/s3-volumes.md)
 # options = { usage-reconcile-interval = "60s" }
 #
 # Any volume can have an SSD read cache in front of it (docs/cache.md):

@@ -17,10 +17,10 @@ import zipfile
 import pytest
 import requests
 
-from conftest import (BIN_DIR, new_qsid, new_vfid, running_daemon, run_sluiced, split_vfid,
-                      toml_section)
+from conftest import (BIN_DIR, new_qsid, new_vfid, problem, running_daemon, run_sluiced,
+                      split_vfid, start_daemon, toml_section)
 from test_download import archive_token, download_token
-from test_upload import new_session, offset_of, patch
+from test_upload import HeldPatch, new_session, offset_of, patch, upload_url, wait_for
 
 KiB, MiB = 1 << 10, 1 << 20
 BUCKET = "origin"
@@ -206,6 +206,100 @@ def test_scope_limits_hold_on_writes(proxy, origin):
     keys = [o["Key"] for o in origin.boto.list_objects_v2(
         Bucket=BUCKET, Prefix=vfolder_prefix(vfid)).get("Contents", [])]
     assert [k[len(vfolder_prefix(vfid)):] for k in keys] == ["fits.bin"]
+
+
+def leases(origin):
+    """The upload sessions' lease generations on the origin: {key: its JSON}."""
+    page = origin.boto.list_objects_v2(Bucket=BUCKET, Prefix="ds/.sluice/staging/")
+    out = {}
+    for o in page.get("Contents", []):
+        if ".lock." in o["Key"]:
+            try:
+                out[o["Key"]] = json.loads(
+                    origin.boto.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read())
+            except origin.boto.exceptions.NoSuchKey:
+                pass  # an older generation, removed by the writer that made a newer one
+    return out
+
+
+def test_two_nodes_share_an_upload_sessions_lease(tmp_path, origin):
+    """Two nodes on one s3 volume: while one writes to an upload session, the other's PATCH
+    of it is 409 (the session's lease on the origin, made with If-None-Match: *); once it is
+    released the other continues; a node killed while writing holds the session for at most
+    upload-lock-ttl."""
+    options = {"part-size": "5m", "upload-lock-ttl": "4s"}
+    a = start_daemon(tmp_path / "a", extra_toml=s3_volume(origin, **options))
+    try:
+        with running_daemon(tmp_path / "b", extra_toml=s3_volume(origin, **options)) as b:
+            vfid = a.create_vfolder(volume="remote")
+            data = os.urandom(3 * MiB)
+            token = new_session(a, vfid, "shared.bin", len(data), volume="remote")
+            held = HeldPatch(upload_url(a), token, 0, data[:MiB], data[MiB:2 * MiB])
+            held.start()
+            try:
+                wait_for(lambda: any(not l["released"] for l in leases(origin).values()),
+                         what="a's lease")
+                r = patch(b, token, 0, data)
+                assert r.status_code == 409 and "one writer" in problem(r)["msg"], r.text
+            finally:
+                held.release()
+            assert held.exc is None and held.resp.status_code == 204, held.resp.text
+            assert all(l["released"] for l in leases(origin).values())
+            assert offset_of(b, token) == 2 * MiB
+            # b writes the next part; a dies in the middle of the rest.
+            held = HeldPatch(upload_url(b), token, 2 * MiB, data[2 * MiB:2 * MiB + 1])
+            held.start()
+            wait_for(lambda: any(not l["released"] for l in leases(origin).values()),
+                     what="b's lease")
+            assert patch(a, token, 2 * MiB, data[2 * MiB:]).status_code == 409
+            held.release()
+            assert held.resp.status_code == 204, held.resp.text
+            left = 2 * MiB + 1
+            cut = HeldPatch(upload_url(a), token, left, data[left:left + 1])
+            cut.start()
+            wait_for(lambda: any(not l["released"] for l in leases(origin).values()),
+                     what="a's second lease")
+            a.kill()
+            cut.release()
+            r = patch(b, token, offset_of(b, token), b"")
+            assert r.status_code == 409, r.text  # a's lease has not expired yet
+            deadline = time.monotonic() + 30
+            while True:
+                at = offset_of(b, token)
+                r = patch(b, token, at, data[at:])
+                if r.status_code == 204 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            assert r.status_code == 204, r.text
+            got = origin.boto.get_object(Bucket=BUCKET, Key=vfolder_prefix(vfid) + "shared.bin")
+            assert got["Body"].read() == data
+    finally:
+        a.kill()
+
+
+def test_a_writer_that_stalls_past_its_lease_stops(tmp_path, origin):
+    """A writer whose lease expired while it waited for bytes, and whose session another node
+    took over and completed, stops at its next write: the file is the other node's."""
+    options = {"part-size": "5m", "upload-lock-ttl": "2s"}
+    with running_daemon(tmp_path / "a", extra_toml=s3_volume(origin, **options)) as a, \
+            running_daemon(tmp_path / "b", extra_toml=s3_volume(origin, **options)) as b:
+        vfid = a.create_vfolder(volume="remote")
+        data = os.urandom(MiB)
+        token = new_session(a, vfid, "taken.bin", len(data), volume="remote")
+        stalled = HeldPatch(upload_url(a), token, 0, b"s", os.urandom(len(data) - 1))
+        stalled.start()
+        try:
+            wait_for(lambda: any(not l["released"] for l in leases(origin).values()),
+                     what="a's lease")
+            time.sleep(2.5)  # a waits for bytes past its lease
+            r = patch(b, token, 0, data)
+            assert r.status_code == 204, r.text
+        finally:
+            stalled.release()
+        assert stalled.exc is None and stalled.resp.status_code == 409, stalled.resp.text
+        assert "took it over" in problem(stalled.resp)["msg"]
+        got = origin.boto.get_object(Bucket=BUCKET, Key=vfolder_prefix(vfid) + "taken.bin")
+        assert got["Body"].read() == data
 
 
 def test_scope_usage_is_maintained(tmp_path, origin):

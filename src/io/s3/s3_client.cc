@@ -600,6 +600,18 @@ Result<std::string> S3Client::Put(std::string_view bucket, std::string_view key,
   return StripQuotes(a.header("etag"));
 }
 
+Result<std::string> S3Client::PutIfAbsent(std::string_view bucket, std::string_view key,
+                                          std::string_view body) {
+  Request req;
+  req.method = "PUT";
+  Address(req, bucket, key);
+  req.what = fmt::format("PUT s3://{}/{} if absent", bucket, key);
+  req.body = Body{body};
+  req.headers.emplace_back("If-None-Match", "*");
+  SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
+  return StripQuotes(a.header("etag"));
+}
+
 namespace {
 
 // A copy can fail after its 200 has gone out: the error is then the body (as AWS documents).

@@ -129,6 +129,10 @@ class S3Client {
   // Returns the ETag.
   Result<std::string> Put(std::string_view bucket, std::string_view key, const Body& body,
                           std::string_view content_type = {}, const UserMeta& meta = {});
+  // A PUT only if the key is absent (If-None-Match: *): kConflict when it is there (412), on
+  // origins that honour the condition (docs/s3-volumes.md).
+  Result<std::string> PutIfAbsent(std::string_view bucket, std::string_view key,
+                                  std::string_view body);
   // A server-side copy (CopyObject); returns the new object's ETag. The metadata is copied, or
   // replaced by `replace` when given.
   // Server-side copy of `src_key` (in `src_bucket`, or `bucket` when empty) to `dst_key` of

@@ -1,5 +1,7 @@
 #include "volume/s3/s3_volume.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -131,6 +133,12 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
       if (*size < (5u << 20) || *size > (5ULL << 30))
         return bad(key, "must be 5 MiB to 5 GiB (S3's part sizes)");
       o.part_size = *size;
+    } else if (key == "upload-lock-ttl") {
+      auto d = ParseDurationMillis(str);
+      if (!d.ok()) return bad(key, d.status().message());
+      if (*d < std::chrono::seconds(1) || *d > std::chrono::hours(1))
+        return bad(key, "must be 1s to 1h");
+      o.upload_lock_ttl = *d;
     } else if (key == "max-copy-size") {
       auto size = ParseBinarySize(str);
       if (!size.ok()) return bad(key, size.status().message());
@@ -169,7 +177,7 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
                  "access-key, secret-key, credentials-file, ca-file, insecure, read-only, "
                  "addressing, capacity, vfolder-ttl, part-size, connect-timeout, "
                  "stall-timeout, retry-deadline, max-attempts, usage-reconcile-interval, "
-                 "usage-walk-budget, max-copy-size)");
+                 "usage-walk-budget, max-copy-size, upload-lock-ttl)");
     }
   }
   if (!creds_file.empty()) {
@@ -1559,20 +1567,26 @@ std::string S3Volume::StagingKey(const VFolderId& vfid, std::string_view session
 
 class S3Volume::Writer : public StagingWriter {
  public:
-  Writer(S3Volume* v, VFolderId vfid, std::string session, SessionRecord rec, std::string tail)
+  Writer(S3Volume* v, VFolderId vfid, std::string session, Lease lease, SessionRecord rec,
+         std::string tail)
       : v_(v),
         vfid_(std::move(vfid)),
         session_(std::move(session)),
         key_(v_->StagingKey(vfid_, session_)),
+        lease_(std::move(lease)),
         rec_(std::move(rec)),
         buf_(std::move(tail)) {
     state_ = {true, rec_.recorded, rec_.durable, rec_.quota_checked, rec_.durable};
   }
-  ~Writer() override { v_->Unlock(session_); }
+  ~Writer() override {
+    v_->ReleaseLease(lease_);
+    v_->Unlock(session_);
+  }
   const StagingState& state() const override { return state_; }
 
   Status WriteAt(uint64_t offset, const char* data, size_t n, size_t* written) override {
     *written = 0;
+    SLUICE_RETURN_IF_ERROR(v_->KeepLease(lease_));  // a request, once a third of its time is up
     const uint64_t base = Base();
     if (offset < base || offset > base + buf_.size())
       return Status(Code::kInvalidArgument,
@@ -1590,6 +1604,7 @@ class S3Volume::Writer : public StagingWriter {
   }
 
   Status Sync(uint64_t offset, bool quota_checked) override {
+    SLUICE_RETURN_IF_ERROR(v_->KeepLease(lease_));
     const uint64_t base = Base();
     if (offset < std::max(rec_.durable, base) || offset > base + buf_.size())
       return Status(
@@ -1628,6 +1643,7 @@ class S3Volume::Writer : public StagingWriter {
                  const std::function<std::string(const DirEntry&)>& meta, bool) override {
     if (final_parts.empty()) return Status(Code::kInvalidPath, "an upload needs a file name");
     SLUICE_RETURN_IF_ERROR(v_->WritableVFolder(vfid_));  // bound read-only since it began?
+    SLUICE_RETURN_IF_ERROR(v_->KeepLease(lease_));
     const std::string rel = Join(final_parts, final_parts.size());
     // Nothing may stand in the way: a file where a directory goes, a directory at the target.
     for (size_t i = 1; i < final_parts.size(); ++i) {
@@ -1700,6 +1716,7 @@ class S3Volume::Writer : public StagingWriter {
   // Sends the first `n` bytes of buf_ as the next part (fixed-size but the last: part N always
   // holds the same bytes, so one sent again after a crash replaces itself).
   Status SendFront(uint64_t n) {
+    SLUICE_RETURN_IF_ERROR(v_->KeepLease(lease_));
     auto& o = *v_->origin_;
     if (rec_.upload.empty()) {
       SLUICE_ASSIGN_OR_RETURN(rec_.upload,
@@ -1743,11 +1760,150 @@ class S3Volume::Writer : public StagingWriter {
   S3Volume* v_;
   VFolderId vfid_;
   std::string session_, key_;
+  Lease lease_;
   SessionRecord rec_;                   // as last recorded: parts all below its durable offset
   std::vector<s3c::PartInfo> pending_;  // parts sent since
   std::string buf_;                     // the bytes past the last part sent
   StagingState state_;
 };
+
+// ---- a session's lease across nodes (docs/s3-volumes.md, "Uploads")
+//
+// Generations of "<record>.lock.<n>" (n: ten digits), each made only if absent (If-None-Match:
+// *), so that of two nodes that find the newest one expired or released only one makes the
+// next. The newest says who holds the session: {"nonce", "holder", "expires" (Unix ms),
+// "released"}. Its writer renews it as it writes; a writer that finds a newer generation has
+// lost it and stops.
+
+namespace {
+
+constexpr std::string_view kLockInfix = ".lock.";
+
+int64_t UnixMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string LeaseBody(const std::string& nonce, std::chrono::milliseconds ttl, bool released) {
+  static const std::string holder = [] {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    return fmt::format("{}:{}", host, ::getpid());
+  }();
+  return nlohmann::json{{"nonce", nonce},
+                        {"holder", holder},
+                        {"expires", UnixMillis() + ttl.count()},
+                        {"released", released}}
+      .dump();
+}
+
+struct LeaseState {
+  std::vector<std::string> keys;  // every generation there
+  std::string newest, nonce;      // the newest generation, and who made it
+  uint64_t generation = 0;
+  bool held = false;  // neither released nor expired
+};
+
+Result<LeaseState> ReadLease(S3Volume::Origin& o, const std::string& record) {
+  LeaseState st;
+  const std::string prefix = record + std::string(kLockInfix);
+  SLUICE_RETURN_IF_ERROR(o.ForEachKey(prefix, [&](const s3c::ObjectInfo& obj) {
+    const std::string digits = obj.key.substr(prefix.size());
+    if (digits.size() != 10 || digits.find_first_not_of("0123456789") != std::string::npos)
+      return Status::Ok();
+    st.keys.push_back(obj.key);
+    if (const uint64_t g = std::stoull(digits); g > st.generation) {
+      st.generation = g;
+      st.newest = obj.key;
+    }
+    return Status::Ok();
+  }));
+  if (st.newest.empty()) return st;
+  SLUICE_ASSIGN_OR_RETURN(auto rec, o.GetRecord(st.newest));
+  if (!rec) return st;  // removed meanwhile (the session ended): free
+  const auto& j = rec->first;
+  st.nonce = j.value("nonce", "");
+  st.held = !j.value("released", false) && j.value("expires", int64_t{0}) > UnixMillis();
+  return st;
+}
+
+}  // namespace
+
+Result<bool> S3Volume::ConditionalCreates() {
+  {
+    std::lock_guard lk(mu_);
+    if (conditional_) return *conditional_;
+  }
+  // The same new key twice: the second must be refused (412). An origin that refuses the
+  // header (501) takes no conditions either.
+  const std::string probe = origin_->RecordKey("probe/" + RandomHexString(8));
+  auto first = origin_->Note(origin_->Client()->PutIfAbsent(opts_.bucket, probe, "{}"));
+  bool honoured = false;
+  if (first.ok()) {
+    auto second = origin_->Note(origin_->Client()->PutIfAbsent(opts_.bucket, probe, "{}"));
+    (void)origin_->Note(origin_->Client()->Delete(opts_.bucket, probe));
+    if (!second.ok() && second.status().code() != Code::kConflict) return second.status();
+    honoured = !second.ok();
+  } else if (first.status().code() != Code::kUnsupported) {
+    return first.status();
+  }
+  if (!honoured)
+    spdlog::warn(
+        "volume {}: the origin {} ignores If-None-Match on PUT: an upload session's "
+        "writer is one per node, not one across nodes",
+        cfg_.name, opts_.client.endpoint);
+  std::lock_guard lk(mu_);
+  conditional_ = honoured;
+  return honoured;
+}
+
+Result<std::optional<S3Volume::Lease>> S3Volume::TakeLease(const std::string& record) {
+  SLUICE_ASSIGN_OR_RETURN(bool conditional, ConditionalCreates());
+  if (!conditional) return std::optional<Lease>(Lease{});
+  SLUICE_ASSIGN_OR_RETURN(LeaseState st, ReadLease(*origin_, record));
+  if (st.held) return std::optional<Lease>();
+  Lease l{fmt::format("{}{}{:010}", record, kLockInfix, st.generation + 1), RandomHexString(8),
+          std::chrono::steady_clock::now()};
+  auto made = origin_->Note(origin_->Client()->PutIfAbsent(
+      opts_.bucket, l.key, LeaseBody(l.nonce, opts_.upload_lock_ttl, false)));
+  if (!made.ok()) {
+    if (made.status().code() != Code::kConflict) return made.status();
+    // Another writer made it first, or this one did and a retry of its PUT found it.
+    SLUICE_ASSIGN_OR_RETURN(auto rec, origin_->GetRecord(l.key));
+    if (!rec || rec->first.value("nonce", "") != l.nonce) return std::optional<Lease>();
+  }
+  // The older generations go: the newest alone says who holds the session.
+  for (const auto& k : st.keys) (void)origin_->Note(origin_->Client()->Delete(opts_.bucket, k));
+  return std::optional<Lease>(std::move(l));
+}
+
+Status S3Volume::KeepLease(Lease& l) {
+  const auto now = std::chrono::steady_clock::now();
+  if (l.key.empty() || now - l.renewed < opts_.upload_lock_ttl / 3) return Status::Ok();
+  const std::string record = l.key.substr(0, l.key.size() - kLockInfix.size() - 10);
+  SLUICE_ASSIGN_OR_RETURN(LeaseState st, ReadLease(*origin_, record));
+  if (st.newest != l.key || st.nonce != l.nonce)
+    return Status(
+        Code::kConflict,
+        fmt::format("upload session {}: another writer took it over after this one's "
+                    "lease expired ({:.1f} s without renewal)",
+                    record.substr(record.rfind('/') + 1), opts_.upload_lock_ttl.count() / 1000.0));
+  SLUICE_RETURN_IF_ERROR(
+      origin_
+          ->Note(origin_->Client()->Put(
+              opts_.bucket, l.key, s3c::Body{LeaseBody(l.nonce, opts_.upload_lock_ttl, false)}))
+          .status());
+  l.renewed = now;
+  return Status::Ok();
+}
+
+void S3Volume::ReleaseLease(const Lease& l) {
+  if (l.key.empty()) return;
+  // Kept, released: its generation is never made again.
+  (void)origin_->Note(origin_->Client()->Put(
+      opts_.bucket, l.key, s3c::Body{LeaseBody(l.nonce, opts_.upload_lock_ttl, true)}));
+}
 
 void S3Volume::Unlock(const std::string& session) {
   std::lock_guard lk(mu_);
@@ -1789,7 +1945,7 @@ static Status DropSession(S3Volume::Origin& o, const std::string& key, const Ses
     auto st = o.Note(o.Client()->Delete(o.bucket(), key + suffix));
     if (!st.ok() && !IsNotFound(st)) return st;
   }
-  return Status::Ok();
+  return o.DeletePrefix(key + ".lock.");
 }
 
 Status S3Volume::DiscardStaging(const VFolderId& vfid, const std::string& session) {
@@ -1810,7 +1966,7 @@ Result<std::unique_ptr<StagingWriter>> S3Volume::OpenStaging(const VFolderId& vf
                                                              const std::string& session,
                                                              std::chrono::milliseconds wait) {
   SLUICE_RETURN_IF_ERROR(WritableVFolder(vfid));
-  // One writer per session on this node (docs/s3-volumes.md: not across nodes yet).
+  // One writer per session on this node, then across nodes (its lease on the origin).
   const auto deadline = std::chrono::steady_clock::now() + wait;
   for (;;) {
     {
@@ -1825,9 +1981,24 @@ Result<std::unique_ptr<StagingWriter>> S3Volume::OpenStaging(const VFolderId& vf
     return st;
   };
   const std::string key = StagingKey(vfid, session);
+  Lease lease;
+  for (;;) {
+    auto l = TakeLease(key);
+    if (!l.ok()) return fail(l.status());
+    if (*l) {
+      lease = std::move(**l);
+      break;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return fail(UploadWriterBusy(session));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto fail_leased = [&](Status st) {
+    ReleaseLease(lease);
+    return fail(std::move(st));
+  };
   auto r = LoadSession(*origin_, key, vfid);
-  if (!r.ok()) return fail(r.status());
-  if (!*r || !(*r)->staged) return fail(NoSession(session));
+  if (!r.ok()) return fail_leased(r.status());
+  if (!*r || !(*r)->staged) return fail_leased(NoSession(session));
   SessionRecord rec = std::move(**r);
   // The durable bytes past the parts: the tail as last recorded (a longer tail written by a
   // Sync whose record never landed is cut to the record's offset).
@@ -1842,14 +2013,14 @@ Result<std::unique_ptr<StagingWriter>> S3Volume::OpenStaging(const VFolderId& vf
           return Status::Ok();
         },
         std::make_pair(uint64_t{0}, want)));
-    if (!got.ok()) return fail(got.status());
+    if (!got.ok()) return fail_leased(got.status());
     if (tail.size() < want)
-      return fail(Status(Code::kIoError,
-                         fmt::format("upload {}: its tail on the origin holds {} of {} bytes",
-                                     session, tail.size(), want)));
+      return fail_leased(Status(
+          Code::kIoError, fmt::format("upload {}: its tail on the origin holds {} of {} bytes",
+                                      session, tail.size(), want)));
   }
   return std::unique_ptr<StagingWriter>(
-      new Writer(this, vfid, session, std::move(rec), std::move(tail)));
+      new Writer(this, vfid, session, std::move(lease), std::move(rec), std::move(tail)));
 }
 
 StagingSweep S3Volume::SweepStaging(const std::optional<VFolderId>& vfid, std::chrono::seconds age,
@@ -1857,9 +2028,12 @@ StagingSweep S3Volume::SweepStaging(const std::optional<VFolderId>& vfid, std::c
   StagingSweep out;
   std::string prefix = origin_->RecordKey("staging/");
   if (vfid) prefix += fmt::format("{}/{}/", vfid->scope ? vfid->scope->hex : "legacy", vfid->hex);
-  std::vector<s3c::ObjectInfo> records;
+  std::vector<s3c::ObjectInfo> records, locks;
   Status listed = origin_->ForEachKey(prefix, [&](const s3c::ObjectInfo& o) {
-    if (!o.key.ends_with(".tail") && !o.key.ends_with(".data")) records.push_back(o);
+    if (o.key.find(kLockInfix) != std::string::npos)
+      locks.push_back(o);
+    else if (!o.key.ends_with(".tail") && !o.key.ends_with(".data"))
+      records.push_back(o);
     return Status::Ok();
   });
   if (!listed.ok()) {
@@ -1867,6 +2041,12 @@ StagingSweep S3Volume::SweepStaging(const std::optional<VFolderId>& vfid, std::c
     return out;
   }
   const auto now = Clock::now();
+  // Leases left by writers that released them after their session ended.
+  std::set<std::string> have;
+  for (const auto& r : records) have.insert(r.key);
+  for (const auto& l : locks)
+    if (!have.count(l.key.substr(0, l.key.rfind(kLockInfix))) && now - TimeOf(l.mtime) > age)
+      (void)origin_->Note(origin_->Client()->Delete(opts_.bucket, l.key));
   for (const auto& o : records) {
     // Last-Modified has whole seconds: a session looks up to a second older than it is.
     if (now - TimeOf(o.mtime) <= age) continue;
@@ -1882,6 +2062,10 @@ StagingSweep S3Volume::SweepStaging(const std::optional<VFolderId>& vfid, std::c
         ++out.kept_locked;
         continue;
       }
+    }
+    if (auto lease = ReadLease(*origin_, o.key); !lease.ok() || lease->held) {
+      ++out.kept_locked;  // another node's writer holds it (or it could not be told)
+      continue;
     }
     auto rec = origin_->GetRecord(o.key);
     if (!rec.ok() || !*rec) continue;

@@ -42,6 +42,9 @@ struct S3VolumeOptions {
   // Objects up to this size are copied with one CopyObject (AWS takes up to 5 GiB); larger
   // ones as a multipart upload of UploadPartCopy parts of this size.
   uint64_t max_copy_size = 5ULL << 30;
+  // How long an upload session's writer holds its lease across nodes without renewing it: a
+  // node that dies holding one delays the session's next writer by this much.
+  std::chrono::milliseconds upload_lock_ttl{30000};
   // How long a vfolder seen on the origin is taken to exist without asking again: what another
   // node's deletion of a vfolder may take to show here.
   std::chrono::milliseconds vfolder_ttl{5000};
@@ -54,7 +57,7 @@ struct S3VolumeOptions {
   // From [volume.NAME.options]: endpoint, bucket, prefix, region, access-key, secret-key or
   // credentials-file, ca-file, insecure, read-only, addressing ("path" or "virtual"),
   // capacity, vfolder-ttl, part-size, connect-timeout, stall-timeout, retry-deadline,
-  // max-attempts, usage-reconcile-interval, usage-walk-budget, max-copy-size.
+  // max-attempts, usage-reconcile-interval, usage-walk-budget, max-copy-size, upload-lock-ttl.
   static Result<S3VolumeOptions> FromConfig(const VolumeConfig& cfg);
 };
 
@@ -184,6 +187,24 @@ class S3Volume : public Volume {
   std::string StagingKey(const VFolderId& vfid, std::string_view session) const;
 
   void Unlock(const std::string& session);
+  // An upload session's lease across nodes: generation `key` ("<record>.lock.<n>"), made by
+  // this writer (`nonce`), last renewed at `renewed`. Empty `key`: the origin cannot take
+  // conditional creates, and only this node's lock holds.
+  struct Lease {
+    std::string key, nonce;
+    std::chrono::steady_clock::time_point renewed;
+  };
+  // One try at the lease of the session recorded at `record`: nullopt while another writer
+  // holds it.
+  Result<std::optional<Lease>> TakeLease(const std::string& record);
+  // Renews the lease once a third of its time has passed; kConflict when another writer has
+  // taken it since (it expired).
+  Status KeepLease(Lease& lease);
+  void ReleaseLease(const Lease& lease);
+  // Whether the origin refuses a PUT with If-None-Match: * of a key that exists (asked until
+  // it answers).
+  Result<bool> ConditionalCreates();
+  std::optional<bool> conditional_;  // mu_
   // A write through this node changed the vfolder (and its scope) by these amounts.
   void Account(const VFolderId& vfid, int64_t bytes, int64_t entries);
   // Every key below "s3://BUCKET/KEY" listed: the bytes, and the files and directories.

@@ -27,11 +27,13 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
                   {"part-size", "8m"},
                   {"usage-reconcile-interval", "2m"},
                   {"usage-walk-budget", "250ms"},
-                  {"max-copy-size", "1g"}});
+                  {"max-copy-size", "1g"},
+                  {"upload-lock-ttl", "90s"}});
   ASSERT_OK(o);
   EXPECT_EQ(o->usage_reconcile, std::chrono::minutes(2));
   EXPECT_EQ(o->usage_walk_budget, std::chrono::milliseconds(250));
   EXPECT_EQ(o->max_copy_size, 1u << 30);
+  EXPECT_EQ(o->upload_lock_ttl, std::chrono::seconds(90));
   EXPECT_EQ(o->client.max_attempts, 2);
   EXPECT_EQ(o->client.retry_deadline, std::chrono::seconds(3));
   EXPECT_EQ(o->client.connect_timeout, std::chrono::seconds(4));
@@ -47,6 +49,7 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
   EXPECT_EQ(d->usage_reconcile, std::chrono::seconds(60));
   EXPECT_EQ(d->usage_walk_budget, std::chrono::milliseconds(10));
   EXPECT_EQ(d->max_copy_size, 5ULL << 30);  // AWS's CopyObject limit
+  EXPECT_EQ(d->upload_lock_ttl, std::chrono::seconds(30));
   for (const auto& [key, value] :
        std::vector<std::pair<std::string, std::string>>{{"max-attempts", "0"},
                                                         {"max-attempts", "21"},
@@ -60,6 +63,8 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
                                                         {"usage-walk-budget", "fast"},
                                                         {"max-copy-size", "4m"},
                                                         {"max-copy-size", "6g"},
+                                                        {"upload-lock-ttl", "500ms"},
+                                                        {"upload-lock-ttl", "2h"},
                                                         {"timeout", "1s"}}) {
     auto bad = Parse({{key, value}});
     ASSERT_FALSE(bad.ok()) << key << "=" << value;

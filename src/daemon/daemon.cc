@@ -364,6 +364,8 @@ int RunDaemon(Config cfg) {
   }
   loops.Stop();
   io_pool.Shutdown();
+  // What volumes keep for the next start (the SSD caches' record of checked blocks).
+  for (Volume* v : service.Volumes()) v->Shutdown();
   if (!cfg.pid_file.empty()) ::unlink(cfg.pid_file.c_str());
   spdlog::info("sluiced stopped");
   spdlog::shutdown();

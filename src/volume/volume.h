@@ -117,7 +117,8 @@ inline constexpr size_t kMaxObjectMeta = 16 << 10;
 
 // Where a listing in key order starts (Volume::OpenDirFrom): S3's order, in which a directory's
 // name sorts as if followed by '/'. Entries whose names start with `prefix`, from the first whose
-// key sorts after `after`, or is a proper prefix of it (the directory `after` lies in).
+// key sorts after `after`, or is a directory's key that prefixes it (the directory `after` lies
+// in, or names: "d/" holds keys after "d/").
 // `prefix` holds no '/': those entries are one run in key order.
 struct ListFrom {
   std::string_view prefix;
@@ -133,8 +134,7 @@ inline std::string ListKey(std::string_view name, bool is_dir) {
 
 // Whether an entry with `key` belongs in a listing that resumes after `after` (see ListFrom).
 inline bool ListKeyFrom(std::string_view key, std::string_view after) {
-  return key > after ||
-         (key.size() < after.size() && !key.empty() && key.back() == '/' && after.starts_with(key));
+  return key > after || (!key.empty() && key.back() == '/' && after.starts_with(key));
 }
 
 // An open directory of a volume: its entries in directory order, and its children opened
@@ -285,6 +285,9 @@ class Volume {
   // Removes what deletes cut short by a crash left behind. Called at start and periodically, off
   // the request path; a failure is logged and retried, never fatal.
   virtual Status EmptyTrash() { return Status::Ok(); }
+  // The process is about to exit cleanly (no request in flight): what the volume keeps for its
+  // next start goes to disk. The volume is not used after it.
+  virtual void Shutdown() {}
 
   virtual QuotaModel& quota() = 0;
   virtual FSOpModel& fsop() = 0;

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import time
 import uuid
@@ -277,9 +278,11 @@ def test_two_nodes_share_an_upload_sessions_lease(tmp_path, origin):
         a.kill()
 
 
-def test_a_writer_that_stalls_past_its_lease_stops(tmp_path, origin):
-    """A writer whose lease expired while it waited for bytes, and whose session another node
-    took over and completed, stops at its next write: the file is the other node's."""
+def test_a_stalled_writer_keeps_its_lease_and_a_paused_node_loses_it(tmp_path, origin):
+    """A writer waiting for bytes keeps its session past upload-lock-ttl (its node renews the
+    lease); a node paused whole (SIGSTOP) loses it once it expires: another node takes the
+    session over and completes it, and the paused writer, resumed, stops with 409 before
+    writing anything. The file is the other node's."""
     options = {"part-size": "5m", "upload-lock-ttl": "2s"}
     with running_daemon(tmp_path / "a", extra_toml=s3_volume(origin, **options)) as a, \
             running_daemon(tmp_path / "b", extra_toml=s3_volume(origin, **options)) as b:
@@ -291,9 +294,16 @@ def test_a_writer_that_stalls_past_its_lease_stops(tmp_path, origin):
         try:
             wait_for(lambda: any(not l["released"] for l in leases(origin).values()),
                      what="a's lease")
-            time.sleep(2.5)  # a waits for bytes past its lease
+            time.sleep(3)  # past the ttl: a's heartbeat renews it
             r = patch(b, token, 0, data)
-            assert r.status_code == 204, r.text
+            assert r.status_code == 409 and "one writer" in problem(r)["msg"], r.text
+            os.kill(a.proc.pid, signal.SIGSTOP)
+            try:
+                time.sleep(3)  # a's lease expires
+                r = patch(b, token, 0, data)
+                assert r.status_code == 204, r.text
+            finally:
+                os.kill(a.proc.pid, signal.SIGCONT)
         finally:
             stalled.release()
         assert stalled.exc is None and stalled.resp.status_code == 409, stalled.resp.text
@@ -306,7 +316,7 @@ def test_scope_usage_is_maintained(tmp_path, origin):
     """A quota scope's usage on an s3 volume is a maintained figure: this node's writes and
     deletes change it at once, its quota checks list nothing, and what others wrote on the
     origin shows once the figure is measured again (usage-reconcile-interval)."""
-    options = {"part-size": "5m", "usage-walk-budget": "0s", "usage-reconcile-interval": "5s"}
+    options = {"part-size": "5m", "usage-walk-budget": "0s", "usage-reconcile-interval": "10s"}
     with running_daemon(tmp_path / "proxy", extra_toml=s3_volume(origin, **options)) as d:
         qsid = new_qsid()
         r = d.mgr("POST", "/quota-scope",
@@ -468,6 +478,9 @@ def test_a_large_flat_directory_lists_page_by_page(proxy, origin):
     top = s3.list_objects_v2(Bucket=bucket, Delimiter="/", MaxKeys=3)
     assert [o["Key"] for o in top["Contents"]] == ["n-a", "n.b"]
     assert [p["Prefix"] for p in top["CommonPrefixes"]] == ["n/"]
+    # After a directory's key: what it holds comes next.
+    after = s3.list_objects_v2(Bucket=bucket, StartAfter="n/", MaxKeys=2)
+    assert [o["Key"] for o in after["Contents"]] == ["n/y", "n0/x"]
     top = s3.list_objects_v2(Bucket=bucket, Delimiter="/", StartAfter="n/", MaxKeys=2)
     assert [p["Prefix"] for p in top["CommonPrefixes"]] == ["n0/"]
     assert [o["Key"] for o in top["Contents"]] == ["n0000"]
@@ -593,9 +606,12 @@ def test_the_ssd_cache_serves_reads_while_the_origin_is_down(tmp_path):
             hits = [l for l in metrics.splitlines()
                     if l.startswith('sluice_cache_hits_total{volume="remote"}')]
             assert hits and float(hits[0].split()[-1]) >= 6, hits
-        # The blocks stay on disk for the next start: 6 of 1 MiB for the file read.
+        # The blocks stay on disk for the next start: 6 of 1 MiB for the file read, made durable
+        # at the clean stop and recorded as checked (sent from disk at once next time).
         blocks = [p for p in (tmp_path / "cache").glob("??/*") if p.is_file()]
         assert len(blocks) == 6
+        record = (tmp_path / "cache" / "clean").read_bytes()
+        assert record[:4] == b"SLCC" and int.from_bytes(record[4:12], "little") == 6
     finally:
         if ctx:
             ctx.__exit__(None, None, None)

@@ -648,7 +648,7 @@ Result<std::string> S3Client::Copy(std::string_view bucket, std::string_view src
 Result<std::string> S3Client::CopyPart(std::string_view bucket, std::string_view key,
                                        std::string_view upload_id, int number,
                                        std::string_view src_bucket, std::string_view src_key,
-                                       uint64_t first, uint64_t last) {
+                                       uint64_t first, uint64_t last, std::string_view if_match) {
   Request req;
   req.method = "PUT";
   Address(req, bucket, key);
@@ -658,6 +658,7 @@ Result<std::string> S3Client::CopyPart(std::string_view bucket, std::string_view
   req.headers.emplace_back("x-amz-copy-source",
                            UriEncode(fmt::format("/{}/{}", src_bucket, src_key), true));
   req.headers.emplace_back("x-amz-copy-source-range", fmt::format("bytes={}-{}", first, last));
+  req.headers.emplace_back("x-amz-copy-source-if-match", fmt::format("\"{}\"", if_match));
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
   return CopiedETag(a.body, req.what, "CopyPartResult");
 }

@@ -152,11 +152,12 @@ class S3Client {
   Result<std::string> UploadPart(std::string_view bucket, std::string_view key,
                                  std::string_view upload_id, int number, const Body& body,
                                  std::string* crc32c = nullptr);
-  // UploadPartCopy: bytes [first, last] of `src_key` (in `src_bucket`) as part `number`;
-  // returns the part's ETag.
+  // UploadPartCopy: bytes [first, last] of `src_key` (in `src_bucket`) as part `number`, only
+  // while the source's ETag is `if_match` (kConflict once it changed); returns the part's ETag.
   Result<std::string> CopyPart(std::string_view bucket, std::string_view key,
                                std::string_view upload_id, int number, std::string_view src_bucket,
-                               std::string_view src_key, uint64_t first, uint64_t last);
+                               std::string_view src_key, uint64_t first, uint64_t last,
+                               std::string_view if_match);
   // kNotFound when the upload is gone (NoSuchUpload).
   Result<std::vector<PartInfo>> ListParts(std::string_view bucket, std::string_view key,
                                           std::string_view upload_id);

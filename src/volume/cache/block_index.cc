@@ -109,6 +109,13 @@ void BlockIndex::SetVerified(const Key& k) {
   if (auto it = map_.find(k); it != map_.end()) it->second.verified = true;
 }
 
+std::vector<BlockIndex::Key> BlockIndex::VerifiedKeys() const {
+  std::vector<Key> out;
+  for (const auto& [k, n] : map_)
+    if (n.verified) out.push_back(k);
+  return out;
+}
+
 void BlockIndex::Drop(Entry* e) {
   ListOf(e).Unlink(e);
   map_.erase(e->first);

@@ -23,6 +23,7 @@
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 namespace sluice {
 
@@ -51,6 +52,8 @@ class BlockIndex {
   // are): a verified block may be sent straight from its file. false when not indexed.
   bool Verified(const Key& k) const;
   void SetVerified(const Key& k);
+  // Every verified block's key.
+  std::vector<Key> VerifiedKeys() const;
 
   uint64_t bytes() const { return small_.bytes + main_.bytes; }
   uint64_t blocks() const { return map_.size(); }

@@ -11,6 +11,9 @@
 #include <cctype>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -31,6 +34,39 @@ constexpr uint32_t kVersion = 1;
 constexpr size_t kHeader = BlockStore::kDataOffset;  // magic, version, length (u64), CRC32C
                                                      // (u32); little-endian
 
+// The keys Close() recorded as checked, if the last process closed the store cleanly; the
+// record is removed (and the removal made durable) before anything else happens.
+std::set<BlockIndex::Key> TakeCleanRecord(const std::string& dir) {
+  std::set<BlockIndex::Key> keys;
+  const std::string path = fmt::format("{}/{}", dir, BlockStore::kCleanRecord);
+  std::string text;
+  {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return keys;
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ::unlink(path.c_str());
+  if (UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); d.get() >= 0)
+    ::fsync(d.get());
+  // "SLCC", the count (u64), the keys, the CRC32C of all that (u32).
+  uint64_t n = 0;
+  if (text.size() < 16 || text.compare(0, 4, "SLCC") != 0) return keys;
+  std::memcpy(&n, text.data() + 4, 8);
+  if (n > (text.size() - 16) / 32 || text.size() != 12 + 32 * n + 4) return keys;
+  uint32_t crc;
+  std::memcpy(&crc, text.data() + text.size() - 4, 4);
+  if (Crc32c(text.data(), text.size() - 4) != crc) {
+    spdlog::warn("cache {}: the record of its clean close is damaged: every block is checked", dir);
+    return keys;
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    BlockIndex::Key k;
+    std::memcpy(k.data(), text.data() + 12 + 32 * i, 32);
+    keys.insert(k);
+  }
+  return keys;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<BlockStore>> BlockStore::Open(BlockStoreOptions opts) {
@@ -49,6 +85,7 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Open(BlockStoreOptions opts) {
                     fmt::format("cache directory '{}': {}", opts.dir, ec.message()));
   }
   std::unique_ptr<BlockStore> s(new BlockStore(std::move(opts)));
+  const std::set<BlockIndex::Key> trusted = TakeCleanRecord(s->opts_.dir);
   struct Found {
     std::string id;
     uint64_t size;
@@ -75,8 +112,10 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Open(BlockStoreOptions opts) {
   std::vector<BlockIndex::Key> gone;
   {
     std::lock_guard lk(s->mu_);
-    for (const auto& f : found)  // the newest ends first
-      s->index_.Insert(*BlockIndex::ParseKey(f.id), f.size, /*warm=*/true);
+    for (const auto& f : found) {  // the newest ends first
+      const auto k = *BlockIndex::ParseKey(f.id);
+      s->index_.Insert(k, f.size, /*warm=*/true, /*verified=*/trusted.count(k) != 0);
+    }
     while (s->index_.bytes() > s->opts_.max_bytes)
       if (auto k = s->EvictOne()) gone.push_back(*k);
   }
@@ -255,6 +294,52 @@ bool BlockStore::WriteBlock(const std::string& id, const char* head, std::string
   return ok;
 }
 
+void BlockStore::Close() {
+  {
+    std::unique_lock lk(mu_);
+    closed_ = true;
+  }
+  // Blocks being written finish first (Put refuses new ones now).
+  for (int i = 0; i < 1000; ++i) {
+    {
+      std::lock_guard lk(mu_);
+      if (reserved_ == 0) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  UniqueFd d(::open(opts_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (d.get() < 0 || ::syncfs(d.get()) != 0) {
+    spdlog::warn("cache {}: syncfs: {}; its blocks are checked at the next start", opts_.dir,
+                 std::strerror(errno));
+    return;
+  }
+  std::string text = "SLCC";
+  {
+    std::lock_guard lk(mu_);
+    if (reserved_ != 0) return;  // a write still running: nothing is trusted
+    const auto keys = index_.VerifiedKeys();
+    const uint64_t n = keys.size();
+    text.append(reinterpret_cast<const char*>(&n), 8);
+    for (const auto& k : keys) text.append(reinterpret_cast<const char*>(k.data()), k.size());
+  }
+  const uint32_t crc = Crc32c(text.data(), text.size());
+  text.append(reinterpret_cast<const char*>(&crc), 4);
+  const std::string tmp = fmt::format("{}/tmp/clean.{}", opts_.dir, RandomHexString(8));
+  bool ok = false;
+  {
+    UniqueFd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    ok = f.get() >= 0 &&
+         ::write(f.get(), text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+         ::fsync(f.get()) == 0;
+  }
+  const std::string path = fmt::format("{}/{}", opts_.dir, kCleanRecord);
+  ok = ok && ::rename(tmp.c_str(), path.c_str()) == 0 && ::fsync(d.get()) == 0;
+  if (!ok) {
+    ::unlink(tmp.c_str());
+    spdlog::warn("cache {}: the record of its clean close: {}", opts_.dir, std::strerror(errno));
+  }
+}
+
 bool BlockStore::HasRoom(uint64_t bytes) const {
   const auto free = FreeBytes();
   std::lock_guard lk(mu_);
@@ -272,6 +357,7 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
   bool room;
   {
     std::lock_guard lk(mu_);
+    if (closed_) return false;
     if (index_.Touch(*key)) return true;
     // Room first: within the size limit, and never the disk below its free-space floor,
     // counting the blocks other writers are writing now. Nothing is evicted for a block that

@@ -4,7 +4,10 @@
 // in-memory index (BlockIndex: about 100 bytes per block) picks what to evict (LRU or S3-FIFO)
 // to keep their total size under `max_bytes` and the disk's free space above `min_free`. At
 // open, the blocks already there are indexed (oldest written first out): the cache is warm
-// after a restart.
+// after a restart. A block found at open is checked (read whole) before it is first sent
+// from its file, unless the store was closed cleanly: Close() makes every block durable and
+// records those checked or written since open, which the next Open() trusts (once: the record
+// goes as it is read, so a crash after never leans on it).
 #pragma once
 
 #include <cstdint>
@@ -49,6 +52,11 @@ class BlockStore {
   bool Evict(const std::string& id);
   // Drops every block; how many there were.
   uint64_t EvictAll();
+  // The process exits cleanly: no more blocks are stored; the ones there are made durable
+  // (syncfs) and the verified ones recorded for the next Open().
+  void Close();
+  // The record Close() writes, in the store's directory.
+  static constexpr const char* kCleanRecord = "clean";
 
   struct Stats {
     uint64_t blocks = 0, bytes = 0, evictions = 0, torn = 0, rejected = 0;
@@ -75,6 +83,7 @@ class BlockStore {
   Stats stats_;
   // Blocks being written now: their bytes, and what they take on the disk.
   uint64_t reserved_ = 0, reserved_disk_ = 0;
+  bool closed_ = false;
   // What `n` bytes take on a disk: whole 4 KiB blocks.
   static uint64_t DiskBytes(uint64_t n) { return (n + 4095) / 4096 * 4096; }
 };

@@ -394,6 +394,13 @@ CachedVolume::~CachedVolume() {
   if (ahead_) ahead_->Shutdown();
 }
 
+void CachedVolume::Shutdown() {
+  stopping_ = true;
+  if (ahead_) ahead_->Shutdown();
+  store_->Close();
+  ForwardingVolume::Shutdown();
+}
+
 CachedVolume::Stats CachedVolume::stats() const {
   Stats s;
   s.hits = n_.hits;

@@ -58,6 +58,8 @@ class CachedVolume : public ForwardingVolume {
  public:
   CachedVolume(std::unique_ptr<Volume> inner, CacheOptions opts, std::unique_ptr<BlockStore> store);
   ~CachedVolume() override;
+  // Read-ahead stops; the blocks are made durable and recorded as checked (BlockStore::Close).
+  void Shutdown() override;
 
   HwInfo GetHwInfo() override;
   Result<std::string> DetachVFolder(const VFolderId& vfid) override;

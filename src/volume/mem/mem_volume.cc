@@ -239,7 +239,10 @@ class MemStagingWriter : public StagingWriter {
     std::shared_ptr<Node> dir = root;
     for (size_t i = 0; i + 1 < parts.size(); ++i) {
       auto& slot = dir->children[parts[i]];
-      if (!slot) slot = st_->NewNode(EntryType::kDirectory, 0755);
+      if (!slot) {
+        slot = st_->NewNode(EntryType::kDirectory, 0755);
+        dir->modified = Clock::now();
+      }
       if (slot->type != EntryType::kDirectory)
         return Status(
             Code::kConflict,
@@ -256,7 +259,8 @@ class MemStagingWriter : public StagingWriter {
     auto file = st_->NewNode(EntryType::kFile, 0644);
     file->data = std::make_shared<const std::string>(std::move(*s->data));
     slot = std::move(file);
-    s->staged = false;  // the record stays: the session reads as complete
+    dir->modified = Clock::now();  // a directory's times move with its entries, as on a disk
+    s->staged = false;             // the record stays: the session reads as complete
     s->data = std::make_shared<std::string>();
     return Status::Ok();
   }
@@ -483,6 +487,7 @@ Status MemVolume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool pa
         return Status(Code::kNotFound, fmt::format("'{}' does not exist", here), ENOENT);
       auto n = state_->NewNode(EntryType::kDirectory, 0755);
       dir->children[parts[i]] = n;
+      dir->modified = Clock::now();
       dir = n;
       continue;
     }
@@ -537,6 +542,7 @@ Status MemVolume::Move(const VFolderId& vfid, std::string_view src, std::string_
     return Status(Code::kInvalidArgument, "a directory cannot move into itself", EINVAL);
   to->children[to_name] = it->second;
   from->children.erase(it);
+  to->modified = from->modified = Clock::now();
   return Status::Ok();
 }
 
@@ -559,7 +565,10 @@ Status MemVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::stri
           ENOTEMPTY);
     targets.emplace_back(dir, parts.back());
   }
-  for (auto& [dir, n] : targets) dir->children.erase(n);
+  for (auto& [dir, n] : targets) {
+    dir->children.erase(n);
+    dir->modified = Clock::now();
+  }
   return Status::Ok();
 }
 
@@ -710,12 +719,16 @@ Status MemVolume::PutFile(const VFolderId& vfid, std::string_view relpath, std::
   SLUICE_ASSIGN_OR_RETURN(auto dir, state_->Root(vfid, name()));
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
     auto& slot = dir->children[parts[i]];
-    if (!slot) slot = state_->NewNode(EntryType::kDirectory, 0755);
+    if (!slot) {
+      slot = state_->NewNode(EntryType::kDirectory, 0755);
+      dir->modified = Clock::now();
+    }
     dir = slot;
   }
   auto f = state_->NewNode(EntryType::kFile, 0644);
   f->data = std::make_shared<const std::string>(std::move(content));
   dir->children[parts.back()] = std::move(f);
+  dir->modified = Clock::now();
   return Status::Ok();
 }
 

@@ -375,12 +375,15 @@ struct S3Volume::Origin {
 
   // A server-side copy of `src_key` (`size` bytes, in bucket `from`: "" for the volume's) to
   // `dst_key` of the volume's bucket, its metadata copied or `replace`d: one CopyObject up to
-  // max-copy-size, else a multipart upload of UploadPartCopy parts of that size, 8 at once
-  // (the metadata read first: a multipart upload takes it at its creation).
+  // max-copy-size, else a multipart upload of UploadPartCopy parts of that size, 8 at once:
+  // the source's HEAD first (a multipart upload takes the metadata at its creation), then every
+  // part copied only from the version it described.
   Status CopyObject(std::string_view from, const std::string& src_key, const std::string& dst_key,
                     uint64_t size, const s3c::UserMeta* replace = nullptr) {
     if (size <= opts.max_copy_size)
       return Note(Client()->Copy(bucket(), src_key, dst_key, replace, Bucket(from))).status();
+    SLUICE_ASSIGN_OR_RETURN(auto head, Note(Client()->Head(Bucket(from), src_key)));
+    size = head.size;
     const uint64_t part = opts.max_copy_size;
     const size_t n = static_cast<size_t>((size + part - 1) / part);
     if (n > static_cast<size_t>(s3c::kMaxParts))
@@ -388,15 +391,8 @@ struct S3Volume::Origin {
                     fmt::format("copy of s3://{}/{}: {} bytes is more than {} "
                                 "parts of max-copy-size ({} bytes)",
                                 Bucket(from), src_key, size, s3c::kMaxParts, part));
-    s3c::UserMeta meta;
-    std::string type;
-    if (replace) {
-      meta = *replace;
-    } else {
-      SLUICE_ASSIGN_OR_RETURN(auto h, Note(Client()->Head(Bucket(from), src_key)));
-      meta = std::move(h.meta);
-      type = std::move(h.content_type);
-    }
+    const s3c::UserMeta& meta = replace ? *replace : head.meta;
+    const std::string type = replace ? std::string() : head.content_type;
     SLUICE_ASSIGN_OR_RETURN(std::string id,
                             Note(Client()->CreateMultipart(bucket(), dst_key, type, meta)));
     std::vector<s3c::PartInfo> parts(n);
@@ -404,7 +400,7 @@ struct S3Volume::Origin {
       const uint64_t first = i * part, last = std::min(size, first + part) - 1;
       SLUICE_ASSIGN_OR_RETURN(
           parts[i].etag, Note(Client()->CopyPart(bucket(), dst_key, id, static_cast<int>(i + 1),
-                                                 Bucket(from), src_key, first, last)));
+                                                 Bucket(from), src_key, first, last, head.etag)));
       parts[i].number = static_cast<int>(i + 1);
       parts[i].size = last - first + 1;
       return Status::Ok();
@@ -715,7 +711,9 @@ class S3Quota : public QuotaModel {
 // vfolders).
 class S3FsOp : public FSOpModel {
  public:
-  explicit S3FsOp(std::shared_ptr<S3Volume::Origin> o) : o_(std::move(o)) {}
+  // `usage`: the figures a deleted tree leaves stale.
+  S3FsOp(std::shared_ptr<S3Volume::Origin> o, UsageTracker* usage)
+      : o_(std::move(o)), usage_(usage) {}
   Status CopyTree(const std::string& src, const std::string& dst) override {
     SLUICE_ASSIGN_OR_RETURN(std::string from, KeyOf(src));
     SLUICE_ASSIGN_OR_RETURN(std::string to, KeyOf(dst));
@@ -728,6 +726,12 @@ class S3FsOp : public FSOpModel {
   Status DeleteTree(const std::string& path) override {
     SLUICE_ASSIGN_OR_RETURN(std::string key, KeyOf(path));
     SLUICE_RETURN_IF_ERROR(o_->DeletePrefix(key));
+    // A detached vfolder's keys counted in its scope until now: "<prefix><scope>/..." is
+    // measured again.
+    const std::string rest = key.substr(o_->opts.prefix.size());
+    if (const size_t slash = rest.find('/'); slash == 32 && IsLowerHex(rest.substr(0, 32), 32, 32))
+      usage_->Forget(
+          fmt::format("s3://{}/{}{}/", o_->bucket(), o_->opts.prefix, rest.substr(0, 32)));
     // A detached vfolder's trash record goes last: a crash before it leaves the record for
     // EmptyTrash to finish the deletion.
     auto st = o_->Note(o_->Client()->Delete(o_->bucket(), TrashRecord(*o_, key)));
@@ -763,6 +767,7 @@ class S3FsOp : public FSOpModel {
     return key;
   }
   std::shared_ptr<S3Volume::Origin> o_;
+  UsageTracker* usage_;
 };
 
 }  // namespace
@@ -777,10 +782,17 @@ S3Volume::S3Volume(VolumeConfig cfg, S3VolumeOptions opts)
       usage_(std::make_unique<UsageTracker>([this](const std::string& p) { return Measure(p); },
                                             opts_.usage_reconcile, opts_.usage_walk_budget)) {
   quota_ = std::make_unique<S3Quota>(origin_, usage_.get());
-  fsop_ = std::make_unique<S3FsOp>(origin_);
+  fsop_ = std::make_unique<S3FsOp>(origin_, usage_.get());
 }
 
-S3Volume::~S3Volume() = default;
+S3Volume::~S3Volume() {
+  {
+    std::lock_guard lk(held_mu_);
+    stopping_ = true;
+  }
+  heartbeat_cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
 
 std::set<std::string> S3Volume::capabilities() const {
   return {kCapVFolder, kCapQuota, kCapMetric};
@@ -962,6 +974,7 @@ Result<std::string> S3Volume::DetachVFolder(const VFolderId& vfid) {
       std::lock_guard lk(mu_);
       live_.erase(key);
     }
+    usage_->Forget(VFolderPath(vfid));
     std::lock_guard lk(bound_mu_);
     bound_.erase(vfid.ToString());
     return path;
@@ -1573,20 +1586,22 @@ class S3Volume::Writer : public StagingWriter {
         vfid_(std::move(vfid)),
         session_(std::move(session)),
         key_(v_->StagingKey(vfid_, session_)),
-        lease_(std::move(lease)),
+        held_(std::make_shared<HeldLease>()),
         rec_(std::move(rec)),
         buf_(std::move(tail)) {
     state_ = {true, rec_.recorded, rec_.durable, rec_.quota_checked, rec_.durable};
+    held_->lease = std::move(lease);
+    v_->Hold(held_);
   }
   ~Writer() override {
-    v_->ReleaseLease(lease_);
+    v_->Unhold(held_);
     v_->Unlock(session_);
   }
   const StagingState& state() const override { return state_; }
 
   Status WriteAt(uint64_t offset, const char* data, size_t n, size_t* written) override {
     *written = 0;
-    SLUICE_RETURN_IF_ERROR(v_->KeepLease(lease_));  // a request, once a third of its time is up
+    SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));  // a request, once a third of its time is up
     const uint64_t base = Base();
     if (offset < base || offset > base + buf_.size())
       return Status(Code::kInvalidArgument,
@@ -1604,7 +1619,7 @@ class S3Volume::Writer : public StagingWriter {
   }
 
   Status Sync(uint64_t offset, bool quota_checked) override {
-    SLUICE_RETURN_IF_ERROR(v_->KeepLease(lease_));
+    SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));
     const uint64_t base = Base();
     if (offset < std::max(rec_.durable, base) || offset > base + buf_.size())
       return Status(
@@ -1643,7 +1658,7 @@ class S3Volume::Writer : public StagingWriter {
                  const std::function<std::string(const DirEntry&)>& meta, bool) override {
     if (final_parts.empty()) return Status(Code::kInvalidPath, "an upload needs a file name");
     SLUICE_RETURN_IF_ERROR(v_->WritableVFolder(vfid_));  // bound read-only since it began?
-    SLUICE_RETURN_IF_ERROR(v_->KeepLease(lease_));
+    SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));
     const std::string rel = Join(final_parts, final_parts.size());
     // Nothing may stand in the way: a file where a directory goes, a directory at the target.
     for (size_t i = 1; i < final_parts.size(); ++i) {
@@ -1716,7 +1731,7 @@ class S3Volume::Writer : public StagingWriter {
   // Sends the first `n` bytes of buf_ as the next part (fixed-size but the last: part N always
   // holds the same bytes, so one sent again after a crash replaces itself).
   Status SendFront(uint64_t n) {
-    SLUICE_RETURN_IF_ERROR(v_->KeepLease(lease_));
+    SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));
     auto& o = *v_->origin_;
     if (rec_.upload.empty()) {
       SLUICE_ASSIGN_OR_RETURN(rec_.upload,
@@ -1760,7 +1775,7 @@ class S3Volume::Writer : public StagingWriter {
   S3Volume* v_;
   VFolderId vfid_;
   std::string session_, key_;
-  Lease lease_;
+  std::shared_ptr<HeldLease> held_;     // renewed by the volume's heartbeat while this lives
   SessionRecord rec_;                   // as last recorded: parts all below its durable offset
   std::vector<s3c::PartInfo> pending_;  // parts sent since
   std::string buf_;                     // the bytes past the last part sent
@@ -1839,14 +1854,16 @@ Result<bool> S3Volume::ConditionalCreates() {
   // header (501) takes no conditions either.
   const std::string probe = origin_->RecordKey("probe/" + RandomHexString(8));
   auto first = origin_->Note(origin_->Client()->PutIfAbsent(opts_.bucket, probe, "{}"));
+  auto answered = [](const Status& st) { return st.code() != Code::kUnavailable; };
   bool honoured = false;
-  if (first.ok()) {
+  if (first.ok() || first.status().code() == Code::kConflict) {  // a retry found the first
     auto second = origin_->Note(origin_->Client()->PutIfAbsent(opts_.bucket, probe, "{}"));
     (void)origin_->Note(origin_->Client()->Delete(opts_.bucket, probe));
-    if (!second.ok() && second.status().code() != Code::kConflict) return second.status();
-    honoured = !second.ok();
-  } else if (first.status().code() != Code::kUnsupported) {
-    return first.status();
+    if (!second.ok() && !answered(second.status())) return second.status();
+    honoured = !second.ok() && second.status().code() == Code::kConflict;
+  } else {
+    (void)origin_->Note(origin_->Client()->Delete(opts_.bucket, probe));
+    if (!answered(first.status())) return first.status();  // the origin is down: ask again
   }
   if (!honoured)
     spdlog::warn(
@@ -1858,12 +1875,9 @@ Result<bool> S3Volume::ConditionalCreates() {
   return honoured;
 }
 
-Result<std::optional<S3Volume::Lease>> S3Volume::TakeLease(const std::string& record) {
-  SLUICE_ASSIGN_OR_RETURN(bool conditional, ConditionalCreates());
-  if (!conditional) return std::optional<Lease>(Lease{});
-  SLUICE_ASSIGN_OR_RETURN(LeaseState st, ReadLease(*origin_, record));
-  if (st.held) return std::optional<Lease>();
-  Lease l{fmt::format("{}{}{:010}", record, kLockInfix, st.generation + 1), RandomHexString(8),
+Result<std::optional<S3Volume::Lease>> S3Volume::MakeLease(const std::string& record, uint64_t n,
+                                                           const std::string& nonce) {
+  Lease l{fmt::format("{}{}{:010}", record, kLockInfix, n), nonce,
           std::chrono::steady_clock::now()};
   auto made = origin_->Note(origin_->Client()->PutIfAbsent(
       opts_.bucket, l.key, LeaseBody(l.nonce, opts_.upload_lock_ttl, false)));
@@ -1873,36 +1887,114 @@ Result<std::optional<S3Volume::Lease>> S3Volume::TakeLease(const std::string& re
     SLUICE_ASSIGN_OR_RETURN(auto rec, origin_->GetRecord(l.key));
     if (!rec || rec->first.value("nonce", "") != l.nonce) return std::optional<Lease>();
   }
+  // The newest? A generation removed after it was read can be made again by a writer that read
+  // the generations before: a newer one then says it lost.
+  SLUICE_ASSIGN_OR_RETURN(LeaseState st, ReadLease(*origin_, record));
+  if (st.newest != l.key || st.nonce != l.nonce) {
+    (void)origin_->Note(origin_->Client()->Delete(opts_.bucket, l.key));
+    return std::optional<Lease>();
+  }
   // The older generations go: the newest alone says who holds the session.
-  for (const auto& k : st.keys) (void)origin_->Note(origin_->Client()->Delete(opts_.bucket, k));
+  for (const auto& k : st.keys)
+    if (k != l.key) (void)origin_->Note(origin_->Client()->Delete(opts_.bucket, k));
   return std::optional<Lease>(std::move(l));
 }
 
-Status S3Volume::KeepLease(Lease& l) {
-  const auto now = std::chrono::steady_clock::now();
-  if (l.key.empty() || now - l.renewed < opts_.upload_lock_ttl / 3) return Status::Ok();
-  const std::string record = l.key.substr(0, l.key.size() - kLockInfix.size() - 10);
+Result<std::optional<S3Volume::Lease>> S3Volume::TakeLease(const std::string& record) {
+  SLUICE_ASSIGN_OR_RETURN(bool conditional, ConditionalCreates());
+  if (!conditional) return std::optional<Lease>(Lease{});
   SLUICE_ASSIGN_OR_RETURN(LeaseState st, ReadLease(*origin_, record));
-  if (st.newest != l.key || st.nonce != l.nonce)
-    return Status(
-        Code::kConflict,
-        fmt::format("upload session {}: another writer took it over after this one's "
-                    "lease expired ({:.1f} s without renewal)",
-                    record.substr(record.rfind('/') + 1), opts_.upload_lock_ttl.count() / 1000.0));
-  SLUICE_RETURN_IF_ERROR(
-      origin_
-          ->Note(origin_->Client()->Put(
-              opts_.bucket, l.key, s3c::Body{LeaseBody(l.nonce, opts_.upload_lock_ttl, false)}))
-          .status());
-  l.renewed = now;
+  if (st.held) return std::optional<Lease>();
+  return MakeLease(record, st.generation + 1, RandomHexString(8));
+}
+
+namespace {
+Status LeaseLost(const std::string& key, std::chrono::milliseconds ttl) {
+  const std::string record = key.substr(0, key.rfind(kLockInfix));
+  return Status(Code::kConflict,
+                fmt::format("upload session {}: another writer took it over after this one's "
+                            "lease expired ({:.1f} s without renewal)",
+                            record.substr(record.rfind('/') + 1), ttl.count() / 1000.0));
+}
+}  // namespace
+
+Status S3Volume::KeepLease(Lease& l) {
+  if (l.key.empty()) return Status::Ok();
+  if (l.lost) return LeaseLost(l.key, opts_.upload_lock_ttl);
+  const auto now = std::chrono::steady_clock::now();
+  const auto age = now - l.renewed;
+  if (age < opts_.upload_lock_ttl / 3) return Status::Ok();
+  const std::string record = l.key.substr(0, l.key.rfind(kLockInfix));
+  SLUICE_ASSIGN_OR_RETURN(LeaseState st, ReadLease(*origin_, record));
+  if (st.newest != l.key || st.nonce != l.nonce) {
+    l.lost = true;
+    return LeaseLost(l.key, opts_.upload_lock_ttl);
+  }
+  if (age < opts_.upload_lock_ttl * 2 / 3) {
+    // Every node still sees it live (clocks agreeing within a third of the time): in place.
+    SLUICE_RETURN_IF_ERROR(
+        origin_
+            ->Note(origin_->Client()->Put(
+                opts_.bucket, l.key, s3c::Body{LeaseBody(l.nonce, opts_.upload_lock_ttl, false)}))
+            .status());
+    l.renewed = now;
+    return Status::Ok();
+  }
+  // Late: another node may find it expired and make the next generation; make it first, by
+  // the same rule.
+  SLUICE_ASSIGN_OR_RETURN(auto next, MakeLease(record, st.generation + 1, l.nonce));
+  if (!next) {
+    l.lost = true;
+    return LeaseLost(l.key, opts_.upload_lock_ttl);
+  }
+  l = std::move(*next);
   return Status::Ok();
 }
 
+Status S3Volume::KeepLease(HeldLease& held) {
+  std::lock_guard lk(held.mu);
+  return KeepLease(held.lease);
+}
+
 void S3Volume::ReleaseLease(const Lease& l) {
-  if (l.key.empty()) return;
-  // Kept, released: its generation is never made again.
+  if (l.key.empty() || l.lost) return;
+  // Kept, released: the newest generation stays, so that its number is not made again.
   (void)origin_->Note(origin_->Client()->Put(
       opts_.bucket, l.key, s3c::Body{LeaseBody(l.nonce, opts_.upload_lock_ttl, true)}));
+}
+
+void S3Volume::Hold(const std::shared_ptr<HeldLease>& held) {
+  if (held->lease.key.empty()) return;
+  std::lock_guard lk(held_mu_);
+  held_.insert(held);
+  if (!heartbeat_.joinable()) heartbeat_ = std::thread([this] { Heartbeat(); });
+}
+
+void S3Volume::Unhold(const std::shared_ptr<HeldLease>& held) {
+  {
+    std::lock_guard lk(held_mu_);
+    held_.erase(held);
+  }
+  std::lock_guard lk(held->mu);
+  held->released = true;
+  ReleaseLease(held->lease);
+}
+
+void S3Volume::Heartbeat() {
+  std::unique_lock lk(held_mu_);
+  while (!stopping_) {
+    heartbeat_cv_.wait_for(lk, opts_.upload_lock_ttl / 6);
+    if (stopping_) break;
+    const std::vector<std::shared_ptr<HeldLease>> now(held_.begin(), held_.end());
+    lk.unlock();
+    for (const auto& h : now) {
+      std::lock_guard hl(h->mu);
+      if (h->released) continue;
+      if (Status st = KeepLease(h->lease); !st.ok() && !h->lease.lost)
+        spdlog::warn("volume {}: renewing an upload lease: {}", cfg_.name, st.message());
+    }
+    lk.lock();
+  }
 }
 
 void S3Volume::Unlock(const std::string& session) {
@@ -1981,6 +2073,11 @@ Result<std::unique_ptr<StagingWriter>> S3Volume::OpenStaging(const VFolderId& vf
     return st;
   };
   const std::string key = StagingKey(vfid, session);
+  // No lease for a session that is not there (or is complete).
+  if (auto pre = LoadSession(*origin_, key, vfid); !pre.ok())
+    return fail(pre.status());
+  else if (!*pre || !(*pre)->staged)
+    return fail(NoSession(session));
   Lease lease;
   for (;;) {
     auto l = TakeLease(key);
@@ -1996,7 +2093,7 @@ Result<std::unique_ptr<StagingWriter>> S3Volume::OpenStaging(const VFolderId& vf
     ReleaseLease(lease);
     return fail(std::move(st));
   };
-  auto r = LoadSession(*origin_, key, vfid);
+  auto r = LoadSession(*origin_, key, vfid);  // again, as its writer now
   if (!r.ok()) return fail_leased(r.status());
   if (!*r || !(*r)->staged) return fail_leased(NoSession(session));
   SessionRecord rec = std::move(**r);

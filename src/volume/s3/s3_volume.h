@@ -15,12 +15,14 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/config.h"
@@ -193,14 +195,37 @@ class S3Volume : public Volume {
   struct Lease {
     std::string key, nonce;
     std::chrono::steady_clock::time_point renewed;
+    bool lost = false;  // another writer holds the session now
+  };
+  // A writer's lease, renewed by the heartbeat for as long as the writer lives (a stalled
+  // request keeps it, as a lock on a file system would; a node that dies or stalls whole
+  // loses it after upload-lock-ttl).
+  struct HeldLease {
+    std::mutex mu;  // one renewal at a time
+    Lease lease;
+    bool released = false;
   };
   // One try at the lease of the session recorded at `record`: nullopt while another writer
   // holds it.
   Result<std::optional<Lease>> TakeLease(const std::string& record);
-  // Renews the lease once a third of its time has passed; kConflict when another writer has
-  // taken it since (it expired).
+  // Makes generation `n` of `record`'s lease for `nonce`, and checks it is the newest; nullopt
+  // when another writer made it, or a newer one.
+  Result<std::optional<Lease>> MakeLease(const std::string& record, uint64_t n,
+                                         const std::string& nonce);
+  // Renews the lease once a third of its time has passed (in place while others still see
+  // it live, else as the next generation); kConflict when another writer has it.
   Status KeepLease(Lease& lease);
+  Status KeepLease(HeldLease& held);
   void ReleaseLease(const Lease& lease);
+  // The heartbeat renews `held` until Unhold (which releases it).
+  void Hold(const std::shared_ptr<HeldLease>& held);
+  void Unhold(const std::shared_ptr<HeldLease>& held);
+  void Heartbeat();
+  std::mutex held_mu_;
+  std::set<std::shared_ptr<HeldLease>> held_;
+  std::condition_variable heartbeat_cv_;
+  bool stopping_ = false;  // held_mu_
+  std::thread heartbeat_;
   // Whether the origin refuses a PUT with If-None-Match: * of a key that exists (asked until
   // it answers).
   Result<bool> ConditionalCreates();

@@ -411,7 +411,7 @@ TEST_P(VolumeInterface, ListingsPageInKeyOrder) {
   for (const char* prefix : {"", "a", "a/", "a-", "b", "d/e/", "zz"})
     for (const char* delim : {"", "/"})
       for (size_t page : {2, 1000})
-        for (const char* after : {"", "a", "a/x", "a-b", "b/"})
+        for (const char* after : {"", "a", "a/", "a/x", "a-b", "b/", "d/e/"})
           for (const char* end : {"", "c"}) {
             ListQuery q;
             q.prefix = prefix;
@@ -425,10 +425,12 @@ TEST_P(VolumeInterface, ListingsPageInKeyOrder) {
                 << " after '" << after << "' end '" << end << "'";
             ++runs;
           }
-  EXPECT_EQ(runs, 280);
-  if (!GetParam().posix) return;
-  // A large directory on a file system: its sorted names are kept between pages, and a change
-  // to it is seen on the next page.
+  EXPECT_EQ(runs, 392);
+  // Behind the cache a listing is kept for its TTL whatever changes; an s3 volume lists in key
+  // order on its origin (and writing a thousand objects takes a while).
+  if (GetParam().wrap || GetParam().name == "s3") return;
+  // A large directory: its sorted names are kept between pages, and a change to it is seen on
+  // the next page.
   std::vector<std::string> many;
   for (size_t i = 0; i < KeyOrderCache::kMinNames + 100; ++i)
     many.push_back(fmt::format("big/n{:05}", (i * 7919) % (KeyOrderCache::kMinNames + 100)));

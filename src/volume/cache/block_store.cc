@@ -45,9 +45,16 @@ std::set<BlockIndex::Key> TakeCleanRecord(const std::string& dir) {
     if (!in) return keys;
     text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
-  ::unlink(path.c_str());
-  if (UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); d.get() >= 0)
-    ::fsync(d.get());
+  // Gone for good before it is believed, or not believed at all.
+  const bool gone = ::unlink(path.c_str()) == 0;
+  UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!gone || d.get() < 0 || ::fsync(d.get()) != 0) {
+    spdlog::warn(
+        "cache {}: the record of its clean close could not be removed: every block is "
+        "checked",
+        dir);
+    return keys;
+  }
   // "SLCC", the count (u64), the keys, the CRC32C of all that (u32).
   uint64_t n = 0;
   if (text.size() < 16 || text.compare(0, 4, "SLCC") != 0) return keys;
@@ -85,6 +92,7 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Open(BlockStoreOptions opts) {
                     fmt::format("cache directory '{}': {}", opts.dir, ec.message()));
   }
   std::unique_ptr<BlockStore> s(new BlockStore(std::move(opts)));
+  s->dir_fd_ = UniqueFd(::open(s->opts_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   const std::set<BlockIndex::Key> trusted = TakeCleanRecord(s->opts_.dir);
   struct Found {
     std::string id;
@@ -268,18 +276,20 @@ bool WriteAll(int fd, const char* head, std::string_view data) {
 
 }  // namespace
 
-bool BlockStore::WriteBlock(const std::string& id, const char* head, std::string_view data) {
+BlockStore::Written BlockStore::WriteBlock(const std::string& id, const char* head,
+                                           std::string_view data) {
   const std::string path = PathOf(id);
   // An unnamed file in the block's own directory, named once written: no temporary name, no
   // rename across directories (whose locks writers in parallel would queue on).
   const std::string dir = fmt::format("{}/{}", opts_.dir, id.substr(0, 2));
   UniqueFd fd(::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600));
   if (fd.get() >= 0) {
-    if (!WriteAll(fd.get(), head, data)) return false;
+    if (!WriteAll(fd.get(), head, data)) return Written::kFailed;
     const std::string self = fmt::format("/proc/self/fd/{}", fd.get());
-    if (::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, path.c_str(), AT_SYMLINK_FOLLOW) == 0 ||
-        errno == EEXIST)  // the same block, written by another: its content is this one
-      return true;
+    if (::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, path.c_str(), AT_SYMLINK_FOLLOW) == 0)
+      return Written::kNew;
+    // The same block, there already: its file is whoever wrote it, checked when first read.
+    if (errno == EEXIST) return Written::kThere;
     // No /proc to name it through: the way below.
   }
   // Without O_TMPFILE (or /proc): a temporary name under tmp/, renamed into place.
@@ -291,7 +301,7 @@ bool BlockStore::WriteBlock(const std::string& id, const char* head, std::string
   }
   ok = ok && ::rename(tmp.c_str(), path.c_str()) == 0;
   if (!ok) ::unlink(tmp.c_str());
-  return ok;
+  return ok ? Written::kNew : Written::kFailed;
 }
 
 void BlockStore::Close() {
@@ -299,28 +309,28 @@ void BlockStore::Close() {
     std::unique_lock lk(mu_);
     closed_ = true;
   }
-  // Blocks being written finish first (Put refuses new ones now).
-  for (int i = 0; i < 1000; ++i) {
+  // Blocks being written finish first (Put refuses new ones now); the keys are taken before
+  // the sync, so that every block they name is on the disk after it.
+  std::string text = "SLCC";
+  for (int i = 0;; ++i) {
     {
       std::lock_guard lk(mu_);
-      if (reserved_ == 0) break;
+      if (reserved_ == 0) {
+        const auto keys = index_.VerifiedKeys();
+        const uint64_t n = keys.size();
+        text.append(reinterpret_cast<const char*>(&n), 8);
+        for (const auto& k : keys) text.append(reinterpret_cast<const char*>(k.data()), k.size());
+        break;
+      }
     }
+    if (i == 1000) return;  // a write still running after 10 s: nothing is trusted
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  UniqueFd d(::open(opts_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (d.get() < 0 || ::syncfs(d.get()) != 0) {
+  const int d = dir_fd_.get();
+  if (d < 0 || ::syncfs(d) != 0) {
     spdlog::warn("cache {}: syncfs: {}; its blocks are checked at the next start", opts_.dir,
                  std::strerror(errno));
     return;
-  }
-  std::string text = "SLCC";
-  {
-    std::lock_guard lk(mu_);
-    if (reserved_ != 0) return;  // a write still running: nothing is trusted
-    const auto keys = index_.VerifiedKeys();
-    const uint64_t n = keys.size();
-    text.append(reinterpret_cast<const char*>(&n), 8);
-    for (const auto& k : keys) text.append(reinterpret_cast<const char*>(k.data()), k.size());
   }
   const uint32_t crc = Crc32c(text.data(), text.size());
   text.append(reinterpret_cast<const char*>(&crc), 4);
@@ -333,7 +343,7 @@ void BlockStore::Close() {
          ::fsync(f.get()) == 0;
   }
   const std::string path = fmt::format("{}/{}", opts_.dir, kCleanRecord);
-  ok = ok && ::rename(tmp.c_str(), path.c_str()) == 0 && ::fsync(d.get()) == 0;
+  ok = ok && ::rename(tmp.c_str(), path.c_str()) == 0 && ::fsync(d) == 0;
   if (!ok) {
     ::unlink(tmp.c_str());
     spdlog::warn("cache {}: the record of its clean close: {}", opts_.dir, std::strerror(errno));
@@ -395,15 +405,15 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
   std::memcpy(head + 8, &len, 8);
   std::memcpy(head + 16, &crc, 4);
   // No fsync: a block a crash tears fails its checksum and is fetched again.
-  const bool ok = WriteBlock(id, head, data);
+  const Written w = WriteBlock(id, head, data);
   std::lock_guard lk(mu_);
   reserved_ -= data.size();
   reserved_disk_ -= need;
-  if (!ok) {
+  if (w == Written::kFailed) {
     stats_.rejected += 1;
     return false;
   }
-  index_.Insert(*key, data.size(), /*warm=*/false, /*verified=*/true);  // as written
+  index_.Insert(*key, data.size(), /*warm=*/false, /*verified=*/w == Written::kNew);
   stats_.filled_bytes += data.size();
   return true;
 }

@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/fd.h"
 #include "common/status.h"
 #include "volume/cache/block_index.h"
 
@@ -73,9 +74,10 @@ class BlockStore {
   // The policy's victim, out of the index (its size in `*size`); mu_ held. Unlink() it after.
   std::optional<BlockIndex::Key> EvictOne(uint64_t* size = nullptr);
   void Unlink(const std::vector<BlockIndex::Key>& keys) const;
-  void Drop(const BlockIndex::Key& k);        // from the index and the disk; mu_ held
-  std::optional<uint64_t> FreeBytes() const;  // nullopt when statvfs fails
-  bool WriteBlock(const std::string& id, const char* head, std::string_view data);
+  void Drop(const BlockIndex::Key& k);           // from the index and the disk; mu_ held
+  std::optional<uint64_t> FreeBytes() const;     // nullopt when statvfs fails
+  enum class Written { kFailed, kNew, kThere };  // kThere: another writer's file was there
+  Written WriteBlock(const std::string& id, const char* head, std::string_view data);
 
   BlockStoreOptions opts_;
   mutable std::mutex mu_;
@@ -84,6 +86,7 @@ class BlockStore {
   // Blocks being written now: their bytes, and what they take on the disk.
   uint64_t reserved_ = 0, reserved_disk_ = 0;
   bool closed_ = false;
+  UniqueFd dir_fd_;  // the store's directory, open since Open (syncfs reports what failed since)
   // What `n` bytes take on a disk: whole 4 KiB blocks.
   static uint64_t DiskBytes(uint64_t n) { return (n + 4095) / 4096 * 4096; }
 };

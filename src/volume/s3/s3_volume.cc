@@ -1580,18 +1580,17 @@ std::string S3Volume::StagingKey(const VFolderId& vfid, std::string_view session
 
 class S3Volume::Writer : public StagingWriter {
  public:
-  Writer(S3Volume* v, VFolderId vfid, std::string session, Lease lease, SessionRecord rec,
-         std::string tail)
+  // `held`: the session's lease, held (renewed) since it was taken.
+  Writer(S3Volume* v, VFolderId vfid, std::string session, std::shared_ptr<HeldLease> held,
+         SessionRecord rec, std::string tail)
       : v_(v),
         vfid_(std::move(vfid)),
         session_(std::move(session)),
         key_(v_->StagingKey(vfid_, session_)),
-        held_(std::make_shared<HeldLease>()),
+        held_(std::move(held)),
         rec_(std::move(rec)),
         buf_(std::move(tail)) {
     state_ = {true, rec_.recorded, rec_.durable, rec_.quota_checked, rec_.durable};
-    held_->lease = std::move(lease);
-    v_->Hold(held_);
   }
   ~Writer() override {
     v_->Unhold(held_);
@@ -1752,6 +1751,7 @@ class S3Volume::Writer : public StagingWriter {
     return Status::Ok();
   }
   Status PutTail(uint64_t n) {
+    SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));
     auto& o = *v_->origin_;
     return o
         .Note(o.Client()->Put(o.bucket(), key_ + ".tail",
@@ -1769,6 +1769,7 @@ class S3Volume::Writer : public StagingWriter {
     state_.durable = durable;
     state_.quota_checked = quota_checked;
     state_.recorded = true;
+    SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));
     return v_->origin_->PutRecord(key_, rec_.ToJson());
   }
 
@@ -1820,7 +1821,10 @@ struct LeaseState {
   bool held = false;  // neither released nor expired
 };
 
-Result<LeaseState> ReadLease(S3Volume::Origin& o, const std::string& record) {
+// `ttl`: what an expiry may be past the generation's Last-Modified (a holder whose clock runs
+// ahead holds it no longer than that).
+Result<LeaseState> ReadLease(S3Volume::Origin& o, const std::string& record,
+                             std::chrono::milliseconds ttl) {
   LeaseState st;
   const std::string prefix = record + std::string(kLockInfix);
   SLUICE_RETURN_IF_ERROR(o.ForEachKey(prefix, [&](const s3c::ObjectInfo& obj) {
@@ -1835,11 +1839,23 @@ Result<LeaseState> ReadLease(S3Volume::Origin& o, const std::string& record) {
     return Status::Ok();
   }));
   if (st.newest.empty()) return st;
-  SLUICE_ASSIGN_OR_RETURN(auto rec, o.GetRecord(st.newest));
-  if (!rec) return st;  // removed meanwhile (the session ended): free
-  const auto& j = rec->first;
-  st.nonce = j.value("nonce", "");
-  st.held = !j.value("released", false) && j.value("expires", int64_t{0}) > UnixMillis();
+  auto rec = o.GetRecord(st.newest);
+  if (!rec.ok()) {
+    // Not JSON (or too long): no lease anyone holds. The origin's failures stay errors.
+    if (rec.status().code() == Code::kIoError) return st;
+    return rec.status();
+  }
+  if (!*rec) return st;  // removed meanwhile (the session ended): free
+  const auto& j = (*rec)->first;
+  auto field = [&](const char* name) { return j.contains(name) ? &j[name] : nullptr; };
+  if (auto* n = field("nonce"); n && n->is_string()) st.nonce = n->get<std::string>();
+  const auto* released = field("released");
+  const auto* expires = field("expires");
+  if (!released || !released->is_boolean() || !expires || !expires->is_number_integer()) return st;
+  int64_t until = expires->get<int64_t>();
+  if (const std::time_t m = (*rec)->second.mtime; m > 0)
+    until = std::min(until, int64_t(m + 1) * 1000 + ttl.count());
+  st.held = !released->get<bool>() && until > UnixMillis();
   return st;
 }
 
@@ -1853,17 +1869,17 @@ Result<bool> S3Volume::ConditionalCreates() {
   // The same new key twice: the second must be refused (412). An origin that refuses the
   // header (501) takes no conditions either.
   const std::string probe = origin_->RecordKey("probe/" + RandomHexString(8));
+  // Only a clear answer is kept: the second PUT taken (the condition ignored), refused with 412
+  // (honoured), or the header refused as not implemented; anything else is asked again.
   auto first = origin_->Note(origin_->Client()->PutIfAbsent(opts_.bucket, probe, "{}"));
-  auto answered = [](const Status& st) { return st.code() != Code::kUnavailable; };
   bool honoured = false;
   if (first.ok() || first.status().code() == Code::kConflict) {  // a retry found the first
     auto second = origin_->Note(origin_->Client()->PutIfAbsent(opts_.bucket, probe, "{}"));
     (void)origin_->Note(origin_->Client()->Delete(opts_.bucket, probe));
-    if (!second.ok() && !answered(second.status())) return second.status();
-    honoured = !second.ok() && second.status().code() == Code::kConflict;
-  } else {
-    (void)origin_->Note(origin_->Client()->Delete(opts_.bucket, probe));
-    if (!answered(first.status())) return first.status();  // the origin is down: ask again
+    if (!second.ok() && second.status().code() != Code::kConflict) return second.status();
+    honoured = !second.ok();
+  } else if (first.status().code() != Code::kUnsupported) {
+    return first.status();
   }
   if (!honoured)
     spdlog::warn(
@@ -1889,7 +1905,7 @@ Result<std::optional<S3Volume::Lease>> S3Volume::MakeLease(const std::string& re
   }
   // The newest? A generation removed after it was read can be made again by a writer that read
   // the generations before: a newer one then says it lost.
-  SLUICE_ASSIGN_OR_RETURN(LeaseState st, ReadLease(*origin_, record));
+  SLUICE_ASSIGN_OR_RETURN(LeaseState st, ReadLease(*origin_, record, opts_.upload_lock_ttl));
   if (st.newest != l.key || st.nonce != l.nonce) {
     (void)origin_->Note(origin_->Client()->Delete(opts_.bucket, l.key));
     return std::optional<Lease>();
@@ -1903,7 +1919,7 @@ Result<std::optional<S3Volume::Lease>> S3Volume::MakeLease(const std::string& re
 Result<std::optional<S3Volume::Lease>> S3Volume::TakeLease(const std::string& record) {
   SLUICE_ASSIGN_OR_RETURN(bool conditional, ConditionalCreates());
   if (!conditional) return std::optional<Lease>(Lease{});
-  SLUICE_ASSIGN_OR_RETURN(LeaseState st, ReadLease(*origin_, record));
+  SLUICE_ASSIGN_OR_RETURN(LeaseState st, ReadLease(*origin_, record, opts_.upload_lock_ttl));
   if (st.held) return std::optional<Lease>();
   return MakeLease(record, st.generation + 1, RandomHexString(8));
 }
@@ -1925,7 +1941,7 @@ Status S3Volume::KeepLease(Lease& l) {
   const auto age = now - l.renewed;
   if (age < opts_.upload_lock_ttl / 3) return Status::Ok();
   const std::string record = l.key.substr(0, l.key.rfind(kLockInfix));
-  SLUICE_ASSIGN_OR_RETURN(LeaseState st, ReadLease(*origin_, record));
+  SLUICE_ASSIGN_OR_RETURN(LeaseState st, ReadLease(*origin_, record, opts_.upload_lock_ttl));
   if (st.newest != l.key || st.nonce != l.nonce) {
     l.lost = true;
     return LeaseLost(l.key, opts_.upload_lock_ttl);
@@ -1937,6 +1953,15 @@ Status S3Volume::KeepLease(Lease& l) {
             ->Note(origin_->Client()->Put(
                 opts_.bucket, l.key, s3c::Body{LeaseBody(l.nonce, opts_.upload_lock_ttl, false)}))
             .status());
+    if (std::chrono::steady_clock::now() - l.renewed >= opts_.upload_lock_ttl * 2 / 3) {
+      // The PUT landed late: another node may have made the next generation meanwhile (and
+      // this PUT made this one again). Still the newest, it is this writer's.
+      SLUICE_ASSIGN_OR_RETURN(LeaseState again, ReadLease(*origin_, record, opts_.upload_lock_ttl));
+      if (again.newest != l.key || again.nonce != l.nonce) {
+        l.lost = true;
+        return LeaseLost(l.key, opts_.upload_lock_ttl);
+      }
+    }
     l.renewed = now;
     return Status::Ok();
   }
@@ -1953,6 +1978,8 @@ Status S3Volume::KeepLease(Lease& l) {
 
 Status S3Volume::KeepLease(HeldLease& held) {
   std::lock_guard lk(held.mu);
+  if (held.released)
+    return Status(Code::kConflict, "the upload's writer let go of its lease (the node stops)");
   return KeepLease(held.lease);
 }
 
@@ -1961,6 +1988,16 @@ void S3Volume::ReleaseLease(const Lease& l) {
   // Kept, released: the newest generation stays, so that its number is not made again.
   (void)origin_->Note(origin_->Client()->Put(
       opts_.bucket, l.key, s3c::Body{LeaseBody(l.nonce, opts_.upload_lock_ttl, true)}));
+}
+
+void S3Volume::Shutdown() {
+  // The writers' leases go with the process: other nodes need not wait for them to expire.
+  std::vector<std::shared_ptr<HeldLease>> held;
+  {
+    std::lock_guard lk(held_mu_);
+    held.assign(held_.begin(), held_.end());
+  }
+  for (const auto& h : held) Unhold(h);
 }
 
 void S3Volume::Hold(const std::shared_ptr<HeldLease>& held) {
@@ -2078,19 +2115,20 @@ Result<std::unique_ptr<StagingWriter>> S3Volume::OpenStaging(const VFolderId& vf
     return fail(pre.status());
   else if (!*pre || !(*pre)->staged)
     return fail(NoSession(session));
-  Lease lease;
+  auto held = std::make_shared<HeldLease>();
   for (;;) {
     auto l = TakeLease(key);
     if (!l.ok()) return fail(l.status());
     if (*l) {
-      lease = std::move(**l);
+      held->lease = std::move(**l);
       break;
     }
     if (std::chrono::steady_clock::now() >= deadline) return fail(UploadWriterBusy(session));
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  Hold(held);  // renewed from now on (the tail below may take a while)
   auto fail_leased = [&](Status st) {
-    ReleaseLease(lease);
+    Unhold(held);
     return fail(std::move(st));
   };
   auto r = LoadSession(*origin_, key, vfid);  // again, as its writer now
@@ -2117,7 +2155,7 @@ Result<std::unique_ptr<StagingWriter>> S3Volume::OpenStaging(const VFolderId& vf
                                       session, tail.size(), want)));
   }
   return std::unique_ptr<StagingWriter>(
-      new Writer(this, vfid, session, std::move(lease), std::move(rec), std::move(tail)));
+      new Writer(this, vfid, session, std::move(held), std::move(rec), std::move(tail)));
 }
 
 StagingSweep S3Volume::SweepStaging(const std::optional<VFolderId>& vfid, std::chrono::seconds age,
@@ -2160,7 +2198,8 @@ StagingSweep S3Volume::SweepStaging(const std::optional<VFolderId>& vfid, std::c
         continue;
       }
     }
-    if (auto lease = ReadLease(*origin_, o.key); !lease.ok() || lease->held) {
+    // Its writer's place first, so that no node opens it while it goes.
+    if (auto lease = TakeLease(o.key); !lease.ok() || !*lease) {
       ++out.kept_locked;  // another node's writer holds it (or it could not be told)
       continue;
     }

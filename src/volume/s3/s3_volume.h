@@ -75,6 +75,7 @@ class S3Volume : public Volume {
   std::set<std::string> capabilities() const override;
   Status Init() override;
   Status EmptyTrash() override;
+  void Shutdown() override;
   QuotaModel& quota() override { return *quota_; }
   FSOpModel& fsop() override { return *fsop_; }
   VolumeIoStats& io_stats() override { return *io_stats_; }

@@ -1716,7 +1716,7 @@ class S3Volume::Writer : public StagingWriter {
     pending_.clear();
     rec_.upload.clear();
     buf_.clear();
-    return Record(std::max(total, rec_.durable), rec_.quota_checked);
+    return Record(std::max(total, rec_.durable), rec_.quota_checked, /*leased=*/false);
   }
 
  private:
@@ -1760,7 +1760,9 @@ class S3Volume::Writer : public StagingWriter {
   }
   // Records `durable` with every part sent so far (all below it: syncs come at what was
   // written, rollbacks never below what was sent).
-  Status Record(uint64_t durable, bool quota_checked) {
+  // `leased`: false for the record of a commit that already went out (Publish checked first).
+  Status Record(uint64_t durable, bool quota_checked, bool leased = true) {
+    if (leased) SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));
     rec_.parts.insert(rec_.parts.end(), pending_.begin(), pending_.end());
     pending_.clear();
     rec_.durable = durable;
@@ -1769,7 +1771,6 @@ class S3Volume::Writer : public StagingWriter {
     state_.durable = durable;
     state_.quota_checked = quota_checked;
     state_.recorded = true;
-    SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));
     return v_->origin_->PutRecord(key_, rec_.ToJson());
   }
 
@@ -1842,7 +1843,7 @@ Result<LeaseState> ReadLease(S3Volume::Origin& o, const std::string& record,
   auto rec = o.GetRecord(st.newest);
   if (!rec.ok()) {
     // Not JSON (or too long): no lease anyone holds. The origin's failures stay errors.
-    if (rec.status().code() == Code::kIoError) return st;
+    if (rec.status().code() == Code::kIoError || rec.status().code() == Code::kTooLarge) return st;
     return rec.status();
   }
   if (!*rec) return st;  // removed meanwhile (the session ended): free
@@ -1897,21 +1898,29 @@ Result<std::optional<S3Volume::Lease>> S3Volume::MakeLease(const std::string& re
           std::chrono::steady_clock::now()};
   auto made = origin_->Note(origin_->Client()->PutIfAbsent(
       opts_.bucket, l.key, LeaseBody(l.nonce, opts_.upload_lock_ttl, false)));
+  // Made (maybe) and then an error: the generation goes again, so that it holds nothing.
+  auto drop = [&](Status st) {
+    (void)origin_->Note(origin_->Client()->Delete(opts_.bucket, l.key));
+    return st;
+  };
   if (!made.ok()) {
-    if (made.status().code() != Code::kConflict) return made.status();
+    if (made.status().code() != Code::kConflict) return drop(made.status());
     // Another writer made it first, or this one did and a retry of its PUT found it.
-    SLUICE_ASSIGN_OR_RETURN(auto rec, origin_->GetRecord(l.key));
-    if (!rec || rec->first.value("nonce", "") != l.nonce) return std::optional<Lease>();
+    auto rec = origin_->GetRecord(l.key);
+    if (!rec.ok()) return rec.status();
+    const auto* n = *rec && (*rec)->first.contains("nonce") ? &(*rec)->first["nonce"] : nullptr;
+    if (!n || !n->is_string() || n->get<std::string>() != l.nonce) return std::optional<Lease>();
   }
   // The newest? A generation removed after it was read can be made again by a writer that read
   // the generations before: a newer one then says it lost.
-  SLUICE_ASSIGN_OR_RETURN(LeaseState st, ReadLease(*origin_, record, opts_.upload_lock_ttl));
-  if (st.newest != l.key || st.nonce != l.nonce) {
-    (void)origin_->Note(origin_->Client()->Delete(opts_.bucket, l.key));
+  auto st = ReadLease(*origin_, record, opts_.upload_lock_ttl);
+  if (!st.ok()) return drop(st.status());
+  if (st->newest != l.key || st->nonce != l.nonce) {
+    (void)drop(Status::Ok());
     return std::optional<Lease>();
   }
   // The older generations go: the newest alone says who holds the session.
-  for (const auto& k : st.keys)
+  for (const auto& k : st->keys)
     if (k != l.key) (void)origin_->Note(origin_->Client()->Delete(opts_.bucket, k));
   return std::optional<Lease>(std::move(l));
 }
@@ -1942,10 +1951,13 @@ Status S3Volume::KeepLease(Lease& l) {
   if (age < opts_.upload_lock_ttl / 3) return Status::Ok();
   const std::string record = l.key.substr(0, l.key.rfind(kLockInfix));
   SLUICE_ASSIGN_OR_RETURN(LeaseState st, ReadLease(*origin_, record, opts_.upload_lock_ttl));
-  if (st.newest != l.key || st.nonce != l.nonce) {
+  if (st.nonce != l.nonce) {
     l.lost = true;
     return LeaseLost(l.key, opts_.upload_lock_ttl);
   }
+  // A newer generation with this writer's nonce is its own (made by a renewal whose answer
+  // was lost).
+  l.key = st.newest;
   if (age < opts_.upload_lock_ttl * 2 / 3) {
     // Every node still sees it live (clocks agreeing within a third of the time): in place.
     SLUICE_RETURN_IF_ERROR(
@@ -2013,6 +2025,7 @@ void S3Volume::Unhold(const std::shared_ptr<HeldLease>& held) {
     held_.erase(held);
   }
   std::lock_guard lk(held->mu);
+  if (held->released) return;
   held->released = true;
   ReleaseLease(held->lease);
 }
@@ -2025,8 +2038,8 @@ void S3Volume::Heartbeat() {
     const std::vector<std::shared_ptr<HeldLease>> now(held_.begin(), held_.end());
     lk.unlock();
     for (const auto& h : now) {
-      std::lock_guard hl(h->mu);
-      if (h->released) continue;
+      std::unique_lock hl(h->mu, std::try_to_lock);
+      if (!hl.owns_lock() || h->released) continue;  // its writer is renewing it right now
       if (Status st = KeepLease(h->lease); !st.ok() && !h->lease.lost)
         spdlog::warn("volume {}: renewing an upload lease: {}", cfg_.name, st.message());
     }
@@ -2199,15 +2212,18 @@ StagingSweep S3Volume::SweepStaging(const std::optional<VFolderId>& vfid, std::c
       }
     }
     // Its writer's place first, so that no node opens it while it goes.
-    if (auto lease = TakeLease(o.key); !lease.ok() || !*lease) {
+    auto lease = TakeLease(o.key);
+    if (!lease.ok() || !*lease) {
       ++out.kept_locked;  // another node's writer holds it (or it could not be told)
       continue;
     }
     auto rec = origin_->GetRecord(o.key);
-    if (!rec.ok() || !*rec) continue;
-    auto r = SessionRecord::FromJson((*rec)->first);
-    if (!r.ok()) continue;
-    if (!DropSession(*origin_, o.key, *r).ok()) continue;
+    auto r = rec.ok() && *rec ? SessionRecord::FromJson((*rec)->first)
+                              : Result<SessionRecord>(Status(Code::kNotFound, "no record"));
+    if (!r.ok() || !DropSession(*origin_, o.key, *r).ok()) {
+      ReleaseLease(**lease);  // tried again at the next sweep
+      continue;
+    }
     if (r->staged) {  // an abandoned session; otherwise the record of a finished one goes
       if (removed) removed(scope == "legacy" ? "" : scope, vf, session);
       out.removed += 1;

@@ -139,6 +139,9 @@ Result<std::vector<std::string>> KeyParts(std::string_view key) {
 
 namespace {
 
+// A directory's marker ("d/"): the MD5 of nothing.
+constexpr const char* kMarkerETag = "\"d41d8cd98f00b204e9800998ecf8427e\"";
+
 class Lister {
  public:
   Lister(Volume& v, const VFolderId& vfid, const ListQuery& q, ObjectMetaCache* cache,
@@ -165,7 +168,17 @@ class Lister {
       return dir.status();
     }
     SLUICE_ASSIGN_OR_RETURN(auto ordered, Ordered(std::move(dir).value(), rel, from));
-    SLUICE_RETURN_IF_ERROR(Visit(*ordered, base, base.empty(), nullptr));
+    bool any = false;
+    SLUICE_RETURN_IF_ERROR(Visit(*ordered, base, base.empty(), &any));
+    // The prefix names a directory ("d/"): when it is empty its marker is the one key.
+    if (!any && !base.empty() && q_.prefix == base && base > q_.after &&
+        (!q_.end || base <= *q_.end)) {
+      ListPage::Item it;
+      it.object.key = base;
+      it.object.etag = kMarkerETag;
+      it.object.modified = ordered->info().modified;
+      items_.push_back(std::move(it));
+    }
     page.items = std::move(items_);
     if (page.items.size() > q_.max_keys) {
       page.items.resize(q_.max_keys);
@@ -257,7 +270,7 @@ class Lister {
       }
       it.object.etag = ObjectETag(*e, meta);
     } else {
-      it.object.etag = "\"d41d8cd98f00b204e9800998ecf8427e\"";  // a marker: MD5 of nothing
+      it.object.etag = kMarkerETag;
     }
     it.object.modified = e->modified;
     items_.push_back(std::move(it));

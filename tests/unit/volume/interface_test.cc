@@ -8,6 +8,7 @@
 
 #include "service/s3/objects.h"
 #include "support/assert_status.h"
+#include "support/listing_oracle.h"
 #include "support/volume_backends.h"
 #include "volume/key_order.h"
 
@@ -358,41 +359,6 @@ TEST_P(VolumeInterface, CopiesOfVFolders) {
   ASSERT_OK(vol_->CopyVFolderFrom(*vol_, vf_, dst, *vol_->GetFreshUsage(vf_)));
   EXPECT_EQ(ReadAll(**vol_->OpenReader(dst, "d/e/f.txt")), "content");
   ExpectUsage(Settled([&] { return vol_->GetUsage(dst)->used_bytes; }, 7), 7);
-}
-
-// S3's listing of `keys` (every key of the vfolder, sorted) for `q`, whole: what paging
-// through ListObjects must give.
-std::vector<std::string> ExpectedListing(const std::vector<std::string>& keys, const ListQuery& q) {
-  std::vector<std::string> out;
-  std::string last_prefix;
-  for (const auto& k : keys) {
-    if (!k.starts_with(q.prefix) || k <= q.after || (q.end && k > *q.end)) continue;
-    size_t at = q.delimiter.empty() ? std::string::npos : k.find(q.delimiter, q.prefix.size());
-    if (at == std::string::npos) {
-      out.push_back(k);
-      continue;
-    }
-    std::string cp = k.substr(0, at + q.delimiter.size());
-    if (cp != last_prefix && cp > q.after && (!q.end || cp <= *q.end)) out.push_back(cp);
-    last_prefix = cp;
-  }
-  return out;
-}
-
-// Pages through ListObjects, each page resuming after the last key of the one before.
-std::vector<std::string> Paged(Volume& v, const VFolderId& vf, ListQuery q,
-                               KeyOrderCache* names = nullptr) {
-  std::vector<std::string> out;
-  for (int pages = 0; pages < 10000; ++pages) {
-    auto p = ListObjects(v, vf, q, nullptr, names);
-    EXPECT_OK(p);
-    if (!p.ok()) break;
-    for (const auto& it : p->items) out.push_back(it.object.key);
-    if (!p->truncated) break;
-    EXPECT_FALSE(p->items.empty());
-    q.after = p->items.back().object.key;
-  }
-  return out;
 }
 
 // S3 listings page through a tree in key order, in which a directory sorts as if followed by

@@ -88,7 +88,7 @@ def run_interface_suite(endpoint, bucket, ak, sk):
                        env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-2000:]
     # Every case of the suite ran on the s3 instance (none filtered away by a typo).
-    assert "[  PASSED  ] 12 tests." in p.stdout, p.stdout[-3000:]
+    assert "[  PASSED  ] 13 tests." in p.stdout, p.stdout[-3000:]
 
 
 def test_interface_suite_on_a_sluice_origin(origin):

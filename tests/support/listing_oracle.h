@@ -3,6 +3,9 @@
 // before), for the listing tests of the volume and service suites.
 #pragma once
 
+#include <algorithm>
+#include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -48,6 +51,78 @@ inline std::vector<std::string> Paged(Volume& v, const VFolderId& vf, ListQuery 
     q.after = p->items.back().object.key;
   }
   return out;
+}
+
+// A random tree of names that sort around '/' ("a-", "a.", "a0", "a~"...), with some empty
+// directories, made below `root` ("" or "r/") through `file` and `dir` (each given a path);
+// returns its keys (files, and "d/" for each empty directory), sorted.
+template <typename MakeFile, typename MakeDir>
+std::vector<std::string> RandomTree(std::mt19937& rng, const std::string& root, int paths,
+                                    MakeFile file, MakeDir dir) {
+  const std::string alphabet = "ab-.0~";
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  auto name = [&] {
+    for (;;) {
+      std::string s;
+      for (size_t n = 1 + pick(3); n > 0; --n) s += alphabet[pick(alphabet.size())];
+      if (s != "." && s != "..") return s;
+    }
+  };
+  std::map<std::string, bool> is_dir;  // every path made, below root
+  for (int i = 0; i < paths; ++i) {
+    const size_t depth = 1 + pick(3);
+    const bool empty_dir = pick(6) == 0;
+    std::string path;
+    bool ok = true;
+    for (size_t d = 0; d < depth && ok; ++d) {
+      path += (path.empty() ? "" : "/") + name();
+      auto it = is_dir.find(path);
+      ok = it == is_dir.end() || (it->second && d + 1 < depth);
+    }
+    if (!ok) continue;
+    if (empty_dir)
+      dir(root + path);
+    else
+      file(root + path);
+    for (size_t at = path.find('/'); at != std::string::npos; at = path.find('/', at + 1))
+      is_dir[path.substr(0, at)] = true;
+    is_dir[path] = empty_dir;
+  }
+  std::vector<std::string> keys;
+  for (const auto& [p, d] : is_dir) {
+    if (!d) {
+      keys.push_back(root + p);
+      continue;
+    }
+    const bool holds = std::any_of(is_dir.begin(), is_dir.end(), [&](const auto& e) {
+      return e.first.size() > p.size() && e.first.starts_with(p + "/");
+    });
+    if (!holds) keys.push_back(root + p + "/");  // an empty directory is its marker
+  }
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+// A random query over `keys` whose prefix starts with `root`, in pages of one to four keys.
+inline ListQuery RandomQuery(std::mt19937& rng, const std::vector<std::string>& keys,
+                             const std::string& root) {
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  auto some_key = [&] { return keys.empty() ? root : keys[pick(keys.size())]; };
+  ListQuery q;
+  q.prefix = root;
+  if (pick(2)) q.prefix = some_key().substr(0, root.size() + pick(5));
+  if (pick(2)) q.delimiter = "/";
+  if (pick(2)) q.after = some_key().substr(0, root.size() + 1 + pick(6));
+  if (pick(3) == 0) q.end = some_key();
+  q.max_keys = 1 + pick(4);
+  q.want_etag = false;
+  return q;
+}
+
+// What a query was, for a failure's message.
+inline std::string Describe(const ListQuery& q) {
+  return "prefix '" + q.prefix + "' delimiter '" + q.delimiter + "' after '" + q.after + "' end '" +
+         q.end.value_or("") + "' page " + std::to_string(q.max_keys);
 }
 
 }  // namespace sluice::test

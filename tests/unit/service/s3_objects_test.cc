@@ -161,21 +161,12 @@ TEST_F(SplitTest, BoundedListingStopsAtItsEndWithPrefixes) {
   EXPECT_FALSE(p->truncated);
 }
 
-// Random trees of names that sort around '/' ("a-", "a.", "a0", "a~"...), with empty
-// directories, listed by random queries in pages of one to four keys: what paging gives is
-// the oracle's listing, key for key (names read in any order and sorted per directory, pages
-// resuming in the middle of directories at any depth).
+// Random trees listed by random queries in pages of one to four keys, from the vfolder's root:
+// what paging gives is the oracle's listing, key for key (names read in any order and sorted
+// per directory, pages resuming in the middle of directories at any depth). The interface
+// suite does the same below a directory on every backend.
 TEST(ListingDifferential, RandomTreesPageLikeTheOracle) {
   std::mt19937 rng(20261202);
-  const std::string alphabet = "ab-.0~";
-  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
-  auto name = [&] {
-    for (;;) {
-      std::string s;
-      for (size_t n = 1 + pick(3); n > 0; --n) s += alphabet[pick(alphabet.size())];
-      if (s != "." && s != "..") return s;
-    }
-  };
   int queries = 0;
   for (int round = 0; round < 60; ++round) {
     VolumeConfig c;
@@ -188,51 +179,13 @@ TEST(ListingDifferential, RandomTreesPageLikeTheOracle) {
                         "abcdef0123456789abcdef0123456789")
                         .value();
     ASSERT_OK(vol.CreateVFolder(vf, 0755, true, std::nullopt));
-    std::map<std::string, bool> is_dir;  // every path made
-    for (int i = 0; i < 30; ++i) {
-      const size_t depth = 1 + pick(3);
-      const bool empty_dir = pick(6) == 0;
-      std::string path;
-      bool ok = true;
-      for (size_t d = 0; d < depth && ok; ++d) {
-        path += (path.empty() ? "" : "/") + name();
-        const bool want_dir = d + 1 < depth || empty_dir;
-        auto it = is_dir.find(path);
-        ok = it == is_dir.end() ? true : (it->second && want_dir && d + 1 < depth);
-      }
-      if (!ok) continue;
-      if (empty_dir)
-        ASSERT_OK(vol.Mkdir(vf, path, true, false));
-      else
-        ASSERT_OK(vol.PutFile(vf, path, "k"));
-      for (size_t at = path.find('/'); at != std::string::npos; at = path.find('/', at + 1))
-        is_dir[path.substr(0, at)] = true;
-      is_dir[path] = empty_dir;
-    }
-    std::vector<std::string> keys;
-    for (const auto& [p, dir] : is_dir) {
-      if (!dir) {
-        keys.push_back(p);
-        continue;
-      }
-      const bool holds = std::any_of(is_dir.begin(), is_dir.end(), [&](const auto& e) {
-        return e.first.size() > p.size() && e.first.starts_with(p + "/");
-      });
-      if (!holds) keys.push_back(p + "/");  // an empty directory is its marker
-    }
-    std::sort(keys.begin(), keys.end());
-    auto some_key = [&] { return keys.empty() ? std::string() : keys[pick(keys.size())]; };
+    const auto keys = test::RandomTree(
+        rng, "", 30, [&](const std::string& p) { ASSERT_OK(vol.PutFile(vf, p, "k")); },
+        [&](const std::string& p) { ASSERT_OK(vol.Mkdir(vf, p, true, false)); });
     for (int k = 0; k < 40; ++k) {
-      ListQuery q;
-      if (pick(2)) q.prefix = some_key().substr(0, pick(5));
-      if (pick(2)) q.delimiter = "/";
-      if (pick(2)) q.after = some_key().substr(0, 1 + pick(6));
-      if (pick(3) == 0) q.end = some_key();
-      q.max_keys = 1 + pick(4);
-      q.want_etag = false;
+      const ListQuery q = test::RandomQuery(rng, keys, "");
       ASSERT_EQ(test::Paged(vol, vf, q), test::ExpectedListing(keys, q))
-          << "round " << round << " prefix '" << q.prefix << "' delimiter '" << q.delimiter
-          << "' after '" << q.after << "' end '" << q.end.value_or("") << "' page " << q.max_keys;
+          << "round " << round << ": " << test::Describe(q);
       ++queries;
     }
   }

@@ -1950,16 +1950,9 @@ Status S3Volume::KeepLease(Lease& l) {
   const auto age = now - l.renewed;
   if (age < opts_.upload_lock_ttl / 3) return Status::Ok();
   const std::string record = l.key.substr(0, l.key.rfind(kLockInfix));
-  SLUICE_ASSIGN_OR_RETURN(LeaseState st, ReadLease(*origin_, record, opts_.upload_lock_ttl));
-  if (st.nonce != l.nonce) {
-    l.lost = true;
-    return LeaseLost(l.key, opts_.upload_lock_ttl);
-  }
-  // A newer generation with this writer's nonce is its own (made by a renewal whose answer
-  // was lost).
-  l.key = st.newest;
   if (age < opts_.upload_lock_ttl * 2 / 3) {
-    // Every node still sees it live (clocks agreeing within a third of the time): in place.
+    // Every node still sees it live (clocks agreeing within a third of the time), so no other
+    // writer can have taken it: renewed in place, one request.
     SLUICE_RETURN_IF_ERROR(
         origin_
             ->Note(origin_->Client()->Put(
@@ -1979,6 +1972,11 @@ Status S3Volume::KeepLease(Lease& l) {
   }
   // Late: another node may find it expired and make the next generation; make it first, by
   // the same rule.
+  SLUICE_ASSIGN_OR_RETURN(LeaseState st, ReadLease(*origin_, record, opts_.upload_lock_ttl));
+  if (st.nonce != l.nonce) {
+    l.lost = true;
+    return LeaseLost(l.key, opts_.upload_lock_ttl);
+  }
   SLUICE_ASSIGN_OR_RETURN(auto next, MakeLease(record, st.generation + 1, l.nonce));
   if (!next) {
     l.lost = true;
@@ -2037,12 +2035,15 @@ void S3Volume::Heartbeat() {
     if (stopping_) break;
     const std::vector<std::shared_ptr<HeldLease>> now(held_.begin(), held_.end());
     lk.unlock();
-    for (const auto& h : now) {
+    // Several at once: a slow request delays the leases behind it no more than its own.
+    (void)Origin::ParallelFor(now.size(), 8, [&](size_t i) {
+      const auto& h = now[i];
       std::unique_lock hl(h->mu, std::try_to_lock);
-      if (!hl.owns_lock() || h->released) continue;  // its writer is renewing it right now
+      if (!hl.owns_lock() || h->released) return Status::Ok();  // its writer renews it now
       if (Status st = KeepLease(h->lease); !st.ok() && !h->lease.lost)
         spdlog::warn("volume {}: renewing an upload lease: {}", cfg_.name, st.message());
-    }
+      return Status::Ok();
+    });
     lk.lock();
   }
 }

@@ -333,6 +333,7 @@ CachedVolume::CachedVolume(std::unique_ptr<Volume> inner, CacheOptions opts,
   g_blocks_ = &m.Gauge("sluice_cache_blocks", "Blocks the SSD cache holds.", l);
   PublishStore();
   LoadJournal();
+  LoadListings();
   if (opts_.read_ahead > 0)
     ahead_ = std::make_unique<ThreadPool>("cache-ahead", opts_.fetch_threads, 4096);
 }
@@ -398,6 +399,7 @@ void CachedVolume::Shutdown() {
   stopping_ = true;
   if (ahead_) ahead_->Shutdown();
   store_->Close();
+  SaveListings();
   ForwardingVolume::Shutdown();
 }
 
@@ -518,6 +520,89 @@ void CachedVolume::KeepMeta(const VFolderId& vfid, const std::string& rel, Meta 
     Journal(j, apply);
   else
     apply();  // not on a disk at its floor: memory keeps them
+}
+
+namespace {
+constexpr const char* kListingsFile = "listings.json";
+constexpr size_t kMaxKeptEntries = size_t{1} << 20;  // a few hundred MB of JSON at most
+}  // namespace
+
+void CachedVolume::SaveListings() {
+  std::vector<std::pair<std::string, std::shared_ptr<const Listing>>> fresh;
+  const auto steady = Steady::now();
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& [k, l] : dirs_)
+      if (steady - l->fetched < opts_.ttl) fresh.emplace_back(k, l);
+  }
+  const int64_t now = WallNs();
+  std::string out;
+  size_t entries = 0;
+  for (const auto& [k, l] : fresh) {
+    if ((entries += l->entries.size()) > kMaxKeptEntries) break;
+    nlohmann::json j = {
+        {"k", k},
+        {"f",
+         now - std::chrono::duration_cast<std::chrono::nanoseconds>(steady - l->fetched).count()},
+        {"i", EntryJson(l->info)}};
+    auto& es = j["e"] = nlohmann::json::array();
+    for (const auto& e : l->entries) es.push_back(EntryJson(e));
+    try {
+      out += j.dump();
+      out += '\n';
+    } catch (const nlohmann::json::exception&) {
+      // A name that is not UTF-8 cannot be written as JSON: that listing is asked again.
+    }
+  }
+  const std::string path = fmt::format("{}/{}", opts_.path, kListingsFile);
+  const std::string tmp = path + ".tmp";
+  std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+  f << out;
+  f.close();
+  if (!f || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    spdlog::warn("cache {}: its listings are not kept for the next start: {}", name(),
+                 std::strerror(errno));
+  }
+}
+
+void CachedVolume::LoadListings() {
+  const std::string path = fmt::format("{}/{}", opts_.path, kListingsFile);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return;
+  ::unlink(path.c_str());  // once: what changes from now on is this process's to track
+  const int64_t now = WallNs();
+  const auto steady = Steady::now();
+  std::string line;
+  size_t kept = 0;
+  std::lock_guard lk(mu_);
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("k") || !j["k"].is_string() ||
+        !j.contains("f") || !j["f"].is_number_integer() || !j.contains("i") || !j.contains("e") ||
+        !j["e"].is_array())
+      continue;
+    const auto age = std::chrono::nanoseconds(std::max<int64_t>(0, now - j["f"].get<int64_t>()));
+    if (age >= opts_.ttl) continue;
+    auto info = EntryFromJson(j["i"]);
+    if (!info) continue;
+    auto l = std::make_shared<Listing>();
+    l->info = std::move(*info);
+    bool ok = true;
+    for (const auto& e : j["e"]) {
+      auto entry = EntryFromJson(e);
+      if (!(ok = entry.has_value())) break;
+      l->entries.push_back(std::move(*entry));
+    }
+    if (!ok ||
+        !std::is_sorted(l->entries.begin(), l->entries.end(),
+                        [](const DirEntry& a, const DirEntry& b) { return a.name < b.name; }))
+      continue;
+    l->fetched = steady - std::chrono::duration_cast<Steady::duration>(age);
+    dirs_[j["k"].get<std::string>()] = std::move(l);
+    ++kept;
+  }
+  if (kept) spdlog::info("cache {}: {} directory listings kept from the last run", name(), kept);
 }
 
 void CachedVolume::LoadJournal() {

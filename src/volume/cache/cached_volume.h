@@ -58,7 +58,8 @@ class CachedVolume : public ForwardingVolume {
  public:
   CachedVolume(std::unique_ptr<Volume> inner, CacheOptions opts, std::unique_ptr<BlockStore> store);
   ~CachedVolume() override;
-  // Read-ahead stops; the blocks are made durable and recorded as checked (BlockStore::Close).
+  // Read-ahead stops; the blocks are made durable and recorded as checked (BlockStore::Close);
+  // the directory listings still fresh are kept for the next start (listings.json).
   void Shutdown() override;
 
   HwInfo GetHwInfo() override;
@@ -147,6 +148,9 @@ class CachedVolume : public ForwardingVolume {
   // journal's lock.
   void Journal(const nlohmann::json& record, const std::function<void()>& apply);
   void LoadJournal();
+  // The listings Shutdown kept, taken in once (the file goes as it is read).
+  void LoadListings();
+  void SaveListings();
   void CompactJournal();  // journal_mu_ held
   static constexpr size_t kMaxMeta = 1 << 20;
   static constexpr uint64_t kJournalCompactAt = 256ULL << 20;

@@ -47,7 +47,12 @@ class Origin : public ForwardingVolume {
     SLUICE_ASSIGN_OR_RETURN(auto r, ForwardingVolume::OpenReader(vfid, rel, lookup, hint));
     return std::shared_ptr<FileReader>(std::make_shared<CountingReader>(r, &reads, &down));
   }
-  std::atomic<int> opens{0}, reads{0};
+  Result<std::unique_ptr<DirHandle>> OpenDir(const VFolderId& vfid, std::string_view rel) override {
+    if (down) return Status(Code::kUnavailable, "the origin is down");
+    ++lists;
+    return ForwardingVolume::OpenDir(vfid, rel);
+  }
+  std::atomic<int> opens{0}, reads{0}, lists{0};
   std::atomic<bool> down{false};
 };
 
@@ -421,6 +426,38 @@ TEST_F(Cache, AfterACleanShutdownCheckedBlocksAreTrusted) {
   EXPECT_EQ(ReadAll("f"), data);  // checked, then served
   EXPECT_EQ(cache_->stats().store.torn, 0u);
   EXPECT_EQ(origin_->reads, 4);
+}
+
+// The listings still fresh at a clean shutdown are there after the restart (no origin asked);
+// after a crash they are asked again.
+TEST_F(Cache, ListingsSurviveACleanShutdown) {
+  Start();
+  Put("d/a", "1");
+  Put("d/b", "22");
+  auto names = [&] {
+    std::vector<std::string> out;
+    auto d = cache_->OpenDir(vf_, "d");
+    if (!d.ok()) return std::vector<std::string>{d.status().ToString()};
+    for (;;) {
+      auto n = (*d)->Next();
+      if (!n.ok() || !*n) break;
+      out.push_back((*n)->name);
+    }
+    return out;
+  };
+  const std::vector<std::string> both{"a", "b"};
+  EXPECT_EQ(names(), both);
+  EXPECT_EQ(origin_->lists, 1);
+  cache_->Shutdown();
+  Start();
+  origin_->down = true;  // served from the listing kept
+  EXPECT_EQ(names(), both);
+  EXPECT_EQ(cache_->Stat(vf_, "d/b")->size, 2u);
+  origin_->down = false;
+  EXPECT_EQ(origin_->lists, 1);
+  Start();  // no clean shutdown this time: asked again
+  EXPECT_EQ(names(), both);
+  EXPECT_EQ(origin_->lists, 2);
 }
 
 // An operator's warm reads a tree in (whatever the admission policy), and evict drops it.

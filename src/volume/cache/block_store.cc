@@ -21,6 +21,7 @@
 
 #include "common/checksum.h"
 #include "common/fd.h"
+#include "common/fs_util.h"
 #include "common/secrets.h"
 
 namespace sluice {
@@ -334,20 +335,10 @@ void BlockStore::Close() {
   }
   const uint32_t crc = Crc32c(text.data(), text.size());
   text.append(reinterpret_cast<const char*>(&crc), 4);
-  const std::string tmp = fmt::format("{}/tmp/clean.{}", opts_.dir, RandomHexString(8));
-  bool ok = false;
-  {
-    UniqueFd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-    ok = f.get() >= 0 &&
-         ::write(f.get(), text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
-         ::fsync(f.get()) == 0;
-  }
-  const std::string path = fmt::format("{}/{}", opts_.dir, kCleanRecord);
-  ok = ok && ::rename(tmp.c_str(), path.c_str()) == 0 && ::fsync(d) == 0;
-  if (!ok) {
-    ::unlink(tmp.c_str());
-    spdlog::warn("cache {}: the record of its clean close: {}", opts_.dir, std::strerror(errno));
-  }
+  Status st = WriteFileAtomic(fmt::format("{}/{}", opts_.dir, kCleanRecord), text);
+  if (st.ok() && ::fsync(d) != 0) st = Status::FromErrno(errno, "fsync of the cache directory");
+  if (!st.ok())
+    spdlog::warn("cache {}: the record of its clean close: {}", opts_.dir, st.message());
 }
 
 bool BlockStore::HasRoom(uint64_t bytes) const {

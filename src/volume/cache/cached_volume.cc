@@ -14,6 +14,7 @@
 #include "common/config.h"
 #include "common/crypto.h"
 #include "common/fd.h"
+#include "common/fs_util.h"
 #include "common/metrics.h"
 #include "common/path.h"
 #include "common/secrets.h"
@@ -554,16 +555,9 @@ void CachedVolume::SaveListings() {
       // A name that is not UTF-8 cannot be written as JSON: that listing is asked again.
     }
   }
-  const std::string path = fmt::format("{}/{}", opts_.path, kListingsFile);
-  const std::string tmp = path + ".tmp";
-  std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-  f << out;
-  f.close();
-  if (!f || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
+  if (Status st = WriteFileAtomic(fmt::format("{}/{}", opts_.path, kListingsFile), out); !st.ok())
     spdlog::warn("cache {}: its listings are not kept for the next start: {}", name(),
-                 std::strerror(errno));
-  }
+                 st.message());
 }
 
 void CachedVolume::LoadListings() {

@@ -306,6 +306,33 @@ struct S3Volume::Origin {
     }
   }
 
+  // What the keys below `root` (ending in '/') hold: their bytes, and the files and the
+  // directories (with a marker, or implied by a key below them) as entries.
+  Result<TreeUsage> MeasureTree(const std::string& root, std::string_view in = {}) {
+    TreeUsage u;
+    std::set<std::string> dirs;
+    SLUICE_RETURN_IF_ERROR(ForEachKey(
+        root,
+        [&](const s3c::ObjectInfo& o) {
+          std::string rel = o.key.substr(root.size());
+          if (rel.empty()) return Status::Ok();
+          if (rel.back() == '/')
+            rel.pop_back();  // a directory marker
+          else {
+            u.file_count += 1;
+            u.used_bytes += o.size;
+          }
+          for (size_t slash = rel.find('/'); slash != std::string::npos;
+               slash = rel.find('/', slash + 1))
+            dirs.insert(rel.substr(0, slash));
+          if (o.key.back() == '/') dirs.insert(rel);
+          return Status::Ok();
+        },
+        in));
+    u.file_count += dirs.size();
+    return u;
+  }
+
   // fn(0) .. fn(n - 1) on up to `workers` threads (origin requests wait on the network, not
   // on this machine); the first error stops the rest and is the answer.
   static Status ParallelFor(size_t n, size_t workers, const std::function<Status(size_t)>& fn) {
@@ -739,13 +766,7 @@ class S3FsOp : public FSOpModel {
   }
   Result<TreeUsage> ScanTree(const std::string& path) override {
     SLUICE_ASSIGN_OR_RETURN(std::string key, KeyOf(path));
-    TreeUsage u;
-    SLUICE_RETURN_IF_ERROR(o_->ForEachKey(key, [&](const s3c::ObjectInfo& obj) {
-      if (obj.key.size() > key.size()) u.file_count += 1;
-      u.used_bytes += obj.size;
-      return Status::Ok();
-    }));
-    return u;
+    return o_->MeasureTree(key);
   }
 
   static std::string TrashRecord(const S3Volume::Origin& o, const std::string& vf_key) {
@@ -1088,28 +1109,7 @@ Result<TreeUsage> S3Volume::Measure(const std::string& path) {
   const std::string bucket = path.substr(kScheme.size(), slash - kScheme.size());
   std::string root = path.substr(slash + 1);
   if (!root.empty() && root.back() != '/') root += '/';
-  TreeUsage u;
-  std::set<std::string> dirs;
-  SLUICE_RETURN_IF_ERROR(origin_->ForEachKey(
-      root,
-      [&](const s3c::ObjectInfo& o) {
-        std::string rel = o.key.substr(root.size());
-        if (rel.empty()) return Status::Ok();
-        if (rel.back() == '/')
-          rel.pop_back();  // a directory marker
-        else {
-          u.file_count += 1;
-          u.used_bytes += o.size;
-        }
-        for (size_t slash = rel.find('/'); slash != std::string::npos;
-             slash = rel.find('/', slash + 1))
-          dirs.insert(rel.substr(0, slash));
-        if (o.key.back() == '/') dirs.insert(rel);
-        return Status::Ok();
-      },
-      bucket == opts_.bucket ? std::string_view() : std::string_view(bucket)));
-  u.file_count += dirs.size();
-  return u;
+  return origin_->MeasureTree(root, bucket == opts_.bucket ? std::string_view() : bucket);
 }
 
 // Maintained: measured by a listing once, then kept current by this node's writes and

@@ -269,6 +269,14 @@ void ParseApi(const toml::value& api, Config& c) {
 void ParseSluice(Section& s, Config& c) {
   if (auto v = s.String("state-dir")) c.state_dir = *v;
   if (auto v = s.Int("io-threads", 1, 1024)) c.io_threads = static_cast<size_t>(*v);
+  if (auto v = s.Int("io-threads-max", 1, 4096)) {
+    c.io_threads_max = static_cast<size_t>(*v);
+    if (c.io_threads_max < c.io_threads)
+      throw ConfigError(fmt::format("{} = {} is below io-threads = {}", s.Key("io-threads-max"),
+                                    c.io_threads_max, c.io_threads));
+  } else {
+    c.io_threads_max = std::max(c.io_threads_max, c.io_threads);
+  }
   if (auto v = s.Int("task-threads", 1, 1024)) c.task_threads = static_cast<size_t>(*v);
   if (auto v = s.Int("scan-threads", 1, 1024)) c.scan_threads = static_cast<size_t>(*v);
   if (auto v = s.String("log-level")) {
@@ -632,6 +640,11 @@ multipart-expiry = "7d"
 state-dir = "./var"
 # Worker threads for blocking filesystem work done on behalf of requests.
 io-threads = 8
+# While every one of them is busy, the pool adds threads, up to this many in all (they leave
+# after 30 s without work): requests stuck on a volume that does not answer (a stalled S3
+# origin, a hung network mount) then hold threads of their own, and the other volumes' requests
+# run beside them instead of queueing behind.
+io-threads-max = 256
 # Worker threads for background tasks (vfolder delete and clone).
 task-threads = 4
 # Worker threads for parallel tree walks (usage scans, copies).

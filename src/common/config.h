@@ -114,9 +114,10 @@ struct Config {
 
   // [sluice]
   std::string state_dir = "./var";
-  size_t io_threads = 8;    // blocking filesystem work on behalf of requests
-  size_t task_threads = 4;  // background tasks (delete, clone)
-  size_t scan_threads = 8;  // parallel tree walks
+  size_t io_threads = 8;        // blocking filesystem work on behalf of requests
+  size_t io_threads_max = 256;  // ... and how far that pool grows while every thread is busy
+  size_t task_threads = 4;      // background tasks (delete, clone)
+  size_t scan_threads = 8;      // parallel tree walks
   std::string log_level = "info";
   uint64_t max_request_body = 1 << 20;
   uint64_t max_buffered_request_bodies = 64 << 20;

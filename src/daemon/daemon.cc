@@ -22,6 +22,7 @@
 #include "api/server.h"
 #include "common/fs_util.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/secrets.h"
 #include "service/health.h"
 #include "service/janitor.h"
@@ -173,7 +174,13 @@ int RunDaemon(Config cfg) {
     return 2;
   }
 
-  ThreadPool io_pool("io", cfg.io_threads, 100000);
+  ThreadPool io_pool("io", cfg.io_threads, 100000, cfg.io_threads_max);
+  io_pool.SetGauges(
+      &Metrics::Global().Gauge("sluice_io_pool_threads",
+                               "Threads of the I/O pool (io-threads, more while all are busy, up "
+                               "to io-threads-max).",
+                               ""),
+      &Metrics::Global().Gauge("sluice_io_pool_busy", "I/O pool threads running a task now.", ""));
   ThreadPool task_pool("task", cfg.task_threads);
   ThreadPool scan_pool("scan", cfg.scan_threads);
 

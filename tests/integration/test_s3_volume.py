@@ -11,6 +11,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import threading
 import time
 import uuid
 import zipfile
@@ -575,6 +576,70 @@ def test_origin_down_and_wrong_credentials(tmp_path):
     finally:
         if ctx:
             ctx.__exit__(None, None, None)
+
+
+def metric(d, name):
+    """The value of an unlabelled metric on `d`'s /metrics."""
+    for line in requests.get(d.internal_url("/metrics"), timeout=30).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} is not in /metrics")
+
+
+def test_a_stalled_origin_does_not_hold_up_the_other_volumes(tmp_path):
+    """An origin that accepts connections and then answers nothing (SIGSTOP) holds every
+    request to its volume until the stall timeout; those requests hold I/O threads, and the
+    pool adds threads beside them, so that the node's other volumes and its own routes answer
+    at once. (With a fixed pool of 8, a listing of a local directory waited behind them past
+    30 s.)"""
+    ctx, o = start_origin(tmp_path / "origin")
+    try:
+        with running_daemon(tmp_path / "proxy", extra_toml=s3_volume(
+                o, **{"stall-timeout": "30s", "retry-deadline": "30s"})) as d:
+            rv = d.create_vfolder(volume="remote")
+            base = vfolder_prefix(rv)
+            for i in range(32):
+                o.boto.put_object(Bucket=BUCKET, Key=f"{base}d{i}/f", Body=b"x")
+            lv = d.create_vfolder()
+            (d.vfolder_path(lv) / "a").mkdir()
+            (d.vfolder_path(lv) / "a" / "f.txt").write_bytes(b"local bytes")
+            assert metric(d, "sluice_io_pool_threads") == 8
+            results = []
+
+            def stuck(i):
+                r = d.file_op("remote", "list", vfid=rv, relpath=f"d{i}", timeout=120)
+                results.append(r.status_code)
+
+            os.kill(o.proc.pid, signal.SIGSTOP)
+            threads = [threading.Thread(target=stuck, args=(i,)) for i in range(32)]
+            try:
+                for t in threads:
+                    t.start()
+                # All 32 are waiting on the origin, each on a thread of its own.
+                deadline = time.monotonic() + 30
+                while metric(d, "sluice_io_pool_busy") < 32 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert metric(d, "sluice_io_pool_busy") >= 32
+                assert metric(d, "sluice_io_pool_threads") >= 32
+                assert not results  # still waiting: the origin has answered nothing
+                # The local volume answers meanwhile: a listing, a download, a vfolder made.
+                r = d.file_op("local", "list", vfid=lv, relpath="a", timeout=10)
+                assert r.status_code == 200 and [i["name"] for i in r.json()["items"]] == \
+                    ["f.txt"], r.text
+                r = requests.get(d.client_url("/download"), timeout=10, params={
+                    "token": download_token(d, lv, "a/f.txt")})
+                assert r.status_code == 200 and r.content == b"local bytes"
+                d.create_vfolder()
+                assert d.mgr("GET", "/volumes", timeout=10).status_code == 200
+                assert not results
+            finally:
+                os.kill(o.proc.pid, signal.SIGCONT)
+                for t in threads:
+                    t.join()
+            # The origin answers again: every stuck listing completes.
+            assert results == [200] * 32, results
+    finally:
+        ctx.__exit__(None, None, None)
 
 
 def test_the_ssd_cache_serves_reads_while_the_origin_is_down(tmp_path):

@@ -129,6 +129,25 @@ TEST(Config, BadValueNamesTheKey) {
   EXPECT_NE(e.status().message().find("volume.v.path"), std::string::npos);
 }
 
+// The I/O pool's ceiling: 256 by default, never below io-threads.
+TEST(Config, IoThreadsMax) {
+  auto d = ParseConfig("");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->io_threads, 8u);
+  EXPECT_EQ(d->io_threads_max, 256u);
+  auto big = ParseConfig("[sluice]\nio-threads = 512\n");
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(big->io_threads_max, 512u);
+  auto set = ParseConfig("[sluice]\nio-threads = 4\nio-threads-max = 16\n");
+  ASSERT_TRUE(set.ok());
+  EXPECT_EQ(set->io_threads_max, 16u);
+  auto low = ParseConfig("[sluice]\nio-threads = 16\nio-threads-max = 4\n");
+  ASSERT_FALSE(low.ok());
+  EXPECT_NE(low.status().message().find("sluice.io-threads-max = 4 is below io-threads = 16"),
+            std::string::npos)
+      << low.status().message();
+}
+
 TEST(Config, SslNeedsCertAndKey) {
   auto c = ParseConfig("[api.client]\nssl-enabled = true\n");
   ASSERT_FALSE(c.ok());

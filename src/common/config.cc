@@ -640,10 +640,10 @@ multipart-expiry = "7d"
 state-dir = "./var"
 # Worker threads for blocking filesystem work done on behalf of requests.
 io-threads = 8
-# While every one of them is busy, the pool adds threads, up to this many in all (they leave
-# after 30 s without work): requests stuck on a volume that does not answer (a stalled S3
-# origin, a hung network mount) then hold threads of their own, and the other volumes' requests
-# run beside them instead of queueing behind.
+# A request that has waited 100 ms while every one of them was busy gets a thread of its own,
+# up to this many in all (they leave after 30 s without work): requests stuck on a volume that
+# does not answer (a stalled S3 origin, a hung network mount) then hold threads of their own,
+# and the other volumes' requests run beside them instead of queueing behind.
 io-threads-max = 256
 # Worker threads for background tasks (vfolder delete and clone).
 task-threads = 4

@@ -1,8 +1,11 @@
 // A pool of worker threads for blocking filesystem work, so that network event loops never block.
-// It keeps `threads` running; an elastic one (max_threads above that) adds a thread whenever work
-// arrives and none is idle, up to `max_threads`, and lets the added ones go after `idle_exit`
-// without work: requests stuck on a volume that does not answer (a stalled origin, a hung network
-// mount) hold threads of their own instead of queueing every other request behind them. Its
+// It keeps `threads` running. An elastic one (Elastic::max_threads above that) watches its queue:
+// a task that has waited `grow_after` while no thread was free gets a thread of its own, up to
+// `max_threads`, and threads added that way leave after `idle_exit` without work. Requests stuck
+// on a volume that does not answer (a stalled origin, a hung network mount) then hold threads of
+// their own instead of queueing every other request behind them, while a pool that is merely
+// busy (tasks that finish, queued for less than `grow_after`) keeps its size, rather than
+// turning a burst into hundreds of threads contending for the same disk and directories. Its
 // queue is bounded too, and Submit() reports overload instead of queueing without limit.
 #pragma once
 
@@ -19,10 +22,17 @@
 
 namespace sluice {
 
+// How an elastic ThreadPool grows (see there).
+struct PoolGrowth {
+  size_t max_threads = 0;  // 0 or at most the pool's threads: a fixed pool
+  std::chrono::milliseconds grow_after{100};
+  std::chrono::milliseconds idle_exit{30000};
+};
+
 class ThreadPool {
  public:
-  ThreadPool(std::string name, size_t threads, size_t max_queue = 1 << 20, size_t max_threads = 0,
-             std::chrono::milliseconds idle_exit = std::chrono::seconds(30));
+  using Elastic = PoolGrowth;
+  ThreadPool(std::string name, size_t threads, size_t max_queue = 1 << 20, Elastic elastic = {});
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -44,20 +54,27 @@ class ThreadPool {
   const std::string& name() const { return name_; }
 
  private:
+  using Clock = std::chrono::steady_clock;
   void Run(bool extra);
   void Spawn(bool extra);  // mu_ held
-  void ReapLocked(std::vector<std::thread>* out);
+  void Monitor();          // an elastic pool's: adds threads for late tasks, joins those that left
 
   std::string name_;
   size_t max_queue_, max_threads_;
-  std::chrono::milliseconds idle_exit_;
+  std::chrono::milliseconds grow_after_, idle_exit_;
   mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
+  std::condition_variable cv_, monitor_cv_;
+  struct Task {
+    Clock::time_point queued;
+    std::function<void()> fn;
+  };
+  std::deque<Task> queue_;
+  std::thread monitor_;
+  bool monitor_asleep_ = false;  // waiting for work to pile up: Submit() wakes it
   bool stopping_ = false;
   size_t idle_ = 0, running_ = 0, spawned_ = 0;
   std::vector<std::thread> threads_;
-  // Added threads that left after idling: joined by the next Submit() or Shutdown().
+  // Added threads that left after idling: joined by the monitor, or Shutdown().
   std::vector<std::thread::id> exited_;
   std::atomic<int64_t>*g_threads_ = nullptr, *g_busy_ = nullptr;
   bool warned_full_ = false;  // logged reaching max_threads_ (again once it has shrunk)

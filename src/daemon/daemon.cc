@@ -174,7 +174,7 @@ int RunDaemon(Config cfg) {
     return 2;
   }
 
-  ThreadPool io_pool("io", cfg.io_threads, 100000, cfg.io_threads_max);
+  ThreadPool io_pool("io", cfg.io_threads, 100000, {cfg.io_threads_max});
   io_pool.SetGauges(
       &Metrics::Global().Gauge("sluice_io_pool_threads",
                                "Threads of the I/O pool (io-threads, more while all are busy, up "

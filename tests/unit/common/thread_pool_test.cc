@@ -1,6 +1,7 @@
-// The I/O pool: a fixed pool runs one task per thread and queues the rest; an elastic one adds a
-// thread when every thread is busy (so that a task does not wait behind ones stuck on a volume
-// that does not answer), never past its maximum, and lets the added threads go once idle.
+// The I/O pool: a fixed pool runs one task per thread and queues the rest; an elastic one gives a
+// task that has waited `grow_after` with every thread busy a thread of its own (so that it does
+// not wait behind ones stuck on a volume that does not answer), never past its maximum, and
+// lets the added threads go once idle.
 #include "common/thread_pool.h"
 
 #include <gtest/gtest.h>
@@ -64,13 +65,13 @@ TEST(ThreadPool, AFixedPoolQueuesWhatItsThreadsCannotRun) {
 }
 
 TEST(ThreadPool, AnElasticPoolRunsNewWorkBesideStuckTasksUpToItsMaximum) {
-  ThreadPool pool("t", 2, 1000, /*max_threads=*/5, 100ms);
+  ThreadPool pool("t", 2, 1000, {/*max_threads=*/5, /*grow_after=*/20ms, /*idle_exit=*/100ms});
   Gate gate;
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(pool.Submit([&] { gate.Hold(); }));
   ASSERT_TRUE(gate.WaitInside(4));  // four at once on a pool of two
   EXPECT_EQ(pool.size(), 4u);
   EXPECT_EQ(pool.busy(), 4u);
-  // A task beside them runs at once, on a fifth thread.
+  // A task beside them runs after `grow_after`, on a fifth thread.
   std::atomic<int> quick{0};
   ASSERT_TRUE(pool.Submit([&] { quick++; }));
   EXPECT_TRUE(Eventually([&] { return quick.load() == 1; }));
@@ -95,7 +96,7 @@ TEST(ThreadPool, AnElasticPoolRunsNewWorkBesideStuckTasksUpToItsMaximum) {
 TEST(ThreadPool, ShutdownFinishesQueuedWorkAndJoinsAddedThreads) {
   std::atomic<int> ran{0};
   {
-    ThreadPool pool("t", 1, 1000, 3, 10s);
+    ThreadPool pool("t", 1, 1000, {3, 20ms, 10s});
     for (int i = 0; i < 50; ++i)
       ASSERT_TRUE(pool.Submit([&] {
         std::this_thread::sleep_for(1ms);

@@ -1090,7 +1090,7 @@ void AddCacheCommands(CLI::App& app, Args& a, Action* run) {
         {"EVICTIONS", num("evictions")},
         {"NOT KEPT", num("admission_rejects") + " (admission policy or disk space)"},
         {"TORN BLOCKS", num("torn_blocks")},
-        {"STALE OPENS", num("stale_opens") + " (origin unreachable)"},
+        {"STALE OPENS", num("stale_opens") + " (origin unreachable or slow)"},
         {"POLICY", fmt::format("{}, {}, block {}, ttl {} ms{}", Str(j, "eviction"),
                                Str(j, "admission"), size("block_size"), num("ttl_ms"),
                                j.value("serve_stale", false) ? ", serves stale" : "")},

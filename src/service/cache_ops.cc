@@ -64,6 +64,7 @@ nlohmann::json CacheStatsJson(CachedVolume& c) {
           {"admission", o.second_miss ? "second-miss" : "first-miss"},
           {"eviction", o.eviction == EvictionPolicy::kLru ? "lru" : "s3-fifo"},
           {"serve_stale", o.serve_stale},
+          {"revalidate_timeout_ms", o.revalidate_timeout.count()},
           {"blocks", s.store.blocks},
           {"bytes", s.store.bytes},
           {"hits", s.hits},

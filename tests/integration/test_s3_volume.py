@@ -682,6 +682,45 @@ def test_the_ssd_cache_serves_reads_while_the_origin_is_down(tmp_path):
             ctx.__exit__(None, None, None)
 
 
+def test_the_ssd_cache_answers_when_the_origin_answers_nothing(tmp_path):
+    """An origin that accepts connections and then says nothing (SIGSTOP: a partition looks
+    the same) would hold each request until its stall timeout (30 s here). Behind the cache, a
+    file and a directory listing whose TTL has passed are served from what the cache holds
+    once the origin has not answered within `revalidate-timeout`; a file never read waits for
+    the origin, and answers once the origin is back."""
+    ctx, o = start_origin(tmp_path / "origin")
+    try:
+        cache = toml_section("volume.remote.cache", {
+            "path": str(tmp_path / "cache"), "block-size": "1m", "ttl": "1s",
+            "max-size": "64m", "revalidate-timeout": "300ms"})
+        with running_daemon(tmp_path / "proxy", extra_toml=s3_volume(
+                o, **{"stall-timeout": "30s", "retry-deadline": "30s"}) + cache) as d:
+            vfid = d.create_vfolder(volume="remote")
+            data = os.urandom(3 * MiB + 1)
+            o.boto.put_object(Bucket=BUCKET, Key=vfolder_prefix(vfid) + "ds/a.bin", Body=data)
+            url = d.client_url("/download")
+            token = {"token": download_token(d, vfid, "ds/a.bin", volume="remote")}
+            assert requests.get(url, params=token, timeout=60).content == data
+            assert d.file_op("remote", "list", vfid=vfid, relpath="ds").status_code == 200
+            time.sleep(1.2)  # past the TTL: each read asks the origin first
+            os.kill(o.proc.pid, signal.SIGSTOP)
+            try:
+                # Answered well before the origin's 30 s stall timeout (the client gives 15).
+                r = requests.get(url, params=token, timeout=15)
+                assert r.status_code == 200 and r.content == data
+                r = d.file_op("remote", "list", vfid=vfid, relpath="ds", timeout=15)
+                assert r.status_code == 200, r.text
+                assert [i["name"] for i in r.json()["items"]] == ["a.bin"]
+                stats = d.mgr("GET", "/volume/cache", json={"volume": "remote"}, timeout=15)
+                assert stats.status_code == 200 and stats.json()["stale_opens"] >= 2, stats.text
+            finally:
+                os.kill(o.proc.pid, signal.SIGCONT)
+            r = requests.get(url, params=token, timeout=60)
+            assert r.status_code == 200 and r.content == data
+    finally:
+        ctx.__exit__(None, None, None)
+
+
 def test_a_prefix_on_the_origin_bound_read_only(proxy, origin):
     """A dataset another client uploaded outside Sluice's layout, served as a vfolder without a
     copy (`sluice vfolder bind`): listed, read and archived; never written, and never deleted

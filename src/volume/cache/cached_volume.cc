@@ -255,6 +255,16 @@ Result<CacheOptions> CacheOptions::FromJson(const std::string& volume, const nlo
       o.serve_stale = value.get<bool>();
       continue;
     }
+    if (key == "revalidate-timeout" || key == "revalidate_timeout") {
+      auto d = value.is_string() ? ParseDurationMillis(value.get<std::string>())
+                                 : Result<std::chrono::milliseconds>(
+                                       Status(Code::kInvalidArgument, "must be a duration"));
+      if (!d.ok()) return bad(key, d.status().message());
+      if (d->count() <= 0 || *d > std::chrono::minutes(10))
+        return bad(key, "must be more than 0 and at most 10 minutes");
+      o.revalidate_timeout = *d;
+      continue;
+    }
     if (!value.is_string()) return bad(key, "must be a string");
     const std::string v = value.get<std::string>();
     const std::string& name = key;  // a lambda may not capture a structured binding (clang 14)
@@ -298,7 +308,7 @@ Result<CacheOptions> CacheOptions::FromJson(const std::string& volume, const nlo
     } else {
       return bad(key,
                  "unknown key (known: path, max-size, min-free, block-size, ttl, admission, "
-                 "eviction, serve-stale, read-ahead, fetch-threads)");
+                 "eviction, serve-stale, revalidate-timeout, read-ahead, fetch-threads)");
     }
   }
   if (o.path.empty()) return bad("path", "is required (a directory on a local disk)");
@@ -323,9 +333,11 @@ CachedVolume::CachedVolume(std::unique_ptr<Volume> inner, CacheOptions opts,
                                "Bytes the SSD cache read from the volume below it.", l);
   g_rejects_ = &m.Counter("sluice_cache_admission_rejects_total",
                           "Blocks read but not kept (admission policy, disk space).", l);
-  g_stale_ =
-      &m.Counter("sluice_cache_stale_opens_total",
-                 "Files opened from expired attributes while the origin was unreachable.", l);
+  g_stale_ = &m.Counter(
+      "sluice_cache_stale_opens_total",
+      "Files opened, stat'ed or listed from expired attributes or listings while the origin "
+      "did not answer (unreachable, or not within revalidate-timeout).",
+      l);
   g_evictions_ = &m.Counter("sluice_cache_evictions_total",
                             "Blocks dropped to make room, or by an operator's evict.", l);
   g_fill_bytes_ =
@@ -337,6 +349,33 @@ CachedVolume::CachedVolume(std::unique_ptr<Volume> inner, CacheOptions opts,
   LoadListings();
   if (opts_.read_ahead > 0)
     ahead_ = std::make_unique<ThreadPool>("cache-ahead", opts_.fetch_threads, 4096);
+  // Round trips stuck on an origin that answers nothing hold these threads, not the callers'.
+  if (opts_.serve_stale) revalidate_ = std::make_unique<ThreadPool>("cache-reval", 8, 4096);
+}
+
+template <typename T>
+Result<T> CachedVolume::Revalidate(std::function<Result<T>()> ask) {
+  if (!revalidate_) return ask();
+  struct Pending {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    Result<T> result{Status(Code::kInternal, "not asked")};
+  };
+  auto p = std::make_shared<Pending>();
+  const bool queued = revalidate_->Submit([p, ask = std::move(ask), this] {
+    Result<T> r = stopping_ ? Result<T>(Status(Code::kUnavailable, "the node is stopping")) : ask();
+    std::lock_guard lk(p->mu);
+    p->result = std::move(r);
+    p->done = true;
+    p->cv.notify_all();
+  });
+  if (!queued) return Status(Code::kUnavailable, "the origin's revalidations are backed up");
+  std::unique_lock lk(p->mu);
+  if (!p->cv.wait_for(lk, opts_.revalidate_timeout, [&] { return p->done; }))
+    return Status(Code::kUnavailable, fmt::format("the origin did not answer within {} ms",
+                                                  opts_.revalidate_timeout.count()));
+  return std::move(p->result);
 }
 
 bool CachedVolume::Ahead(std::function<void()> fn) {
@@ -384,6 +423,7 @@ uint64_t CachedVolume::EvictAll() {
   const uint64_t n = store_->EvictAll();
   Journal({{"all", true}}, [&] {
     std::lock_guard lk(mu_);
+    all_gen_ = ++next_gen_;
     meta_.clear();
     dirs_.clear();
   });
@@ -394,11 +434,13 @@ uint64_t CachedVolume::EvictAll() {
 CachedVolume::~CachedVolume() {
   stopping_ = true;
   if (ahead_) ahead_->Shutdown();
+  if (revalidate_) revalidate_->Shutdown();
 }
 
 void CachedVolume::Shutdown() {
   stopping_ = true;
   if (ahead_) ahead_->Shutdown();
+  if (revalidate_) revalidate_->Shutdown();
   store_->Close();
   SaveListings();
   ForwardingVolume::Shutdown();
@@ -490,12 +532,19 @@ int64_t WallNs() {
 }  // namespace
 
 void CachedVolume::Journal(const nlohmann::json& record, const std::function<void()>& apply) {
+  JournalIf(record, [&] {
+    if (apply) apply();
+    return true;
+  });
+}
+
+void CachedVolume::JournalIf(const nlohmann::json& record, const std::function<bool()>& apply) {
   std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   line += '\n';
   // The change to memory and its line in the journal in one order for every writer: replay
   // ends where memory is.
   std::lock_guard lk(journal_mu_);
-  if (apply) apply();
+  if (!apply()) return;
   if (journal_.get() < 0) return;
   if (journal_bytes_ > std::max(kJournalCompactAt, 2 * journal_compacted_)) CompactJournal();
   // One append per record: a crash tears at most the last line, which replay skips; a short
@@ -508,17 +557,29 @@ void CachedVolume::Journal(const nlohmann::json& record, const std::function<voi
                  std::strerror(errno));
 }
 
-void CachedVolume::KeepMeta(const VFolderId& vfid, const std::string& rel, Meta m) {
+uint64_t CachedVolume::GenLocked(const std::string& vfid) const {
+  auto it = vf_gen_.find(vfid);
+  return std::max(all_gen_, it == vf_gen_.end() ? 0 : it->second);
+}
+
+uint64_t CachedVolume::Gen(const VFolderId& vfid) {
+  std::lock_guard lk(mu_);
+  return GenLocked(vfid.ToString());
+}
+
+void CachedVolume::KeepMeta(const VFolderId& vfid, const std::string& rel, Meta m, uint64_t gen) {
   const std::string key = vfid.ToString() + '\0' + rel;
   nlohmann::json j = {
       {"k", key}, {"f", WallNs()}, {"e", EntryJson(m.entry)}, {"m", Base64Encode(m.meta)}};
   auto apply = [&] {
     std::lock_guard lk(mu_);
-    if (meta_.size() > kMaxMeta) meta_.clear();  // bounded: a full table starts over
+    if (GenLocked(vfid.ToString()) != gen) return false;  // a write since: maybe older than it
+    if (meta_.size() > kMaxMeta) meta_.clear();           // bounded: a full table starts over
     meta_[key] = std::move(m);
+    return true;
   };
   if (store_->HasRoom(4096))
-    Journal(j, apply);
+    JournalIf(j, apply);
   else
     apply();  // not on a disk at its floor: memory keeps them
 }
@@ -678,6 +739,11 @@ void CachedVolume::Invalidate(const VFolderId& vfid) {
   const std::string prefix = vfid.ToString() + '\0';
   Journal({{"p", prefix}}, [&] {
     std::lock_guard lk(mu_);
+    if (vf_gen_.size() > (1u << 16)) {  // bounded: every vfolder counts as written
+      vf_gen_.clear();
+      all_gen_ = ++next_gen_;
+    }
+    vf_gen_[vfid.ToString()] = ++next_gen_;
     for (auto it = meta_.lower_bound(prefix); it != meta_.end() && it->first.starts_with(prefix);)
       it = meta_.erase(it);
     for (auto it = dirs_.lower_bound(prefix); it != dirs_.end() && it->first.starts_with(prefix);)
@@ -713,7 +779,10 @@ Result<DirEntry> CachedVolume::Stat(const VFolderId& vfid, std::string_view relp
     if (!parts.empty()) e.name = parts.back();
     return e;
   }
-  auto r = ForwardingVolume::Stat(vfid, relpath);
+  auto stat = [this, vfid, rel = std::string(relpath)] {
+    return ForwardingVolume::Stat(vfid, rel);
+  };
+  auto r = known ? Revalidate<DirEntry>(stat) : stat();
   if (!r.ok() && r.status().code() == Code::kUnavailable && known && opts_.serve_stale) {
     n_.stale++;
     (*g_stale_)++;
@@ -729,34 +798,49 @@ Result<std::pair<std::shared_ptr<const CachedVolume::Listing>, std::string>> Cac
   SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
   const std::string key = MetaKey(vfid, parts);
   const std::string rel = parts.empty() ? std::string() : JoinComponents(parts, parts.size());
-  std::shared_ptr<const Listing> l;
+  std::shared_ptr<const Listing> l, stale;
   {
     std::lock_guard lk(mu_);
-    if (auto it = dirs_.find(key);
-        it != dirs_.end() && Steady::now() - it->second->fetched < opts_.ttl)
-      l = it->second;
+    if (auto it = dirs_.find(key); it != dirs_.end())
+      (Steady::now() - it->second->fetched < opts_.ttl ? l : stale) = it->second;
   }
   if (!l) {
-    SLUICE_ASSIGN_OR_RETURN(auto d, ForwardingVolume::OpenDir(vfid, relpath));
-    auto fresh = std::make_shared<Listing>();
-    fresh->info = d->info();
-    for (;;) {
-      SLUICE_ASSIGN_OR_RETURN(auto n, d->Next());
-      if (!n) break;
-      auto e = d->StatEntry(n->name);
-      if (!e.ok()) {
-        if (e.status().code() == Code::kNotFound) continue;  // gone meanwhile
-        return e.status();
+    auto list = [this, vfid, rel, key,
+                 gen = Gen(vfid)]() -> Result<std::shared_ptr<const Listing>> {
+      SLUICE_ASSIGN_OR_RETURN(auto d, ForwardingVolume::OpenDir(vfid, rel));
+      auto fresh = std::make_shared<Listing>();
+      fresh->info = d->info();
+      for (;;) {
+        SLUICE_ASSIGN_OR_RETURN(auto n, d->Next());
+        if (!n) break;
+        auto e = d->StatEntry(n->name);
+        if (!e.ok()) {
+          if (e.status().code() == Code::kNotFound) continue;  // gone meanwhile
+          return e.status();
+        }
+        fresh->entries.push_back(std::move(e).value());
       }
-      fresh->entries.push_back(std::move(e).value());
+      std::sort(fresh->entries.begin(), fresh->entries.end(),
+                [](const DirEntry& a, const DirEntry& b) { return a.name < b.name; });
+      fresh->fetched = Steady::now();
+      std::lock_guard lk(mu_);
+      if (GenLocked(vfid.ToString()) == gen) {         // else a write since: it may predate it
+        if (dirs_.size() > (1u << 16)) dirs_.clear();  // bounded: a full table starts over
+        dirs_[key] = fresh;
+      }
+      return std::shared_ptr<const Listing>(fresh);
+    };
+    auto r = stale ? Revalidate<std::shared_ptr<const Listing>>(list) : list();
+    if (r.ok()) {
+      l = std::move(r).value();
+    } else if (r.status().code() == Code::kUnavailable && stale && opts_.serve_stale) {
+      // The origin does not answer: the listing it gave last (serve-stale).
+      n_.stale++;
+      (*g_stale_)++;
+      l = std::move(stale);
+    } else {
+      return r.status();
     }
-    std::sort(fresh->entries.begin(), fresh->entries.end(),
-              [](const DirEntry& a, const DirEntry& b) { return a.name < b.name; });
-    fresh->fetched = Steady::now();
-    l = fresh;
-    std::lock_guard lk(mu_);
-    if (dirs_.size() > (1u << 16)) dirs_.clear();  // bounded: a full table starts over
-    dirs_[key] = l;
   }
   return std::pair{std::move(l), std::move(rel)};
 }
@@ -873,7 +957,33 @@ Result<std::shared_ptr<FileReader>> CachedVolume::OpenReader(const VFolderId& vf
         std::make_shared<CachedReader>(this, vfid, rel, known->entry, known->meta, nullptr));
   if (lookup == Lookup::kCachedOnly)
     return Status(Code::kUnavailable, "the file's attributes are not cached", EAGAIN);
-  auto r = inner().OpenReader(vfid, relpath, lookup, hint);
+  // The open at the origin keeps what it finds, also when its caller has stopped waiting.
+  struct Opened {
+    std::shared_ptr<FileReader> reader;
+    DirEntry entry;
+    std::string meta;
+  };
+  auto open = [this, vfid, rel, key, lookup, hint = known ? nullptr : hint,
+               gen = Gen(vfid)]() -> Result<std::shared_ptr<Opened>> {
+    auto r = inner().OpenReader(vfid, rel, lookup, hint);
+    if (!r.ok()) {
+      if (r.status().code() == Code::kNotFound) {
+        Journal({{"k", key}}, [&] {
+          std::lock_guard lk(mu_);
+          meta_.erase(key);
+        });
+      }
+      return r.status();
+    }
+    auto o = std::make_shared<Opened>();
+    o->entry = (*r)->info();
+    auto blob = (*r)->ReadMeta();
+    o->meta = blob.ok() ? std::move(blob).value() : std::string();
+    KeepMeta(vfid, rel, {o->entry, o->meta, Steady::now()}, gen);
+    o->reader = std::move(r).value();
+    return o;
+  };
+  auto r = known ? Revalidate<std::shared_ptr<Opened>>(open) : open();
   if (!r.ok()) {
     if (r.status().code() == Code::kUnavailable && known && opts_.serve_stale) {
       n_.stale++;
@@ -881,20 +991,11 @@ Result<std::shared_ptr<FileReader>> CachedVolume::OpenReader(const VFolderId& vf
       return std::shared_ptr<FileReader>(
           std::make_shared<CachedReader>(this, vfid, rel, known->entry, known->meta, nullptr));
     }
-    if (r.status().code() == Code::kNotFound) {
-      Journal({{"k", key}}, [&] {
-        std::lock_guard lk(mu_);
-        meta_.erase(key);
-      });
-    }
     return r.status();
   }
-  DirEntry e = (*r)->info();
-  auto blob = (*r)->ReadMeta();
-  std::string meta = blob.ok() ? std::move(blob).value() : std::string();
-  KeepMeta(vfid, rel, {e, meta, Steady::now()});
+  Opened& o = **r;
   return std::shared_ptr<FileReader>(std::make_shared<CachedReader>(
-      this, vfid, rel, std::move(e), std::move(meta), std::move(r).value()));
+      this, vfid, rel, std::move(o.entry), std::move(o.meta), std::move(o.reader)));
 }
 
 // ---- writes: through to the volume below, then the vfolder's cached attributes dropped

@@ -43,13 +43,19 @@ struct CacheOptions {
   std::chrono::milliseconds ttl{60000};
   bool second_miss = false;
   bool serve_stale = true;
+  // With serve-stale, how long an origin round trip that could be answered from what is cached
+  // (attributes or a listing past the TTL) is waited for: past it the cached answer is served and
+  // the round trip goes on in the background, keeping what it finds. An origin that accepts
+  // connections and answers nothing (a partition, a stopped process) would otherwise hold each
+  // such request until its stall timeout.
+  std::chrono::milliseconds revalidate_timeout{2000};
   EvictionPolicy eviction = EvictionPolicy::kS3Fifo;
   uint32_t read_ahead = 4;      // blocks fetched ahead of a sequential reader (0: none)
   uint32_t fetch_threads = 16;  // origin fetches ahead of readers, at most, at once
 
   // From the volume's `cache` table: path (required), max-size, min-free, block-size, ttl,
   // admission ("first-miss" | "second-miss"), eviction ("s3-fifo" | "lru"), serve-stale,
-  // read-ahead (blocks), fetch-threads.
+  // revalidate-timeout, read-ahead (blocks), fetch-threads.
   static Result<CacheOptions> FromJson(const std::string& volume, const nlohmann::json& j);
   BlockStoreOptions StoreOptions() const { return {path, max_size, min_free, eviction}; }
 };
@@ -130,6 +136,12 @@ class CachedVolume : public ForwardingVolume {
   std::optional<std::pair<DirEntry, bool>> Known(const VFolderId& vfid,
                                                  const std::vector<std::string>& parts);
   void PublishStore();  // the store's figures to the Prometheus gauges and counters
+  // Runs `ask` (an origin round trip) for a caller that has a stale answer to fall back on:
+  // on the revalidation pool, waited for up to `revalidate_timeout`; past it (or with the pool
+  // full) kUnavailable, and `ask` goes on to keep what it finds for the next caller. Without
+  // serve-stale, on the caller's thread.
+  template <typename T>
+  Result<T> Revalidate(std::function<Result<T>()> ask);
 
   CacheOptions opts_;
   std::unique_ptr<BlockStore> store_;
@@ -143,10 +155,17 @@ class CachedVolume : public ForwardingVolume {
   // per change, replayed and compacted at start), so that a restarted node opens files within
   // the TTL without the origin, and serves them stale after it.
   std::optional<Meta> FindMeta(const VFolderId& vfid, const std::string& rel);
-  void KeepMeta(const VFolderId& vfid, const std::string& rel, Meta m);
+  // Keeps what an origin round trip found, unless a write through this node changed the
+  // vfolder since the round trip began (`gen`, from Gen() before it): that answer may predate
+  // the write.
+  void KeepMeta(const VFolderId& vfid, const std::string& rel, Meta m, uint64_t gen);
+  // Which writes through this node the vfolder has seen (Invalidate, EvictAll); mu_ held.
+  uint64_t GenLocked(const std::string& vfid) const;
+  uint64_t Gen(const VFolderId& vfid);
   // Applies `apply` (the change to memory) and appends `record`, in that order, under the
-  // journal's lock.
+  // journal's lock; JournalIf appends only when `apply` returns true.
   void Journal(const nlohmann::json& record, const std::function<void()>& apply);
+  void JournalIf(const nlohmann::json& record, const std::function<bool()>& apply);
   void LoadJournal();
   // The listings Shutdown kept, taken in once (the file goes as it is read).
   void LoadListings();
@@ -172,6 +191,8 @@ class CachedVolume : public ForwardingVolume {
                                                                         std::string_view relpath);
   std::map<std::string, std::shared_ptr<const Listing>> dirs_;  // "<vfid>\0<relpath>"
   std::map<std::string, std::shared_ptr<Flight>> flights_;
+  uint64_t next_gen_ = 0, all_gen_ = 0;     // mu_
+  std::map<std::string, uint64_t> vf_gen_;  // vfid -> the generation of its last write; mu_
   MissFilter second_miss_;
   // This cache's counts, and the process's Prometheus counters they are added to.
   struct Counters {
@@ -181,7 +202,8 @@ class CachedVolume : public ForwardingVolume {
       *g_evictions_, *g_fill_bytes_;
   std::atomic<int64_t>*g_bytes_, *g_blocks_;
   std::atomic<bool> stopping_{false};
-  std::unique_ptr<ThreadPool> ahead_;  // last: stopped first
+  std::unique_ptr<ThreadPool> revalidate_;  // origin round trips waited for with a deadline
+  std::unique_ptr<ThreadPool> ahead_;       // last: stopped first
 };
 
 }  // namespace sluice

@@ -36,7 +36,9 @@ class CountingReader : public ForwardingFileReader {
   const std::atomic<bool>* down_;
 };
 
-// The origin: counts opens and block reads; `down` makes it unreachable.
+// The origin: counts opens and block reads; `down` makes it unreachable; Hang(true) makes it
+// answer nothing (opens hold once they have read the file's attributes, listings before they
+// start) until Hang(false).
 class Origin : public ForwardingVolume {
  public:
   using ForwardingVolume::ForwardingVolume;
@@ -45,15 +47,32 @@ class Origin : public ForwardingVolume {
     if (down) return Status(Code::kUnavailable, "the origin is down");
     ++opens;
     SLUICE_ASSIGN_OR_RETURN(auto r, ForwardingVolume::OpenReader(vfid, rel, lookup, hint));
+    Hold();
+    ++opened;
     return std::shared_ptr<FileReader>(std::make_shared<CountingReader>(r, &reads, &down));
   }
   Result<std::unique_ptr<DirHandle>> OpenDir(const VFolderId& vfid, std::string_view rel) override {
     if (down) return Status(Code::kUnavailable, "the origin is down");
+    Hold();
     ++lists;
     return ForwardingVolume::OpenDir(vfid, rel);
   }
-  std::atomic<int> opens{0}, reads{0}, lists{0};
+  void Hang(bool on) {
+    std::lock_guard lk(hang_mu_);
+    hang_ = on;
+    hang_cv_.notify_all();
+  }
+  std::atomic<int> opens{0}, opened{0}, reads{0}, lists{0};
   std::atomic<bool> down{false};
+
+ private:
+  void Hold() {
+    std::unique_lock lk(hang_mu_);
+    hang_cv_.wait(lk, [&] { return !hang_; });
+  }
+  std::mutex hang_mu_;
+  std::condition_variable hang_cv_;
+  bool hang_ = false;
 };
 
 class Cache : public ::testing::Test {
@@ -248,6 +267,81 @@ TEST_F(Cache, OriginDownServesWhatIsCached) {
   origin_->down = true;
   EXPECT_EQ(ReadAll("cached", &st), "");
   EXPECT_EQ(st.code(), Code::kUnavailable);
+}
+
+// An origin that answers nothing (a partition, a stopped process) is waited for only
+// `revalidate-timeout` when the cache has an answer: the file's attributes and its blocks, a
+// directory's listing. The round trip goes on and keeps what it finds for the next reader.
+TEST_F(Cache, AnOriginThatAnswersNothingIsWaitedForBriefly) {
+  opts_.ttl = std::chrono::milliseconds(1500);
+  opts_.revalidate_timeout = std::chrono::milliseconds(100);
+  Start();
+  const std::string data = Bytes(2 * kMiB, 6);
+  Put("dir/cached", data);
+  EXPECT_EQ(ReadAll("dir/cached"), data);
+  ASSERT_OK(cache_->OpenDir(vf_, "dir"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1600));  // past the TTL
+  origin_->Hang(true);
+  // A watchdog lets the origin go after 60 s: anything that waited for it sees `released`.
+  std::atomic<bool> released{false}, done{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 6000 && !done; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    released = true;
+    origin_->Hang(false);
+  });
+  EXPECT_EQ(ReadAll("dir/cached"), data);
+  auto listed = cache_->OpenDir(vf_, "dir");
+  ASSERT_OK(listed);
+  auto first = (*listed)->Next();
+  ASSERT_OK(first);
+  ASSERT_TRUE(first->has_value());
+  EXPECT_EQ((*first)->name, "cached");
+  EXPECT_FALSE(released) << "the cache waited for an origin that answered nothing";
+  EXPECT_EQ(cache_->stats().stale_served, 2u);
+  const int opens = origin_->opened;
+  done = true;
+  watchdog.join();
+  // The open that was given up on finishes now and keeps the attributes it read: the next
+  // reader needs nothing from the origin.
+  for (int i = 0; i < 500 && origin_->opened == opens; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(origin_->opened, opens + 1);
+  auto fresh = [&] { return cache_->OpenReader(vf_, "dir/cached", Lookup::kCachedOnly).ok(); };
+  for (int i = 0; i < 500 && !fresh(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(fresh());
+  const int asked = origin_->opens;
+  EXPECT_EQ(ReadAll("dir/cached"), data);
+  EXPECT_EQ(origin_->opens, asked);
+}
+
+// What a round trip found before a write through this node is not kept after it: the write
+// may have replaced it.
+TEST_F(Cache, ARevalidationOlderThanAWriteIsNotKept) {
+  opts_.ttl = std::chrono::milliseconds(0);
+  opts_.revalidate_timeout = std::chrono::milliseconds(100);
+  Start();
+  const std::string v1 = Bytes(kMiB, 8), v2 = Bytes(kMiB + 7, 9);
+  Put("f", v1);
+  EXPECT_EQ(ReadAll("f"), v1);
+  origin_->Hang(true);          // the next open reads v1's attributes, then holds
+  EXPECT_EQ(ReadAll("f"), v1);  // served stale
+  Put("f", v2);
+  cache_->Invalidate(vf_);  // as a write through this node does
+  const int opened = origin_->opened;
+  origin_->Hang(false);
+  for (int i = 0; i < 500 && origin_->opened == opened; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(origin_->opened, opened + 1);  // v1's attributes came back, after the write
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // and were offered to the cache
+  origin_->down = true;
+  // Nothing of v1 is known any more: with the origin down, nothing to serve.
+  Status st;
+  EXPECT_EQ(ReadAll("f", &st), "");
+  EXPECT_EQ(st.code(), Code::kUnavailable);
+  origin_->down = false;
+  EXPECT_EQ(ReadAll("f"), v2);
 }
 
 TEST_F(Cache, AChangedFileNeverMeetsItsOldBlocks) {

@@ -694,6 +694,7 @@ path = "./var/volumes/local"
 # ttl = "60s"
 # admission = "first-miss"           (or "second-miss")
 # serve-stale = true                 (the origin down: serve what is cached)
+# revalidate-timeout = "2s"          (... or silent this long, when something is cached)
 )";
 }
 

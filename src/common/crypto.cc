@@ -5,6 +5,7 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <memory>
 #include <stdexcept>
 
 namespace sluice {
@@ -90,7 +91,10 @@ std::string HmacSha256(std::string_view key, std::string_view data) {
 }
 
 void Sha256To(std::string_view data, unsigned char out[32]) {
-  thread_local EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  // Freed when the thread ends (the I/O pool's added threads come and go).
+  thread_local std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> owned(EVP_MD_CTX_new(),
+                                                                             &EVP_MD_CTX_free);
+  EVP_MD_CTX* ctx = owned.get();
   unsigned int len = 0;
   if (!ctx || EVP_DigestInit_ex(ctx, MdOf(Digest::Algo::kSha256), nullptr) != 1 ||
       EVP_DigestUpdate(ctx, data.data(), data.size()) != 1 ||

@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <system_error>
 
 #include <spdlog/spdlog.h>
 
@@ -11,23 +12,34 @@ namespace sluice {
 ThreadPool::ThreadPool(std::string name, size_t threads, size_t max_queue, Elastic elastic)
     : name_(std::move(name)),
       max_queue_(max_queue),
-      max_threads_(std::max(elastic.max_threads, std::max<size_t>(threads, 1))),
+      base_(std::max<size_t>(threads, 1)),
+      max_threads_(std::max(elastic.max_threads, base_)),
       grow_after_(elastic.grow_after),
       idle_exit_(elastic.idle_exit) {
   std::lock_guard lk(mu_);
-  for (size_t i = 0; i < std::max<size_t>(threads, 1); ++i) Spawn(false);
-  if (max_threads_ > running_) monitor_ = std::thread([this] { Monitor(); });
+  for (size_t i = 0; i < base_; ++i) Spawn(false);
+  if (max_threads_ > base_) monitor_ = std::thread([this] { Monitor(); });
 }
 
 ThreadPool::~ThreadPool() {
   Shutdown();
 }
 
-void ThreadPool::Spawn(bool extra) {
-  threads_.emplace_back([this, extra] { Run(extra); });
+bool ThreadPool::Spawn(bool extra) {
+  try {
+    threads_.emplace_back([this, extra] { Run(extra); });
+  } catch (const std::system_error& e) {
+    if (!extra) throw;  // the pool's own threads: the pool cannot work without them
+    if (!warned_spawn_) {
+      warned_spawn_ = true;
+      spdlog::warn("thread pool '{}': cannot start another thread ({}); work waits in its queue",
+                   name_, e.what());
+    }
+    return false;
+  }
   ++running_;
   ++idle_;  // free from its start: the monitor does not start another for the same task
-  std::string tname = name_.substr(0, 10) + "-" + std::to_string(spawned_++);
+  std::string tname = name_.substr(0, 12) + "-" + std::to_string(spawned_++);
   pthread_setname_np(threads_.back().native_handle(), tname.substr(0, 15).c_str());
   if (g_threads_) g_threads_->store(static_cast<int64_t>(running_));
   if (extra && running_ == max_threads_ && !warned_full_) {
@@ -37,6 +49,7 @@ void ThreadPool::Spawn(bool extra) {
         "queue (a volume that does not answer holds them?)",
         name_, max_threads_);
   }
+  return true;
 }
 
 bool ThreadPool::Submit(std::function<void()> fn) {
@@ -55,8 +68,10 @@ bool ThreadPool::Submit(std::function<void()> fn) {
 
 void ThreadPool::Monitor() {
   std::unique_lock lk(mu_);
+  auto window = Clock::now();  // since when at least `low_idle` threads were idle, sampled
+  size_t low_idle = SIZE_MAX;
   while (!stopping_) {
-    if (!exited_.empty()) {  // threads that left after idling: joined off the lock
+    if (!exited_.empty()) {  // threads that left: joined off the lock
       std::vector<std::thread> done;
       for (const auto& id : exited_) {
         auto it = std::find_if(threads_.begin(), threads_.end(),
@@ -71,22 +86,43 @@ void ThreadPool::Monitor() {
       lk.lock();
       continue;
     }
-    if (queue_.size() <= idle_) {  // every task has a free thread
+    const auto now = Clock::now();
+    // Shrink: threads idle at every look through `idle_exit` are more than the pool needs;
+    // that many added threads leave. (Which thread a task wakes is the kernel's choice, so a
+    // light load would keep every thread alive if each left after its own idle time.)
+    const size_t added = running_ - retire_ - std::min(running_ - retire_, base_);
+    if (added > 0) {
+      low_idle = std::min(low_idle, idle_);
+      if (now - window >= idle_exit_) {
+        if (const size_t surplus = std::min(low_idle, added); surplus > 0) {
+          retire_ += surplus;
+          cv_.notify_all();
+        }
+        window = now;
+        low_idle = SIZE_MAX;
+      }
+    } else {
+      window = now;
+      low_idle = SIZE_MAX;
+    }
+    if (queue_.size() > idle_) {
+      // Tasks wait and no thread is free: the ones that have waited `grow_after` get threads.
+      const size_t cap = idle_ + (max_threads_ - std::min(max_threads_, running_));
+      size_t late = 0;
+      for (const auto& t : queue_) {
+        if (late >= cap || now - t.queued < grow_after_) break;
+        ++late;
+      }
+      for (size_t n = late > idle_ ? late - idle_ : 0; n > 0 && running_ < max_threads_; --n)
+        if (!Spawn(true)) break;
+      monitor_cv_.wait_for(lk, grow_after_ / 4 + std::chrono::milliseconds(1));
+    } else if (added > 0) {
+      monitor_cv_.wait_for(lk, idle_exit_ / 8 + std::chrono::milliseconds(1));
+    } else {  // nothing waits, nothing to shrink: until Submit() finds every thread busy
       monitor_asleep_ = true;
       monitor_cv_.wait(lk);
       monitor_asleep_ = false;
-      continue;
     }
-    // Tasks wait and no thread is free: the ones that have waited `grow_after` get threads.
-    const auto now = Clock::now();
-    size_t late = 0;
-    for (const auto& t : queue_) {
-      if (now - t.queued < grow_after_) break;
-      ++late;
-    }
-    for (size_t n = late > idle_ ? late - idle_ : 0; n > 0 && running_ < max_threads_; --n)
-      Spawn(true);
-    monitor_cv_.wait_for(lk, grow_after_ / 4 + std::chrono::milliseconds(1));
   }
 }
 
@@ -134,14 +170,15 @@ void ThreadPool::Run(bool extra) {
     std::function<void()> fn;
     {
       std::unique_lock lk(mu_);
-      auto ready = [this] { return stopping_ || !queue_.empty(); };
       if (!first) ++idle_;  // Spawn() counted it at its start
-      const bool woke = extra ? cv_.wait_for(lk, idle_exit_, ready) : (cv_.wait(lk, ready), true);
+      cv_.wait(lk, [&] { return stopping_ || !queue_.empty() || (extra && retire_ > 0); });
       --idle_;
-      if (!woke || queue_.empty()) {  // an added thread idle for long, or stopping and drained
+      const bool retired = extra && retire_ > 0 && !stopping_;
+      if (retired || queue_.empty()) {  // the monitor shrinks the pool, or stopping and drained
+        if (retired) --retire_;
         --running_;
         if (g_threads_) g_threads_->store(static_cast<int64_t>(running_));
-        if (running_ <= max_threads_ / 2) warned_full_ = false;
+        if (running_ <= max_threads_ / 2) warned_full_ = warned_spawn_ = false;
         if (!stopping_) {
           exited_.push_back(std::this_thread::get_id());
           monitor_cv_.notify_one();

@@ -1,9 +1,9 @@
 // A pool of worker threads for blocking filesystem work, so that network event loops never block.
 // It keeps `threads` running. An elastic one (Elastic::max_threads above that) watches its queue:
 // a task that has waited `grow_after` while no thread was free gets a thread of its own, up to
-// `max_threads`, and threads added that way leave after `idle_exit` without work. Requests stuck
-// on a volume that does not answer (a stalled origin, a hung network mount) then hold threads of
-// their own instead of queueing every other request behind them, while a pool that is merely
+// `max_threads`; as many added threads as were idle throughout the last `idle_exit` leave. Requests
+// stuck on a volume that does not answer (a stalled origin, a hung network mount) then hold threads
+// of their own instead of queueing every other request behind them, while a pool that is merely
 // busy (tasks that finish, queued for less than `grow_after`) keeps its size, rather than
 // turning a burst into hundreds of threads contending for the same disk and directories. Its
 // queue is bounded too, and Submit() reports overload instead of queueing without limit.
@@ -56,11 +56,13 @@ class ThreadPool {
  private:
   using Clock = std::chrono::steady_clock;
   void Run(bool extra);
-  void Spawn(bool extra);  // mu_ held
-  void Monitor();          // an elastic pool's: adds threads for late tasks, joins those that left
+  bool Spawn(bool extra);  // mu_ held; false: the system would not start another thread
+  // An elastic pool's: adds threads for late tasks, retires those the load no longer needs,
+  // joins those that left.
+  void Monitor();
 
   std::string name_;
-  size_t max_queue_, max_threads_;
+  size_t max_queue_, base_, max_threads_;
   std::chrono::milliseconds grow_after_, idle_exit_;
   mutable std::mutex mu_;
   std::condition_variable cv_, monitor_cv_;
@@ -73,11 +75,13 @@ class ThreadPool {
   bool monitor_asleep_ = false;  // waiting for work to pile up: Submit() wakes it
   bool stopping_ = false;
   size_t idle_ = 0, running_ = 0, spawned_ = 0;
+  size_t retire_ = 0;  // added threads asked to leave (the next ones idle do)
   std::vector<std::thread> threads_;
   // Added threads that left after idling: joined by the monitor, or Shutdown().
   std::vector<std::thread::id> exited_;
   std::atomic<int64_t>*g_threads_ = nullptr, *g_busy_ = nullptr;
-  bool warned_full_ = false;  // logged reaching max_threads_ (again once it has shrunk)
+  // Logged reaching max_threads_, or failing to start a thread (again once it has shrunk).
+  bool warned_full_ = false, warned_spawn_ = false;
 };
 
 // Waits for a dynamic set of tasks (a tree walk that discovers work as it goes).

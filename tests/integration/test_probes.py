@@ -34,7 +34,7 @@ def test_probes_do_not_queue_behind_listings(make_daemon):
     """Probes used to run on the worker pool that lists directories: p90 7.7 s during 16
     listings of a 200k-entry directory. With one worker, listings queue behind each other, and
     every probe must still be answered before they are through."""
-    d = make_daemon(sluice={"io-threads": 1}, storage_proxy={"scandir-limit": 0})
+    d = make_daemon(sluice={"io-threads": 1, "io-threads-max": 1}, storage_proxy={"scandir-limit": 0})
     vfid = d.create_vfolder()
     big = d.vfolder_path(vfid) / "big"
     big.mkdir()

@@ -354,7 +354,7 @@ CachedVolume::CachedVolume(std::unique_ptr<Volume> inner, CacheOptions opts,
 }
 
 template <typename T>
-Result<T> CachedVolume::Revalidate(std::function<Result<T>()> ask) {
+Result<T> CachedVolume::Revalidate(const std::string& key, std::function<Result<T>()> ask) {
   if (!revalidate_) return ask();
   struct Pending {
     std::mutex mu;
@@ -362,20 +362,61 @@ Result<T> CachedVolume::Revalidate(std::function<Result<T>()> ask) {
     bool done = false;
     Result<T> result{Status(Code::kInternal, "not asked")};
   };
-  auto p = std::make_shared<Pending>();
-  const bool queued = revalidate_->Submit([p, ask = std::move(ask), this] {
-    Result<T> r = stopping_ ? Result<T>(Status(Code::kUnavailable, "the node is stopping")) : ask();
-    std::lock_guard lk(p->mu);
-    p->result = std::move(r);
-    p->done = true;
-    p->cv.notify_all();
-  });
-  if (!queued) return Status(Code::kUnavailable, "the origin's revalidations are backed up");
+  // An origin known silent (a round trip given up on, none answered since) is not waited for
+  // at all, and is asked again by at most kProbes round trips at once: an epoch over
+  // thousands of files then runs from the cache at its own speed instead of waiting
+  // revalidate-timeout per file, and the origin does not get a queue of thousands of
+  // requests the moment it comes back. Callers asking for the same thing join one round trip.
+  const bool silent = silent_.load();
+  std::shared_ptr<Pending> p;
+  {
+    std::lock_guard lk(mu_);
+    if (auto it = revalidating_.find(key); it != revalidating_.end())
+      p = std::static_pointer_cast<Pending>(it->second);
+  }
+  if (!p) {
+    if (outstanding_.load() >= (silent ? kProbes : kMaxOutstanding))
+      return Status(Code::kUnavailable, silent ? "the origin is not answering"
+                                               : "the origin's revalidations are backed up");
+    p = std::make_shared<Pending>();
+    bool leader;
+    {
+      std::lock_guard lk(mu_);
+      auto [it, fresh] = revalidating_.try_emplace(key, p);
+      leader = fresh;
+      if (!fresh) p = std::static_pointer_cast<Pending>(it->second);
+    }
+    if (leader) {
+      outstanding_++;
+      auto done = [this, key, p](Result<T> r) {
+        {
+          std::lock_guard lk(mu_);
+          if (auto it = revalidating_.find(key); it != revalidating_.end() && it->second == p)
+            revalidating_.erase(it);
+        }
+        outstanding_--;
+        std::lock_guard lk(p->mu);
+        p->result = std::move(r);
+        p->done = true;
+        p->cv.notify_all();
+      };
+      const bool queued = revalidate_->Submit([this, ask = std::move(ask), done] {
+        if (stopping_) return done(Status(Code::kUnavailable, "the node is stopping"));
+        Result<T> r = ask();
+        silent_ = false;  // it answered (maybe an error, but it answered)
+        done(std::move(r));
+      });
+      if (!queued) done(Status(Code::kUnavailable, "the origin's revalidations are backed up"));
+    }
+  }
   std::unique_lock lk(p->mu);
-  if (!p->cv.wait_for(lk, opts_.revalidate_timeout, [&] { return p->done; }))
+  if (!p->cv.wait_for(lk, silent ? std::chrono::milliseconds(0) : opts_.revalidate_timeout,
+                      [&] { return p->done; })) {
+    silent_ = true;
     return Status(Code::kUnavailable, fmt::format("the origin did not answer within {} ms",
                                                   opts_.revalidate_timeout.count()));
-  return std::move(p->result);
+  }
+  return p->result;  // a copy: callers that joined share it
 }
 
 bool CachedVolume::Ahead(std::function<void()> fn) {
@@ -440,7 +481,8 @@ CachedVolume::~CachedVolume() {
 void CachedVolume::Shutdown() {
   stopping_ = true;
   if (ahead_) ahead_->Shutdown();
-  if (revalidate_) revalidate_->Shutdown();
+  // Revalidations are not waited for: one stuck on a silent origin would hold the stop until
+  // its stall timeout, and what they would keep is attributes (the destructor joins them).
   store_->Close();
   SaveListings();
   ForwardingVolume::Shutdown();
@@ -574,7 +616,9 @@ void CachedVolume::KeepMeta(const VFolderId& vfid, const std::string& rel, Meta 
   auto apply = [&] {
     std::lock_guard lk(mu_);
     if (GenLocked(vfid.ToString()) != gen) return false;  // a write since: maybe older than it
-    if (meta_.size() > kMaxMeta) meta_.clear();           // bounded: a full table starts over
+    if (auto it = meta_.find(key); it != meta_.end() && it->second.fetched > m.fetched)
+      return false;                              // a younger answer is there (this one was late)
+    if (meta_.size() > kMaxMeta) meta_.clear();  // bounded: a full table starts over
     meta_[key] = std::move(m);
     return true;
   };
@@ -782,7 +826,9 @@ Result<DirEntry> CachedVolume::Stat(const VFolderId& vfid, std::string_view relp
   auto stat = [this, vfid, rel = std::string(relpath)] {
     return ForwardingVolume::Stat(vfid, rel);
   };
-  auto r = known ? Revalidate<DirEntry>(stat) : stat();
+  // (Its answer is not kept: a file's attributes are kept with its object metadata, which a
+  // stat does not read. An open or a listing keeps them.)
+  auto r = known ? Revalidate<DirEntry>("s\n" + MetaKey(vfid, parts), stat) : stat();
   if (!r.ok() && r.status().code() == Code::kUnavailable && known && opts_.serve_stale) {
     n_.stale++;
     (*g_stale_)++;
@@ -807,6 +853,7 @@ Result<std::pair<std::shared_ptr<const CachedVolume::Listing>, std::string>> Cac
   if (!l) {
     auto list = [this, vfid, rel, key,
                  gen = Gen(vfid)]() -> Result<std::shared_ptr<const Listing>> {
+      const auto asked = Steady::now();
       SLUICE_ASSIGN_OR_RETURN(auto d, ForwardingVolume::OpenDir(vfid, rel));
       auto fresh = std::make_shared<Listing>();
       fresh->info = d->info();
@@ -822,15 +869,16 @@ Result<std::pair<std::shared_ptr<const CachedVolume::Listing>, std::string>> Cac
       }
       std::sort(fresh->entries.begin(), fresh->entries.end(),
                 [](const DirEntry& a, const DirEntry& b) { return a.name < b.name; });
-      fresh->fetched = Steady::now();
+      fresh->fetched = asked;  // as old as the question: a late answer is not made younger
       std::lock_guard lk(mu_);
-      if (GenLocked(vfid.ToString()) == gen) {         // else a write since: it may predate it
-        if (dirs_.size() > (1u << 16)) dirs_.clear();  // bounded: a full table starts over
-        dirs_[key] = fresh;
-      }
+      auto& kept = dirs_[key];
+      // Not kept over a write since (it may predate it), nor over a younger answer.
+      if (GenLocked(vfid.ToString()) == gen && (!kept || kept->fetched <= asked)) kept = fresh;
+      if (!kept) dirs_.erase(key);
+      if (dirs_.size() > (1u << 16)) dirs_.clear();  // bounded: a full table starts over
       return std::shared_ptr<const Listing>(fresh);
     };
-    auto r = stale ? Revalidate<std::shared_ptr<const Listing>>(list) : list();
+    auto r = stale ? Revalidate<std::shared_ptr<const Listing>>("l\n" + key, list) : list();
     if (r.ok()) {
       l = std::move(r).value();
     } else if (r.status().code() == Code::kUnavailable && stale && opts_.serve_stale) {
@@ -958,13 +1006,16 @@ Result<std::shared_ptr<FileReader>> CachedVolume::OpenReader(const VFolderId& vf
   if (lookup == Lookup::kCachedOnly)
     return Status(Code::kUnavailable, "the file's attributes are not cached", EAGAIN);
   // The open at the origin keeps what it finds, also when its caller has stopped waiting.
+  // Callers that join one open share its answer; the first takes its reader.
   struct Opened {
     std::shared_ptr<FileReader> reader;
+    std::atomic<bool> taken{false};
     DirEntry entry;
     std::string meta;
   };
   auto open = [this, vfid, rel, key, lookup, hint = known ? nullptr : hint,
                gen = Gen(vfid)]() -> Result<std::shared_ptr<Opened>> {
+    const auto asked = Steady::now();
     auto r = inner().OpenReader(vfid, rel, lookup, hint);
     if (!r.ok()) {
       if (r.status().code() == Code::kNotFound) {
@@ -979,11 +1030,11 @@ Result<std::shared_ptr<FileReader>> CachedVolume::OpenReader(const VFolderId& vf
     o->entry = (*r)->info();
     auto blob = (*r)->ReadMeta();
     o->meta = blob.ok() ? std::move(blob).value() : std::string();
-    KeepMeta(vfid, rel, {o->entry, o->meta, Steady::now()}, gen);
+    KeepMeta(vfid, rel, {o->entry, o->meta, asked}, gen);
     o->reader = std::move(r).value();
     return o;
   };
-  auto r = known ? Revalidate<std::shared_ptr<Opened>>(open) : open();
+  auto r = known ? Revalidate<std::shared_ptr<Opened>>("o\n" + key, open) : open();
   if (!r.ok()) {
     if (r.status().code() == Code::kUnavailable && known && opts_.serve_stale) {
       n_.stale++;
@@ -995,7 +1046,7 @@ Result<std::shared_ptr<FileReader>> CachedVolume::OpenReader(const VFolderId& vf
   }
   Opened& o = **r;
   return std::shared_ptr<FileReader>(std::make_shared<CachedReader>(
-      this, vfid, rel, std::move(o.entry), std::move(o.meta), std::move(o.reader)));
+      this, vfid, rel, o.entry, o.meta, o.taken.exchange(true) ? nullptr : o.reader));
 }
 
 // ---- writes: through to the volume below, then the vfolder's cached attributes dropped

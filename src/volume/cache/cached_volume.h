@@ -138,10 +138,14 @@ class CachedVolume : public ForwardingVolume {
   void PublishStore();  // the store's figures to the Prometheus gauges and counters
   // Runs `ask` (an origin round trip) for a caller that has a stale answer to fall back on:
   // on the revalidation pool, waited for up to `revalidate_timeout`; past it (or with the pool
-  // full) kUnavailable, and `ask` goes on to keep what it finds for the next caller. Without
-  // serve-stale, on the caller's thread.
+  // full) kUnavailable, and `ask` goes on to keep what it finds for the next caller. Callers
+  // with the same `key` share one round trip. Without serve-stale, on the caller's thread.
   template <typename T>
-  Result<T> Revalidate(std::function<Result<T>()> ask);
+  Result<T> Revalidate(const std::string& key, std::function<Result<T>()> ask);
+  std::map<std::string, std::shared_ptr<void>> revalidating_;  // key -> its round trip; mu_
+  static constexpr int kProbes = 2, kMaxOutstanding = 1024;
+  std::atomic<bool> silent_{false};  // a round trip was given up on; none has answered since
+  std::atomic<int> outstanding_{0};  // revalidation round trips queued or running
 
   CacheOptions opts_;
   std::unique_ptr<BlockStore> store_;

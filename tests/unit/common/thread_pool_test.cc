@@ -50,9 +50,9 @@ bool Eventually(Pred p) {
 }
 
 TEST(ThreadPool, AFixedPoolQueuesWhatItsThreadsCannotRun) {
-  ThreadPool pool("t", 2);
-  Gate gate;
+  Gate gate;  // before the pool: its threads are joined before the gate goes
   std::atomic<int> quick{0};
+  ThreadPool pool("t", 2);
   for (int i = 0; i < 2; ++i) ASSERT_TRUE(pool.Submit([&] { gate.Hold(); }));
   ASSERT_TRUE(gate.WaitInside(2));
   ASSERT_TRUE(pool.Submit([&] { quick++; }));
@@ -65,14 +65,14 @@ TEST(ThreadPool, AFixedPoolQueuesWhatItsThreadsCannotRun) {
 }
 
 TEST(ThreadPool, AnElasticPoolRunsNewWorkBesideStuckTasksUpToItsMaximum) {
+  Gate gate, again;  // before the pool: its threads are joined before the gates go
+  std::atomic<int> quick{0};
   ThreadPool pool("t", 2, 1000, {/*max_threads=*/5, /*grow_after=*/20ms, /*idle_exit=*/100ms});
-  Gate gate;
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(pool.Submit([&] { gate.Hold(); }));
   ASSERT_TRUE(gate.WaitInside(4));  // four at once on a pool of two
   EXPECT_EQ(pool.size(), 4u);
   EXPECT_EQ(pool.busy(), 4u);
   // A task beside them runs after `grow_after`, on a fifth thread.
-  std::atomic<int> quick{0};
   ASSERT_TRUE(pool.Submit([&] { quick++; }));
   EXPECT_TRUE(Eventually([&] { return quick.load() == 1; }));
   // At the maximum: five held, then the sixth waits.
@@ -84,13 +84,21 @@ TEST(ThreadPool, AnElasticPoolRunsNewWorkBesideStuckTasksUpToItsMaximum) {
   EXPECT_EQ(pool.size(), 5u);
   gate.Open();
   EXPECT_TRUE(Eventually([&] { return quick.load() == 2; }));
-  // The added threads go once idle for 100 ms; the pool's two stay.
+  // The added threads go once idle through 100 ms; the pool's two stay.
   EXPECT_TRUE(Eventually([&] { return pool.size() == 2; })) << pool.size();
-  // And it grows again.
-  Gate again;
+  // It grows again; then a light load (a short task every 5 ms, each finding idle threads)
+  // does not keep the added thread alive.
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(pool.Submit([&] { again.Hold(); }));
   ASSERT_TRUE(again.WaitInside(3));
+  EXPECT_EQ(pool.size(), 3u);
   again.Open();
+  bool shrank = false;
+  for (int i = 0; i < 1000 && !shrank; ++i) {
+    ASSERT_TRUE(pool.Submit([] {}));
+    std::this_thread::sleep_for(5ms);
+    shrank = pool.size() == 2;
+  }
+  EXPECT_TRUE(shrank) << pool.size();
 }
 
 TEST(ThreadPool, ShutdownFinishesQueuedWorkAndJoinsAddedThreads) {

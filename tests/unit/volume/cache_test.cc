@@ -273,14 +273,14 @@ TEST_F(Cache, OriginDownServesWhatIsCached) {
 // `revalidate-timeout` when the cache has an answer: the file's attributes and its blocks, a
 // directory's listing. The round trip goes on and keeps what it finds for the next reader.
 TEST_F(Cache, AnOriginThatAnswersNothingIsWaitedForBriefly) {
-  opts_.ttl = std::chrono::milliseconds(1500);
+  opts_.ttl = std::chrono::milliseconds(3000);
   opts_.revalidate_timeout = std::chrono::milliseconds(100);
   Start();
   const std::string data = Bytes(2 * kMiB, 6);
   Put("dir/cached", data);
   EXPECT_EQ(ReadAll("dir/cached"), data);
   ASSERT_OK(cache_->OpenDir(vf_, "dir"));
-  std::this_thread::sleep_for(std::chrono::milliseconds(1600));  // past the TTL
+  std::this_thread::sleep_for(std::chrono::milliseconds(3100));  // past the TTL
   origin_->Hang(true);
   // A watchdog lets the origin go after 60 s: anything that waited for it sees `released`.
   std::atomic<bool> released{false}, done{false};
@@ -290,6 +290,14 @@ TEST_F(Cache, AnOriginThatAnswersNothingIsWaitedForBriefly) {
     released = true;
     origin_->Hang(false);
   });
+  struct Join {  // also when an assertion ends the test early
+    std::thread& t;
+    std::atomic<bool>& done;
+    ~Join() {
+      done = true;
+      if (t.joinable()) t.join();
+    }
+  } join{watchdog, done};
   EXPECT_EQ(ReadAll("dir/cached"), data);
   auto listed = cache_->OpenDir(vf_, "dir");
   ASSERT_OK(listed);
@@ -314,6 +322,53 @@ TEST_F(Cache, AnOriginThatAnswersNothingIsWaitedForBriefly) {
   const int asked = origin_->opens;
   EXPECT_EQ(ReadAll("dir/cached"), data);
   EXPECT_EQ(origin_->opens, asked);
+}
+
+// Once a round trip has been given up on, the origin counts as silent until one answers:
+// the next files are served from the cache without waiting, and at most two round trips are
+// in the air (not one per file, all sent the moment the origin is back).
+TEST_F(Cache, ASilentOriginIsNotWaitedForFileAfterFile) {
+  opts_.ttl = std::chrono::milliseconds(0);
+  opts_.revalidate_timeout = std::chrono::milliseconds(100);
+  Start();
+  std::vector<std::string> data;
+  for (int i = 0; i < 20; ++i) {
+    data.push_back(Bytes(4096 + i, 20 + i));
+    Put(fmt::format("f{}", i), data.back());
+    ASSERT_EQ(ReadAll(fmt::format("f{}", i)), data.back());
+  }
+  const int before = origin_->opens;
+  origin_->Hang(true);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(ReadAll(fmt::format("f{}", i)), data[i]);
+  EXPECT_EQ(cache_->stats().stale_served, 20u);
+  origin_->Hang(false);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // what was sent lands
+  EXPECT_GE(origin_->opens - before, 1);
+  EXPECT_LE(origin_->opens - before, 2);
+  // Answering again: the next open waits for the origin's answer, as always.
+  const int answered = origin_->opened;
+  EXPECT_EQ(ReadAll("f0"), data[0]);
+  EXPECT_EQ(origin_->opened, answered + 1);
+}
+
+// Readers of one stale file while the origin holds share one round trip.
+TEST_F(Cache, ReadersOfOneStaleFileShareOneRoundTrip) {
+  opts_.ttl = std::chrono::milliseconds(0);
+  opts_.revalidate_timeout = std::chrono::milliseconds(300);
+  Start();
+  const std::string data = Bytes(4096, 30);
+  Put("f", data);
+  ASSERT_EQ(ReadAll("f"), data);
+  const int before = origin_->opens;
+  origin_->Hang(true);
+  std::vector<std::thread> readers;
+  std::atomic<int> good{0};
+  for (int i = 0; i < 8; ++i) readers.emplace_back([&] { good += ReadAll("f") == data; });
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(good, 8);
+  origin_->Hang(false);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(origin_->opens - before, 1);
 }
 
 // What a round trip found before a write through this node is not kept after it: the write

@@ -229,7 +229,8 @@ def main():
     ap.add_argument("--fuse", action="store_true",
                     help="also read the objects through rclone mount and s3fs (RGW origin)")
     ap.add_argument("--io-threads", type=int, default=8,
-                    help="the proxy's [sluice] io-threads: origin fetches at once (default 8)")
+                    help="the proxy's [sluice] io-threads: origin fetches at once (default 8; "
+                         "the pool adds threads only for requests that waited 100 ms)")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="sluice-bench-cache-", dir="/var/tmp")
     origin = proxy = None

@@ -113,7 +113,10 @@ void ThreadPool::Monitor() {
         if (late >= cap || now - t.queued < grow_after_) break;
         ++late;
       }
-      for (size_t n = late > idle_ ? late - idle_ : 0; n > 0 && running_ < max_threads_; --n)
+      size_t n = late > idle_ ? late - idle_ : 0;
+      const size_t kept = std::min(retire_, n);  // threads asked to leave stay instead
+      retire_ -= kept;
+      for (n -= kept; n > 0 && running_ < max_threads_; --n)
         if (!Spawn(true)) break;
       monitor_cv_.wait_for(lk, grow_after_ / 4 + std::chrono::milliseconds(1));
     } else if (added > 0) {
@@ -173,7 +176,7 @@ void ThreadPool::Run(bool extra) {
       if (!first) ++idle_;  // Spawn() counted it at its start
       cv_.wait(lk, [&] { return stopping_ || !queue_.empty() || (extra && retire_ > 0); });
       --idle_;
-      const bool retired = extra && retire_ > 0 && !stopping_;
+      const bool retired = extra && retire_ > 0 && !stopping_ && queue_.empty();
       if (retired || queue_.empty()) {  // the monitor shrinks the pool, or stopping and drained
         if (retired) --retire_;
         --running_;

@@ -375,9 +375,14 @@ Result<T> CachedVolume::Revalidate(const std::string& key, std::function<Result<
       p = std::static_pointer_cast<Pending>(it->second);
   }
   if (!p) {
-    if (outstanding_.load() >= (silent ? kProbes : kMaxOutstanding))
-      return Status(Code::kUnavailable, silent ? "the origin is not answering"
-                                               : "the origin's revalidations are backed up");
+    // A slot first (checked and taken at once: concurrent callers cannot all pass the limit).
+    const int limit = silent ? kProbes : kMaxOutstanding;
+    int now = outstanding_.load();
+    do {
+      if (now >= limit)
+        return Status(Code::kUnavailable, silent ? "the origin is not answering"
+                                                 : "the origin's revalidations are backed up");
+    } while (!outstanding_.compare_exchange_weak(now, now + 1));
     p = std::make_shared<Pending>();
     bool leader;
     {
@@ -386,9 +391,11 @@ Result<T> CachedVolume::Revalidate(const std::string& key, std::function<Result<
       leader = fresh;
       if (!fresh) p = std::static_pointer_cast<Pending>(it->second);
     }
-    if (leader) {
-      outstanding_++;
-      auto done = [this, key, p](Result<T> r) {
+    if (!leader) {
+      outstanding_--;  // joined another caller's round trip
+    } else {
+      const auto timeout = opts_.revalidate_timeout;
+      auto done = [this, key, p, timeout](Result<T> r, std::chrono::nanoseconds took) {
         {
           std::lock_guard lk(mu_);
           if (auto it = revalidating_.find(key); it != revalidating_.end() && it->second == p)
@@ -396,17 +403,25 @@ Result<T> CachedVolume::Revalidate(const std::string& key, std::function<Result<
         }
         outstanding_--;
         std::lock_guard lk(p->mu);
+        // An answer, or a prompt failure, ends the silence; a round trip that ran out its own
+        // timeouts on a silent origin does not. (Under p->mu: a waiter giving up on this one
+        // sets it again only before.)
+        if (took < timeout || r.ok() || r.status().code() != Code::kUnavailable) silent_ = false;
         p->result = std::move(r);
         p->done = true;
         p->cv.notify_all();
       };
       const bool queued = revalidate_->Submit([this, ask = std::move(ask), done] {
-        if (stopping_) return done(Status(Code::kUnavailable, "the node is stopping"));
+        if (stopping_)
+          return done(Status(Code::kUnavailable, "the node is stopping"),
+                      std::chrono::nanoseconds::max());
+        const auto t0 = Steady::now();
         Result<T> r = ask();
-        silent_ = false;  // it answered (maybe an error, but it answered)
-        done(std::move(r));
+        done(std::move(r), Steady::now() - t0);
       });
-      if (!queued) done(Status(Code::kUnavailable, "the origin's revalidations are backed up"));
+      if (!queued)
+        done(Status(Code::kUnavailable, "the origin's revalidations are backed up"),
+             std::chrono::nanoseconds::max());
     }
   }
   std::unique_lock lk(p->mu);
@@ -612,7 +627,13 @@ uint64_t CachedVolume::Gen(const VFolderId& vfid) {
 void CachedVolume::KeepMeta(const VFolderId& vfid, const std::string& rel, Meta m, uint64_t gen) {
   const std::string key = vfid.ToString() + '\0' + rel;
   nlohmann::json j = {
-      {"k", key}, {"f", WallNs()}, {"e", EntryJson(m.entry)}, {"m", Base64Encode(m.meta)}};
+      {"k", key},
+      // When the question was asked (a late answer is not made younger by a restart).
+      {"f",
+       WallNs() -
+           std::chrono::duration_cast<std::chrono::nanoseconds>(Steady::now() - m.fetched).count()},
+      {"e", EntryJson(m.entry)},
+      {"m", Base64Encode(m.meta)}};
   auto apply = [&] {
     std::lock_guard lk(mu_);
     if (GenLocked(vfid.ToString()) != gen) return false;  // a write since: maybe older than it
@@ -828,7 +849,9 @@ Result<DirEntry> CachedVolume::Stat(const VFolderId& vfid, std::string_view relp
   };
   // (Its answer is not kept: a file's attributes are kept with its object metadata, which a
   // stat does not read. An open or a listing keeps them.)
-  auto r = known ? Revalidate<DirEntry>("s\n" + MetaKey(vfid, parts), stat) : stat();
+  auto r =
+      known ? Revalidate<DirEntry>(fmt::format("s\n{}\n{}", MetaKey(vfid, parts), Gen(vfid)), stat)
+            : stat();
   if (!r.ok() && r.status().code() == Code::kUnavailable && known && opts_.serve_stale) {
     n_.stale++;
     (*g_stale_)++;
@@ -878,7 +901,11 @@ Result<std::pair<std::shared_ptr<const CachedVolume::Listing>, std::string>> Cac
       if (dirs_.size() > (1u << 16)) dirs_.clear();  // bounded: a full table starts over
       return std::shared_ptr<const Listing>(fresh);
     };
-    auto r = stale ? Revalidate<std::shared_ptr<const Listing>>("l\n" + key, list) : list();
+    // Keyed with the vfolder's generation: no caller after a write joins a round trip asked
+    // before it.
+    auto r = stale ? Revalidate<std::shared_ptr<const Listing>>(
+                         fmt::format("l\n{}\n{}", key, Gen(vfid)), list)
+                   : list();
     if (r.ok()) {
       l = std::move(r).value();
     } else if (r.status().code() == Code::kUnavailable && stale && opts_.serve_stale) {
@@ -1034,7 +1061,9 @@ Result<std::shared_ptr<FileReader>> CachedVolume::OpenReader(const VFolderId& vf
     o->reader = std::move(r).value();
     return o;
   };
-  auto r = known ? Revalidate<std::shared_ptr<Opened>>("o\n" + key, open) : open();
+  auto r = known
+               ? Revalidate<std::shared_ptr<Opened>>(fmt::format("o\n{}\n{}", key, Gen(vfid)), open)
+               : open();
   if (!r.ok()) {
     if (r.status().code() == Code::kUnavailable && known && opts_.serve_stale) {
       n_.stale++;

@@ -1091,6 +1091,9 @@ void AddCacheCommands(CLI::App& app, Args& a, Action* run) {
         {"NOT KEPT", num("admission_rejects") + " (admission policy or disk space)"},
         {"TORN BLOCKS", num("torn_blocks")},
         {"STALE OPENS", num("stale_opens") + " (origin unreachable or slow)"},
+        {"ORIGIN", j.value("origin_silent", false)
+                       ? "silent: no answer within revalidate-timeout; serving what is cached"
+                       : "answering"},
         {"POLICY", fmt::format("{}, {}, block {}, ttl {} ms{}", Str(j, "eviction"),
                                Str(j, "admission"), size("block_size"), num("ttl_ms"),
                                j.value("serve_stale", false) ? ", serves stale" : "")},

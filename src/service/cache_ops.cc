@@ -76,6 +76,7 @@ nlohmann::json CacheStatsJson(CachedVolume& c) {
           {"admission_rejects", s.admission_rejects},
           {"torn_blocks", s.store.torn},
           {"stale_opens", s.stale_served},
+          {"origin_silent", s.origin_silent},
           {"index_bytes_estimate", s.store.blocks * kIndexBytesPerBlock}};
 }
 

@@ -713,10 +713,19 @@ def test_the_ssd_cache_answers_when_the_origin_answers_nothing(tmp_path):
                 assert [i["name"] for i in r.json()["items"]] == ["a.bin"]
                 stats = d.mgr("GET", "/volume/cache", json={"volume": "remote"}, timeout=15)
                 assert stats.status_code == 200 and stats.json()["stale_opens"] >= 2, stats.text
+                assert stats.json()["origin_silent"] is True, stats.text
+                assert metric(d, 'sluice_cache_origin_silent{volume="remote"}') == 1
             finally:
                 os.kill(o.proc.pid, signal.SIGCONT)
             r = requests.get(url, params=token, timeout=60)
             assert r.status_code == 200 and r.content == data
+            # The round trips held meanwhile answered: the origin is heard again.
+            deadline = time.monotonic() + 30
+            while d.mgr("GET", "/volume/cache", json={"volume": "remote"}).json()[
+                    "origin_silent"] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not d.mgr("GET", "/volume/cache", json={"volume": "remote"}).json()[
+                "origin_silent"]
     finally:
         ctx.__exit__(None, None, None)
 

@@ -333,6 +333,10 @@ CachedVolume::CachedVolume(std::unique_ptr<Volume> inner, CacheOptions opts,
                                "Bytes the SSD cache read from the volume below it.", l);
   g_rejects_ = &m.Counter("sluice_cache_admission_rejects_total",
                           "Blocks read but not kept (admission policy, disk space).", l);
+  g_silent_ = &m.Gauge("sluice_cache_origin_silent",
+                       "1 while the origin counts as silent: a revalidation went unanswered "
+                       "for revalidate-timeout and none has answered since.",
+                       l);
   g_stale_ = &m.Counter(
       "sluice_cache_stale_opens_total",
       "Files opened, stat'ed or listed from expired attributes or listings while the origin "
@@ -406,7 +410,7 @@ Result<T> CachedVolume::Revalidate(const std::string& key, std::function<Result<
         // An answer, or a prompt failure, ends the silence; a round trip that ran out its own
         // timeouts on a silent origin does not. (Under p->mu: a waiter giving up on this one
         // sets it again only before.)
-        if (took < timeout || r.ok() || r.status().code() != Code::kUnavailable) silent_ = false;
+        if (took < timeout || r.ok() || r.status().code() != Code::kUnavailable) SetSilent(false);
         p->result = std::move(r);
         p->done = true;
         p->cv.notify_all();
@@ -427,7 +431,7 @@ Result<T> CachedVolume::Revalidate(const std::string& key, std::function<Result<
   std::unique_lock lk(p->mu);
   if (!p->cv.wait_for(lk, silent ? std::chrono::milliseconds(0) : opts_.revalidate_timeout,
                       [&] { return p->done; })) {
-    silent_ = true;
+    SetSilent(true);
     return Status(Code::kUnavailable, fmt::format("the origin did not answer within {} ms",
                                                   opts_.revalidate_timeout.count()));
   }
@@ -503,8 +507,19 @@ void CachedVolume::Shutdown() {
   ForwardingVolume::Shutdown();
 }
 
+void CachedVolume::SetSilent(bool silent) {
+  if (silent_.exchange(silent) == silent) return;
+  g_silent_->store(silent ? 1 : 0);
+  if (silent)
+    spdlog::warn("cache {}: the origin did not answer within {} ms; serving what is cached", name(),
+                 opts_.revalidate_timeout.count());
+  else
+    spdlog::info("cache {}: the origin answers again", name());
+}
+
 CachedVolume::Stats CachedVolume::stats() const {
   Stats s;
+  s.origin_silent = silent_;
   s.hits = n_.hits;
   s.misses = n_.misses;
   s.origin_bytes = n_.origin_bytes;

@@ -97,6 +97,7 @@ class CachedVolume : public ForwardingVolume {
 
   struct Stats {
     uint64_t hits = 0, misses = 0, origin_bytes = 0, admission_rejects = 0, stale_served = 0;
+    bool origin_silent = false;  // see Revalidate
     BlockStore::Stats store;
   };
   Stats stats() const;
@@ -145,6 +146,7 @@ class CachedVolume : public ForwardingVolume {
   std::map<std::string, std::shared_ptr<void>> revalidating_;  // key -> its round trip; mu_
   static constexpr int kProbes = 2, kMaxOutstanding = 1024;
   std::atomic<bool> silent_{false};  // a round trip was given up on; none has answered since
+  void SetSilent(bool silent);       // logs the change and keeps the gauge
   std::atomic<int> outstanding_{0};  // revalidation round trips queued or running
 
   CacheOptions opts_;
@@ -204,7 +206,7 @@ class CachedVolume : public ForwardingVolume {
   } n_;
   std::atomic<uint64_t>*g_hits_, *g_misses_, *g_origin_bytes_, *g_rejects_, *g_stale_,
       *g_evictions_, *g_fill_bytes_;
-  std::atomic<int64_t>*g_bytes_, *g_blocks_;
+  std::atomic<int64_t>*g_bytes_, *g_blocks_, *g_silent_;
   std::atomic<bool> stopping_{false};
   std::unique_ptr<ThreadPool> revalidate_;  // origin round trips waited for with a deadline
   std::unique_ptr<ThreadPool> ahead_;       // last: stopped first

@@ -175,6 +175,11 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
   }
   // Bytes [first, first+len) of this version from the volume below.
   Result<std::string> Fetch(uint64_t first, uint64_t len) {
+    // A silent origin would hold this read until the s3 client's stall timeout: a prompt 503
+    // instead, while a probe (at most two at once) finds out when it answers again.
+    if (v_->ProbeIfSilent(vfid_, rel_))
+      return Status(Code::kUnavailable,
+                    fmt::format("'{}': not cached, and the origin is not answering", rel_));
     std::shared_ptr<FileReader> r;
     {
       std::lock_guard lk(mu_);
@@ -505,6 +510,15 @@ void CachedVolume::Shutdown() {
   store_->Close();
   SaveListings();
   ForwardingVolume::Shutdown();
+}
+
+bool CachedVolume::ProbeIfSilent(const VFolderId& vfid, const std::string& rel) {
+  if (!silent_) return false;
+  // A stat as the probe: small, and any answer ends the silence (Revalidate does not wait
+  // for it while the origin is silent).
+  (void)Revalidate<DirEntry>(fmt::format("p\n{}\n{}", vfid.ToString(), rel),
+                             [this, vfid, rel] { return ForwardingVolume::Stat(vfid, rel); });
+  return true;
 }
 
 void CachedVolume::SetSilent(bool silent) {

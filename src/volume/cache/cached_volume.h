@@ -125,6 +125,9 @@ class CachedVolume : public ForwardingVolume {
   BlockStore& store() { return *store_; }
   // Runs `fn` on the read-ahead pool; false when there is none or it is busy.
   bool Ahead(std::function<void()> fn);
+  // Whether the origin counts as silent (see Revalidate); if so, a round trip about `rel`
+  // goes out in the background to find out when it answers again (at most two at once).
+  bool ProbeIfSilent(const VFolderId& vfid, const std::string& rel);
   void CountHit() {
     n_.hits++;
     (*g_hits_)++;

@@ -357,6 +357,48 @@ TEST_F(Cache, ASilentOriginIsNotWaitedForFileAfterFile) {
   EXPECT_EQ(origin_->opened, answered + 1);
 }
 
+// While the origin counts as silent, a block not cached is refused at once (503), not held
+// until the origin's stall timeout; a probe in the background ends the silence once the
+// origin answers, and the block is read then.
+TEST_F(Cache, ABlockNotCachedIsRefusedAtOnceWhileTheOriginIsSilent) {
+  opts_.ttl = std::chrono::milliseconds(0);
+  opts_.revalidate_timeout = std::chrono::milliseconds(200);
+  Start();
+  const std::string a = Bytes(4096, 40), b = Bytes(2 * kMiB, 41);
+  Put("a", a);
+  Put("b", b);
+  ASSERT_EQ(ReadAll("a"), a);
+  ASSERT_OK(cache_->OpenReader(vf_, "b"));  // b's attributes known, none of its blocks
+  origin_->Hang(true);
+  std::atomic<bool> released{false}, done{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 6000 && !done; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    released = true;
+    origin_->Hang(false);
+  });
+  struct Join {
+    std::thread& t;
+    std::atomic<bool>& done;
+    ~Join() {
+      done = true;
+      if (t.joinable()) t.join();
+    }
+  } join{watchdog, done};
+  EXPECT_EQ(ReadAll("a"), a);  // waits 200 ms for the origin, then served: the origin is silent
+  EXPECT_TRUE(cache_->stats().origin_silent);
+  Status st;
+  EXPECT_EQ(ReadAll("b", &st), "");
+  EXPECT_EQ(st.code(), Code::kUnavailable) << st.ToString();
+  EXPECT_FALSE(released) << "a read waited for an origin that answered nothing";
+  done = true;
+  watchdog.join();  // the origin answers again: the probes end the silence
+  for (int i = 0; i < 500 && cache_->stats().origin_silent; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_FALSE(cache_->stats().origin_silent);
+  EXPECT_EQ(ReadAll("b"), b);
+}
+
 // Readers of one stale file while the origin holds share one round trip.
 TEST_F(Cache, ReadersOfOneStaleFileShareOneRoundTrip) {
   opts_.ttl = std::chrono::milliseconds(0);

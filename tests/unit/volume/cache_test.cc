@@ -75,6 +75,30 @@ class Origin : public ForwardingVolume {
   bool hang_ = false;
 };
 
+// Lets a hung origin go after 60 s whatever happens (a test that waited for it then fails on
+// `released` rather than hanging).
+class Watchdog {
+ public:
+  explicit Watchdog(Origin* o)
+      : t_([this, o] {
+          for (int i = 0; i < 6000 && !done_; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          released = true;
+          o->Hang(false);
+        }) {}
+  ~Watchdog() { Stop(); }
+  // Lets the origin go now.
+  void Stop() {
+    done_ = true;
+    if (t_.joinable()) t_.join();
+  }
+  std::atomic<bool> released{false};
+
+ private:
+  std::atomic<bool> done_{false};
+  std::thread t_;  // last: started once the flags exist
+};
+
 class Cache : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -282,22 +306,7 @@ TEST_F(Cache, AnOriginThatAnswersNothingIsWaitedForBriefly) {
   ASSERT_OK(cache_->OpenDir(vf_, "dir"));
   std::this_thread::sleep_for(std::chrono::milliseconds(3100));  // past the TTL
   origin_->Hang(true);
-  // A watchdog lets the origin go after 60 s: anything that waited for it sees `released`.
-  std::atomic<bool> released{false}, done{false};
-  std::thread watchdog([&] {
-    for (int i = 0; i < 6000 && !done; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    released = true;
-    origin_->Hang(false);
-  });
-  struct Join {  // also when an assertion ends the test early
-    std::thread& t;
-    std::atomic<bool>& done;
-    ~Join() {
-      done = true;
-      if (t.joinable()) t.join();
-    }
-  } join{watchdog, done};
+  Watchdog watchdog(origin_);
   EXPECT_EQ(ReadAll("dir/cached"), data);
   auto listed = cache_->OpenDir(vf_, "dir");
   ASSERT_OK(listed);
@@ -305,11 +314,10 @@ TEST_F(Cache, AnOriginThatAnswersNothingIsWaitedForBriefly) {
   ASSERT_OK(first);
   ASSERT_TRUE(first->has_value());
   EXPECT_EQ((*first)->name, "cached");
-  EXPECT_FALSE(released) << "the cache waited for an origin that answered nothing";
+  EXPECT_FALSE(watchdog.released) << "the cache waited for an origin that answered nothing";
   EXPECT_EQ(cache_->stats().stale_served, 2u);
   const int opens = origin_->opened;
-  done = true;
-  watchdog.join();
+  watchdog.Stop();  // lets the origin go
   // The open that was given up on finishes now and keeps the attributes it read: the next
   // reader needs nothing from the origin.
   for (int i = 0; i < 500 && origin_->opened == opens; ++i)
@@ -370,29 +378,14 @@ TEST_F(Cache, ABlockNotCachedIsRefusedAtOnceWhileTheOriginIsSilent) {
   ASSERT_EQ(ReadAll("a"), a);
   ASSERT_OK(cache_->OpenReader(vf_, "b"));  // b's attributes known, none of its blocks
   origin_->Hang(true);
-  std::atomic<bool> released{false}, done{false};
-  std::thread watchdog([&] {
-    for (int i = 0; i < 6000 && !done; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    released = true;
-    origin_->Hang(false);
-  });
-  struct Join {
-    std::thread& t;
-    std::atomic<bool>& done;
-    ~Join() {
-      done = true;
-      if (t.joinable()) t.join();
-    }
-  } join{watchdog, done};
+  Watchdog watchdog(origin_);
   EXPECT_EQ(ReadAll("a"), a);  // waits 200 ms for the origin, then served: the origin is silent
   EXPECT_TRUE(cache_->stats().origin_silent);
   Status st;
   EXPECT_EQ(ReadAll("b", &st), "");
   EXPECT_EQ(st.code(), Code::kUnavailable) << st.ToString();
-  EXPECT_FALSE(released) << "a read waited for an origin that answered nothing";
-  done = true;
-  watchdog.join();  // the origin answers again: the probes end the silence
+  EXPECT_FALSE(watchdog.released) << "a read waited for an origin that answered nothing";
+  watchdog.Stop();  // the origin answers again: the probes end the silence
   for (int i = 0; i < 500 && cache_->stats().origin_silent; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_FALSE(cache_->stats().origin_silent);

@@ -117,9 +117,10 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
     const uint64_t size = info_.size, bs = v_->options().block_size;
     for (uint64_t first = 0; first < size; first += bs) {
       const uint64_t len = std::min(bs, size - first);
-      SLUICE_ASSIGN_OR_RETURN(auto block, v_->Block(
-                                              Id(first / bs), [&] { return Fetch(first, len); },
-                                              /*admit=*/true));
+      SLUICE_ASSIGN_OR_RETURN(auto block,
+                              v_->Block(
+                                  Id(first / bs), [&] { return Fetch(first, len, /*wait=*/true); },
+                                  /*admit=*/true));
       *bytes += block->size();
     }
     return Status::Ok();
@@ -174,10 +175,12 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
     }
   }
   // Bytes [first, first+len) of this version from the volume below.
-  Result<std::string> Fetch(uint64_t first, uint64_t len) {
+  // `wait`: an operator's warm waits for the origin whatever its state; readers and read-ahead
+  // do not wait for a silent one.
+  Result<std::string> Fetch(uint64_t first, uint64_t len, bool wait = false) {
     // A silent origin would hold this read until the s3 client's stall timeout: a prompt 503
     // instead, while a probe (at most two at once) finds out when it answers again.
-    if (v_->ProbeIfSilent(vfid_, rel_))
+    if (!wait && v_->ProbeIfSilent(vfid_, rel_))
       return Status(Code::kUnavailable,
                     fmt::format("'{}': not cached, and the origin is not answering", rel_));
     std::shared_ptr<FileReader> r;
@@ -205,6 +208,7 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
       if (k == 0) return Status(Code::kConflict, fmt::format("'{}' shrank while being read", rel_));
       got += k;
     }
+    v_->OriginAnswered();
     return out;
   }
 
@@ -342,6 +346,7 @@ CachedVolume::CachedVolume(std::unique_ptr<Volume> inner, CacheOptions opts,
                        "1 while the origin counts as silent: a revalidation went unanswered "
                        "for revalidate-timeout and none has answered since.",
                        l);
+  g_silent_->store(0);
   g_stale_ = &m.Counter(
       "sluice_cache_stale_opens_total",
       "Files opened, stat'ed or listed from expired attributes or listings while the origin "
@@ -363,7 +368,8 @@ CachedVolume::CachedVolume(std::unique_ptr<Volume> inner, CacheOptions opts,
 }
 
 template <typename T>
-Result<T> CachedVolume::Revalidate(const std::string& key, std::function<Result<T>()> ask) {
+Result<T> CachedVolume::Revalidate(const std::string& key, std::function<Result<T>()> ask,
+                                   bool probe) {
   if (!revalidate_) return ask();
   struct Pending {
     std::mutex mu;
@@ -376,7 +382,7 @@ Result<T> CachedVolume::Revalidate(const std::string& key, std::function<Result<
   // thousands of files then runs from the cache at its own speed instead of waiting
   // revalidate-timeout per file, and the origin does not get a queue of thousands of
   // requests the moment it comes back. Callers asking for the same thing join one round trip.
-  const bool silent = silent_.load();
+  const bool silent = probe || silent_.load();  // a probe never waits, whatever the state
   std::shared_ptr<Pending> p;
   {
     std::lock_guard lk(mu_);
@@ -436,7 +442,7 @@ Result<T> CachedVolume::Revalidate(const std::string& key, std::function<Result<
   std::unique_lock lk(p->mu);
   if (!p->cv.wait_for(lk, silent ? std::chrono::milliseconds(0) : opts_.revalidate_timeout,
                       [&] { return p->done; })) {
-    SetSilent(true);
+    if (!silent) SetSilent(true);  // only a caller that waited it out says so
     return Status(Code::kUnavailable, fmt::format("the origin did not answer within {} ms",
                                                   opts_.revalidate_timeout.count()));
   }
@@ -514,11 +520,15 @@ void CachedVolume::Shutdown() {
 
 bool CachedVolume::ProbeIfSilent(const VFolderId& vfid, const std::string& rel) {
   if (!silent_) return false;
-  // A stat as the probe: small, and any answer ends the silence (Revalidate does not wait
-  // for it while the origin is silent).
-  (void)Revalidate<DirEntry>(fmt::format("p\n{}\n{}", vfid.ToString(), rel),
-                             [this, vfid, rel] { return ForwardingVolume::Stat(vfid, rel); });
-  return true;
+  // A stat as the probe: small, and any answer ends the silence. Never waited for here.
+  (void)Revalidate<DirEntry>(
+      fmt::format("p\n{}\n{}", vfid.ToString(), rel),
+      [this, vfid, rel] { return ForwardingVolume::Stat(vfid, rel); }, /*probe=*/true);
+  return silent_;
+}
+
+void CachedVolume::OriginAnswered() {
+  if (silent_) SetSilent(false);
 }
 
 void CachedVolume::SetSilent(bool silent) {
@@ -921,6 +931,7 @@ Result<std::pair<std::shared_ptr<const CachedVolume::Listing>, std::string>> Cac
       }
       std::sort(fresh->entries.begin(), fresh->entries.end(),
                 [](const DirEntry& a, const DirEntry& b) { return a.name < b.name; });
+      OriginAnswered();
       fresh->fetched = asked;  // as old as the question: a late answer is not made younger
       std::lock_guard lk(mu_);
       auto& kept = dirs_[key];
@@ -1086,6 +1097,7 @@ Result<std::shared_ptr<FileReader>> CachedVolume::OpenReader(const VFolderId& vf
     o->entry = (*r)->info();
     auto blob = (*r)->ReadMeta();
     o->meta = blob.ok() ? std::move(blob).value() : std::string();
+    OriginAnswered();
     KeepMeta(vfid, rel, {o->entry, o->meta, asked}, gen);
     o->reader = std::move(r).value();
     return o;

@@ -128,6 +128,8 @@ class CachedVolume : public ForwardingVolume {
   // Whether the origin counts as silent (see Revalidate); if so, a round trip about `rel`
   // goes out in the background to find out when it answers again (at most two at once).
   bool ProbeIfSilent(const VFolderId& vfid, const std::string& rel);
+  // An origin call made directly (not through a revalidation) was answered: no longer silent.
+  void OriginAnswered();
   void CountHit() {
     n_.hits++;
     (*g_hits_)++;
@@ -145,7 +147,8 @@ class CachedVolume : public ForwardingVolume {
   // full) kUnavailable, and `ask` goes on to keep what it finds for the next caller. Callers
   // with the same `key` share one round trip. Without serve-stale, on the caller's thread.
   template <typename T>
-  Result<T> Revalidate(const std::string& key, std::function<Result<T>()> ask);
+  // `probe`: never waited for, at most kProbes at once, whatever the origin's state.
+  Result<T> Revalidate(const std::string& key, std::function<Result<T>()> ask, bool probe = false);
   std::map<std::string, std::shared_ptr<void>> revalidating_;  // key -> its round trip; mu_
   static constexpr int kProbes = 2, kMaxOutstanding = 1024;
   std::atomic<bool> silent_{false};  // a round trip was given up on; none has answered since

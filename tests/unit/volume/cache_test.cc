@@ -48,6 +48,7 @@ class Origin : public ForwardingVolume {
     ++opens;
     SLUICE_ASSIGN_OR_RETURN(auto r, ForwardingVolume::OpenReader(vfid, rel, lookup, hint));
     Hold();
+    if (down) return Status(Code::kUnavailable, "the origin is down");  // went down meanwhile
     ++opened;
     return std::shared_ptr<FileReader>(std::make_shared<CountingReader>(r, &reads, &down));
   }
@@ -57,12 +58,18 @@ class Origin : public ForwardingVolume {
     ++lists;
     return ForwardingVolume::OpenDir(vfid, rel);
   }
+  Result<DirEntry> Stat(const VFolderId& vfid, std::string_view rel) override {
+    if (down) return Status(Code::kUnavailable, "the origin is down");
+    Hold();
+    ++stats;
+    return ForwardingVolume::Stat(vfid, rel);
+  }
   void Hang(bool on) {
     std::lock_guard lk(hang_mu_);
     hang_ = on;
     hang_cv_.notify_all();
   }
-  std::atomic<int> opens{0}, opened{0}, reads{0}, lists{0};
+  std::atomic<int> opens{0}, opened{0}, reads{0}, lists{0}, stats{0};
   std::atomic<bool> down{false};
 
  private:
@@ -83,7 +90,7 @@ class Watchdog {
       : t_([this, o] {
           for (int i = 0; i < 6000 && !done_; ++i)
             std::this_thread::sleep_for(std::chrono::milliseconds(10));
-          released = true;
+          if (!done_) released = true;  // its time ran out, not Stop()
           o->Hang(false);
         }) {}
   ~Watchdog() { Stop(); }
@@ -366,30 +373,42 @@ TEST_F(Cache, ASilentOriginIsNotWaitedForFileAfterFile) {
 }
 
 // While the origin counts as silent, a block not cached is refused at once (503), not held
-// until the origin's stall timeout; a probe in the background ends the silence once the
-// origin answers, and the block is read then.
+// until the origin's stall timeout; it sends a probe (a stat) in the background, whose answer
+// ends the silence, and the block is read then.
 TEST_F(Cache, ABlockNotCachedIsRefusedAtOnceWhileTheOriginIsSilent) {
-  opts_.ttl = std::chrono::milliseconds(0);
+  opts_.ttl = std::chrono::milliseconds(3000);
   opts_.revalidate_timeout = std::chrono::milliseconds(200);
   Start();
   const std::string a = Bytes(4096, 40), b = Bytes(2 * kMiB, 41);
   Put("a", a);
   Put("b", b);
   ASSERT_EQ(ReadAll("a"), a);
-  ASSERT_OK(cache_->OpenReader(vf_, "b"));  // b's attributes known, none of its blocks
+  std::this_thread::sleep_for(std::chrono::milliseconds(3100));  // a's attributes expire
+  ASSERT_OK(cache_->OpenReader(vf_, "b"));  // b's are fresh (none of its blocks cached)
+  {
+    origin_->Hang(true);
+    Watchdog watchdog(origin_);
+    EXPECT_TRUE(ReadAll("a") == a);  // waits 200 ms for the origin, then served
+    EXPECT_TRUE(cache_->stats().origin_silent);
+    origin_->down = true;  // the held open fails once let go: no answer, still silent
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_TRUE(cache_->stats().origin_silent);
+  origin_->down = false;
+  const int before = origin_->stats;
   origin_->Hang(true);
   Watchdog watchdog(origin_);
-  EXPECT_EQ(ReadAll("a"), a);  // waits 200 ms for the origin, then served: the origin is silent
-  EXPECT_TRUE(cache_->stats().origin_silent);
   Status st;
-  EXPECT_EQ(ReadAll("b", &st), "");
+  EXPECT_TRUE(ReadAll("b", &st).empty());
   EXPECT_EQ(st.code(), Code::kUnavailable) << st.ToString();
   EXPECT_FALSE(watchdog.released) << "a read waited for an origin that answered nothing";
-  watchdog.Stop();  // the origin answers again: the probes end the silence
+  // The probe it sent answers once the origin does: heard again, and b is read.
+  watchdog.Stop();
   for (int i = 0; i < 500 && cache_->stats().origin_silent; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_FALSE(cache_->stats().origin_silent);
-  EXPECT_EQ(ReadAll("b"), b);
+  EXPECT_EQ(origin_->stats, before + 1);
+  EXPECT_TRUE(ReadAll("b") == b);
 }
 
 // Readers of one stale file while the origin holds share one round trip.

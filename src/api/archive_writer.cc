@@ -293,6 +293,14 @@ Status ArchiveWriter::Close() {
   return Status::Ok();
 }
 
+bool ArchiveWriter::Rollback(const Mark& m) {
+  if (format_ != Format::kTar || m.out < out_pos_ || m.out > out_.size()) return false;
+  out_.resize(m.out);
+  written_ = m.written;
+  entry_left_ = m.entry_left;
+  return true;
+}
+
 size_t ArchiveWriter::Take(char* buf, size_t cap) {
   size_t n = std::min(cap, pending());
   std::memcpy(buf, out_.data() + out_pos_, n);

@@ -55,6 +55,16 @@ class ArchiveWriter {
   Status Close();
   bool closed() const { return closed_; }
 
+  // TAR only: where the archive stands, and a return to it, so that an entry whose data turned
+  // out unreadable before any of it was taken is taken back whole. Rollback is false (and
+  // changes nothing) when bytes past the mark were taken meanwhile.
+  struct Mark {
+    size_t out;
+    uint64_t written, entry_left;
+  };
+  Mark mark() const { return {out_.size(), written_, entry_left_}; }
+  bool Rollback(const Mark& m);
+
   // Archive bytes written and not yet taken.
   size_t pending() const { return out_.size() - out_pos_; }
   // Moves up to `cap` pending bytes to `buf`.

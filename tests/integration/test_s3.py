@@ -1208,6 +1208,53 @@ def test_batch_get_in_request_order(s3d, s3, user):
         (f"{b}/labels.txt", b"cat\ndog\n"), (f"{a}/{keys[1]}", bodies[keys[1]])]
 
 
+def test_batch_get_an_object_that_cannot_be_read(tmp_path):
+    """An object whose first bytes cannot be read (a volume's I/O error, an origin that does
+    not answer) is taken back before any of it is sent: a placeholder with continue-on-error,
+    the batch's error status when it is the first item without. One that fails later, after
+    bytes of it went out, still cuts the stream."""
+    import json as _json
+
+    from conftest import toml_section
+
+    vol = tmp_path / "vol-faulty"
+    vol.mkdir()
+    faulty = toml_section("volume.faulty", {
+        "backend": "vfs", "path": str(vol),
+        "faults": [{"op": "read", "path": "*bad*", "error": "EIO", "after": "0"},
+                   {"op": "read", "path": "*late*", "error": "EIO", "after": "1k"}]})
+    with running_daemon(tmp_path / "d", volumes={"faulty": vol}, s3={},
+                        extra_toml=faulty) as d:
+        user = d.s3_user(volume="faulty")["id"]
+        ak, sk = d.s3_key(user)
+        boto = d.s3_client(ak, sk)
+        boto.create_bucket(Bucket="faulty-data")
+        bodies = {k: os.urandom(64 << 10) for k in ("a-good", "b-bad", "c-good", "d-late")}
+        for k, v in bodies.items():
+            boto.put_object(Bucket="faulty-data", Key=k, Body=v)
+        r = batch_get(d, ak, sk, "/faulty-data?batch-get", {
+            "items": [{"key": "a-good"}, {"key": "b-bad"}, {"key": "c-good"}],
+            "continue-on-error": True})
+        assert r.status_code == 200, r.text
+        entries = untar(r.content)
+        assert [n for n, _, _ in entries] == [
+            "faulty-data/a-good", "__error__/faulty-data/b-bad", "faulty-data/c-good",
+            "__manifest__.json"]
+        assert entries[0][1] == bodies["a-good"] and entries[2][1] == bodies["c-good"]
+        m = _json.loads(entries[-1][1])
+        assert m["ok"] == 2 and m["errors"] == 1
+        assert m["items"][1]["status"] >= 500, m["items"][1]
+        # The first item, without continue-on-error: an error status, not a 200 cut short.
+        r = batch_get(d, ak, sk, "/faulty-data?batch-get",
+                      {"items": [{"key": "b-bad"}, {"key": "a-good"}]})
+        assert r.status_code >= 500 and "b-bad" in r.text, (r.status_code, r.text[:300])
+        # Failing after its first bytes went out: the stream is cut (no manifest).
+        with pytest.raises(requests.exceptions.ChunkedEncodingError):
+            batch_get(d, ak, sk, "/faulty-data?batch-get",
+                      {"items": [{"key": "d-late"}, {"key": "a-good"}],
+                       "continue-on-error": True})
+
+
 def test_batch_get_errors(s3d, s3, user):
     import json as _json
 

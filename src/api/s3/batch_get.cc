@@ -109,6 +109,22 @@ Status BatchGetStream::StartItem() {
     }
   }
   e.size = length;
+  const ArchiveWriter::Mark before = tar_.mark();
+  SLUICE_RETURN_IF_ERROR(tar_.Header(e));
+  if (length > 0) {
+    // Its first piece is read before the item counts as sent: an object that cannot be read
+    // at all (a volume's I/O error, an origin that does not answer) is taken back and becomes
+    // a placeholder (or the batch's error), not a stream cut short in its data.
+    file_ = std::move(o->file);
+    file_off_ = first;
+    file_left_ = length;
+    Status st = FileData();
+    if (!st.ok()) {
+      file_.reset();
+      if (!tar_.Rollback(before)) return st;
+      return Failed(FromStatus(st));
+    }
+  }
   if (Outcome* out = Record()) {
     out->status = status;
     out->size = length;
@@ -116,12 +132,7 @@ Status BatchGetStream::StartItem() {
     out->range_total = status == 206 ? size : 0;
   }
   ++ok_;
-  SLUICE_RETURN_IF_ERROR(tar_.Header(e));
-  if (length == 0) return tar_.FinishEntry(e.name);
-  file_ = std::move(o->file);
-  file_off_ = first;
-  file_left_ = length;
-  return Status::Ok();
+  return length == 0 ? tar_.FinishEntry(e.name) : Status::Ok();
 }
 
 Status BatchGetStream::FileData() {

@@ -294,8 +294,11 @@ Status ArchiveWriter::Close() {
 }
 
 bool ArchiveWriter::Rollback(const Mark& m) {
-  if (format_ != Format::kTar || m.out < out_pos_ || m.out > out_.size()) return false;
-  out_.resize(m.out);
+  // In archive positions (written_ counts every byte made), so that a Take() that emptied or
+  // compacted the buffer since cannot make an old mark look valid.
+  const uint64_t taken = written_ - pending();
+  if (format_ != Format::kTar || m.written > written_ || taken > m.written) return false;
+  out_.resize(out_.size() - static_cast<size_t>(written_ - m.written));
   written_ = m.written;
   entry_left_ = m.entry_left;
   return true;

@@ -59,10 +59,9 @@ class ArchiveWriter {
   // out unreadable before any of it was taken is taken back whole. Rollback is false (and
   // changes nothing) when bytes past the mark were taken meanwhile.
   struct Mark {
-    size_t out;
     uint64_t written, entry_left;
   };
-  Mark mark() const { return {out_.size(), written_, entry_left_}; }
+  Mark mark() const { return {written_, entry_left_}; }
   bool Rollback(const Mark& m);
 
   // Archive bytes written and not yet taken.

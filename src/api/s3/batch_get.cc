@@ -118,10 +118,12 @@ Status BatchGetStream::StartItem() {
     file_ = std::move(o->file);
     file_off_ = first;
     file_left_ = length;
+    const uint64_t bytes_before = bytes_;
     Status st = FileData();
     if (!st.ok()) {
       file_.reset();
-      if (!tar_.Rollback(before)) return st;
+      if (st.code() == Code::kInternal || !tar_.Rollback(before)) return st;  // not the object's
+      bytes_ = bytes_before;
       return Failed(FromStatus(st));
     }
   }

@@ -22,6 +22,7 @@ import requests
 from conftest import (BIN_DIR, new_qsid, new_vfid, problem, running_daemon, run_sluiced,
                       split_vfid, start_daemon, toml_section)
 from test_download import archive_token, download_token
+from test_http_hardening import metric
 from test_upload import HeldPatch, new_session, offset_of, patch, upload_url, wait_for
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -578,14 +579,6 @@ def test_origin_down_and_wrong_credentials(tmp_path):
             ctx.__exit__(None, None, None)
 
 
-def metric(d, name):
-    """The value of an unlabelled metric on `d`'s /metrics."""
-    for line in requests.get(d.internal_url("/metrics"), timeout=30).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} is not in /metrics")
-
-
 def test_a_stalled_origin_does_not_hold_up_the_other_volumes(tmp_path):
     """An origin that accepts connections and then answers nothing (SIGSTOP) holds every
     request to its volume until the stall timeout; those requests hold I/O threads, and the
@@ -714,7 +707,7 @@ def test_the_ssd_cache_answers_when_the_origin_answers_nothing(tmp_path):
                 stats = d.mgr("GET", "/volume/cache", json={"volume": "remote"}, timeout=15)
                 assert stats.status_code == 200 and stats.json()["stale_opens"] >= 2, stats.text
                 assert stats.json()["origin_silent"] is True, stats.text
-                assert metric(d, 'sluice_cache_origin_silent{volume="remote"}') == 1
+                assert metric(d, "sluice_cache_origin_silent", volume="remote") == 1
             finally:
                 os.kill(o.proc.pid, signal.SIGCONT)
             r = requests.get(url, params=token, timeout=60)

@@ -527,6 +527,13 @@ bool CachedVolume::ProbeIfSilent(const VFolderId& vfid, const std::string& rel) 
   return silent_;
 }
 
+bool CachedVolume::ServeStale(const Status& st) {
+  if (st.code() != Code::kUnavailable || !opts_.serve_stale) return false;
+  n_.stale++;
+  (*g_stale_)++;
+  return true;
+}
+
 void CachedVolume::OriginAnswered() {
   if (silent_) SetSilent(false);
 }
@@ -891,9 +898,7 @@ Result<DirEntry> CachedVolume::Stat(const VFolderId& vfid, std::string_view relp
   auto r =
       known ? Revalidate<DirEntry>(fmt::format("s\n{}\n{}", MetaKey(vfid, parts), Gen(vfid)), stat)
             : stat();
-  if (!r.ok() && r.status().code() == Code::kUnavailable && known && opts_.serve_stale) {
-    n_.stale++;
-    (*g_stale_)++;
+  if (!r.ok() && known && ServeStale(r.status())) {
     DirEntry e = known->first;
     if (!parts.empty()) e.name = parts.back();
     return e;
@@ -913,8 +918,8 @@ Result<std::pair<std::shared_ptr<const CachedVolume::Listing>, std::string>> Cac
       (Steady::now() - it->second->fetched < opts_.ttl ? l : stale) = it->second;
   }
   if (!l) {
-    auto list = [this, vfid, rel, key,
-                 gen = Gen(vfid)]() -> Result<std::shared_ptr<const Listing>> {
+    const uint64_t gen = Gen(vfid);
+    auto list = [this, vfid, rel, key, gen]() -> Result<std::shared_ptr<const Listing>> {
       const auto asked = Steady::now();
       SLUICE_ASSIGN_OR_RETURN(auto d, ForwardingVolume::OpenDir(vfid, rel));
       auto fresh = std::make_shared<Listing>();
@@ -943,15 +948,12 @@ Result<std::pair<std::shared_ptr<const CachedVolume::Listing>, std::string>> Cac
     };
     // Keyed with the vfolder's generation: no caller after a write joins a round trip asked
     // before it.
-    auto r = stale ? Revalidate<std::shared_ptr<const Listing>>(
-                         fmt::format("l\n{}\n{}", key, Gen(vfid)), list)
-                   : list();
+    auto r =
+        stale ? Revalidate<std::shared_ptr<const Listing>>(fmt::format("l\n{}\n{}", key, gen), list)
+              : list();
     if (r.ok()) {
       l = std::move(r).value();
-    } else if (r.status().code() == Code::kUnavailable && stale && opts_.serve_stale) {
-      // The origin does not answer: the listing it gave last (serve-stale).
-      n_.stale++;
-      (*g_stale_)++;
+    } else if (stale && ServeStale(r.status())) {  // the listing the origin gave last
       l = std::move(stale);
     } else {
       return r.status();
@@ -1080,8 +1082,9 @@ Result<std::shared_ptr<FileReader>> CachedVolume::OpenReader(const VFolderId& vf
     DirEntry entry;
     std::string meta;
   };
+  const uint64_t gen = Gen(vfid);
   auto open = [this, vfid, rel, key, lookup, hint = known ? nullptr : hint,
-               gen = Gen(vfid)]() -> Result<std::shared_ptr<Opened>> {
+               gen]() -> Result<std::shared_ptr<Opened>> {
     const auto asked = Steady::now();
     auto r = inner().OpenReader(vfid, rel, lookup, hint);
     if (!r.ok()) {
@@ -1102,16 +1105,12 @@ Result<std::shared_ptr<FileReader>> CachedVolume::OpenReader(const VFolderId& vf
     o->reader = std::move(r).value();
     return o;
   };
-  auto r = known
-               ? Revalidate<std::shared_ptr<Opened>>(fmt::format("o\n{}\n{}", key, Gen(vfid)), open)
-               : open();
+  auto r = known ? Revalidate<std::shared_ptr<Opened>>(fmt::format("o\n{}\n{}", key, gen), open)
+                 : open();
   if (!r.ok()) {
-    if (r.status().code() == Code::kUnavailable && known && opts_.serve_stale) {
-      n_.stale++;
-      (*g_stale_)++;
+    if (known && ServeStale(r.status()))
       return std::shared_ptr<FileReader>(
           std::make_shared<CachedReader>(this, vfid, rel, known->entry, known->meta, nullptr));
-    }
     return r.status();
   }
   Opened& o = **r;

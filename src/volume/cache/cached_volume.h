@@ -130,6 +130,9 @@ class CachedVolume : public ForwardingVolume {
   bool ProbeIfSilent(const VFolderId& vfid, const std::string& rel);
   // An origin call made directly (not through a revalidation) was answered: no longer silent.
   void OriginAnswered();
+  // Whether an origin call that failed with `st` is answered from what is cached instead
+  // (serve-stale and the origin unavailable); counted as a stale answer if so.
+  bool ServeStale(const Status& st);
   void CountHit() {
     n_.hits++;
     (*g_hits_)++;

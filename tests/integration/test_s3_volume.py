@@ -4,6 +4,8 @@ Volume interface conformance suite runs on it, then the manager and client APIs 
 archive and manage files put on the origin by another client, and the errors an operator meets
 (an origin down, wrong credentials, uploads not taken yet) are checked."""
 
+import concurrent.futures
+import contextlib
 import errno
 import io
 import json
@@ -579,6 +581,29 @@ def test_origin_down_and_wrong_credentials(tmp_path):
             ctx.__exit__(None, None, None)
 
 
+@contextlib.contextmanager
+def listings_of_a_stopped_origin(d, o, vfid, count, answered):
+    """Stops the origin (SIGSTOP: it keeps its connections and answers nothing) and lists
+    directories d0 .. d<count-1> of `vfid` on the s3 volume, each from a thread of its own,
+    calling answered(i, response, seconds) as each returns; on leaving, the origin resumes and
+    every listing is waited for."""
+    def listing(i):
+        started = time.monotonic()
+        r = d.file_op("remote", "list", vfid=vfid, relpath=f"d{i}", timeout=120)
+        answered(i, r, time.monotonic() - started)
+
+    os.kill(o.proc.pid, signal.SIGSTOP)
+    threads = [threading.Thread(target=listing, args=(i,)) for i in range(count)]
+    try:
+        for t in threads:
+            t.start()
+        yield
+    finally:
+        os.kill(o.proc.pid, signal.SIGCONT)
+        for t in threads:
+            t.join()
+
+
 def test_a_stalled_origin_does_not_hold_up_the_other_volumes(tmp_path):
     """An origin that accepts connections and then answers nothing (SIGSTOP) holds every
     request to its volume until the stall timeout; those requests hold I/O threads, and the
@@ -598,16 +623,8 @@ def test_a_stalled_origin_does_not_hold_up_the_other_volumes(tmp_path):
             (d.vfolder_path(lv) / "a" / "f.txt").write_bytes(b"local bytes")
             assert metric(d, "sluice_io_pool_threads") == 8
             results = []
-
-            def stuck(i):
-                r = d.file_op("remote", "list", vfid=rv, relpath=f"d{i}", timeout=120)
-                results.append(r.status_code)
-
-            os.kill(o.proc.pid, signal.SIGSTOP)
-            threads = [threading.Thread(target=stuck, args=(i,)) for i in range(32)]
-            try:
-                for t in threads:
-                    t.start()
+            with listings_of_a_stopped_origin(
+                    d, o, rv, 32, lambda i, r, took: results.append(r.status_code)):
                 # All 32 are waiting on the origin, each on a thread of its own.
                 deadline = time.monotonic() + 30
                 while metric(d, "sluice_io_pool_busy") < 32 and time.monotonic() < deadline:
@@ -625,12 +642,56 @@ def test_a_stalled_origin_does_not_hold_up_the_other_volumes(tmp_path):
                 d.create_vfolder()
                 assert d.mgr("GET", "/volumes", timeout=10).status_code == 200
                 assert not results
-            finally:
-                os.kill(o.proc.pid, signal.SIGCONT)
-                for t in threads:
-                    t.join()
             # The origin answers again: every stuck listing completes.
             assert results == [200] * 32, results
+    finally:
+        ctx.__exit__(None, None, None)
+
+
+def test_an_origin_that_stops_answering_holds_at_most_max_connections(tmp_path):
+    """Requests to an s3 volume's origin share its connections (max-connections of them). When
+    the origin stops answering, that many requests wait for it; the others wait for a connection
+    at most queue-timeout and fail with a 503 that says why, instead of each holding a thread
+    for the stall timeout. The ones that waited complete once the origin is back."""
+    ctx, o = start_origin(tmp_path / "origin")
+    try:
+        with running_daemon(tmp_path / "proxy", extra_toml=s3_volume(
+                o, **{"stall-timeout": "30s", "retry-deadline": "30s",
+                      "max-connections": 4, "queue-timeout": "1s"})) as d:
+            rv = d.create_vfolder(volume="remote")
+            base = vfolder_prefix(rv)
+            for i in range(12):
+                o.boto.put_object(Bucket=BUCKET, Key=f"{base}d{i}/f", Body=b"x")
+            # Listings from 8 threads at once reuse the connections: at most 4 are ever opened.
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                codes = list(pool.map(lambda i: d.file_op(
+                    "remote", "list", vfid=rv, relpath=f"d{i % 12}", timeout=60).status_code,
+                    range(48)))
+            assert codes == [200] * 48
+            sent = metric(d, "sluice_origin_requests_total", volume="remote")
+            opened = metric(d, "sluice_origin_connections_total", volume="remote")
+            assert sent >= 48 and 1 <= opened <= 4, (sent, opened)
+
+            results = {}
+
+            def answered(i, r, took):
+                results[i] = (r.status_code, took, r.text)
+
+            with listings_of_a_stopped_origin(d, o, rv, 12, answered):
+                # Four wait on the origin; the other eight are refused after about a second.
+                deadline = time.monotonic() + 20
+                while len(results) < 8 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert len(results) == 8, results
+                for code, took, text in results.values():
+                    assert code == 503 and took < 10, (code, took, text)
+                    assert "no connection to the origin came free" in text, text
+                assert metric(d, "sluice_origin_requests_running", volume="remote") == 4
+                assert metric(d, "sluice_origin_queue_timeouts_total", volume="remote") == 8
+                assert metric(d, "sluice_io_pool_busy") <= 5
+            waited = [results[i][0] for i in results if results[i][0] != 503]
+            assert waited == [200] * 4, results
+            assert metric(d, "sluice_origin_requests_running", volume="remote") == 0
     finally:
         ctx.__exit__(None, None, None)
 

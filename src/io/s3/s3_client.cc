@@ -14,6 +14,7 @@
 
 #include "common/checksum.h"
 #include "common/crypto.h"
+#include "io/s3/transport.h"
 
 namespace sluice::io::s3 {
 
@@ -26,11 +27,6 @@ constexpr size_t kMaxAnswerBody = 32u << 20;
 std::string StripQuotes(std::string_view s) {
   if (s.size() >= 2 && s.front() == '"' && s.back() == '"') s = s.substr(1, s.size() - 2);
   return std::string(s);
-}
-
-void GlobalInit() {
-  static std::once_flag once;
-  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
 
 // The code an S3 error answer stands for.
@@ -184,7 +180,7 @@ Status S3Client::Validate(const ClientOptions& o) {
 }
 
 S3Client::S3Client(ClientOptions opts) : opts_(std::move(opts)) {
-  GlobalInit();
+  CurlGlobalInit();
   std::string_view e = opts_.endpoint;
   size_t start = e.find("//");
   start = start == std::string_view::npos ? 0 : start + 2;
@@ -384,7 +380,15 @@ Result<S3Client::Answer> S3Client::SendOnce(Request& req) {
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, req.method.c_str());
   }
 
-  CURLcode rc = curl_easy_perform(c);
+  CURLcode rc;
+  if (opts_.transport) {
+    int r = CURLE_OK;
+    if (Status st = opts_.transport->Perform(c, &r); !st.ok())
+      return Status(st.code(), fmt::format("{}: {}", req.what, st.message()), st.sys_errno());
+    rc = static_cast<CURLcode>(r);
+  } else {
+    rc = curl_easy_perform(c);
+  }
   if (!t.sink_error.ok()) return t.sink_error;
   if (t.read_errno != 0) return Status::FromErrno(t.read_errno, req.what + ": read the body");
   if (t.too_big)
@@ -424,7 +428,10 @@ Result<S3Client::Answer> S3Client::Send(Request& req) {
         std::max<std::chrono::steady_clock::duration>(deadline - now, {}));
     bool last =
         attempt >= opts_.max_attempts || req.delivered != delivered_before || now >= deadline;
-    bool transport = !r.ok() && r.status().code() == Code::kUnavailable;
+    // A request that found no free connection in time is not retried: its caller would only
+    // wait again behind the same requests.
+    bool transport = !r.ok() && r.status().code() == Code::kUnavailable &&
+                     !(r.status().has_sys_errno() && r.status().sys_errno() == EBUSY);
     bool retry = !last && (transport || (r.ok() && Retryable(r->status, r->s3code)));
     if (!retry) {
       if (!r.ok()) return r.status();

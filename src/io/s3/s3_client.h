@@ -1,6 +1,8 @@
 // A synchronous S3 client over libcurl: SigV4 from io/s3/sigv4.h (the server's own
-// canonicalization), one connection kept alive per client, retries with full-jitter backoff on
-// transport failures, 5xx, SlowDown and RequestTimeout, and S3 error XML turned into Status.
+// canonicalization), requests moved by a shared Transport (libcurl's multi interface, its
+// connections shared by every client of an s3 volume) or, without one, by the client itself
+// with one connection of its own kept alive (the CLI's workers), retries with full-jitter backoff
+// on transport failures, 5xx, SlowDown and RequestTimeout, and S3 error XML turned into Status.
 // Object bodies stream from a file descriptor or to a sink; nothing is held whole in memory.
 // Not thread-safe: one client per thread (the CLI's workers each own one).
 #pragma once
@@ -22,6 +24,8 @@
 
 namespace sluice::io::s3 {
 
+class Transport;
+
 struct ClientOptions {
   std::string endpoint = "http://127.0.0.1:6024";  // scheme://host[:port][/base]
   Credentials creds;
@@ -40,6 +44,9 @@ struct ClientOptions {
   // Virtual-hosted addressing: the bucket in the host name (bucket.host/key), as AWS and GCS
   // prefer; path style (host/bucket/key) otherwise, as Sluice, RGW and MinIO take by default.
   bool virtual_hosted = false;
+  // Requests go through this loop and its shared connections (io/s3/transport.h); without
+  // one, each client performs its own on the calling thread.
+  std::shared_ptr<Transport> transport;
 };
 
 struct BucketInfo {

@@ -96,13 +96,16 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
   std::string creds_file;
   for (const auto& [key, value] : cfg.options.items()) {
     const bool is_str = value.is_string();
-    const std::string str = is_str ? value.get<std::string>() : std::string();
+    // Numbers may be written bare (max-connections = 32) or quoted.
+    const std::string str = is_str                      ? value.get<std::string>()
+                            : value.is_number_integer() ? value.dump()
+                                                        : std::string();
     if (key == "insecure" || key == "read-only" || key == "read_only") {
       if (!value.is_boolean()) return bad(key, "must be true or false");
       (key == "insecure" ? o.client.insecure : o.read_only) = value.get<bool>();
       continue;
     }
-    if (!is_str) return bad(key, "must be a string");
+    if (!is_str && !value.is_number_integer()) return bad(key, "must be a string or a number");
     if (key == "endpoint") {
       o.client.endpoint = str;
     } else if (key == "bucket") {
@@ -166,6 +169,17 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
       (key == "connect-timeout" ? o.client.connect_timeout
        : key == "stall-timeout" ? o.client.stall_timeout
                                 : o.client.retry_deadline) = *d;
+    } else if (key == "queue-timeout") {
+      auto d = ParseDurationMillis(str);
+      if (!d.ok()) return bad(key, d.status().message());
+      if (d->count() <= 0 || *d > std::chrono::hours(1))
+        return bad(key, "must be over 0 and at most 1h");
+      o.queue_timeout = *d;
+    } else if (key == "max-connections") {
+      char* end = nullptr;
+      const long n = std::strtol(str.c_str(), &end, 10);
+      if (str.empty() || *end != '\0' || n < 1 || n > 4096) return bad(key, "must be 1 to 4096");
+      o.max_connections = static_cast<int>(n);
     } else if (key == "max-attempts") {
       char* end = nullptr;
       const long n = std::strtol(str.c_str(), &end, 10);
@@ -177,7 +191,8 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
                  "access-key, secret-key, credentials-file, ca-file, insecure, read-only, "
                  "addressing, capacity, vfolder-ttl, part-size, connect-timeout, "
                  "stall-timeout, retry-deadline, max-attempts, usage-reconcile-interval, "
-                 "usage-walk-budget, max-copy-size, upload-lock-ttl)");
+                 "usage-walk-budget, max-copy-size, upload-lock-ttl, max-connections, "
+                 "queue-timeout)");
     }
   }
   if (!creds_file.empty()) {
@@ -241,7 +256,14 @@ class S3Volume::Clients {
 
 struct S3Volume::Origin {
   Origin(const S3VolumeOptions& o, std::string volume)
-      : opts(o), clients(o.client), volume(std::move(volume)) {}
+      : opts(WithTransport(o, volume)), clients(opts.client), volume(std::move(volume)) {}
+  // Every client of the volume sends through one transport: shared connections, at most
+  // max-connections of them.
+  static S3VolumeOptions WithTransport(S3VolumeOptions o, const std::string& volume) {
+    o.client.transport = std::make_shared<s3c::Transport>(
+        s3c::TransportOptions{o.max_connections, o.queue_timeout, volume});
+    return o;
+  }
   S3VolumeOptions opts;
   Clients clients;
   std::string volume;

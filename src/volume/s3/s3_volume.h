@@ -27,6 +27,7 @@
 
 #include "common/config.h"
 #include "io/s3/s3_client.h"
+#include "io/s3/transport.h"
 #include "volume/usage_tracker.h"
 #include "volume/volume.h"
 
@@ -55,11 +56,17 @@ struct S3VolumeOptions {
   // read instead (exact, and what other nodes wrote counts at once).
   std::chrono::milliseconds usage_reconcile{60000};
   std::chrono::microseconds usage_walk_budget{10000};
+  // Requests to the origin at once (one connection each, shared by every request of this
+  // volume), and how long one waits for a connection before it fails (503): an origin that
+  // stops answering holds at most max-connections of the node's threads for its stall timeout.
+  int max_connections = 64;
+  std::chrono::milliseconds queue_timeout{10000};
 
   // From [volume.NAME.options]: endpoint, bucket, prefix, region, access-key, secret-key or
   // credentials-file, ca-file, insecure, read-only, addressing ("path" or "virtual"),
   // capacity, vfolder-ttl, part-size, connect-timeout, stall-timeout, retry-deadline,
-  // max-attempts, usage-reconcile-interval, usage-walk-budget, max-copy-size, upload-lock-ttl.
+  // max-attempts, usage-reconcile-interval, usage-walk-budget, max-copy-size, upload-lock-ttl,
+  // max-connections, queue-timeout.
   static Result<S3VolumeOptions> FromConfig(const VolumeConfig& cfg);
 };
 

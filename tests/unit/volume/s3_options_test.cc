@@ -28,8 +28,12 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
                   {"usage-reconcile-interval", "2m"},
                   {"usage-walk-budget", "250ms"},
                   {"max-copy-size", "1g"},
-                  {"upload-lock-ttl", "90s"}});
+                  {"upload-lock-ttl", "90s"},
+                  {"max-connections", 16},  // a bare number, as TOML writes one
+                  {"queue-timeout", "1500ms"}});
   ASSERT_OK(o);
+  EXPECT_EQ(o->max_connections, 16);
+  EXPECT_EQ(o->queue_timeout, std::chrono::milliseconds(1500));
   EXPECT_EQ(o->usage_reconcile, std::chrono::minutes(2));
   EXPECT_EQ(o->usage_walk_budget, std::chrono::milliseconds(250));
   EXPECT_EQ(o->max_copy_size, 1u << 30);
@@ -50,6 +54,9 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
   EXPECT_EQ(d->usage_walk_budget, std::chrono::milliseconds(10));
   EXPECT_EQ(d->max_copy_size, 5ULL << 30);  // AWS's CopyObject limit
   EXPECT_EQ(d->upload_lock_ttl, std::chrono::seconds(30));
+  EXPECT_EQ(d->max_connections, 64);
+  EXPECT_EQ(d->queue_timeout, std::chrono::seconds(10));
+  EXPECT_EQ(Parse({{"max-attempts", 3}})->client.max_attempts, 3);
   for (const auto& [key, value] :
        std::vector<std::pair<std::string, std::string>>{{"max-attempts", "0"},
                                                         {"max-attempts", "21"},
@@ -65,6 +72,11 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
                                                         {"max-copy-size", "6g"},
                                                         {"upload-lock-ttl", "500ms"},
                                                         {"upload-lock-ttl", "2h"},
+                                                        {"max-connections", "0"},
+                                                        {"max-connections", "5000"},
+                                                        {"max-connections", "many"},
+                                                        {"queue-timeout", "0s"},
+                                                        {"queue-timeout", "2h"},
                                                         {"timeout", "1s"}}) {
     auto bad = Parse({{key, value}});
     ASSERT_FALSE(bad.ok()) << key << "=" << value;

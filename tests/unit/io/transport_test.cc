@@ -1,0 +1,236 @@
+// The s3 origin transport (io/s3/transport.h) against a small HTTP server in this process:
+// clients share its connections, at most max-connections run at once, a request waits for one
+// in order, and one that waits past the queue timeout fails at once without a retry.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "io/s3/s3_client.h"
+#include "io/s3/transport.h"
+#include "support/assert_status.h"
+
+namespace sluice::test {
+namespace {
+
+using namespace std::chrono_literals;
+namespace s3 = io::s3;
+
+// Answers every GET "200 ok" on kept-alive connections; a GET of a path holding "hang" is
+// answered only once Release() is called.
+class TinyHttp {
+ public:
+  TinyHttp() {
+    listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    EXPECT_EQ(::listen(listen_, 128), 0);
+    socklen_t len = sizeof a;
+    ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    accept_ = std::thread([this] {
+      for (;;) {
+        int fd = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd < 0) return;
+        std::lock_guard lk(mu_);
+        if (stopping_) {
+          ::close(fd);
+          return;
+        }
+        accepted_++;
+        conns_.push_back(fd);
+        workers_.emplace_back([this, fd] { Serve(fd); });
+      }
+    });
+  }
+  ~TinyHttp() {
+    {
+      std::lock_guard lk(mu_);
+      stopping_ = true;
+      for (int fd : conns_) ::shutdown(fd, SHUT_RDWR);
+    }
+    cv_.notify_all();
+    ::shutdown(listen_, SHUT_RDWR);
+    accept_.join();
+    for (auto& t : workers_) t.join();
+    for (int fd : conns_) ::close(fd);
+    ::close(listen_);
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int accepted() {
+    std::lock_guard lk(mu_);
+    return accepted_;
+  }
+  int hanging() {
+    std::lock_guard lk(mu_);
+    return hanging_;
+  }
+  void Release() {
+    std::lock_guard lk(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  void Serve(int fd) {
+    std::string in;
+    char buf[4096];
+    for (;;) {
+      size_t end;
+      while ((end = in.find("\r\n\r\n")) == std::string::npos) {
+        ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) return;
+        in.append(buf, static_cast<size_t>(n));
+      }
+      const std::string head = in.substr(0, end);
+      in.erase(0, end + 4);
+      if (head.substr(0, head.find('\n')).find("hang") != std::string::npos) {
+        std::unique_lock lk(mu_);
+        hanging_++;
+        cv_.wait(lk, [&] { return released_ || stopping_; });
+        hanging_--;
+        if (stopping_) return;
+      }
+      static constexpr std::string_view kAnswer =
+          "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nETag: \"e\"\r\n\r\nok";
+      if (::send(fd, kAnswer.data(), kAnswer.size(), MSG_NOSIGNAL) < 0) return;
+    }
+  }
+
+  int listen_ = -1, port_ = 0;
+  std::thread accept_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int> conns_;
+  std::vector<std::thread> workers_;
+  int accepted_ = 0, hanging_ = 0;
+  bool released_ = false, stopping_ = false;
+};
+
+s3::ClientOptions Options(const TinyHttp& server, std::shared_ptr<s3::Transport> t) {
+  s3::ClientOptions o;
+  o.endpoint = server.url();
+  o.creds = {"ak", "sk", "us-east-1"};
+  o.stall_timeout = 30s;
+  o.transport = std::move(t);
+  return o;
+}
+
+Result<std::string> Fetch(s3::S3Client& c, std::string_view key) {
+  std::string body;
+  auto r = c.Get("b", key, [&](std::string_view p) {
+    body.append(p);
+    return Status::Ok();
+  });
+  if (!r.ok()) return r.status();
+  return body;
+}
+
+// The body, or the error in brackets (what a failed expectation prints).
+std::string Body(s3::S3Client& c, std::string_view key) {
+  auto r = Fetch(c, key);
+  return r.ok() ? *r : "<" + r.status().message() + ">";
+}
+
+template <typename Pred>
+bool WaitFor(Pred pred, std::chrono::milliseconds limit = 10s) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+TEST(Transport, ClientsShareItsConnections) {
+  TinyHttp server;
+  auto t = std::make_shared<s3::Transport>(s3::TransportOptions{4, 10s, ""});
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 8; ++i)
+    threads.emplace_back([&] {
+      s3::S3Client c(Options(server, t));
+      for (int k = 0; k < 25; ++k) ok += Body(c, "obj") == "ok";
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(ok.load(), 200);
+  // Eight clients, one connection each when alone; through the transport at most four.
+  EXPECT_LE(server.accepted(), 4);
+  EXPECT_GE(server.accepted(), 1);
+  auto s = t->stats();
+  EXPECT_EQ(s.requests, 200u);
+  EXPECT_EQ(s.connects, static_cast<uint64_t>(server.accepted()));
+  EXPECT_EQ(s.running, 0);
+  EXPECT_EQ(s.queued, 0);
+}
+
+TEST(Transport, ARequestPastTheQueueTimeoutFailsWithoutARetry) {
+  TinyHttp server;
+  auto t = std::make_shared<s3::Transport>(s3::TransportOptions{2, 300ms, ""});
+  std::vector<std::thread> stuck;
+  std::atomic<int> stuck_ok{0};
+  for (int i = 0; i < 2; ++i)
+    stuck.emplace_back([&] {
+      s3::S3Client c(Options(server, t));
+      stuck_ok += Body(c, "hang") == "ok";
+    });
+  ASSERT_TRUE(WaitFor([&] { return server.hanging() == 2; }));
+
+  s3::S3Client c(Options(server, t));
+  const auto start = std::chrono::steady_clock::now();
+  auto r = Fetch(c, "obj");
+  const auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kUnavailable);
+  EXPECT_EQ(r.status().sys_errno(), EBUSY);
+  EXPECT_NE(r.status().message().find("no connection to the origin came free"), std::string::npos)
+      << r.status().message();
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 5s);  // one wait, not the retry deadline's worth
+  EXPECT_EQ(c.retries(), 0u);
+  EXPECT_EQ(t->stats().queue_timeouts, 1u);
+  EXPECT_EQ(t->stats().running, 2);
+
+  server.Release();
+  for (auto& th : stuck) th.join();
+  EXPECT_EQ(stuck_ok.load(), 2);
+  EXPECT_EQ(Body(c, "obj"), "ok");  // the connections serve again
+  EXPECT_LE(server.accepted(), 2);
+}
+
+TEST(Transport, AWaitingRequestStartsWhenAConnectionFrees) {
+  TinyHttp server;
+  auto t = std::make_shared<s3::Transport>(s3::TransportOptions{1, 10s, ""});
+  std::atomic<bool> second_done{false};
+  std::thread first([&] {
+    s3::S3Client c(Options(server, t));
+    EXPECT_EQ(Body(c, "hang"), "ok");
+  });
+  ASSERT_TRUE(WaitFor([&] { return server.hanging() == 1; }));
+  std::thread second([&] {
+    s3::S3Client c(Options(server, t));
+    EXPECT_EQ(Body(c, "obj"), "ok");
+    second_done = true;
+  });
+  ASSERT_TRUE(WaitFor([&] { return t->stats().queued == 1; }));
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(second_done.load());  // it waits for the one connection
+  server.Release();
+  first.join();
+  second.join();
+  EXPECT_EQ(server.accepted(), 1);
+  EXPECT_EQ(t->stats().requests, 2u);
+}
+
+}  // namespace
+}  // namespace sluice::test

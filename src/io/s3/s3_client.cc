@@ -364,6 +364,8 @@ Result<S3Client::Answer> S3Client::SendOnce(Request& req) {
     curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 0L);
     curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 0L);
   }
+  // A transport's connections carry one request at a time (see transport.h).
+  if (opts_.transport) curl_easy_setopt(c, CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_1_1);
   if (req.method == "HEAD") {
     curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
   } else if (req.method == "PUT") {
@@ -383,8 +385,9 @@ Result<S3Client::Answer> S3Client::SendOnce(Request& req) {
   CURLcode rc;
   if (opts_.transport) {
     int r = CURLE_OK;
-    if (Status st = opts_.transport->Perform(c, &r); !st.ok())
-      return Status(st.code(), fmt::format("{}: {}", req.what, st.message()), st.sys_errno());
+    if (Status st = opts_.transport->Perform(c, &r, opts_.control); !st.ok())
+      return Status(st.code(), fmt::format("{}: {}", req.what, st.message()),
+                    st.has_sys_errno() ? st.sys_errno() : 0);
     rc = static_cast<CURLcode>(r);
   } else {
     rc = curl_easy_perform(c);

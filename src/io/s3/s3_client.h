@@ -47,6 +47,7 @@ struct ClientOptions {
   // Requests go through this loop and its shared connections (io/s3/transport.h); without
   // one, each client performs its own on the calling thread.
   std::shared_ptr<Transport> transport;
+  bool control = false;  // through the transport's control lane (upload leases)
 };
 
 struct BucketInfo {

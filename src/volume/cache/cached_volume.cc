@@ -120,7 +120,7 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
       SLUICE_ASSIGN_OR_RETURN(auto block,
                               v_->Block(
                                   Id(first / bs), [&] { return Fetch(first, len, /*wait=*/true); },
-                                  /*admit=*/true));
+                                  /*admit=*/true, /*wait=*/true));
       *bytes += block->size();
     }
     return Status::Ok();
@@ -419,9 +419,13 @@ Result<T> CachedVolume::Revalidate(const std::string& key, std::function<Result<
         outstanding_--;
         std::lock_guard lk(p->mu);
         // An answer, or a prompt failure, ends the silence; a round trip that ran out its own
-        // timeouts on a silent origin does not. (Under p->mu: a waiter giving up on this one
-        // sets it again only before.)
-        if (took < timeout || r.ok() || r.status().code() != Code::kUnavailable) SetSilent(false);
+        // timeouts on a silent origin does not, nor one that found no free connection to it
+        // (EBUSY: the origin said nothing). (Under p->mu: a waiter giving up on this one sets
+        // it again only before.)
+        const bool unsent = !r.ok() && r.status().code() == Code::kUnavailable &&
+                            r.status().has_sys_errno() && r.status().sys_errno() == EBUSY;
+        if (!unsent && (took < timeout || r.ok() || r.status().code() != Code::kUnavailable))
+          SetSilent(false);
         p->result = std::move(r);
         p->done = true;
         p->cv.notify_all();
@@ -1002,7 +1006,8 @@ bool CachedVolume::Admit(const std::string& id) {
 }
 
 Result<std::shared_ptr<const std::string>> CachedVolume::Block(
-    const std::string& id, const std::function<Result<std::string>()>& fetch, bool admit) {
+    const std::string& id, const std::function<Result<std::string>()>& fetch, bool admit,
+    bool wait) {
   if (auto hit = store_->Get(id)) {
     CountHit();
     return std::make_shared<const std::string>(std::move(*hit));
@@ -1020,7 +1025,13 @@ Result<std::shared_ptr<const std::string>> CachedVolume::Block(
   }
   if (!leader) {  // another reader is fetching this block: its answer is ours
     std::unique_lock lk(f->mu);
-    f->cv.wait(lk, [&] { return f->done; });
+    // A fetch begun before the origin fell silent holds until the s3 client's stall timeout.
+    // Its followers have no cached answer to fall back on, but need not wait that long: once
+    // the origin counts as silent they get what a new miss gets then, a prompt 503 (the fetch
+    // goes on, and keeps the block if it lands).
+    while (!f->cv.wait_for(lk, kJoinedCheck, [&] { return f->done; }))
+      if (!wait && silent_)
+        return Status(Code::kUnavailable, "not cached, and the origin is not answering");
     if (f->result.ok()) CountHit();
     return f->result;
   }

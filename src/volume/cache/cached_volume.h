@@ -116,8 +116,11 @@ class CachedVolume : public ForwardingVolume {
 
   // For readers (cached_volume.cc): block `index` of a file version, from the cache or, once
   // for all concurrent askers, from `fetch`. `admit`: keep it whatever the admission policy.
+  // `wait`: an asker that joins another's fetch waits for it even once the origin counts as
+  // silent (an operator's warm); others then get kUnavailable.
   Result<std::shared_ptr<const std::string>> Block(
-      const std::string& id, const std::function<Result<std::string>()>& fetch, bool admit = false);
+      const std::string& id, const std::function<Result<std::string>()>& fetch, bool admit = false,
+      bool wait = false);
   // What names block `index` of a file version on disk.
   std::string BlockId(const VFolderId& vfid, const std::string& rel, const std::string& validator,
                       uint64_t index) const;
@@ -154,6 +157,8 @@ class CachedVolume : public ForwardingVolume {
   Result<T> Revalidate(const std::string& key, std::function<Result<T>()> ask, bool probe = false);
   std::map<std::string, std::shared_ptr<void>> revalidating_;  // key -> its round trip; mu_
   static constexpr int kProbes = 2, kMaxOutstanding = 1024;
+  // How often an asker joined to another's block fetch looks whether the origin fell silent.
+  static constexpr std::chrono::milliseconds kJoinedCheck{100};
   std::atomic<bool> silent_{false};  // a round trip was given up on; none has answered since
   void SetSilent(bool silent);       // logs the change and keeps the gauge
   std::atomic<int> outstanding_{0};  // revalidation round trips queued or running

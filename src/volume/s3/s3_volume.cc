@@ -175,6 +175,12 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
       if (d->count() <= 0 || *d > std::chrono::hours(1))
         return bad(key, "must be over 0 and at most 1h");
       o.queue_timeout = *d;
+    } else if (key == "transport-threads") {
+      char* end = nullptr;
+      const long n = std::strtol(str.c_str(), &end, 10);
+      if (str.empty() || *end != '\0' || n < 0 || n > 64)
+        return bad(key, "must be 0 (one per four cores) to 64");
+      o.transport_threads = static_cast<int>(n);
     } else if (key == "max-connections") {
       char* end = nullptr;
       const long n = std::strtol(str.c_str(), &end, 10);
@@ -192,7 +198,7 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
                  "addressing, capacity, vfolder-ttl, part-size, connect-timeout, "
                  "stall-timeout, retry-deadline, max-attempts, usage-reconcile-interval, "
                  "usage-walk-budget, max-copy-size, upload-lock-ttl, max-connections, "
-                 "queue-timeout)");
+                 "queue-timeout, transport-threads)");
     }
   }
   if (!creds_file.empty()) {
@@ -254,23 +260,52 @@ class S3Volume::Clients {
   std::vector<std::unique_ptr<s3c::S3Client>> idle_;
 };
 
+namespace {
+
+// While one lives, the origin requests its thread makes go through the transport's control
+// lane: an upload's lease is renewed ahead of data requests that fill every connection.
+class ControlRequests {
+ public:
+  ControlRequests() : was_(active_) { active_ = true; }
+  ~ControlRequests() { active_ = was_; }
+  ControlRequests(const ControlRequests&) = delete;
+  ControlRequests& operator=(const ControlRequests&) = delete;
+  static bool active() { return active_; }
+
+ private:
+  bool was_;
+  static thread_local bool active_;
+};
+thread_local bool ControlRequests::active_ = false;
+
+}  // namespace
+
 struct S3Volume::Origin {
   Origin(const S3VolumeOptions& o, std::string volume)
-      : opts(WithTransport(o, volume)), clients(opts.client), volume(std::move(volume)) {}
+      : opts(WithTransport(o, volume)),
+        clients(opts.client),
+        control_clients(Control(opts.client)),
+        volume(std::move(volume)) {}
   // Every client of the volume sends through one transport: shared connections, at most
   // max-connections of them.
   static S3VolumeOptions WithTransport(S3VolumeOptions o, const std::string& volume) {
     o.client.transport = std::make_shared<s3c::Transport>(
-        s3c::TransportOptions{o.max_connections, o.queue_timeout, volume});
+        s3c::TransportOptions{o.max_connections, o.queue_timeout, o.transport_threads, volume});
     return o;
   }
+  static s3c::ClientOptions Control(s3c::ClientOptions c) {
+    c.control = true;
+    return c;
+  }
   S3VolumeOptions opts;
-  Clients clients;
+  Clients clients, control_clients;
   std::string volume;
   std::mutex mu;
   std::string last_error;  // the last failure to reach the origin, "" after a success
 
-  Clients::Lease Client() { return clients.Take(); }
+  Clients::Lease Client() {
+    return ControlRequests::active() ? control_clients.Take() : clients.Take();
+  }
   const std::string& bucket() const { return opts.bucket; }
   // `in`, or the volume's bucket when `in` is empty (reads of a vfolder bound to another).
   std::string_view Bucket(std::string_view in) const { return in.empty() ? bucket() : in; }
@@ -1916,6 +1951,7 @@ Result<bool> S3Volume::ConditionalCreates() {
 
 Result<std::optional<S3Volume::Lease>> S3Volume::MakeLease(const std::string& record, uint64_t n,
                                                            const std::string& nonce) {
+  ControlRequests control;  // leases go ahead of data
   Lease l{fmt::format("{}{}{:010}", record, kLockInfix, n), nonce,
           std::chrono::steady_clock::now()};
   auto made = origin_->Note(origin_->Client()->PutIfAbsent(
@@ -1948,6 +1984,7 @@ Result<std::optional<S3Volume::Lease>> S3Volume::MakeLease(const std::string& re
 }
 
 Result<std::optional<S3Volume::Lease>> S3Volume::TakeLease(const std::string& record) {
+  ControlRequests control;  // leases go ahead of data
   SLUICE_ASSIGN_OR_RETURN(bool conditional, ConditionalCreates());
   if (!conditional) return std::optional<Lease>(Lease{});
   SLUICE_ASSIGN_OR_RETURN(LeaseState st, ReadLease(*origin_, record, opts_.upload_lock_ttl));
@@ -1966,6 +2003,7 @@ Status LeaseLost(const std::string& key, std::chrono::milliseconds ttl) {
 }  // namespace
 
 Status S3Volume::KeepLease(Lease& l) {
+  ControlRequests control;  // leases go ahead of data
   if (l.key.empty()) return Status::Ok();
   if (l.lost) return LeaseLost(l.key, opts_.upload_lock_ttl);
   const auto now = std::chrono::steady_clock::now();
@@ -2016,6 +2054,7 @@ Status S3Volume::KeepLease(HeldLease& held) {
 }
 
 void S3Volume::ReleaseLease(const Lease& l) {
+  ControlRequests control;  // leases go ahead of data
   if (l.key.empty() || l.lost) return;
   // Kept, released: the newest generation stays, so that its number is not made again.
   (void)origin_->Note(origin_->Client()->Put(

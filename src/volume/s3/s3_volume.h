@@ -61,12 +61,13 @@ struct S3VolumeOptions {
   // stops answering holds at most max-connections of the node's threads for its stall timeout.
   int max_connections = 64;
   std::chrono::milliseconds queue_timeout{10000};
+  int transport_threads = 0;  // the transport's loops; 0: one per four cores (1 to 8)
 
   // From [volume.NAME.options]: endpoint, bucket, prefix, region, access-key, secret-key or
   // credentials-file, ca-file, insecure, read-only, addressing ("path" or "virtual"),
   // capacity, vfolder-ttl, part-size, connect-timeout, stall-timeout, retry-deadline,
   // max-attempts, usage-reconcile-interval, usage-walk-budget, max-copy-size, upload-lock-ttl,
-  // max-connections, queue-timeout.
+  // max-connections, queue-timeout, transport-threads.
   static Result<S3VolumeOptions> FromConfig(const VolumeConfig& cfg);
 };
 

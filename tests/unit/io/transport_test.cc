@@ -117,8 +117,10 @@ class TinyHttp {
   bool released_ = false, stopping_ = false;
 };
 
-s3::ClientOptions Options(const TinyHttp& server, std::shared_ptr<s3::Transport> t) {
+s3::ClientOptions Options(const TinyHttp& server, std::shared_ptr<s3::Transport> t,
+                          bool control = false) {
   s3::ClientOptions o;
+  o.control = control;
   o.endpoint = server.url();
   o.creds = {"ak", "sk", "us-east-1"};
   o.stall_timeout = 30s;
@@ -154,7 +156,7 @@ bool WaitFor(Pred pred, std::chrono::milliseconds limit = 10s) {
 
 TEST(Transport, ClientsShareItsConnections) {
   TinyHttp server;
-  auto t = std::make_shared<s3::Transport>(s3::TransportOptions{4, 10s, ""});
+  auto t = std::make_shared<s3::Transport>(s3::TransportOptions{4, 10s, 1, ""});
   std::vector<std::thread> threads;
   std::atomic<int> ok{0};
   for (int i = 0; i < 8; ++i)
@@ -176,7 +178,7 @@ TEST(Transport, ClientsShareItsConnections) {
 
 TEST(Transport, ARequestPastTheQueueTimeoutFailsWithoutARetry) {
   TinyHttp server;
-  auto t = std::make_shared<s3::Transport>(s3::TransportOptions{2, 300ms, ""});
+  auto t = std::make_shared<s3::Transport>(s3::TransportOptions{2, 300ms, 1, ""});
   std::vector<std::thread> stuck;
   std::atomic<int> stuck_ok{0};
   for (int i = 0; i < 2; ++i)
@@ -210,7 +212,7 @@ TEST(Transport, ARequestPastTheQueueTimeoutFailsWithoutARetry) {
 
 TEST(Transport, AWaitingRequestStartsWhenAConnectionFrees) {
   TinyHttp server;
-  auto t = std::make_shared<s3::Transport>(s3::TransportOptions{1, 10s, ""});
+  auto t = std::make_shared<s3::Transport>(s3::TransportOptions{1, 10s, 1, ""});
   std::atomic<bool> second_done{false};
   std::thread first([&] {
     s3::S3Client c(Options(server, t));
@@ -230,6 +232,47 @@ TEST(Transport, AWaitingRequestStartsWhenAConnectionFrees) {
   second.join();
   EXPECT_EQ(server.accepted(), 1);
   EXPECT_EQ(t->stats().requests, 2u);
+}
+
+// Several loops share the work and the limit: still at most max-connections connections.
+TEST(Transport, LoopsShareTheLimit) {
+  TinyHttp server;
+  auto t = std::make_shared<s3::Transport>(s3::TransportOptions{4, 10s, 2, ""});
+  ASSERT_EQ(t->loops(), 2);
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 8; ++i)
+    threads.emplace_back([&] {
+      s3::S3Client c(Options(server, t));
+      for (int k = 0; k < 25; ++k) ok += Body(c, "obj") == "ok";
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(ok.load(), 200);
+  EXPECT_LE(server.accepted(), 4);
+  EXPECT_EQ(t->stats().requests, 200u);
+  // More loops than connections allowed: no more loops than that.
+  EXPECT_EQ(s3::Transport(s3::TransportOptions{1, 1s, 4, ""}).loops(), 1);
+}
+
+// A control request (an upload's lease) is not queued behind data requests that hold every
+// connection: it goes first and may use a connection beyond the limit.
+TEST(Transport, ControlRequestsPassDataThatFillsTheConnections) {
+  TinyHttp server;
+  auto t = std::make_shared<s3::Transport>(s3::TransportOptions{1, 300ms, 1, ""});
+  std::thread stuck([&] {
+    s3::S3Client c(Options(server, t));
+    EXPECT_EQ(Body(c, "hang"), "ok");
+  });
+  ASSERT_TRUE(WaitFor([&] { return server.hanging() == 1; }));
+  s3::S3Client data(Options(server, t));
+  EXPECT_NE(Body(data, "obj"), "ok");  // no connection for data: refused after 300 ms
+  s3::S3Client control(Options(server, t, /*control=*/true));
+  EXPECT_EQ(Body(control, "obj"), "ok");
+  EXPECT_EQ(Body(control, "obj"), "ok");
+  server.Release();
+  stuck.join();
+  EXPECT_EQ(server.accepted(), 2);
+  EXPECT_EQ(t->stats().queue_timeouts, 1u);
 }
 
 }  // namespace

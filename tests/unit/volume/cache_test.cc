@@ -4,6 +4,7 @@
 // bound, are fetched once for concurrent readers, and never mix versions of a file.
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -22,11 +23,15 @@ constexpr uint64_t kMiB = 1 << 20;
 class CountingReader : public ForwardingFileReader {
  public:
   CountingReader(std::shared_ptr<FileReader> inner, std::atomic<int>* reads,
-                 const std::atomic<bool>* down)
-      : ForwardingFileReader(std::move(inner)), reads_(reads), down_(down) {}
+                 const std::atomic<bool>* down, std::function<void()> hold)
+      : ForwardingFileReader(std::move(inner)),
+        reads_(reads),
+        down_(down),
+        hold_(std::move(hold)) {}
   Result<size_t> ReadAt(uint64_t offset, char* buf, size_t n) override {
     if (*down_) return Status(Code::kUnavailable, "the origin is down");
     ++*reads_;
+    hold_();
     std::this_thread::sleep_for(std::chrono::milliseconds(2));  // an origin takes its time
     return ForwardingFileReader::ReadAt(offset, buf, n);
   }
@@ -34,6 +39,7 @@ class CountingReader : public ForwardingFileReader {
  private:
   std::atomic<int>* reads_;
   const std::atomic<bool>* down_;
+  std::function<void()> hold_;
 };
 
 // The origin: counts opens and block reads; `down` makes it unreachable; Hang(true) makes it
@@ -50,7 +56,8 @@ class Origin : public ForwardingVolume {
     Hold();
     if (down) return Status(Code::kUnavailable, "the origin is down");  // went down meanwhile
     ++opened;
-    return std::shared_ptr<FileReader>(std::make_shared<CountingReader>(r, &reads, &down));
+    return std::shared_ptr<FileReader>(
+        std::make_shared<CountingReader>(r, &reads, &down, [this] { HoldRead(); }));
   }
   Result<std::unique_ptr<DirHandle>> OpenDir(const VFolderId& vfid, std::string_view rel) override {
     if (down) return Status(Code::kUnavailable, "the origin is down");
@@ -69,6 +76,12 @@ class Origin : public ForwardingVolume {
     hang_ = on;
     hang_cv_.notify_all();
   }
+  // Block reads (opened files' ReadAt) hold too, once they have counted themselves.
+  void HangReads(bool on) {
+    std::lock_guard lk(hang_mu_);
+    hang_reads_ = on;
+    hang_cv_.notify_all();
+  }
   std::atomic<int> opens{0}, opened{0}, reads{0}, lists{0}, stats{0};
   std::atomic<bool> down{false};
 
@@ -77,9 +90,13 @@ class Origin : public ForwardingVolume {
     std::unique_lock lk(hang_mu_);
     hang_cv_.wait(lk, [&] { return !hang_; });
   }
+  void HoldRead() {
+    std::unique_lock lk(hang_mu_);
+    hang_cv_.wait(lk, [&] { return !hang_reads_; });
+  }
   std::mutex hang_mu_;
   std::condition_variable hang_cv_;
-  bool hang_ = false;
+  bool hang_ = false, hang_reads_ = false;
 };
 
 // Lets a hung origin go after 60 s whatever happens (a test that waited for it then fails on
@@ -92,6 +109,7 @@ class Watchdog {
             std::this_thread::sleep_for(std::chrono::milliseconds(10));
           if (!done_) released = true;  // its time ran out, not Stop()
           o->Hang(false);
+          o->HangReads(false);
         }) {}
   ~Watchdog() { Stop(); }
   // Lets the origin go now.
@@ -409,6 +427,57 @@ TEST_F(Cache, ABlockNotCachedIsRefusedAtOnceWhileTheOriginIsSilent) {
   EXPECT_FALSE(cache_->stats().origin_silent);
   EXPECT_EQ(origin_->stats, before + 1);
   EXPECT_TRUE(ReadAll("b") == b);
+}
+
+// A reader joined to a block fetch that began before the origin fell silent is not held until
+// that fetch gives up: it gets a 503 once the origin counts as silent, as a new miss does. The
+// fetch goes on and keeps the block.
+TEST_F(Cache, AReaderJoinedToAFetchIsLetGoWhenTheOriginFallsSilent) {
+  opts_.ttl = std::chrono::milliseconds(0);
+  opts_.revalidate_timeout = std::chrono::milliseconds(200);
+  Start();
+  const std::string a = Bytes(4096, 50), b = Bytes(kMiB, 51);
+  Put("a", a);
+  Put("b", b);
+  ASSERT_EQ(ReadAll("a"), a);
+  auto first = cache_->OpenReader(vf_, "b");
+  ASSERT_OK(first);
+  origin_->HangReads(true);
+  Watchdog watchdog(origin_);
+  const int reads = origin_->reads;
+  std::string got(b.size(), '\0');
+  Result<size_t> led = Status(Code::kInternal, "not read");
+  std::thread leader([&] { led = (*first)->ReadAt(0, got.data(), got.size()); });
+  for (int i = 0; i < 500 && origin_->reads == reads; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(origin_->reads, reads + 1);  // the block's fetch holds at the origin
+  auto second = cache_->OpenReader(vf_, "b");
+  ASSERT_OK(second);
+  std::atomic<bool> joined_done{false};
+  Status joined_st;
+  std::thread joined([&] {
+    std::string buf(b.size(), '\0');
+    auto r = (*second)->ReadAt(0, buf.data(), buf.size());
+    joined_st = r.status();
+    joined_done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(joined_done);  // joined to the fetch, which holds
+  origin_->Hang(true);        // the origin falls silent: a's revalidation goes unanswered
+  EXPECT_TRUE(ReadAll("a") == a);
+  ASSERT_TRUE(cache_->stats().origin_silent);
+  for (int i = 0; i < 200 && !joined_done; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(joined_done) << "a joined reader waited out a fetch from a silent origin";
+  watchdog.Stop();  // the origin answers again: the fetch lands and is kept
+  leader.join();
+  joined.join();
+  EXPECT_EQ(joined_st.code(), Code::kUnavailable) << joined_st.ToString();
+  EXPECT_FALSE(watchdog.released);
+  ASSERT_OK(led);
+  EXPECT_EQ(*led, b.size());
+  EXPECT_TRUE(got == b);
+  EXPECT_EQ(cache_->stats().store.blocks, 2u);  // a's, and b's that the fetch kept
 }
 
 // Readers of one stale file while the origin holds share one round trip.

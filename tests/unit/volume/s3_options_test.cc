@@ -30,10 +30,12 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
                   {"max-copy-size", "1g"},
                   {"upload-lock-ttl", "90s"},
                   {"max-connections", 16},  // a bare number, as TOML writes one
-                  {"queue-timeout", "1500ms"}});
+                  {"queue-timeout", "1500ms"},
+                  {"transport-threads", "3"}});
   ASSERT_OK(o);
   EXPECT_EQ(o->max_connections, 16);
   EXPECT_EQ(o->queue_timeout, std::chrono::milliseconds(1500));
+  EXPECT_EQ(o->transport_threads, 3);
   EXPECT_EQ(o->usage_reconcile, std::chrono::minutes(2));
   EXPECT_EQ(o->usage_walk_budget, std::chrono::milliseconds(250));
   EXPECT_EQ(o->max_copy_size, 1u << 30);
@@ -56,6 +58,7 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
   EXPECT_EQ(d->upload_lock_ttl, std::chrono::seconds(30));
   EXPECT_EQ(d->max_connections, 64);
   EXPECT_EQ(d->queue_timeout, std::chrono::seconds(10));
+  EXPECT_EQ(d->transport_threads, 0);
   EXPECT_EQ(Parse({{"max-attempts", 3}})->client.max_attempts, 3);
   for (const auto& [key, value] :
        std::vector<std::pair<std::string, std::string>>{{"max-attempts", "0"},
@@ -77,6 +80,8 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
                                                         {"max-connections", "many"},
                                                         {"queue-timeout", "0s"},
                                                         {"queue-timeout", "2h"},
+                                                        {"transport-threads", "-1"},
+                                                        {"transport-threads", "65"},
                                                         {"timeout", "1s"}}) {
     auto bad = Parse({{key, value}});
     ASSERT_FALSE(bad.ok()) << key << "=" << value;

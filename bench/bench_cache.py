@@ -228,6 +228,9 @@ def main():
     ap.add_argument("--readers", type=int, default=8)
     ap.add_argument("--fuse", action="store_true",
                     help="also read the objects through rclone mount and s3fs (RGW origin)")
+    ap.add_argument("--perf", metavar="EPOCH", default="",
+                    help="record a `perf record -g` profile of the proxy during this epoch "
+                         "(epoch1, epoch2, local, epoch3) into perf-EPOCH.data here")
     ap.add_argument("--io-threads", type=int, default=8,
                     help="the proxy's [sluice] io-threads: origin fetches at once (default 8; "
                          "the pool adds threads only for requests that waited 100 ms)")
@@ -303,9 +306,17 @@ ttl = "1h"
 
         def run(name, url, ak, sk, bucket):
             before = cache_counts()
+            perf = None
+            if args.perf == name:
+                perf = subprocess.Popen(["perf", "record", "-g", "-q", "-o", f"perf-{name}.data",
+                                         "-p", str(proxy.proc.pid)])
+                time.sleep(1)
             o0, p0, c0 = cpu_seconds(origin_pids), cpu_seconds([proxy.proc.pid]), os.times()
             rates[name] = epoch(url, ak, sk, bucket, args.conns, want)
             o1, p1, c1 = cpu_seconds(origin_pids), cpu_seconds([proxy.proc.pid]), os.times()
+            if perf:
+                perf.send_signal(2)
+                perf.wait()
             h, m = (a - b for a, b in zip(cache_counts(), before))
             hit[name] = h / (h + m) if h + m else 0.0
             client = (c1.children_user - c0.children_user) + (c1.children_system -

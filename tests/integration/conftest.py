@@ -441,14 +441,16 @@ class Daemon:
         assert r.status_code == 201, r.text
         return r.json()["access_key"], r.json()["secret_key"]
 
-    def s3_client(self, access_key, secret_key, **config):
-        """A boto3 S3 client for this daemon (path-style, SigV4)."""
+    def s3_client(self, access_key, secret_key, verify=None, **config):
+        """A boto3 S3 client for this daemon (path-style, SigV4); `verify`: the CA to trust
+        over https."""
         import boto3
         from botocore.config import Config
 
         return boto3.client(
             "s3",
             endpoint_url=self.s3_url(),
+            verify=verify,
             aws_access_key_id=access_key,
             aws_secret_access_key=secret_key,
             region_name="us-east-1",

@@ -31,11 +31,11 @@ KiB, MiB = 1 << 10, 1 << 20
 BUCKET = "origin"
 
 
-def start_origin(root):
-    d = running_daemon(root, s3={})
+def start_origin(root, s3=None, verify=None):
+    d = running_daemon(root, s3=s3 or {})
     o = d.__enter__()
     o.ak, o.sk = o.s3_key(o.s3_user()["id"])
-    o.boto = o.s3_client(o.ak, o.sk)
+    o.boto = o.s3_client(o.ak, o.sk, verify=verify)
     o.boto.create_bucket(Bucket=BUCKET)
     return d, o
 
@@ -602,6 +602,48 @@ def listings_of_a_stopped_origin(d, o, vfid, count, answered):
         os.kill(o.proc.pid, signal.SIGCONT)
         for t in threads:
             t.join()
+
+
+def test_an_origin_over_https(tmp_path):
+    """An origin behind TLS: with its CA in `ca-file` files are read and written; a certificate
+    that is not trusted stops the start at once with a message that says so and what to set
+    (not a warning and a volume that fails every request); `insecure = true` skips the check."""
+    from test_s3_sdks import self_signed
+
+    cert, key = self_signed(tmp_path)
+    ctx, o = start_origin(tmp_path / "origin", verify=str(cert), s3={
+        "ssl-enabled": True, "ssl-cert": str(cert), "ssl-privkey": str(key)})
+    try:
+        assert o.s3_url().startswith("https://")
+        with running_daemon(tmp_path / "proxy", extra_toml=s3_volume(
+                o, **{"ca-file": str(cert)})) as d:
+            vfid = d.create_vfolder(volume="remote")
+            data = os.urandom(300 * KiB)
+            o.boto.put_object(Bucket=BUCKET, Key=vfolder_prefix(vfid) + "f.bin", Body=data)
+            r = requests.get(d.client_url("/download"), timeout=60,
+                             params={"token": download_token(d, vfid, "f.bin", volume="remote")})
+            assert r.status_code == 200 and r.content == data
+            r = d.file_op("remote", "mkdir", vfid=vfid, relpath="made/over/tls", parents=True)
+            assert r.status_code < 300, r.text
+            listed = o.boto.list_objects_v2(Bucket=BUCKET, Prefix=vfolder_prefix(vfid) + "made/")
+            assert listed["KeyCount"] >= 1, listed
+            text = d.config_path.read_text()
+        untrusted = tmp_path / "untrusted.toml"
+        untrusted.write_text(text.replace(f'ca-file = "{cert}"', 'ca-file = ""'))
+        assert str(cert) not in untrusted.read_text()
+        started = time.monotonic()
+        p = run_sluiced("--config", untrusted, timeout=60)
+        assert p.returncode == 2, p.stderr
+        assert "certificate" in p.stderr and "not trusted" in p.stderr and "ca-file" in \
+            p.stderr, p.stderr
+        assert time.monotonic() - started < 20  # refused at once, not retried
+        with running_daemon(tmp_path / "insecure", extra_toml=s3_volume(
+                o, insecure=True)) as d:
+            r = requests.get(d.client_url("/download"), timeout=60,
+                             params={"token": download_token(d, vfid, "f.bin", volume="remote")})
+            assert r.status_code == 200 and r.content == data
+    finally:
+        ctx.__exit__(None, None, None)
 
 
 def test_a_stalled_origin_does_not_hold_up_the_other_volumes(tmp_path):

@@ -110,6 +110,10 @@ std::string Md5(std::string_view s) {
 
 }  // namespace
 
+bool IsUntrustedCertificate(const Status& st) {
+  return st.code() == Code::kUnavailable && st.has_sys_errno() && st.sys_errno() == kUntrustedErrno;
+}
+
 Result<std::string> FileCrc32c(int fd, uint64_t off, uint64_t len) {
   std::vector<char> buf(1u << 20);
   uint32_t crc = 0;
@@ -397,6 +401,14 @@ Result<S3Client::Answer> S3Client::SendOnce(Request& req) {
   if (t.too_big)
     return Status(Code::kUnavailable,
                   fmt::format("{}: the answer is over {} MiB", req.what, kMaxAnswerBody >> 20));
+  // A certificate that is not trusted will not become trusted by retrying: a clear error now.
+  if (rc == CURLE_PEER_FAILED_VERIFICATION || rc == CURLE_SSL_CACERT_BADFILE ||
+      rc == CURLE_SSL_ISSUER_ERROR)
+    return Status(Code::kUnavailable,
+                  fmt::format("{}: the TLS certificate of {}{} is not trusted ({}); trust its CA "
+                              "with ca-file, or skip the check with insecure",
+                              req.what, scheme_, authority_, curl_easy_strerror(rc)),
+                  kUntrustedErrno);
   if (rc != CURLE_OK)
     return Status(Code::kUnavailable, fmt::format("{}: {} ({}{})", req.what, curl_easy_strerror(rc),
                                                   scheme_, authority_));
@@ -433,8 +445,10 @@ Result<S3Client::Answer> S3Client::Send(Request& req) {
         attempt >= opts_.max_attempts || req.delivered != delivered_before || now >= deadline;
     // A request that found no free connection in time is not retried: its caller would only
     // wait again behind the same requests.
+    // Nor is one refused for a certificate that is not trusted.
     bool transport = !r.ok() && r.status().code() == Code::kUnavailable &&
-                     !(r.status().has_sys_errno() && r.status().sys_errno() == EBUSY);
+                     !(r.status().has_sys_errno() && r.status().sys_errno() == EBUSY) &&
+                     !IsUntrustedCertificate(r.status());
     bool retry = !last && (transport || (r.ok() && Retryable(r->status, r->s3code)));
     if (!retry) {
       if (!r.ok()) return r.status();

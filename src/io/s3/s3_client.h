@@ -203,6 +203,11 @@ class S3Client {
   SigningKeyCache signing_;
 };
 
+// The server's TLS certificate is not trusted: kUnavailable (as any failure to connect), never
+// retried, and marked with this errno so that a caller can tell it from an origin that is down.
+inline constexpr int kUntrustedErrno = EKEYREJECTED;
+bool IsUntrustedCertificate(const Status& st);
+
 // CRC32C of bytes [off, off+len) of a file, base64 as S3 sends it.
 Result<std::string> FileCrc32c(int fd, uint64_t off, uint64_t len);
 

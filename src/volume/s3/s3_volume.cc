@@ -877,14 +877,14 @@ std::set<std::string> S3Volume::capabilities() const {
 }
 
 Status S3Volume::Init() {
-  // Wrong credentials or a missing bucket stop the start; an origin that does not answer yet
-  // does not (every request says so until it does).
+  // Wrong credentials, a missing bucket or a certificate not trusted stop the start; an origin
+  // that does not answer yet does not (every request says so until it does).
   s3c::ListRequest lr;
   lr.prefix = opts_.prefix;
   lr.max_keys = 1;
   auto page = origin_->Note(origin_->Client()->ListObjects(opts_.bucket, lr));
   if (page.ok()) return Status::Ok();
-  if (page.status().code() == Code::kUnavailable) {
+  if (page.status().code() == Code::kUnavailable && !s3c::IsUntrustedCertificate(page.status())) {
     spdlog::warn("volume {}: the origin {} does not answer yet: {}", cfg_.name,
                  opts_.client.endpoint, page.status().message());
     return Status::Ok();

@@ -34,7 +34,8 @@ BUCKET = "origin"
 def start_origin(root, s3=None, verify=None):
     d = running_daemon(root, s3=s3 or {})
     o = d.__enter__()
-    o.ak, o.sk = o.s3_key(o.s3_user()["id"])
+    o.user = o.s3_user()["id"]
+    o.ak, o.sk = o.s3_key(o.user)
     o.boto = o.s3_client(o.ak, o.sk, verify=verify)
     o.boto.create_bucket(Bucket=BUCKET)
     return d, o
@@ -602,6 +603,45 @@ def listings_of_a_stopped_origin(d, o, vfid, count, answered):
         os.kill(o.proc.pid, signal.SIGCONT)
         for t in threads:
             t.join()
+
+
+def test_credentials_the_origin_stops_taking(tmp_path):
+    """The volume's key revoked on the origin while the node runs: a request to the volume gets
+    a 503 that says the origin refuses the volume's credentials (not a 403, which would tell
+    the caller it lacks permission), the volume is degraded with that reason, and both heal
+    once the origin takes the key again."""
+    ctx, o = start_origin(tmp_path / "origin")
+    try:
+        with running_daemon(tmp_path / "proxy", extra_toml=s3_volume(o)) as d:
+            vfid = d.create_vfolder(volume="remote")
+            o.boto.put_object(Bucket=BUCKET, Key=vfolder_prefix(vfid) + "f", Body=b"x" * 10)
+            url = d.client_url("/download")
+            token = {"token": download_token(d, vfid, "f", volume="remote")}
+            assert requests.get(url, params=token, timeout=60).content == b"x" * 10
+            assert o.mgr("DELETE", f"/s3/keys/{o.ak}").status_code == 204
+
+            def answer():
+                return requests.get(url, params=token, timeout=60)
+
+            wait_for(lambda: answer().status_code != 200, timeout=10, what="the refusal")
+            r = answer()
+            assert r.status_code == 503 and "refuses volume remote's credentials" in r.text, \
+                (r.status_code, r.text)
+            assert r.headers.get("Retry-After")
+            hw = d.mgr("GET", "/volume/hwinfo", json={"volume": "remote"}).json()
+            assert hw["status"] == "degraded" and "credentials" in hw["status_info"], hw
+            r = d.file_op("remote", "list", vfid=vfid, relpath="")
+            assert r.status_code == 503 and "credentials" in r.text, (r.status_code, r.text)
+            # The same key pair imported again: served, and healthy.
+            r = o.mgr("POST", "/s3/keys", json={"user": o.user, "access_key": o.ak,
+                                                "secret_key": o.sk})
+            assert r.status_code == 201, r.text
+            wait_for(lambda: answer().status_code == 200, timeout=10, what="the key again")
+            assert answer().content == b"x" * 10
+            hw = d.mgr("GET", "/volume/hwinfo", json={"volume": "remote"}).json()
+            assert hw["status"] == "healthy", hw
+    finally:
+        ctx.__exit__(None, None, None)
 
 
 def test_an_origin_over_https(tmp_path):

@@ -310,13 +310,24 @@ struct S3Volume::Origin {
   // `in`, or the volume's bucket when `in` is empty (reads of a vfolder bound to another).
   std::string_view Bucket(std::string_view in) const { return in.empty() ? bucket() : in; }
 
-  // Remembers whether the origin answered, for GetHwInfo.
+  // Remembers whether the origin answered, for GetHwInfo. The origin refusing this volume's
+  // own credentials (keys revoked or rotated on the origin, a policy that changed) is not the
+  // caller's lack of permission: the caller gets a 503 that says so, and the volume is
+  // degraded until the origin accepts them again.
   template <typename T>
   T Note(T r) {
     const Status& st = StatusOf(r);
+    if (st.code() == Code::kUnauthenticated || st.code() == Code::kPermissionDenied) {
+      Status refused(
+          Code::kUnavailable,
+          fmt::format("the origin refuses volume {}'s credentials: {}", volume, st.message()));
+      std::lock_guard lk(mu);
+      last_error = refused.message();
+      return T(std::move(refused));
+    }
     std::lock_guard lk(mu);
     if (st.code() == Code::kUnavailable)
-      last_error = st.message();
+      last_error = "the origin does not answer: " + st.message();
     else
       last_error.clear();
     return r;
@@ -882,7 +893,8 @@ Status S3Volume::Init() {
   s3c::ListRequest lr;
   lr.prefix = opts_.prefix;
   lr.max_keys = 1;
-  auto page = origin_->Note(origin_->Client()->ListObjects(opts_.bucket, lr));
+  auto page = origin_->Client()->ListObjects(opts_.bucket, lr);
+  if (page.ok() || page.status().code() == Code::kUnavailable) (void)origin_->Note(page.status());
   if (page.ok()) return Status::Ok();
   if (page.status().code() == Code::kUnavailable && !s3c::IsUntrustedCertificate(page.status())) {
     spdlog::warn("volume {}: the origin {} does not answer yet: {}", cfg_.name,
@@ -1210,7 +1222,7 @@ HwInfo S3Volume::GetHwInfo() {
   // front of this one holds; a probe must not take it out of a load balancer for an origin.
   if (!origin_->last_error.empty()) {
     h.status = "degraded";
-    h.status_info = "the origin does not answer: " + origin_->last_error;
+    h.status_info = origin_->last_error;
   }
   return h;
 }

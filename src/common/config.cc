@@ -682,7 +682,8 @@ path = "./var/volumes/local"
 #   s3:     endpoint, bucket, prefix, region, access-key + secret-key or credentials-file,
 #           ca-file, insecure, read-only, capacity, vfolder-ttl, part-size, usage-reconcile-
 #           interval, usage-walk-budget (as vfs: usage kept by listings), max-copy-size,
-#           upload-lock-ttl (docs/s3-volumes.md)
+#           upload-lock-ttl, connect-timeout, stall-timeout, max-attempts, retry-deadline,
+#           max-connections (64), queue-timeout ("10s"), transport-threads (docs/s3-volumes.md)
 # options = { usage-reconcile-interval = "60s" }
 #
 # Any volume can have an SSD read cache in front of it (docs/cache.md):

@@ -770,6 +770,9 @@ def test_an_origin_that_stops_answering_holds_at_most_max_connections(tmp_path):
                     assert "no connection to the origin came free" in text, text
                 assert metric(d, "sluice_origin_requests_running", volume="remote") == 4
                 assert metric(d, "sluice_origin_queue_timeouts_total", volume="remote") == 8
+                meta = d.mgr("GET", "/volume/hwinfo", json={"volume": "remote"}).json()["metadata"]
+                assert meta["origin-requests-running"] == "4" and \
+                    meta["origin-max-connections"] == "4", meta
                 assert metric(d, "sluice_io_pool_busy") <= 5
             waited = [results[i][0] for i in results if results[i][0] != 503]
             assert waited == [200] * 4, results

@@ -512,6 +512,13 @@ CachedVolume::~CachedVolume() {
   if (revalidate_) revalidate_->Shutdown();
 }
 
+std::unique_ptr<Volume> CachedVolume::ReleaseOrigin() {
+  stopping_ = true;
+  if (ahead_) ahead_->Shutdown();
+  if (revalidate_) revalidate_->Shutdown();
+  return TakeInner();
+}
+
 void CachedVolume::Shutdown() {
   stopping_ = true;
   if (ahead_) ahead_->Shutdown();

@@ -68,6 +68,11 @@ class CachedVolume : public ForwardingVolume {
   // the directory listings still fresh are kept for the next start (listings.json).
   void Shutdown() override;
 
+  // Stops read-ahead and waits for the origin round trips in flight (as the destructor does),
+  // then hands over the volume below: a cache restarted over the same origin (tests) must not
+  // leave a round trip using a volume it no longer has.
+  std::unique_ptr<Volume> ReleaseOrigin();
+
   HwInfo GetHwInfo() override;
   Result<std::string> DetachVFolder(const VFolderId& vfid) override;
   Status CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,

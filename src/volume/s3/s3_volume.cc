@@ -1217,6 +1217,12 @@ HwInfo S3Volume::GetHwInfo() {
                 {"bucket", opts_.bucket},
                 {"prefix", opts_.prefix},
                 {"read-only", opts_.read_only ? "true" : "false"}};
+  // The transport's figures (also in /metrics), for operators without Prometheus.
+  const auto t = origin_->opts.client.transport->stats();
+  h.metadata["origin-requests-running"] = std::to_string(t.running);
+  h.metadata["origin-requests-queued"] = std::to_string(t.queued);
+  h.metadata["origin-connections-opened"] = std::to_string(t.connects);
+  h.metadata["origin-max-connections"] = std::to_string(opts_.max_connections);
   std::lock_guard lk(origin_->mu);
   // Degraded, not unavailable: the node still serves its other volumes, and what a cache in
   // front of this one holds; a probe must not take it out of a load balancer for an origin.

@@ -163,7 +163,7 @@ class Cache : public ::testing::Test {
     cache_ = std::make_unique<CachedVolume>(std::move(inner), opts_, std::move(store).value());
   }
   std::unique_ptr<Volume> ReleaseInner() {
-    auto v = cache_->TakeInner();
+    auto v = cache_->ReleaseOrigin();
     cache_.reset();
     return v;
   }

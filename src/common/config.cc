@@ -405,6 +405,7 @@ void ParseVolumes(const toml::value& vols, Config& c) {
     if (!path || path->empty()) throw ConfigError(fmt::format("{} is required", s.Key("path")));
     vc.path = *path;
     vc.fsprefix = s.String("fsprefix").value_or("");
+    if (auto n = s.Int("max-operations", 1, 100000)) vc.max_operations = static_cast<int>(*n);
     if (const auto* o = s.Take("options")) {
       if (!o->is_table()) throw ConfigError(fmt::format("{} must be a table", s.Key("options")));
       vc.options = TomlToJson(*o);
@@ -675,6 +676,9 @@ drain-timeout = "30s"
 backend = "vfs"
 path = "./var/volumes/local"
 # fsprefix = ""
+# max-operations = 128               (operations waiting on this volume's storage at once; past
+#                                     it 503: storage that hangs holds no more threads; default
+#                                     half of io-threads-max, at least 64)
 # Options by backend:
 #   vfs:    usage-reconcile-interval = "60s"  (kept usage figures are re-walked when older)
 #           usage-walk-budget = "10ms"        (vfolders walked faster than this: every request)

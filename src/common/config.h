@@ -40,6 +40,9 @@ struct VolumeConfig {
   nlohmann::json faults = nlohmann::json::array();
   // [volume.NAME.cache]: the SSD read cache in front of the volume (volume/cache); null: none.
   nlohmann::json cache;
+  // Operations that may block on the volume's storage running at once (MetricsVolume's
+  // bulkhead); 0: the daemon's default, half of io-threads-max and at least 64.
+  int max_operations = 0;
   // Whether `path` names a directory of this host: not for the in-memory backend, nor for one
   // whose data is in an S3 origin (its path is only a label, such as "s3://bucket/prefix").
   bool local_path() const { return backend != "mem" && backend != "s3"; }

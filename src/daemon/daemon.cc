@@ -185,8 +185,10 @@ int RunDaemon(Config cfg) {
   ThreadPool scan_pool("scan", cfg.scan_threads);
 
   std::vector<std::unique_ptr<Volume>> volumes;
+  // A volume whose storage hangs holds at most half the I/O pool's threads (VolumeConfig).
+  const int max_operations = std::max(64, static_cast<int>(cfg.io_threads_max / 2));
   for (const auto& vc : cfg.volumes) {
-    auto v = VolumeRegistry::Builtin().CreateServed(vc, VolumeDeps{&scan_pool});
+    auto v = VolumeRegistry::Builtin().CreateServed(vc, VolumeDeps{&scan_pool, max_operations});
     if (!v.ok()) {
       spdlog::critical("{}", v.status().message());
       return 2;

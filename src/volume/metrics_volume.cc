@@ -13,12 +13,30 @@ uint64_t MicrosSince(Clock::time_point t0) {
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
 }
 
+// One admitted operation of a reader, directory or writer (MetricsVolume's bulkhead).
+class Admitted {
+ public:
+  explicit Admitted(MetricsVolume* v) : v_(v), in_(v->Enter()) {}
+  ~Admitted() {
+    if (in_) v_->Leave();
+  }
+  Admitted(const Admitted&) = delete;
+  Admitted& operator=(const Admitted&) = delete;
+  explicit operator bool() const { return in_; }
+
+ private:
+  MetricsVolume* v_;
+  bool in_;
+};
+
 // Reads (positional, and zero-copy sends) counted into the volume's statistics.
 class MeteredReader : public ForwardingFileReader {
  public:
-  MeteredReader(std::shared_ptr<FileReader> inner, VolumeIoStats* stats)
-      : ForwardingFileReader(std::move(inner)), stats_(stats) {}
+  MeteredReader(std::shared_ptr<FileReader> inner, MetricsVolume* vol, VolumeIoStats* stats)
+      : ForwardingFileReader(std::move(inner)), vol_(vol), stats_(stats) {}
   Result<size_t> ReadAt(uint64_t offset, char* buf, size_t n) override {
+    Admitted admitted(vol_);
+    if (!admitted) return vol_->Busy();
     auto t0 = Clock::now();
     auto r = inner_->ReadAt(offset, buf, n);
     if (r.ok()) stats_->AddRead(*r, MicrosSince(t0));
@@ -35,28 +53,36 @@ class MeteredReader : public ForwardingFileReader {
   }
 
  private:
+  MetricsVolume* vol_;
   VolumeIoStats* stats_;
 };
 
 class MeteredDir : public ForwardingDirHandle {
  public:
-  MeteredDir(std::unique_ptr<DirHandle> inner, VolumeIoStats* stats)
-      : ForwardingDirHandle(std::move(inner)), stats_(stats) {}
+  MeteredDir(std::unique_ptr<DirHandle> inner, MetricsVolume* vol, VolumeIoStats* stats)
+      : ForwardingDirHandle(std::move(inner)), vol_(vol), stats_(stats) {}
   Result<std::shared_ptr<FileReader>> OpenFile(const std::string& name) override {
+    Admitted admitted(vol_);
+    if (!admitted) return vol_->Busy();
     SLUICE_ASSIGN_OR_RETURN(auto f, inner_->OpenFile(name));
-    return std::shared_ptr<FileReader>(std::make_shared<MeteredReader>(std::move(f), stats_));
+    return std::shared_ptr<FileReader>(std::make_shared<MeteredReader>(std::move(f), vol_, stats_));
   }
   Result<std::unique_ptr<DirHandle>> OpenSubdir(const std::string& name) override {
+    Admitted admitted(vol_);
+    if (!admitted) return vol_->Busy();
     SLUICE_ASSIGN_OR_RETURN(auto d, inner_->OpenSubdir(name));
-    return std::unique_ptr<DirHandle>(new MeteredDir(std::move(d), stats_));
+    return std::unique_ptr<DirHandle>(new MeteredDir(std::move(d), vol_, stats_));
   }
   Result<std::unique_ptr<DirHandle>> OpenSubdirFrom(const std::string& name,
                                                     const ListFrom& from) override {
+    Admitted admitted(vol_);
+    if (!admitted) return vol_->Busy();
     SLUICE_ASSIGN_OR_RETURN(auto d, inner_->OpenSubdirFrom(name, from));
-    return std::unique_ptr<DirHandle>(new MeteredDir(std::move(d), stats_));
+    return std::unique_ptr<DirHandle>(new MeteredDir(std::move(d), vol_, stats_));
   }
 
  private:
+  MetricsVolume* vol_;
   VolumeIoStats* stats_;
 };
 
@@ -65,12 +91,22 @@ class MeteredWriter : public ForwardingStagingWriter {
   MeteredWriter(std::unique_ptr<StagingWriter> inner, MetricsVolume* vol, VolumeIoStats* stats)
       : ForwardingStagingWriter(std::move(inner)), vol_(vol), stats_(stats) {}
   Status WriteAt(uint64_t offset, const char* data, size_t n, size_t* written) override {
+    *written = 0;
+    Admitted admitted(vol_);
+    if (!admitted) return vol_->Busy();
     auto t0 = Clock::now();
     Status st = inner_->WriteAt(offset, data, n, written);
     stats_->AddWrite(*written, MicrosSince(t0));
     return st;
   }
+  Status Sync(uint64_t offset, bool quota_checked) override {
+    Admitted admitted(vol_);
+    if (!admitted) return vol_->Busy();
+    return inner_->Sync(offset, quota_checked);
+  }
   Status Commit(const std::vector<std::string>& final_parts) override {
+    Admitted admitted(vol_);
+    if (!admitted) return vol_->Busy();
     auto t0 = Clock::now();
     Status st = inner_->Commit(final_parts);
     vol_->Count(MetricsVolume::Op::kStage, t0, st);
@@ -78,6 +114,8 @@ class MeteredWriter : public ForwardingStagingWriter {
   }
   Status Publish(const std::vector<std::string>& final_parts,
                  const std::function<std::string(const DirEntry&)>& meta, bool durable) override {
+    Admitted admitted(vol_);
+    if (!admitted) return vol_->Busy();
     auto t0 = Clock::now();
     Status st = inner_->Publish(final_parts, meta, durable);
     vol_->Count(MetricsVolume::Op::kStage, t0, st);
@@ -119,9 +157,18 @@ const char* MetricsVolume::OpName(Op op) {
   return "other";
 }
 
-MetricsVolume::MetricsVolume(std::unique_ptr<Volume> inner)
-    : ForwardingVolume(std::move(inner)), stats_(&Metrics::Global().Volume(name())) {
+MetricsVolume::MetricsVolume(std::unique_ptr<Volume> inner, int max_operations)
+    : ForwardingVolume(std::move(inner)),
+      stats_(&Metrics::Global().Volume(name())),
+      max_operations_(max_operations) {
   auto& m = Metrics::Global();
+  const std::string vl = fmt::format("volume=\"{}\"", name());
+  g_running_ = &m.Gauge("sluice_volume_operations_running",
+                        "Operations of a volume that may block on its storage, running now.", vl);
+  g_refused_ = &m.Counter("sluice_volume_operations_refused_total",
+                          "Operations refused because max-operations of the volume's were "
+                          "running (its storage not answering, or overloaded).",
+                          vl);
   for (size_t i = 0; i < ops_.size(); ++i) {
     const char* op = OpName(static_cast<Op>(i));
     const std::string labels = fmt::format("volume=\"{}\",op=\"{}\"", name(), op);
@@ -134,6 +181,30 @@ MetricsVolume::MetricsVolume(std::unique_ptr<Volume> inner)
   }
 }
 
+bool MetricsVolume::Enter() {
+  const int now = running_.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (max_operations_ > 0 && now > max_operations_) {
+    running_.fetch_sub(1, std::memory_order_relaxed);
+    g_refused_->fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  g_running_->fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void MetricsVolume::Leave() {
+  running_.fetch_sub(1, std::memory_order_relaxed);
+  g_running_->fetch_sub(1, std::memory_order_relaxed);
+}
+
+Status MetricsVolume::Busy() const {
+  return Status(Code::kUnavailable,
+                fmt::format("volume {}: {} operations are already waiting on its storage (its "
+                            "max-operations); try again later",
+                            name(), max_operations_),
+                EBUSY);
+}
+
 void MetricsVolume::Count(Op op, Clock::time_point t0, const Status& st) {
   OpCounters& c = ops_[static_cast<size_t>(op)];
   (st.ok() ? c.ok : c.failed)->fetch_add(1, std::memory_order_relaxed);
@@ -142,53 +213,45 @@ void MetricsVolume::Count(Op op, Clock::time_point t0, const Status& st) {
 
 Status MetricsVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_scope,
                                     std::optional<uint64_t> initial_limit) {
-  auto t0 = Clock::now();
-  return Timed(Op::kVFolder, t0,
-               ForwardingVolume::CreateVFolder(vfid, mode, auto_scope, initial_limit));
+  return Run(Op::kVFolder, [&] {
+    return ForwardingVolume::CreateVFolder(vfid, mode, auto_scope, initial_limit);
+  });
 }
 
 Result<std::string> MetricsVolume::DetachVFolder(const VFolderId& vfid) {
-  auto t0 = Clock::now();
-  return Timed(Op::kVFolder, t0, ForwardingVolume::DetachVFolder(vfid));
+  return Run(Op::kVFolder, [&] { return ForwardingVolume::DetachVFolder(vfid); });
 }
 
 Status MetricsVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,
                                       const TreeUsage& size) {
-  auto t0 = Clock::now();
-  return Timed(Op::kVFolder, t0, ForwardingVolume::CopyVFolderFrom(from, src, dst, size));
+  return Run(Op::kVFolder, [&] { return ForwardingVolume::CopyVFolderFrom(from, src, dst, size); });
 }
 
 Result<TreeUsage> MetricsVolume::GetUsage(const VFolderId& vfid) {
-  auto t0 = Clock::now();
-  return Timed(Op::kUsage, t0, ForwardingVolume::GetUsage(vfid));
+  return Run(Op::kUsage, [&] { return ForwardingVolume::GetUsage(vfid); });
 }
 
 Result<TreeUsage> MetricsVolume::GetFreshUsage(const VFolderId& vfid) {
-  auto t0 = Clock::now();
-  return Timed(Op::kUsage, t0, ForwardingVolume::GetFreshUsage(vfid));
+  return Run(Op::kUsage, [&] { return ForwardingVolume::GetFreshUsage(vfid); });
 }
 
 Status MetricsVolume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool parents,
                             bool exist_ok) {
-  auto t0 = Clock::now();
-  return Timed(Op::kMkdir, t0, ForwardingVolume::Mkdir(vfid, relpath, parents, exist_ok));
+  return Run(Op::kMkdir, [&] { return ForwardingVolume::Mkdir(vfid, relpath, parents, exist_ok); });
 }
 
 Status MetricsVolume::Rename(const VFolderId& vfid, std::string_view relpath,
                              std::string_view new_name) {
-  auto t0 = Clock::now();
-  return Timed(Op::kRename, t0, ForwardingVolume::Rename(vfid, relpath, new_name));
+  return Run(Op::kRename, [&] { return ForwardingVolume::Rename(vfid, relpath, new_name); });
 }
 
 Status MetricsVolume::Move(const VFolderId& vfid, std::string_view src, std::string_view dst) {
-  auto t0 = Clock::now();
-  return Timed(Op::kMove, t0, ForwardingVolume::Move(vfid, src, dst));
+  return Run(Op::kMove, [&] { return ForwardingVolume::Move(vfid, src, dst); });
 }
 
 Status MetricsVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::string>& relpaths,
                                   bool recursive) {
-  auto t0 = Clock::now();
-  return Timed(Op::kDelete, t0, ForwardingVolume::DeleteFiles(vfid, relpaths, recursive));
+  return Run(Op::kDelete, [&] { return ForwardingVolume::DeleteFiles(vfid, relpaths, recursive); });
 }
 
 Result<std::shared_ptr<FileReader>> MetricsVolume::OpenReader(const VFolderId& vfid,
@@ -196,53 +259,57 @@ Result<std::shared_ptr<FileReader>> MetricsVolume::OpenReader(const VFolderId& v
                                                               Lookup lookup,
                                                               const LookupHint* hint) {
   auto t0 = Clock::now();
+  // A cached-only lookup never blocks (event loops make it): no admission.
+  const bool may_block = lookup != Lookup::kCachedOnly;
+  if (may_block && !Enter()) {
+    Status busy = Busy();
+    Count(Op::kOpen, t0, busy);
+    return busy;
+  }
   auto f = ForwardingVolume::OpenReader(vfid, relpath, lookup, hint);
+  if (may_block) Leave();
   // A cached-only lookup that would need I/O is not a failure: the pool tries again.
   if (f.ok() || f.status().code() != Code::kUnavailable || lookup != Lookup::kCachedOnly)
     Count(Op::kOpen, t0, f.status());
   if (!f.ok()) return f.status();
-  return std::shared_ptr<FileReader>(std::make_shared<MeteredReader>(std::move(f).value(), stats_));
+  return std::shared_ptr<FileReader>(
+      std::make_shared<MeteredReader>(std::move(f).value(), this, stats_));
 }
 
 Result<DirEntry> MetricsVolume::Stat(const VFolderId& vfid, std::string_view relpath) {
-  auto t0 = Clock::now();
-  return Timed(Op::kStat, t0, ForwardingVolume::Stat(vfid, relpath));
+  return Run(Op::kStat, [&] { return ForwardingVolume::Stat(vfid, relpath); });
 }
 
 Result<std::unique_ptr<DirHandle>> MetricsVolume::OpenDir(const VFolderId& vfid,
                                                           std::string_view relpath) {
-  auto t0 = Clock::now();
-  auto d = Timed(Op::kList, t0, ForwardingVolume::OpenDir(vfid, relpath));
+  auto d = Run(Op::kList, [&] { return ForwardingVolume::OpenDir(vfid, relpath); });
   if (!d.ok()) return d.status();
-  return std::unique_ptr<DirHandle>(new MeteredDir(std::move(d).value(), stats_));
+  return std::unique_ptr<DirHandle>(new MeteredDir(std::move(d).value(), this, stats_));
 }
 
 Result<std::unique_ptr<DirHandle>> MetricsVolume::OpenDirFrom(const VFolderId& vfid,
                                                               std::string_view relpath,
                                                               const ListFrom& from) {
-  auto t0 = Clock::now();
-  auto d = Timed(Op::kList, t0, ForwardingVolume::OpenDirFrom(vfid, relpath, from));
+  auto d = Run(Op::kList, [&] { return ForwardingVolume::OpenDirFrom(vfid, relpath, from); });
   if (!d.ok()) return d.status();
-  return std::unique_ptr<DirHandle>(new MeteredDir(std::move(d).value(), stats_));
+  return std::unique_ptr<DirHandle>(new MeteredDir(std::move(d).value(), this, stats_));
 }
 
 Result<std::vector<DirEntry>> MetricsVolume::ListSorted(const VFolderId& vfid,
                                                         std::string_view relpath,
                                                         std::string_view start_after, size_t max) {
-  auto t0 = Clock::now();
-  return Timed(Op::kList, t0, ForwardingVolume::ListSorted(vfid, relpath, start_after, max));
+  return Run(Op::kList,
+             [&] { return ForwardingVolume::ListSorted(vfid, relpath, start_after, max); });
 }
 
 Result<std::string> MetricsVolume::CreateStaging(const VFolderId& vfid) {
-  auto t0 = Clock::now();
-  return Timed(Op::kStage, t0, ForwardingVolume::CreateStaging(vfid));
+  return Run(Op::kStage, [&] { return ForwardingVolume::CreateStaging(vfid); });
 }
 
 Result<std::unique_ptr<StagingWriter>> MetricsVolume::OpenStaging(const VFolderId& vfid,
                                                                   const std::string& session,
                                                                   std::chrono::milliseconds wait) {
-  auto t0 = Clock::now();
-  auto w = Timed(Op::kStage, t0, ForwardingVolume::OpenStaging(vfid, session, wait));
+  auto w = Run(Op::kStage, [&] { return ForwardingVolume::OpenStaging(vfid, session, wait); });
   if (!w.ok()) return w.status();
   return std::unique_ptr<StagingWriter>(new MeteredWriter(std::move(w).value(), this, stats_));
 }

@@ -2,6 +2,12 @@
 // and written, for /metrics and /volume/performance-metric. The daemon wraps every volume in
 // one, so no API or service counts I/O itself; a read through any protocol, zero-copy sends
 // included (FileReader::CountSent), and every staged write are counted here.
+//
+// It is also the volume's bulkhead: at most `max_operations` of its operations that may block
+// on storage (the volume's calls, and its readers', directories' and writers' blocking calls)
+// run at once. Storage that stops answering (a hung mount, an origin that says nothing) thus
+// holds at most that many of the node's threads; later operations fail at once (kUnavailable,
+// errno EBUSY: HTTP 503) instead of taking more threads from every other volume.
 #pragma once
 
 #include <array>
@@ -30,7 +36,8 @@ class MetricsVolume : public ForwardingVolume {
   };
   static const char* OpName(Op op);
 
-  explicit MetricsVolume(std::unique_ptr<Volume> inner);
+  // max_operations: 0 for no limit.
+  explicit MetricsVolume(std::unique_ptr<Volume> inner, int max_operations = 0);
 
   VolumeIoStats& io_stats() override { return *stats_; }
 
@@ -66,17 +73,32 @@ class MetricsVolume : public ForwardingVolume {
   // Counts one operation of kind `op` that started at `t0` and ended with `st`.
   void Count(Op op, std::chrono::steady_clock::time_point t0, const Status& st);
 
+  // The bulkhead: Enter() admits one more operation (false when max_operations run), Leave()
+  // ends it; Busy() is what a refused one answers.
+  bool Enter();
+  void Leave();
+  Status Busy() const;
+  int running() const { return running_.load(std::memory_order_relaxed); }
+
  private:
   struct OpCounters {
     std::atomic<uint64_t>* ok;
     std::atomic<uint64_t>* failed;
     std::atomic<uint64_t>* usec;
   };
-  // `t0` must be read before the operation runs, in its own statement (the order in which a
-  // call's arguments are evaluated is unspecified).
-  template <typename R>
-  R Timed(Op op, std::chrono::steady_clock::time_point t0, R r) {
-    if constexpr (std::is_same_v<R, Status>)
+  // Runs `fn` (one call of the volume below) as an operation of kind `op`: admitted by the
+  // bulkhead, timed and counted.
+  template <typename F>
+  auto Run(Op op, F&& fn) -> decltype(fn()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!Enter()) {
+      Status busy = Busy();
+      Count(op, t0, busy);
+      return busy;
+    }
+    auto r = fn();
+    Leave();
+    if constexpr (std::is_same_v<decltype(r), Status>)
       Count(op, t0, r);
     else
       Count(op, t0, r.status());
@@ -84,6 +106,10 @@ class MetricsVolume : public ForwardingVolume {
   }
 
   VolumeIoStats* stats_;
+  const int max_operations_;
+  std::atomic<int> running_{0};
+  std::atomic<int64_t>* g_running_;
+  std::atomic<uint64_t>* g_refused_;
   std::array<OpCounters, static_cast<size_t>(Op::kCount)> ops_;
 };
 

@@ -153,7 +153,8 @@ Result<std::unique_ptr<Volume>> VolumeRegistry::CreateServed(const VolumeConfig&
   SLUICE_ASSIGN_OR_RETURN(auto rules, ParseFaultRules(cfg.name, cfg.faults));
   SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<Volume> v, Create(cfg, deps));
   if (!rules.empty()) v = std::make_unique<FaultVolume>(std::move(v), std::move(rules));
-  v = std::make_unique<MetricsVolume>(std::move(v));
+  v = std::make_unique<MetricsVolume>(
+      std::move(v), cfg.max_operations > 0 ? cfg.max_operations : deps.max_operations);
   if (cfg.cache.is_null()) return v;
   // Cache(Metrics(volume)): the metrics count what reaches the volume below the cache.
   SLUICE_ASSIGN_OR_RETURN(CacheOptions co, CacheOptions::FromJson(cfg.name, cfg.cache));

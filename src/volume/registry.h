@@ -15,6 +15,8 @@ namespace sluice {
 
 struct VolumeDeps {
   ThreadPool* scan_pool = nullptr;
+  // The bulkhead of a volume whose config sets no max-operations (MetricsVolume); 0: none.
+  int max_operations = 0;
 };
 
 using VolumeFactory =

@@ -9,19 +9,21 @@ import pytest
 import requests
 
 from conftest import Daemon, problem, toml_section
+from test_http_hardening import metric
 from test_download import download_token
 from test_upload import TUS, new_session, offset_of, patch, staging
 
 MiB = 1 << 20
 
 
-def faulty_daemon(root, faults, **kw):
-    """A daemon whose extra volume `faulty` runs under `faults`; start it with .start()."""
+def faulty_daemon(root, faults, volume_items=None, **kw):
+    """A daemon whose extra volume `faulty` runs under `faults` (and `volume_items`, more keys
+    of its section); start it with .start()."""
     vol = root / "vol-faulty"
     vol.mkdir(parents=True, exist_ok=True)
 
     def section(rules):
-        items = {"backend": "vfs", "path": str(vol)}
+        items = {"backend": "vfs", "path": str(vol), **(volume_items or {})}
         if rules:
             items["faults"] = rules
         return toml_section("volume.faulty", items)
@@ -38,8 +40,8 @@ def faulty_daemon(root, faults, **kw):
 def faulty(tmp_path):
     started = []
 
-    def make(faults, **kw):
-        d = faulty_daemon(tmp_path / f"d{len(started)}", faults, **kw)
+    def make(faults, volume_items=None, **kw):
+        d = faulty_daemon(tmp_path / f"d{len(started)}", faults, volume_items, **kw)
         d.start()
         started.append(d)
         return d
@@ -172,6 +174,44 @@ def test_usage_and_health_report_failing_volumes(faulty):
     assert h["volumes"]["faulty"]["status"] == "degraded"
     assert "injected fault" in h["volumes"]["faulty"]["status_info"]
     assert h["volumes"]["local"]["status"] == "healthy"
+
+
+def test_a_volume_whose_storage_hangs_holds_at_most_max_operations(faulty):
+    """Storage that stops answering (listings that take 4 s here) holds at most the volume's
+    max-operations threads: the next operations on it fail at once with a 503 that says why,
+    while the node's other volumes answer; those that waited complete."""
+    d = faulty([{"op": "list", "latency": "4s"}], volume_items={"max-operations": 3})
+    vfid = d.create_vfolder(volume="faulty")
+    (d.vfolder_path(vfid, "faulty") / "f").write_bytes(b"x")
+    local = d.create_vfolder()
+    (d.vfolder_path(local) / "g").write_bytes(b"y")
+    results = []
+
+    def listing():
+        started = time.monotonic()
+        r = d.file_op("faulty", "list", vfid=vfid, relpath="", timeout=60)
+        results.append((r.status_code, time.monotonic() - started, r.text))
+
+    threads = [threading.Thread(target=listing) for _ in range(8)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 3
+    while len(results) < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    refused = list(results)
+    assert len(refused) == 5, refused  # within 3 s: the 4 s listings still hold
+    for code, took, text in refused:
+        assert code == 503 and took < 3, (code, took, text)
+        assert "max-operations" in text, text
+    assert metric(d, "sluice_volume_operations_running", volume="faulty") == 3
+    assert metric(d, "sluice_volume_operations_refused_total", volume="faulty") >= 5
+    # The other volume answers meanwhile.
+    r = d.file_op("local", "list", vfid=local, relpath="", timeout=10)
+    assert r.status_code == 200 and [i["name"] for i in r.json()["items"]] == ["g"], r.text
+    for t in threads:
+        t.join()
+    assert sorted(code for code, _, _ in results) == [200] * 3 + [503] * 5, results
+    assert metric(d, "sluice_volume_operations_running", volume="faulty") == 0
 
 
 def test_slow_volume_never_holds_an_event_loop(faulty):

@@ -1,4 +1,6 @@
 // The volume decorators over the in-memory volume: what they forward, count and inject.
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include "support/assert_status.h"
@@ -110,6 +112,43 @@ TEST_F(DecoratorTest, FaultsFailChosenOperationsAndPathsOnly) {
   // `times`: once, then through.
   EXPECT_ERROR(v.Mkdir(vf_, "d", true, false), Code::kPermissionDenied);
   EXPECT_OK(v.Mkdir(vf_, "d", true, false));
+}
+
+// The bulkhead: while max-operations calls hold (slow stats and reads here), the next
+// blocking call of the volume, its readers and directories is refused at once with EBUSY;
+// event loops' cached-only lookups are not counted; once they return, calls go through.
+TEST_F(DecoratorTest, MetricsVolumeAdmitsAtMostMaxOperations) {
+  auto rules = ParseFaultRules("v", nlohmann::json::parse(R"([
+      {"op": "stat", "path": "slow", "latency": "400ms"}])"));
+  ASSERT_OK(rules);
+  MetricsVolume v(std::make_unique<FaultVolume>(Mem("bulkhead"), std::move(rules).value()), 2);
+  MakeVFolder(v);
+  ASSERT_OK(MemOf(v).PutFile(vf_, "slow", "s"));
+  ASSERT_OK(MemOf(v).PutFile(vf_, "dir/f", "0123456789"));
+  auto reader = v.OpenReader(vf_, "dir/f");
+  ASSERT_OK(reader);
+  auto dir = v.OpenDir(vf_, "dir");
+  ASSERT_OK(dir);
+  std::vector<std::thread> held;
+  for (int i = 0; i < 2; ++i) held.emplace_back([&] { EXPECT_OK(v.Stat(vf_, "slow")); });
+  for (int i = 0; i < 200 && v.running() < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(v.running(), 2);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto refused = v.Stat(vf_, "dir/f");
+  ASSERT_ERROR(refused, Code::kUnavailable);
+  EXPECT_EQ(refused.status().sys_errno(), EBUSY);
+  EXPECT_NE(refused.status().message().find("max-operations"), std::string::npos);
+  char buf[4];
+  EXPECT_ERROR((*reader)->ReadAt(0, buf, sizeof buf), Code::kUnavailable);
+  EXPECT_ERROR((*dir)->OpenFile("f"), Code::kUnavailable);
+  EXPECT_ERROR(v.OpenReader(vf_, "dir/f"), Code::kUnavailable);
+  EXPECT_OK(v.OpenReader(vf_, "dir/f", Lookup::kCachedOnly));  // never blocks: not counted
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
+  for (auto& t : held) t.join();
+  EXPECT_EQ(v.running(), 0);
+  EXPECT_OK(v.Stat(vf_, "dir/f"));
+  EXPECT_EQ(*(*reader)->ReadAt(0, buf, sizeof buf), 4u);
 }
 
 TEST_F(DecoratorTest, ByteRangeFaultsCountOnlyWhenTheyCut) {

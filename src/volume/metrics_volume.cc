@@ -1,5 +1,7 @@
 #include "volume/metrics_volume.h"
 
+#include <optional>
+
 #include <fmt/format.h>
 
 namespace sluice {
@@ -13,30 +15,13 @@ uint64_t MicrosSince(Clock::time_point t0) {
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
 }
 
-// One admitted operation of a reader, directory or writer (MetricsVolume's bulkhead).
-class Admitted {
- public:
-  explicit Admitted(MetricsVolume* v) : v_(v), in_(v->Enter()) {}
-  ~Admitted() {
-    if (in_) v_->Leave();
-  }
-  Admitted(const Admitted&) = delete;
-  Admitted& operator=(const Admitted&) = delete;
-  explicit operator bool() const { return in_; }
-
- private:
-  MetricsVolume* v_;
-  bool in_;
-};
-
 // Reads (positional, and zero-copy sends) counted into the volume's statistics.
 class MeteredReader : public ForwardingFileReader {
  public:
   MeteredReader(std::shared_ptr<FileReader> inner, MetricsVolume* vol, VolumeIoStats* stats)
       : ForwardingFileReader(std::move(inner)), vol_(vol), stats_(stats) {}
   Result<size_t> ReadAt(uint64_t offset, char* buf, size_t n) override {
-    Admitted admitted(vol_);
-    if (!admitted) return vol_->Busy();
+    MetricsVolume::Operation counted(vol_, /*may_refuse=*/false);
     auto t0 = Clock::now();
     auto r = inner_->ReadAt(offset, buf, n);
     if (r.ok()) stats_->AddRead(*r, MicrosSince(t0));
@@ -51,6 +36,10 @@ class MeteredReader : public ForwardingFileReader {
     stats_->AddRead(bytes, 0);
     inner_->CountSent(bytes);
   }
+  Result<std::string> ReadMeta() override {
+    MetricsVolume::Operation counted(vol_, /*may_refuse=*/false);
+    return inner_->ReadMeta();
+  }
 
  private:
   MetricsVolume* vol_;
@@ -61,22 +50,31 @@ class MeteredDir : public ForwardingDirHandle {
  public:
   MeteredDir(std::unique_ptr<DirHandle> inner, MetricsVolume* vol, VolumeIoStats* stats)
       : ForwardingDirHandle(std::move(inner)), vol_(vol), stats_(stats) {}
+  Result<std::optional<Name>> Next() override {
+    MetricsVolume::Operation counted(vol_, /*may_refuse=*/false);
+    return inner_->Next();
+  }
+  Result<DirEntry> StatEntry(const std::string& name) override {
+    MetricsVolume::Operation counted(vol_, /*may_refuse=*/false);
+    return inner_->StatEntry(name);
+  }
+  Result<std::string> EntryMeta(const std::string& name) override {
+    MetricsVolume::Operation counted(vol_, /*may_refuse=*/false);
+    return inner_->EntryMeta(name);
+  }
   Result<std::shared_ptr<FileReader>> OpenFile(const std::string& name) override {
-    Admitted admitted(vol_);
-    if (!admitted) return vol_->Busy();
+    MetricsVolume::Operation counted(vol_, /*may_refuse=*/false);
     SLUICE_ASSIGN_OR_RETURN(auto f, inner_->OpenFile(name));
     return std::shared_ptr<FileReader>(std::make_shared<MeteredReader>(std::move(f), vol_, stats_));
   }
   Result<std::unique_ptr<DirHandle>> OpenSubdir(const std::string& name) override {
-    Admitted admitted(vol_);
-    if (!admitted) return vol_->Busy();
+    MetricsVolume::Operation counted(vol_, /*may_refuse=*/false);
     SLUICE_ASSIGN_OR_RETURN(auto d, inner_->OpenSubdir(name));
     return std::unique_ptr<DirHandle>(new MeteredDir(std::move(d), vol_, stats_));
   }
   Result<std::unique_ptr<DirHandle>> OpenSubdirFrom(const std::string& name,
                                                     const ListFrom& from) override {
-    Admitted admitted(vol_);
-    if (!admitted) return vol_->Busy();
+    MetricsVolume::Operation counted(vol_, /*may_refuse=*/false);
     SLUICE_ASSIGN_OR_RETURN(auto d, inner_->OpenSubdirFrom(name, from));
     return std::unique_ptr<DirHandle>(new MeteredDir(std::move(d), vol_, stats_));
   }
@@ -92,21 +90,22 @@ class MeteredWriter : public ForwardingStagingWriter {
       : ForwardingStagingWriter(std::move(inner)), vol_(vol), stats_(stats) {}
   Status WriteAt(uint64_t offset, const char* data, size_t n, size_t* written) override {
     *written = 0;
-    Admitted admitted(vol_);
-    if (!admitted) return vol_->Busy();
+    MetricsVolume::Operation counted(vol_, /*may_refuse=*/false);
     auto t0 = Clock::now();
     Status st = inner_->WriteAt(offset, data, n, written);
     stats_->AddWrite(*written, MicrosSince(t0));
     return st;
   }
+  Status CopyFrom(FileReader& src, uint64_t src_offset, uint64_t n, uint64_t at) override {
+    MetricsVolume::Operation counted(vol_, /*may_refuse=*/false);
+    return inner_->CopyFrom(src, src_offset, n, at);
+  }
   Status Sync(uint64_t offset, bool quota_checked) override {
-    Admitted admitted(vol_);
-    if (!admitted) return vol_->Busy();
+    MetricsVolume::Operation counted(vol_, /*may_refuse=*/false);
     return inner_->Sync(offset, quota_checked);
   }
   Status Commit(const std::vector<std::string>& final_parts) override {
-    Admitted admitted(vol_);
-    if (!admitted) return vol_->Busy();
+    MetricsVolume::Operation counted(vol_, /*may_refuse=*/false);
     auto t0 = Clock::now();
     Status st = inner_->Commit(final_parts);
     vol_->Count(MetricsVolume::Op::kStage, t0, st);
@@ -114,8 +113,7 @@ class MeteredWriter : public ForwardingStagingWriter {
   }
   Status Publish(const std::vector<std::string>& final_parts,
                  const std::function<std::string(const DirEntry&)>& meta, bool durable) override {
-    Admitted admitted(vol_);
-    if (!admitted) return vol_->Busy();
+    MetricsVolume::Operation counted(vol_, /*may_refuse=*/false);
     auto t0 = Clock::now();
     Status st = inner_->Publish(final_parts, meta, durable);
     vol_->Count(MetricsVolume::Op::kStage, t0, st);
@@ -181,15 +179,29 @@ MetricsVolume::MetricsVolume(std::unique_ptr<Volume> inner, int max_operations)
   }
 }
 
-bool MetricsVolume::Enter() {
-  const int now = running_.fetch_add(1, std::memory_order_relaxed) + 1;
-  if (max_operations_ > 0 && now > max_operations_) {
-    running_.fetch_sub(1, std::memory_order_relaxed);
-    g_refused_->fetch_add(1, std::memory_order_relaxed);
-    return false;
-  }
+bool MetricsVolume::Enter(bool may_refuse) {
+  int now = running_.load(std::memory_order_relaxed);
+  do {
+    if (may_refuse && max_operations_ > 0 && now >= max_operations_) {
+      g_refused_->fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+  } while (!running_.compare_exchange_weak(now, now + 1, std::memory_order_relaxed));
   g_running_->fetch_add(1, std::memory_order_relaxed);
   return true;
+}
+
+Status MetricsVolume::CheckVFolder(const VFolderId& vfid) {
+  // The first call of most requests: where a volume at its limit refuses them.
+  Operation admitted(this, /*may_refuse=*/true);
+  if (!admitted) return Busy();
+  return ForwardingVolume::CheckVFolder(vfid);
+}
+
+Result<uint64_t> MetricsVolume::GetUsedBytes(const VFolderId& vfid) {
+  Operation admitted(this, /*may_refuse=*/true);
+  if (!admitted) return Busy();
+  return ForwardingVolume::GetUsedBytes(vfid);
 }
 
 void MetricsVolume::Leave() {
@@ -219,7 +231,9 @@ Status MetricsVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool aut
 }
 
 Result<std::string> MetricsVolume::DetachVFolder(const VFolderId& vfid) {
-  return Run(Op::kVFolder, [&] { return ForwardingVolume::DetachVFolder(vfid); });
+  // Also a failed clone's cleanup: counted, never refused.
+  return Run(
+      Op::kVFolder, [&] { return ForwardingVolume::DetachVFolder(vfid); }, /*may_refuse=*/false);
 }
 
 Status MetricsVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VFolderId& dst,
@@ -260,14 +274,16 @@ Result<std::shared_ptr<FileReader>> MetricsVolume::OpenReader(const VFolderId& v
                                                               const LookupHint* hint) {
   auto t0 = Clock::now();
   // A cached-only lookup never blocks (event loops make it): no admission.
-  const bool may_block = lookup != Lookup::kCachedOnly;
-  if (may_block && !Enter()) {
-    Status busy = Busy();
-    Count(Op::kOpen, t0, busy);
-    return busy;
+  std::optional<Operation> admitted;
+  if (lookup != Lookup::kCachedOnly) {
+    admitted.emplace(this, /*may_refuse=*/true);
+    if (!*admitted) {
+      Status busy = Busy();
+      Count(Op::kOpen, t0, busy);
+      return busy;
+    }
   }
   auto f = ForwardingVolume::OpenReader(vfid, relpath, lookup, hint);
-  if (may_block) Leave();
   // A cached-only lookup that would need I/O is not a failure: the pool tries again.
   if (f.ok() || f.status().code() != Code::kUnavailable || lookup != Lookup::kCachedOnly)
     Count(Op::kOpen, t0, f.status());

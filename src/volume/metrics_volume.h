@@ -73,12 +73,35 @@ class MetricsVolume : public ForwardingVolume {
   // Counts one operation of kind `op` that started at `t0` and ended with `st`.
   void Count(Op op, std::chrono::steady_clock::time_point t0, const Status& st);
 
-  // The bulkhead: Enter() admits one more operation (false when max_operations run), Leave()
-  // ends it; Busy() is what a refused one answers.
-  bool Enter();
+  // The bulkhead. Enter() counts one more operation; one that `may_refuse` is refused instead
+  // (false) while max_operations run. Leave() ends it; Busy() is what a refused one answers.
+  bool Enter(bool may_refuse);
   void Leave();
   Status Busy() const;
   int running() const { return running_.load(std::memory_order_relaxed); }
+
+  // One operation in the bulkhead's count while it lives. `may_refuse`: an operation that
+  // starts something (an open, a listing, a change) is refused at the limit; one that goes on
+  // with what was admitted (a stream's reads and writes, a directory's entries, a commit) or
+  // cleans up is counted but never refused, so that a download or an upload is never cut
+  // short halfway by the limit.
+  class Operation {
+   public:
+    Operation(MetricsVolume* v, bool may_refuse) : v_(v), in_(v->Enter(may_refuse)) {}
+    ~Operation() {
+      if (in_) v_->Leave();
+    }
+    Operation(const Operation&) = delete;
+    Operation& operator=(const Operation&) = delete;
+    explicit operator bool() const { return in_; }
+
+   private:
+    MetricsVolume* v_;
+    bool in_;
+  };
+
+  Status CheckVFolder(const VFolderId& vfid) override;
+  Result<uint64_t> GetUsedBytes(const VFolderId& vfid) override;
 
  private:
   struct OpCounters {
@@ -89,15 +112,15 @@ class MetricsVolume : public ForwardingVolume {
   // Runs `fn` (one call of the volume below) as an operation of kind `op`: admitted by the
   // bulkhead, timed and counted.
   template <typename F>
-  auto Run(Op op, F&& fn) -> decltype(fn()) {
+  auto Run(Op op, F&& fn, bool may_refuse = true) -> decltype(fn()) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (!Enter()) {
+    Operation admitted(this, may_refuse);
+    if (!admitted) {
       Status busy = Busy();
       Count(op, t0, busy);
       return busy;
     }
     auto r = fn();
-    Leave();
     if constexpr (std::is_same_v<decltype(r), Status>)
       Count(op, t0, r);
     else

@@ -37,7 +37,9 @@ Code CodeOf(unsigned status, std::string_view s3code) {
   if (s3code == "BucketAlreadyExists" || s3code == "BucketAlreadyOwnedByYou")
     return Code::kAlreadyExists;
   if (s3code == "QuotaExceeded") return Code::kQuotaExceeded;
-  if (s3code == "SignatureDoesNotMatch" || s3code == "InvalidAccessKeyId")
+  // The credentials themselves are refused (not a permission on one bucket or object).
+  if (s3code == "SignatureDoesNotMatch" || s3code == "InvalidAccessKeyId" ||
+      s3code == "ExpiredToken" || s3code == "InvalidToken" || s3code == "TokenRefreshRequired")
     return Code::kUnauthenticated;
   switch (status) {
     case 404:
@@ -402,8 +404,12 @@ Result<S3Client::Answer> S3Client::SendOnce(Request& req) {
     return Status(Code::kUnavailable,
                   fmt::format("{}: the answer is over {} MiB", req.what, kMaxAnswerBody >> 20));
   // A certificate that is not trusted will not become trusted by retrying: a clear error now.
-  if (rc == CURLE_PEER_FAILED_VERIFICATION || rc == CURLE_SSL_CACERT_BADFILE ||
-      rc == CURLE_SSL_ISSUER_ERROR)
+  if (rc == CURLE_SSL_CACERT_BADFILE)
+    return Status(Code::kUnavailable,
+                  fmt::format("{}: cannot read the CA certificates '{}' ({})", req.what,
+                              opts_.ca_file, curl_easy_strerror(rc)),
+                  kUntrustedErrno);
+  if (rc == CURLE_PEER_FAILED_VERIFICATION || rc == CURLE_SSL_ISSUER_ERROR)
     return Status(Code::kUnavailable,
                   fmt::format("{}: the TLS certificate of {}{} is not trusted ({}); trust its CA "
                               "with ca-file, or skip the check with insecure",

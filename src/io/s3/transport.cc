@@ -32,7 +32,9 @@ struct Transport::Call {
   std::condition_variable cv;
 };
 
-// One multi handle and the thread that drives it.
+// One multi handle and the thread that drives it. The calls waiting for a connection are the
+// transport's, shared: whichever loop has a connection free takes the next, so that a call
+// never waits behind one loop's long transfers while another's connections are idle.
 class Transport::Loop {
  public:
   Loop(Transport* t, int limit) : t_(t), limit_(limit) {
@@ -45,56 +47,33 @@ class Transport::Loop {
     thread_ = std::thread([this] { Run(); });
   }
   ~Loop() {
-    {
-      std::lock_guard lk(mu_);
-      stop_ = true;
-    }
-    if (multi_) curl_multi_wakeup(multi_);
+    Wake();
     if (thread_.joinable()) thread_.join();
     if (multi_) curl_multi_cleanup(multi_);
   }
-  // False when the loop is not running.
-  bool Submit(Call* c) {
-    {
-      std::lock_guard lk(mu_);
-      if (stop_ || !multi_) return false;
-      incoming_.push_back(c);
-    }
-    load_++;
-    curl_multi_wakeup(multi_);
-    return true;
+  bool ok() const { return multi_ != nullptr; }
+  void Wake() {
+    if (multi_) curl_multi_wakeup(multi_);
   }
-  int load() const { return load_.load(std::memory_order_relaxed); }
 
  private:
   void Run();
   void Start(Call* c);
-  void Finish(Call* c, int rc, bool started);
-  // Refuses the calls of `q` that waited past the queue timeout.
-  void Expire(std::deque<Call*>& q, std::chrono::steady_clock::time_point now);
 
   Transport* t_;
   const int limit_;
   CURLM* multi_ = nullptr;
-  std::mutex mu_;
-  std::deque<Call*> incoming_;  // handed over by Submit, taken by the loop; mu_
-  bool stop_ = false;           // mu_
-  std::atomic<int> load_{0};    // calls submitted and not finished
-  // The loop's own (no lock): calls waiting for a connection, control first, and those running.
-  std::deque<Call*> waiting_, control_waiting_;
-  std::vector<Call*> running_;
-  std::thread thread_;  // last: starts once the rest is set
+  std::vector<Call*> running_;  // the loop's own
+  std::thread thread_;          // last: starts once the rest is set
 };
 
 void Transport::Loop::Start(Call* c) {
   Figures& n = t_->n_;
-  n.queued--;
-  if (n.g_queued) (*n.g_queued)--;
   n.running++;
   if (n.g_running) (*n.g_running)++;
   curl_easy_setopt(c->easy, CURLOPT_PRIVATE, c);
   if (curl_multi_add_handle(multi_, c->easy) != CURLM_OK) {
-    Finish(c, CURLE_FAILED_INIT, true);
+    t_->Finish(c, CURLE_FAILED_INIT, true);
     return;
   }
   running_.push_back(c);
@@ -102,71 +81,55 @@ void Transport::Loop::Start(Call* c) {
   if (n.g_requests) (*n.g_requests)++;
 }
 
-void Transport::Loop::Finish(Call* c, int rc, bool started) {
-  Figures& n = t_->n_;
-  if (started) {
-    n.running--;
-    if (n.g_running) (*n.g_running)--;
-  } else {
-    n.queued--;
-    if (n.g_queued) (*n.g_queued)--;
-  }
-  load_--;
-  std::lock_guard lk(c->mu);
-  c->rc = rc;
-  c->started = started;
-  c->done = true;
-  c->cv.notify_one();
-}
-
-void Transport::Loop::Expire(std::deque<Call*>& q, std::chrono::steady_clock::time_point now) {
-  Figures& n = t_->n_;
-  while (!q.empty() && now - q.front()->queued_at >= t_->opts_.queue_timeout) {
-    Call* c = q.front();
-    q.pop_front();
-    n.queue_timeouts++;
-    if (n.g_timeouts) (*n.g_timeouts)++;
-    Finish(c, CURLE_OPERATION_TIMEDOUT, false);
-  }
-}
-
 void Transport::Loop::Run() {
   if (!multi_) return;
   Figures& n = t_->n_;
   const auto queue_timeout = t_->opts_.queue_timeout;
+  std::vector<Call*> take;
   for (;;) {
+    // Take what this loop's free connections allow, control first, in order; refuse what
+    // waited too long (any loop may).
     bool stopping;
+    auto wait = std::chrono::milliseconds(1000);
     {
-      std::lock_guard lk(mu_);
-      for (Call* c : incoming_) (c->control ? control_waiting_ : waiting_).push_back(c);
-      incoming_.clear();
-      stopping = stop_;
+      std::lock_guard lk(t_->mu_);
+      stopping = t_->stop_;
+      const auto now = std::chrono::steady_clock::now();
+      size_t busy = running_.size();
+      for (auto* q : {&t_->control_waiting_, &t_->waiting_}) {
+        const size_t cap = static_cast<size_t>(limit_) +
+                           (q == &t_->control_waiting_ ? static_cast<size_t>(kControlReserve) : 0);
+        while (!stopping && !q->empty() && busy < cap) {
+          take.push_back(q->front());
+          q->pop_front();
+          ++busy;
+        }
+        while (!q->empty() && now - q->front()->queued_at >= queue_timeout) {
+          Call* c = q->front();
+          q->pop_front();
+          n.queue_timeouts++;
+          if (n.g_timeouts) (*n.g_timeouts)++;
+          t_->Finish(c, CURLE_OPERATION_TIMEDOUT, false);
+        }
+        if (!q->empty())
+          wait = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                q->front()->queued_at + queue_timeout - now),
+                            std::chrono::milliseconds(1), wait);
+      }
     }
+    for (Call* c : take) {
+      n.queued--;
+      if (n.g_queued) (*n.g_queued)--;
+      Start(c);
+    }
+    take.clear();
     if (stopping) {
       for (Call* c : running_) {
         curl_multi_remove_handle(multi_, c->easy);
-        Finish(c, CURLE_ABORTED_BY_CALLBACK, true);
-      }
-      for (auto* q : {&control_waiting_, &waiting_}) {
-        for (Call* c : *q) Finish(c, CURLE_ABORTED_BY_CALLBACK, false);
-        q->clear();
+        t_->Finish(c, CURLE_ABORTED_BY_CALLBACK, true);
       }
       return;
     }
-    // Start what the connections allow, control first, in order; refuse what waited too long.
-    while (!control_waiting_.empty() &&
-           static_cast<int>(running_.size()) < limit_ + kControlReserve) {
-      Call* c = control_waiting_.front();
-      control_waiting_.pop_front();
-      Start(c);
-    }
-    while (!waiting_.empty() && static_cast<int>(running_.size()) < limit_) {
-      Call* c = waiting_.front();
-      waiting_.pop_front();
-      Start(c);
-    }
-    Expire(control_waiting_, std::chrono::steady_clock::now());
-    Expire(waiting_, std::chrono::steady_clock::now());
 
     int active = 0;
     curl_multi_perform(multi_, &active);
@@ -185,22 +148,29 @@ void Transport::Loop::Run() {
       }
       curl_multi_remove_handle(multi_, easy);
       std::erase(running_, c);
-      if (c) Finish(c, result, true);
+      if (c) t_->Finish(c, result, true);
       freed = true;
     }
-    if (freed && !(waiting_.empty() && control_waiting_.empty()))
-      continue;  // a connection came free: start the next now
+    if (freed) continue;  // a connection came free: take the next waiting call now
     // Sleep until a socket is ready, a timer of libcurl's is due, a call comes (wakeup), or
     // the first waiting call's time runs out.
-    auto wait = std::chrono::milliseconds(1000);
-    const auto now = std::chrono::steady_clock::now();
-    for (auto* q : {&control_waiting_, &waiting_})
-      if (!q->empty())
-        wait = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(
-                              q->front()->queued_at + queue_timeout - now),
-                          std::chrono::milliseconds(1), wait);
     curl_multi_poll(multi_, nullptr, 0, static_cast<int>(wait.count()), nullptr);
   }
+}
+
+void Transport::Finish(Call* c, int rc, bool started) {
+  if (started) {
+    n_.running--;
+    if (n_.g_running) (*n_.g_running)--;
+  } else {
+    n_.queued--;
+    if (n_.g_queued) (*n_.g_queued)--;
+  }
+  std::lock_guard lk(c->mu);
+  c->rc = rc;
+  c->started = started;
+  c->done = true;
+  c->cv.notify_one();
 }
 
 Transport::Transport(TransportOptions opts) : opts_(std::move(opts)) {
@@ -233,23 +203,34 @@ Transport::Transport(TransportOptions opts) : opts_(std::move(opts)) {
                                          (i < opts_.max_connections % opts_.threads ? 1 : 0)));
 }
 
-Transport::~Transport() = default;  // each loop stops and joins its thread
+Transport::~Transport() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  loops_.clear();  // each loop aborts what it runs and joins its thread
+  // Nothing waits now (callers hold the clients that hold this); if something did, it ends.
+  for (auto* q : {&control_waiting_, &waiting_}) {
+    for (Call* c : *q) Finish(c, CURLE_ABORTED_BY_CALLBACK, false);
+    q->clear();
+  }
+}
 
 Status Transport::Perform(void* easy, int* rc, bool control) {
   Call c;
   c.easy = static_cast<CURL*>(easy);
   c.control = control;
   c.queued_at = std::chrono::steady_clock::now();
-  Loop* loop = loops_.front().get();
-  for (const auto& l : loops_)
-    if (l->load() < loop->load()) loop = l.get();
-  n_.queued++;
-  if (n_.g_queued) (*n_.g_queued)++;
-  if (!loop->Submit(&c)) {
-    n_.queued--;
-    if (n_.g_queued) (*n_.g_queued)--;
-    return Status(Code::kUnavailable, "the origin's transport is not running");
+  {
+    std::lock_guard lk(mu_);
+    if (stop_ || !loops_.front()->ok())
+      return Status(Code::kUnavailable, "the origin's transport is not running");
+    n_.queued++;
+    if (n_.g_queued) (*n_.g_queued)++;
+    (control ? control_waiting_ : waiting_).push_back(&c);
   }
+  // Every loop looks; the first with a connection free takes it.
+  for (const auto& l : loops_) l->Wake();
   std::unique_lock lk(c.mu);
   c.cv.wait(lk, [&] { return c.done; });
   if (!c.started && c.rc == CURLE_ABORTED_BY_CALLBACK)

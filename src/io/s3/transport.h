@@ -12,7 +12,7 @@
 //   the queue and may use kControlReserve connections beyond the limit.
 // - Several loops (`threads`) share the work, each with its own connections and its share of
 //   the limit: one loop does a request's TLS and copies, and a core does only so much of that.
-//   A request goes to the least busy loop.
+//   The queue is shared: whichever loop has a connection free takes the next request.
 // - Callers stay synchronous (the Volume interface is): Perform() hands an easy handle to a
 //   loop and sleeps until its transfer ends. The handle's callbacks run on the loop's thread,
 //   so they must be quick (copies into memory, reads of local files).
@@ -22,7 +22,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -68,6 +70,8 @@ class Transport {
   struct Call;
   class Loop;
   friend class Loop;
+  // Ends a call: `started` (its transfer ran, `rc` its result) or refused before it began.
+  void Finish(Call* c, int rc, bool started);
   struct Figures {
     std::atomic<int64_t> running{0}, queued{0};
     std::atomic<uint64_t> requests{0}, connects{0}, queue_timeouts{0};
@@ -78,7 +82,10 @@ class Transport {
 
   TransportOptions opts_;
   Figures n_;
-  std::vector<std::unique_ptr<Loop>> loops_;
+  std::mutex mu_;
+  bool stop_ = false;                            // mu_
+  std::deque<Call*> waiting_, control_waiting_;  // calls waiting for a connection; mu_
+  std::vector<std::unique_ptr<Loop>> loops_;     // last: stopped first
 };
 
 }  // namespace sluice::io::s3

@@ -311,13 +311,14 @@ struct S3Volume::Origin {
   std::string_view Bucket(std::string_view in) const { return in.empty() ? bucket() : in; }
 
   // Remembers whether the origin answered, for GetHwInfo. The origin refusing this volume's
-  // own credentials (keys revoked or rotated on the origin, a policy that changed) is not the
-  // caller's lack of permission: the caller gets a 503 that says so, and the volume is
-  // degraded until the origin accepts them again.
+  // own credentials (a key revoked or rotated, a session token expired: kUnauthenticated) is
+  // not the caller's lack of permission: the caller gets a 503 that says so, and the volume is
+  // degraded until the origin accepts them again. An AccessDenied stays what it is: it may be
+  // about one object or another bucket (a policy, an archived object), not the volume.
   template <typename T>
   T Note(T r) {
     const Status& st = StatusOf(r);
-    if (st.code() == Code::kUnauthenticated || st.code() == Code::kPermissionDenied) {
+    if (st.code() == Code::kUnauthenticated) {
       Status refused(
           Code::kUnavailable,
           fmt::format("the origin refuses volume {}'s credentials: {}", volume, st.message()));

@@ -25,7 +25,7 @@ using namespace std::chrono_literals;
 namespace s3 = io::s3;
 
 // Answers every GET "200 ok" on kept-alive connections; a GET of a path holding "hang" is
-// answered only once Release() is called.
+// answered only once Release() is called (or, for "hang-<tag>", Release(tag)).
 class TinyHttp {
  public:
   TinyHttp() {
@@ -80,6 +80,11 @@ class TinyHttp {
     released_ = true;
     cv_.notify_all();
   }
+  void Release(const std::string& tag) {
+    std::lock_guard lk(mu_);
+    released_tags_.push_back("hang-" + tag);
+    cv_.notify_all();
+  }
 
  private:
   void Serve(int fd) {
@@ -94,10 +99,15 @@ class TinyHttp {
       }
       const std::string head = in.substr(0, end);
       in.erase(0, end + 4);
-      if (head.substr(0, head.find('\n')).find("hang") != std::string::npos) {
+      const std::string line = head.substr(0, head.find('\n'));
+      if (line.find("hang") != std::string::npos) {
         std::unique_lock lk(mu_);
         hanging_++;
-        cv_.wait(lk, [&] { return released_ || stopping_; });
+        cv_.wait(lk, [&] {
+          for (const auto& t : released_tags_)
+            if (line.find(t) != std::string::npos) return true;
+          return released_ || stopping_;
+        });
         hanging_--;
         if (stopping_) return;
       }
@@ -113,6 +123,7 @@ class TinyHttp {
   std::condition_variable cv_;
   std::vector<int> conns_;
   std::vector<std::thread> workers_;
+  std::vector<std::string> released_tags_;
   int accepted_ = 0, hanging_ = 0;
   bool released_ = false, stopping_ = false;
 };
@@ -245,6 +256,34 @@ TEST(Transport, AWaitingRequestStartsWhenAConnectionFrees) {
 TEST(Transport, LoopsShareTheLimit) {
   EightClientsShareFourConnections(2);
   EXPECT_EQ(s3::Transport(s3::TransportOptions{1, 1s, 4, ""}).loops(), 1);
+}
+
+// The queue is the transport's, not a loop's: a waiting request starts on whichever loop
+// frees a connection first.
+TEST(Transport, AWaitingRequestTakesTheFirstConnectionThatFrees) {
+  TinyHttp server;
+  auto t = std::make_shared<s3::Transport>(s3::TransportOptions{2, 10s, 2, ""});
+  std::vector<std::thread> hung;
+  for (const char* key : {"hang-a", "hang-b"})
+    hung.emplace_back([&, key] {
+      s3::S3Client c(Options(server, t));
+      EXPECT_EQ(Body(c, key), "ok");
+    });
+  ASSERT_TRUE(WaitFor([&] { return server.hanging() == 2; }));  // one on each loop
+  std::atomic<bool> done{false};
+  std::thread waiting([&] {
+    s3::S3Client c(Options(server, t));
+    EXPECT_EQ(Body(c, "obj"), "ok");
+    done = true;
+  });
+  ASSERT_TRUE(WaitFor([&] { return t->stats().queued == 1; }));
+  server.Release("a");  // a's loop frees its connection; b's still hangs
+  EXPECT_TRUE(WaitFor([&] { return done.load(); }, 5s));
+  EXPECT_EQ(server.hanging(), 1);  // the other still holds: the request did not wait for it
+  server.Release();
+  for (auto& th : hung) th.join();
+  waiting.join();
+  EXPECT_EQ(t->stats().queue_timeouts, 0u);
 }
 
 // A control request (an upload's lease) is not queued behind data requests that hold every

@@ -329,7 +329,7 @@ struct S3Volume::Origin {
     std::lock_guard lk(mu);
     if (st.code() == Code::kUnavailable)
       last_error = "the origin does not answer: " + st.message();
-    else
+    else if (st.code() != Code::kPermissionDenied)  // that one says nothing of the volume
       last_error.clear();
     return r;
   }
@@ -1390,8 +1390,10 @@ Result<std::shared_ptr<FileReader>> S3Volume::OpenReader(const VFolderId& vfid,
         return Status::Ok();
       },
       std::make_pair(uint64_t{0}, kReadWholeBelow)));
-  if (!got.ok() && !IsNotFound(got.status())) {
-    // An empty object has no byte 0 to range over (416): its HEAD says so.
+  if (!got.ok() && got.status().code() == Code::kInvalidArgument) {
+    // An empty object has no byte 0 to range over (416): its HEAD says so. (Not after other
+    // failures: an origin that is down or refuses the credentials says nothing more to a HEAD,
+    // whose answer has no body to tell why.)
     auto h = origin_->HeadOpt(key, in);
     if (h.ok() && *h && (*h)->size == 0) got = Result<s3c::ObjectInfo>(**h);
   }

@@ -44,9 +44,19 @@ class Transport::Loop {
       curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, static_cast<long>(limit_ + kControlReserve));
       curl_multi_setopt(multi_, CURLMOPT_PIPELINING, static_cast<long>(CURLPIPE_NOTHING));
     }
-    thread_ = std::thread([this] { Run(); });
+    try {
+      thread_ = std::thread([this] { Run(); });
+    } catch (...) {
+      if (multi_) curl_multi_cleanup(multi_);
+      throw;
+    }
   }
   ~Loop() {
+    {
+      // Set here too: loops are destroyed without ~Transport when its constructor throws.
+      std::lock_guard lk(t_->mu_);
+      t_->stop_ = true;
+    }
     Wake();
     if (thread_.joinable()) thread_.join();
     if (multi_) curl_multi_cleanup(multi_);
@@ -58,7 +68,7 @@ class Transport::Loop {
 
  private:
   void Run();
-  void Start(Call* c);
+  bool Start(Call* c);  // false: it could not start (finished with an error)
 
   Transport* t_;
   const int limit_;
@@ -67,18 +77,19 @@ class Transport::Loop {
   std::thread thread_;          // last: starts once the rest is set
 };
 
-void Transport::Loop::Start(Call* c) {
+bool Transport::Loop::Start(Call* c) {
   Figures& n = t_->n_;
   n.running++;
   if (n.g_running) (*n.g_running)++;
   curl_easy_setopt(c->easy, CURLOPT_PRIVATE, c);
   if (curl_multi_add_handle(multi_, c->easy) != CURLM_OK) {
     t_->Finish(c, CURLE_FAILED_INIT, true);
-    return;
+    return false;
   }
   running_.push_back(c);
   n.requests++;
   if (n.g_requests) (*n.g_requests)++;
+  return true;
 }
 
 void Transport::Loop::Run() {
@@ -117,10 +128,11 @@ void Transport::Loop::Run() {
                             std::chrono::milliseconds(1), wait);
       }
     }
+    bool unused = false;  // a call that could not start left its connection free
     for (Call* c : take) {
       n.queued--;
       if (n.g_queued) (*n.g_queued)--;
-      Start(c);
+      unused |= !Start(c);
     }
     take.clear();
     if (stopping) {
@@ -151,7 +163,7 @@ void Transport::Loop::Run() {
       if (c) t_->Finish(c, result, true);
       freed = true;
     }
-    if (freed) continue;  // a connection came free: take the next waiting call now
+    if (freed || unused) continue;  // a connection came free: take the next waiting call
     // Sleep until a socket is ready, a timer of libcurl's is due, a call comes (wakeup), or
     // the first waiting call's time runs out.
     curl_multi_poll(multi_, nullptr, 0, static_cast<int>(wait.count()), nullptr);

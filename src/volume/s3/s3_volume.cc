@@ -302,6 +302,7 @@ struct S3Volume::Origin {
   std::string volume;
   std::mutex mu;
   std::string last_error;  // the last failure to reach the origin, "" after a success
+  std::atomic<bool> creds_refused{false};  // the origin refused the credentials last (Note)
 
   Clients::Lease Client() {
     return ControlRequests::active() ? control_clients.Take() : clients.Take();
@@ -318,7 +319,11 @@ struct S3Volume::Origin {
   template <typename T>
   T Note(T r) {
     const Status& st = StatusOf(r);
-    if (st.code() == Code::kUnauthenticated) {
+    // A HEAD's 403 has no body to say why: once the origin has said it refuses the
+    // credentials, a 403 is taken to say so again, until a request succeeds.
+    if (st.code() == Code::kUnauthenticated ||
+        (st.code() == Code::kPermissionDenied && creds_refused.load())) {
+      creds_refused = true;
       Status refused(
           Code::kUnavailable,
           fmt::format("the origin refuses volume {}'s credentials: {}", volume, st.message()));
@@ -327,10 +332,12 @@ struct S3Volume::Origin {
       return T(std::move(refused));
     }
     std::lock_guard lk(mu);
-    if (st.code() == Code::kUnavailable)
+    if (st.code() == Code::kUnavailable) {
       last_error = "the origin does not answer: " + st.message();
-    else if (st.code() != Code::kPermissionDenied)  // that one says nothing of the volume
+    } else if (st.code() != Code::kPermissionDenied) {  // that one says nothing of the volume
       last_error.clear();
+      creds_refused = false;
+    }
     return r;
   }
   static const Status& StatusOf(const Status& s) { return s; }

@@ -100,6 +100,10 @@ class MeteredWriter : public ForwardingStagingWriter {
     MetricsVolume::Operation counted(vol_, /*may_refuse=*/false);
     return inner_->CopyFrom(src, src_offset, n, at);
   }
+  Status Rollback(uint64_t offset, bool quota_checked) override {
+    MetricsVolume::Operation counted(vol_, /*may_refuse=*/false);
+    return inner_->Rollback(offset, quota_checked);
+  }
   Status Sync(uint64_t offset, bool quota_checked) override {
     MetricsVolume::Operation counted(vol_, /*may_refuse=*/false);
     return inner_->Sync(offset, quota_checked);
@@ -202,6 +206,32 @@ Result<uint64_t> MetricsVolume::GetUsedBytes(const VFolderId& vfid) {
   Operation admitted(this, /*may_refuse=*/true);
   if (!admitted) return Busy();
   return ForwardingVolume::GetUsedBytes(vfid);
+}
+
+Result<FsUsage> MetricsVolume::GetFsUsage() {
+  // Health checks ask this: a statvfs on a hung mount is refused rather than held.
+  Operation admitted(this, /*may_refuse=*/true);
+  if (!admitted) return Busy();
+  return ForwardingVolume::GetFsUsage();
+}
+
+Result<StagingState> MetricsVolume::InspectStaging(const VFolderId& vfid,
+                                                   const std::string& session) {
+  Operation admitted(this, /*may_refuse=*/true);
+  if (!admitted) return Busy();
+  return ForwardingVolume::InspectStaging(vfid, session);
+}
+
+// Cleanups: counted, never refused.
+Status MetricsVolume::DiscardStaging(const VFolderId& vfid, const std::string& session) {
+  Operation counted(this, /*may_refuse=*/false);
+  return ForwardingVolume::DiscardStaging(vfid, session);
+}
+
+StagingSweep MetricsVolume::SweepStaging(const std::optional<VFolderId>& vfid,
+                                         std::chrono::seconds age, const StagingRemoved& removed) {
+  Operation counted(this, /*may_refuse=*/false);
+  return ForwardingVolume::SweepStaging(vfid, age, removed);
 }
 
 void MetricsVolume::Leave() {

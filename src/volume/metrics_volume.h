@@ -102,6 +102,11 @@ class MetricsVolume : public ForwardingVolume {
 
   Status CheckVFolder(const VFolderId& vfid) override;
   Result<uint64_t> GetUsedBytes(const VFolderId& vfid) override;
+  Result<FsUsage> GetFsUsage() override;
+  Result<StagingState> InspectStaging(const VFolderId& vfid, const std::string& session) override;
+  Status DiscardStaging(const VFolderId& vfid, const std::string& session) override;
+  StagingSweep SweepStaging(const std::optional<VFolderId>& vfid, std::chrono::seconds age,
+                            const StagingRemoved& removed) override;
 
  private:
   struct OpCounters {

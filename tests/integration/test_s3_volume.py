@@ -632,6 +632,14 @@ def test_credentials_the_origin_stops_taking(tmp_path):
             assert hw["status"] == "degraded" and "credentials" in hw["status_info"], hw
             r = d.file_op("remote", "list", vfid=vfid, relpath="")
             assert r.status_code == 503 and "credentials" in r.text, (r.status_code, r.text)
+            # A mkdir asks with HEADs first, whose 403 has no body to say why: the same refusal
+            # (mkdir answers per item, as Backend.AI's does).
+            r = d.file_op("remote", "mkdir", vfid=vfid, relpath="new/dir", parents=True)
+            failed = r.json()["results"]["failed"]
+            assert r.status_code == 422 and len(failed) == 1, (r.status_code, r.text)
+            assert "refuses volume remote's credentials" in failed[0]["msg"], failed
+            hw = d.mgr("GET", "/volume/hwinfo", json={"volume": "remote"}).json()
+            assert hw["status"] == "degraded", hw
             # The same key pair imported again: served, and healthy.
             r = o.mgr("POST", "/s3/keys", json={"user": o.user, "access_key": o.ak,
                                                 "secret_key": o.sk})

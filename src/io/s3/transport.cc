@@ -65,6 +65,10 @@ class Transport::Loop {
   void Wake() {
     if (multi_) curl_multi_wakeup(multi_);
   }
+  // Data connections free when the loop last took calls, less those promised since to calls
+  // that woke it (under the transport's mu_).
+  int free_locked() const { return free_; }
+  void promise_locked() { --free_; }
 
  private:
   void Run();
@@ -74,6 +78,7 @@ class Transport::Loop {
   const int limit_;
   CURLM* multi_ = nullptr;
   std::vector<Call*> running_;  // the loop's own
+  int free_ = limit_;           // t_->mu_
   std::thread thread_;          // last: starts once the rest is set
 };
 
@@ -127,6 +132,9 @@ void Transport::Loop::Run() {
                                 q->front()->queued_at + queue_timeout - now),
                             std::chrono::milliseconds(1), wait);
       }
+      // Published under the lock, so that a call queued after this look is seen by the Perform
+      // that queues it (it wakes this loop), and one queued before was taken here.
+      free_ = std::max(0, limit_ - static_cast<int>(busy));
     }
     bool unused = false;  // a call that could not start left its connection free
     for (Call* c : take) {
@@ -233,16 +241,31 @@ Status Transport::Perform(void* easy, int* rc, bool control) {
   c.easy = static_cast<CURL*>(easy);
   c.control = control;
   c.queued_at = std::chrono::steady_clock::now();
+  Loop* wake = nullptr;
   {
     std::lock_guard lk(mu_);
     if (stop_ || !loops_.front()->ok())
       return Status(Code::kUnavailable, "the origin's transport is not running");
     n_.queued++;
     if (n_.g_queued) (*n_.g_queued)++;
-    (control ? control_waiting_ : waiting_).push_back(&c);
+    auto& q = control ? control_waiting_ : waiting_;
+    q.push_back(&c);
+    // The loop with the most free connections takes it. With none free, the loop that frees
+    // one takes it; the first loop is woken anyway when the queue was empty, so that it
+    // sleeps no longer than this call's queue timeout.
+    int most = 0;
+    for (const auto& l : loops_)
+      if (l->free_locked() > most) {
+        most = l->free_locked();
+        wake = l.get();
+      }
+    if (wake) wake->promise_locked();  // the next call goes to another loop with room
+    if (!wake && (control || q.size() == 1)) wake = loops_.front().get();
   }
-  // Every loop looks; the first with a connection free takes it.
-  for (const auto& l : loops_) l->Wake();
+  if (control)
+    for (const auto& l : loops_) l->Wake();  // any loop's reserve takes it
+  else if (wake)
+    wake->Wake();
   std::unique_lock lk(c.mu);
   c.cv.wait(lk, [&] { return c.done; });
   if (!c.started && c.rc == CURLE_ABORTED_BY_CALLBACK)

@@ -12,7 +12,8 @@
 //   the queue and may use kControlReserve connections beyond the limit.
 // - Several loops (`threads`) share the work, each with its own connections and its share of
 //   the limit: one loop does a request's TLS and copies, and a core does only so much of that.
-//   The queue is shared: whichever loop has a connection free takes the next request.
+//   The queue is shared: a request wakes the loop with the most free connections, and
+//   whichever loop frees a connection first takes the next waiting one.
 // - Callers stay synchronous (the Volume interface is): Perform() hands an easy handle to a
 //   loop and sleeps until its transfer ends. The handle's callbacks run on the loop's thread,
 //   so they must be quick (copies into memory, reads of local files).

@@ -286,6 +286,26 @@ TEST(Transport, AWaitingRequestTakesTheFirstConnectionThatFrees) {
   EXPECT_EQ(t->stats().queue_timeouts, 0u);
 }
 
+// Calls that arrive together go to different loops with room: neither waits in the queue for
+// the other's loop (which would leave it there until its queue timeout).
+TEST(Transport, CallsArrivingTogetherSpreadOverTheLoopsWithRoom) {
+  TinyHttp server;
+  auto t = std::make_shared<s3::Transport>(s3::TransportOptions{2, 1s, 2, ""});
+  for (int round = 0; round < 5; ++round) {
+    std::vector<std::thread> hung;
+    const std::string tags[] = {std::to_string(round) + "x", std::to_string(round) + "y"};
+    for (const auto& tag : tags)
+      hung.emplace_back([&, tag] {
+        s3::S3Client c(Options(server, t));
+        EXPECT_EQ(Body(c, "hang-" + tag), "ok");
+      });
+    EXPECT_TRUE(WaitFor([&] { return server.hanging() == 2; }, 5s)) << "round " << round;
+    for (const auto& tag : tags) server.Release(tag);
+    for (auto& th : hung) th.join();
+  }
+  EXPECT_EQ(t->stats().queue_timeouts, 0u);
+}
+
 // A control request (an upload's lease) is not queued behind data requests that hold every
 // connection: it goes first and may use a connection beyond the limit.
 TEST(Transport, ControlRequestsPassDataThatFillsTheConnections) {

@@ -43,6 +43,7 @@ class Transport::Loop {
       // Every idle connection stays for the next request; HTTP/1.1 only (no multiplexing).
       curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, static_cast<long>(limit_ + kControlReserve));
       curl_multi_setopt(multi_, CURLMOPT_PIPELINING, static_cast<long>(CURLPIPE_NOTHING));
+      free_ = limit_;  // a loop without a multi handle never runs: nothing is promised to it
     }
     try {
       thread_ = std::thread([this] { Run(); });
@@ -78,7 +79,7 @@ class Transport::Loop {
   const int limit_;
   CURLM* multi_ = nullptr;
   std::vector<Call*> running_;  // the loop's own
-  int free_ = limit_;           // t_->mu_
+  int free_ = 0;                // t_->mu_ (set before the loop is shared)
   std::thread thread_;          // last: starts once the rest is set
 };
 

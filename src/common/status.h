@@ -71,6 +71,12 @@ class [[nodiscard]] Status {
   // Prefixes context to the message ("clone vfolder X: " + message).
   Status WithContext(std::string_view ctx) const;
 
+  // Refused before the work reached its storage because too much already waits on it (an s3
+  // origin's connections all taken past queue-timeout, a volume at its max-operations): 503,
+  // errno EBUSY. Not retried, and it says nothing of whether the storage answers.
+  static Status Busy(std::string msg) { return Status(Code::kUnavailable, std::move(msg), EBUSY); }
+  bool busy() const { return code_ == Code::kUnavailable && errno_ == EBUSY; }
+
   Subject subject() const { return subject_; }
   Status About(Subject s) && {
     subject_ = s;

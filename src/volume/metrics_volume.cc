@@ -197,29 +197,21 @@ bool MetricsVolume::Enter(bool may_refuse) {
 
 Status MetricsVolume::CheckVFolder(const VFolderId& vfid) {
   // The first call of most requests: where a volume at its limit refuses them.
-  Operation admitted(this, /*may_refuse=*/true);
-  if (!admitted) return Busy();
-  return ForwardingVolume::CheckVFolder(vfid);
+  return Admitted([&] { return ForwardingVolume::CheckVFolder(vfid); });
 }
 
 Result<uint64_t> MetricsVolume::GetUsedBytes(const VFolderId& vfid) {
-  Operation admitted(this, /*may_refuse=*/true);
-  if (!admitted) return Busy();
-  return ForwardingVolume::GetUsedBytes(vfid);
+  return Admitted([&] { return ForwardingVolume::GetUsedBytes(vfid); });
 }
 
 Result<FsUsage> MetricsVolume::GetFsUsage() {
   // Health checks ask this: a statvfs on a hung mount is refused rather than held.
-  Operation admitted(this, /*may_refuse=*/true);
-  if (!admitted) return Busy();
-  return ForwardingVolume::GetFsUsage();
+  return Admitted([&] { return ForwardingVolume::GetFsUsage(); });
 }
 
 Result<StagingState> MetricsVolume::InspectStaging(const VFolderId& vfid,
                                                    const std::string& session) {
-  Operation admitted(this, /*may_refuse=*/true);
-  if (!admitted) return Busy();
-  return ForwardingVolume::InspectStaging(vfid, session);
+  return Admitted([&] { return ForwardingVolume::InspectStaging(vfid, session); });
 }
 
 // Cleanups: counted, never refused.
@@ -240,11 +232,10 @@ void MetricsVolume::Leave() {
 }
 
 Status MetricsVolume::Busy() const {
-  return Status(Code::kUnavailable,
-                fmt::format("volume {}: {} operations are already waiting on its storage (its "
-                            "max-operations); try again later",
-                            name(), max_operations_),
-                EBUSY);
+  return Status::Busy(fmt::format(
+      "volume {}: {} operations are already waiting on its storage (its max-operations); try "
+      "again later",
+      name(), max_operations_));
 }
 
 void MetricsVolume::Count(Op op, Clock::time_point t0, const Status& st) {

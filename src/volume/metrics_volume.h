@@ -119,18 +119,19 @@ class MetricsVolume : public ForwardingVolume {
   template <typename F>
   auto Run(Op op, F&& fn, bool may_refuse = true) -> decltype(fn()) {
     const auto t0 = std::chrono::steady_clock::now();
-    Operation admitted(this, may_refuse);
-    if (!admitted) {
-      Status busy = Busy();
-      Count(op, t0, busy);
-      return busy;
-    }
-    auto r = fn();
+    auto r = Admitted(fn, may_refuse);
     if constexpr (std::is_same_v<decltype(r), Status>)
       Count(op, t0, r);
     else
       Count(op, t0, r.status());
     return r;
+  }
+  // Runs `fn` admitted by the bulkhead (not counted as an operation of a kind), or Busy().
+  template <typename F>
+  auto Admitted(F&& fn, bool may_refuse = true) -> decltype(fn()) {
+    Operation admitted(this, may_refuse);
+    if (!admitted) return Busy();
+    return fn();
   }
 
   VolumeIoStats* stats_;

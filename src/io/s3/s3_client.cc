@@ -452,8 +452,7 @@ Result<S3Client::Answer> S3Client::Send(Request& req) {
     // A request that found no free connection in time is not retried: its caller would only
     // wait again behind the same requests.
     // Nor is one refused for a certificate that is not trusted.
-    bool transport = !r.ok() && r.status().code() == Code::kUnavailable &&
-                     !(r.status().has_sys_errno() && r.status().sys_errno() == EBUSY) &&
+    bool transport = !r.ok() && r.status().code() == Code::kUnavailable && !r.status().busy() &&
                      !IsUntrustedCertificate(r.status());
     bool retry = !last && (transport || (r.ok() && Retryable(r->status, r->s3code)));
     if (!retry) {

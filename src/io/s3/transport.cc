@@ -272,11 +272,10 @@ Status Transport::Perform(void* easy, int* rc, bool control) {
   if (!c.started && c.rc == CURLE_ABORTED_BY_CALLBACK)
     return Status(Code::kUnavailable, "the origin's transport stopped");
   if (!c.started)
-    return Status(Code::kUnavailable,
-                  fmt::format("no connection to the origin came free within {} ms ({} requests "
-                              "in flight, the most max-connections allows)",
-                              opts_.queue_timeout.count(), opts_.max_connections),
-                  EBUSY);
+    return Status::Busy(
+        fmt::format("no connection to the origin came free within {} ms ({} requests "
+                    "in flight, the most max-connections allows)",
+                    opts_.queue_timeout.count(), opts_.max_connections));
   *rc = c.rc;
   return Status::Ok();
 }

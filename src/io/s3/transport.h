@@ -70,7 +70,6 @@ class Transport {
  private:
   struct Call;
   class Loop;
-  friend class Loop;
   // Ends a call: `started` (its transfer ran, `rc` its result) or refused before it began.
   void Finish(Call* c, int rc, bool started);
   struct Figures {

@@ -422,8 +422,7 @@ Result<T> CachedVolume::Revalidate(const std::string& key, std::function<Result<
         // timeouts on a silent origin does not, nor one that found no free connection to it
         // (EBUSY: the origin said nothing). (Under p->mu: a waiter giving up on this one sets
         // it again only before.)
-        const bool unsent = !r.ok() && r.status().code() == Code::kUnavailable &&
-                            r.status().has_sys_errno() && r.status().sys_errno() == EBUSY;
+        const bool unsent = !r.ok() && r.status().busy();
         if (!unsent && (took < timeout || r.ok() || r.status().code() != Code::kUnavailable))
           SetSilent(false);
         p->result = std::move(r);
@@ -507,15 +506,17 @@ uint64_t CachedVolume::EvictAll() {
 }
 
 CachedVolume::~CachedVolume() {
+  StopBackground();
+}
+
+void CachedVolume::StopBackground() {
   stopping_ = true;
   if (ahead_) ahead_->Shutdown();
   if (revalidate_) revalidate_->Shutdown();
 }
 
 std::unique_ptr<Volume> CachedVolume::ReleaseOrigin() {
-  stopping_ = true;
-  if (ahead_) ahead_->Shutdown();
-  if (revalidate_) revalidate_->Shutdown();
+  StopBackground();
   return TakeInner();
 }
 

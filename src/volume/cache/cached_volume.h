@@ -166,6 +166,8 @@ class CachedVolume : public ForwardingVolume {
   static constexpr std::chrono::milliseconds kJoinedCheck{100};
   std::atomic<bool> silent_{false};  // a round trip was given up on; none has answered since
   void SetSilent(bool silent);       // logs the change and keeps the gauge
+  // Stops read-ahead and joins the round trips in flight (the destructor, ReleaseOrigin).
+  void StopBackground();
   std::atomic<int> outstanding_{0};  // revalidation round trips queued or running
 
   CacheOptions opts_;

@@ -106,6 +106,13 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
       continue;
     }
     if (!is_str && !value.is_number_integer()) return bad(key, "must be a string or a number");
+    // The value as a whole number in [lo, hi]; nullopt when it is not one.
+    auto int_in = [&str](long lo, long hi) -> std::optional<int> {
+      char* end = nullptr;
+      const long n = std::strtol(str.c_str(), &end, 10);
+      if (str.empty() || *end != '\0' || n < lo || n > hi) return std::nullopt;
+      return static_cast<int>(n);
+    };
     if (key == "endpoint") {
       o.client.endpoint = str;
     } else if (key == "bucket") {
@@ -176,21 +183,17 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
         return bad(key, "must be over 0 and at most 1h");
       o.queue_timeout = *d;
     } else if (key == "transport-threads") {
-      char* end = nullptr;
-      const long n = std::strtol(str.c_str(), &end, 10);
-      if (str.empty() || *end != '\0' || n < 0 || n > 64)
-        return bad(key, "must be 0 (one per four cores) to 64");
-      o.transport_threads = static_cast<int>(n);
+      auto n = int_in(0, 64);
+      if (!n) return bad(key, "must be 0 (one per four cores) to 64");
+      o.transport_threads = *n;
     } else if (key == "max-connections") {
-      char* end = nullptr;
-      const long n = std::strtol(str.c_str(), &end, 10);
-      if (str.empty() || *end != '\0' || n < 1 || n > 4096) return bad(key, "must be 1 to 4096");
-      o.max_connections = static_cast<int>(n);
+      auto n = int_in(1, 4096);
+      if (!n) return bad(key, "must be 1 to 4096");
+      o.max_connections = *n;
     } else if (key == "max-attempts") {
-      char* end = nullptr;
-      const long n = std::strtol(str.c_str(), &end, 10);
-      if (str.empty() || *end != '\0' || n < 1 || n > 20) return bad(key, "must be 1 to 20");
-      o.client.max_attempts = static_cast<int>(n);
+      auto n = int_in(1, 20);
+      if (!n) return bad(key, "must be 1 to 20");
+      o.client.max_attempts = *n;
     } else {
       return bad(key,
                  "unknown key for the s3 backend (known: endpoint, bucket, prefix, region, "

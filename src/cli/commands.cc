@@ -747,9 +747,19 @@ int Mkdir(Cli& c, Args& a) {
 
 int Get(Cli& c, Args& a) {
   const bool to_stdout = a.output.empty() || a.output == "-";
+  // An existing output that is not a regular file (/dev/null, a FIFO) is written in place: a
+  // temporary renamed over it would replace the device with a file.
+  struct stat sb {};
+  const bool in_place = !to_stdout && ::stat(a.output.c_str(), &sb) == 0 && !S_ISREG(sb.st_mode) &&
+                        !S_ISDIR(sb.st_mode);
   std::FILE* out = stdout;
   std::string tmp;
-  if (!to_stdout) {
+  if (in_place) {
+    out = std::fopen(a.output.c_str(), "wb");
+    if (out == nullptr)
+      return c.Fail(kExitFailed,
+                    fmt::format("cannot open '{}': {}", a.output, std::strerror(errno)));
+  } else if (!to_stdout) {
     // Write next to the destination and rename at the end: no half-written file on failure.
     tmp = a.output + ".sluice-XXXXXX";
     int fd = ::mkstemp(tmp.data());
@@ -785,16 +795,16 @@ int Get(Cli& c, Args& a) {
       rc = c.Fail(kExitFailed, fmt::format("cannot write stdout: {}", std::strerror(errno)));
     return rc;
   }
-  bool write_ok = std::fflush(out) == 0 && ::fsync(::fileno(out)) == 0;
+  bool write_ok = std::fflush(out) == 0 && (in_place || ::fsync(::fileno(out)) == 0);
   int err = errno;
   write_ok = (std::fclose(out) == 0) && write_ok;
   if (rc == kExitOk && !write_ok)
     rc = c.Fail(kExitFailed, fmt::format("cannot write '{}': {}", a.output, std::strerror(err)));
-  if (rc == kExitOk && ::rename(tmp.c_str(), a.output.c_str()) != 0)
+  if (rc == kExitOk && !in_place && ::rename(tmp.c_str(), a.output.c_str()) != 0)
     rc = c.Fail(kExitFailed,
                 fmt::format("cannot rename '{}' to '{}': {}", tmp, a.output, std::strerror(errno)));
   if (rc != kExitOk) {
-    ::unlink(tmp.c_str());
+    if (!in_place) ::unlink(tmp.c_str());
     return rc;
   }
   if (c.g.json)

@@ -435,7 +435,9 @@ void AddS3DataCommands(CLI::App* s3, const std::function<void(DataAction)>& set_
                      "stdin); a key may be s3://OTHER/KEY. The stream is written to -o (a TAR\n"
                      "file, '-' for stdout) or extracted below -x as it arrives. With\n"
                      "--continue-on-error missing objects do not stop the batch; the exit\n"
-                     "status is 1 when any item failed.",
+                     "status is 1 when any item failed. Either way the stream's entries are\n"
+                     "checked and a summary printed on stderr (--json: as JSON, on stdout\n"
+                     "unless the stream goes there).",
                      "sluice s3 get-batch s3://datasets --keys-from shard-0.txt -x ./shard-0");
   gb->add_option("BUCKET", a.url, "s3://BUCKET the keys are in")->required();
   gb->add_option("KEY", a.keys, "keys to get, in order");
@@ -486,12 +488,18 @@ void AddS3DataCommands(CLI::App* s3, const std::function<void(DataAction)>& set_
     auto r = client::BatchGet(*conn, url->bucket, keys, bo, &stats);
     progress.Stop();
     if (!r.ok()) return Fail(r.status());
-    if (!a.quiet) {
-      std::string line = fmt::format("get-batch: {} items, {} in {:.1f}s", keys.size(),
-                                     FormatSize(r->bytes), progress.Seconds());
-      if (!a.extract.empty())
-        line += fmt::format(", {} extracted, {} ok, {} failed", r->entries, r->ok, r->errors);
-      std::fprintf(stderr, "%s\n", line.c_str());
+    if (g.json) {
+      json out = {{"items", keys.size()}, {"bytes", r->bytes},   {"entries", r->entries},
+                  {"ok", r->ok},          {"errors", r->errors}, {"seconds", progress.Seconds()}};
+      // stdout carries the stream with -o -: the summary goes to stderr then.
+      bool stream_on_stdout = a.extract.empty() && (a.output.empty() || a.output == "-");
+      std::fprintf(stream_on_stdout ? stderr : stdout, "%s\n", out.dump().c_str());
+    } else if (!a.quiet) {
+      std::fprintf(
+          stderr, "get-batch: %zu items, %s in %.1fs, %llu %s, %llu ok, %llu failed\n", keys.size(),
+          FormatSize(r->bytes).c_str(), progress.Seconds(),
+          static_cast<unsigned long long>(r->entries), a.extract.empty() ? "received" : "extracted",
+          static_cast<unsigned long long>(r->ok), static_cast<unsigned long long>(r->errors));
     }
     return r->errors > 0 ? kExitFailed : kExitOk;
   });

@@ -277,21 +277,37 @@ Status Transfer::FinishUpload(S3Client& c, Job& j) {
 }
 
 Status Transfer::FinishDownload(Job& j) {
+  const bool in_place = j.tmp.empty();  // a device or a pipe (OpenTemp)
   struct timespec ts[2] = {{j.mtime, 0}, {j.mtime, 0}};
-  if (j.mtime > 0 && ::futimens(j.fd, ts) != 0) return Errno("set the time of", j.tmp);
+  if (!in_place && j.mtime > 0 && ::futimens(j.fd, ts) != 0) return Errno("set the time of", j.tmp);
   if (::close(j.fd) != 0) {
     j.fd = -1;
-    return Errno("close", j.tmp);
+    return Errno("close", in_place ? j.local : j.tmp);
   }
   j.fd = -1;
+  if (in_place) return Status::Ok();
   if (::rename(j.tmp.c_str(), j.local.c_str()) != 0) return Errno("rename into", j.local);
   j.tmp.clear();
   return Status::Ok();
 }
 
 namespace {
-// A temporary file next to `dst`, so the rename that publishes it stays on one file system.
+// An existing destination that is not a regular file (/dev/null, a FIFO, a terminal) is
+// written in place: a temporary renamed over it would put a file where the device was (run
+// as root, over /dev/null itself).
+bool WrittenInPlace(const std::string& dst) {
+  struct stat sb {};
+  return ::stat(dst.c_str(), &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode);
+}
+
+// A temporary file next to `dst`, so the rename that publishes it stays on one file system;
+// or `dst` itself, with no temporary name, when it is written in place.
 Result<std::pair<int, std::string>> OpenTemp(const std::string& dst) {
+  if (WrittenInPlace(dst)) {
+    int fd = ::open(dst.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return Errno("open", dst);
+    return std::make_pair(fd, std::string());
+  }
   fs::path p(dst);
   std::error_code ec;
   if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
@@ -446,7 +462,9 @@ Result<TransferResult> Transfer::Run(std::deque<Job>& jobs, int workers) {
   std::vector<Unit> units;
   for (size_t i = 0; i < jobs.size(); ++i) {
     Job& j = jobs[i];
-    if (j.kind != Job::kDelete && j.size >= opts_.multipart_threshold && j.size > 0) {
+    // Parts are written at their offsets: not into a pipe or a device (WrittenInPlace).
+    if (j.kind != Job::kDelete && j.size >= opts_.multipart_threshold && j.size > 0 &&
+        !(j.kind == Job::kDownload && WrittenInPlace(j.local))) {
       j.in_parts = true;
       j.part_size = PartSizeFor(j.size);
       j.nparts = static_cast<int>((j.size + j.part_size - 1) / j.part_size);
@@ -737,34 +755,46 @@ Status ListKeys(const io::s3::ClientOptions& opts, const S3Url& url, bool recurs
 
 namespace {
 
-// Extracts a TAR read from `fd` below `dir`, refusing names that would leave it.
-Status ExtractTar(int fd, const std::string& dir, BatchGetResult* res, std::string* manifest) {
+// Reads a batch get's TAR stream from `fd` to its end: extracts the entries below `dir`
+// (refusing names that would leave it), or with `dir` empty only walks them; counts the
+// objects received whole and keeps the manifest's text.
+Status ReadBatchTar(int fd, const std::string& dir, BatchGetResult* res, std::string* manifest) {
   std::unique_ptr<archive, decltype(&archive_read_free)> in(archive_read_new(), archive_read_free);
-  std::unique_ptr<archive, decltype(&archive_write_free)> out(archive_write_disk_new(),
-                                                              archive_write_free);
+  std::unique_ptr<archive, decltype(&archive_write_free)> out(
+      dir.empty() ? nullptr : archive_write_disk_new(), archive_write_free);
   archive_read_support_format_tar(in.get());
-  archive_write_disk_set_options(out.get(), ARCHIVE_EXTRACT_TIME | ARCHIVE_EXTRACT_SECURE_NODOTDOT |
-                                                ARCHIVE_EXTRACT_SECURE_SYMLINKS);
+  if (out)
+    archive_write_disk_set_options(out.get(), ARCHIVE_EXTRACT_TIME |
+                                                  ARCHIVE_EXTRACT_SECURE_NODOTDOT |
+                                                  ARCHIVE_EXTRACT_SECURE_SYMLINKS);
   if (archive_read_open_fd(in.get(), fd, 1 << 16) != ARCHIVE_OK)
     return Status(Code::kUnavailable, fmt::format("batch get: {}", archive_error_string(in.get())));
+  auto broke = [&](const std::string& where) {
+    const char* why = archive_error_string(in.get());
+    return Status(Code::kUnavailable, fmt::format("batch get: the stream broke off{}: {}", where,
+                                                  why ? why : "truncated"));
+  };
   for (;;) {
     archive_entry* e = nullptr;
     int r = archive_read_next_header(in.get(), &e);
     if (r == ARCHIVE_EOF) break;
-    if (r != ARCHIVE_OK)
-      return Status(Code::kUnavailable,
-                    fmt::format("batch get: the stream broke off: {}",
-                                archive_error_string(in.get()) ? archive_error_string(in.get())
-                                                               : "truncated"));
+    if (r != ARCHIVE_OK) return broke("");
     std::string name = archive_entry_pathname(e) ? archive_entry_pathname(e) : "";
     if (name == "__manifest__.json") {
       char buf[65536];
       la_ssize_t n;
       while ((n = archive_read_data(in.get(), buf, sizeof buf)) > 0)
         manifest->append(buf, static_cast<size_t>(n));
+      if (n < 0) return broke(" in the manifest");
       continue;
     }
     if (name.rfind("__404__/", 0) == 0 || name.rfind("__error__/", 0) == 0) continue;
+    if (!out) {
+      if (archive_read_data_skip(in.get()) != ARCHIVE_OK)
+        return broke(fmt::format(" in '{}'", name));
+      res->entries++;
+      continue;
+    }
     if (!SafeRelative(name.back() == '/' ? name.substr(0, name.size() - 1) : name).ok())
       return Status(Code::kInvalidPath,
                     fmt::format("batch get: entry '{}' would leave '{}'", name, dir));
@@ -780,14 +810,18 @@ Status ExtractTar(int fd, const std::string& dir, BatchGetResult* res, std::stri
       if (archive_write_data_block(out.get(), block, size, off) != ARCHIVE_OK)
         return Status(Code::kIoError,
                       fmt::format("extract '{}': {}", path, archive_error_string(out.get())));
-    if (r != ARCHIVE_EOF)
-      return Status(Code::kUnavailable,
-                    fmt::format("batch get: the stream broke off in '{}'", name));
+    if (r != ARCHIVE_EOF) return broke(fmt::format(" in '{}'", name));
     if (archive_write_finish_entry(out.get()) != ARCHIVE_OK)
       return Status(Code::kIoError,
                     fmt::format("extract '{}': {}", path, archive_error_string(out.get())));
     res->entries++;
   }
+  // What follows the archive's end (padding) is read too, so that the sender never meets a
+  // closed pipe, and a TAR file written alongside gets every byte.
+  char sink[65536];
+  ssize_t n;
+  while ((n = ::read(fd, sink, sizeof sink)) != 0)
+    if (n < 0 && errno != EINTR) return Status::FromErrno(errno, "batch get: read");
   return Status::Ok();
 }
 
@@ -816,55 +850,61 @@ Result<BatchGetResult> BatchGet(const io::s3::ClientOptions& opts, const std::st
   }
   S3Client c(opts);
   BatchGetResult res;
+  // The stream goes to the TAR file (or stdout) as it comes, and through a pipe to
+  // ReadBatchTar, which extracts it or only walks it: either way every entry is checked and
+  // the manifest read, so the exit status can say whether any item failed.
+  int fd = -1;
+  std::string tmp;
   if (bo.extract_dir.empty()) {
-    bool to_stdout = bo.output.empty() || bo.output == "-";
-    int fd = STDOUT_FILENO;
-    std::string tmp;
-    if (!to_stdout) {
+    fd = STDOUT_FILENO;
+    if (!bo.output.empty() && bo.output != "-") {
       SLUICE_ASSIGN_OR_RETURN(auto tf, OpenTemp(bo.output));
       fd = tf.first;
       tmp = tf.second;
     }
-    Status st = c.BatchGet(bucket, body, [&](std::string_view d) {
-      res.bytes += d.size();
-      if (stats) stats->bytes_done += d.size();
-      return WriteAll(fd, d, nullptr);
-    });
-    if (!to_stdout) {
-      if (::close(fd) != 0 && st.ok()) st = Errno("close", tmp);
+  } else {
+    std::error_code ec;
+    fs::create_directories(bo.extract_dir, ec);
+  }
+  auto drop_tmp = [&](Status st) {
+    if (fd >= 0 && fd != STDOUT_FILENO && ::close(fd) != 0 && st.ok())
+      st = Errno("close", tmp.empty() ? bo.output : tmp);
+    if (!tmp.empty()) {
       if (st.ok() && ::rename(tmp.c_str(), bo.output.c_str()) != 0)
         st = Errno("rename into", bo.output);
       if (!st.ok()) ::unlink(tmp.c_str());
     }
-    SLUICE_RETURN_IF_ERROR(st);
-    return res;
-  }
-  std::error_code ec;
-  fs::create_directories(bo.extract_dir, ec);
+    return st;
+  };
   int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) return Status::FromErrno(errno, "pipe");
+  if (::pipe2(p, O_CLOEXEC) != 0) return drop_tmp(Status::FromErrno(errno, "pipe"));
   Status fetch;
   std::thread reader([&] {
     fetch = c.BatchGet(bucket, body, [&](std::string_view d) {
       res.bytes += d.size();
       if (stats) stats->bytes_done += d.size();
+      if (fd >= 0) SLUICE_RETURN_IF_ERROR(WriteAll(fd, d, nullptr));
       return WriteAll(p[1], d, nullptr);
     });
     ::close(p[1]);
   });
   std::string manifest;
-  Status ext = ExtractTar(p[0], bo.extract_dir, &res, &manifest);
-  ::close(p[0]);  // a failed extraction stops the fetch (EPIPE)
+  Status scan = ReadBatchTar(p[0], bo.extract_dir, &res, &manifest);
+  ::close(p[0]);  // a failed walk stops the fetch (EPIPE)
   reader.join();
-  SLUICE_RETURN_IF_ERROR(fetch);
-  SLUICE_RETURN_IF_ERROR(ext);
+  // A local failure (a name that would leave the directory, a full disk) is why the fetch
+  // stopped; otherwise the fetch's error says more than the stream it cut short.
+  bool local = scan.code() == Code::kInvalidPath || scan.code() == Code::kIoError;
+  Status st = local || fetch.ok() ? scan : fetch;
+  SLUICE_RETURN_IF_ERROR(drop_tmp(st));
   if (!manifest.empty()) {
     json m = json::parse(manifest, nullptr, false);
     if (m.is_object()) {
       res.ok = m.value("ok", 0u);
       res.errors = m.value("errors", 0u);
     }
-    std::ofstream(bo.extract_dir + "/__manifest__.json", std::ios::trunc) << manifest;
+    if (!bo.extract_dir.empty())
+      std::ofstream(bo.extract_dir + "/__manifest__.json", std::ios::trunc) << manifest;
   }
   if (stats) stats->files_done = res.ok;
   return res;

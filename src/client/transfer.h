@@ -112,12 +112,13 @@ struct BatchGetOptions {
 
 struct BatchGetResult {
   uint64_t bytes = 0;           // TAR bytes received
-  uint64_t entries = 0;         // extracted entries (extract mode)
-  uint64_t ok = 0, errors = 0;  // from the manifest (extract mode)
+  uint64_t entries = 0;         // objects received whole (extracted in extract mode)
+  uint64_t ok = 0, errors = 0;  // from the manifest
 };
 
 // Sluice's batch get of `keys` in `bucket` (an item's own "bucket/key" when it starts with
-// "s3://"), streamed to a TAR file or extracted as it arrives.
+// "s3://"), streamed to a TAR file or extracted as it arrives; either way the stream's
+// entries are checked and its manifest read (errors > 0: some item failed).
 Result<BatchGetResult> BatchGet(const io::s3::ClientOptions& opts, const std::string& bucket,
                                 const std::vector<std::string>& keys, const BatchGetOptions& bo,
                                 TransferStats* stats);

@@ -15,6 +15,7 @@ import socket
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 import warnings
@@ -210,6 +211,36 @@ def sha256_file(path):
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def through_fifo(fifo, run, timeout=120):
+    """Makes the FIFO `fifo`, calls `run()` (a command told to write there) in a thread while
+    this one reads the FIFO: (what `run` returned, the bytes that came through). The FIFO is
+    opened first without blocking, so a command that never opens it cannot hang the test."""
+    os.mkfifo(fifo)
+    rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    out, data = {}, bytearray()
+    t = threading.Thread(target=lambda: out.setdefault("r", run()))
+    t.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                chunk = os.read(rfd, 1 << 16)
+            except BlockingIOError:
+                chunk = None
+            if chunk:
+                data += chunk
+            elif not t.is_alive():
+                break
+            elif time.monotonic() > deadline:
+                raise TimeoutError(f"{fifo}: the command did not end within {timeout} s")
+            else:
+                time.sleep(0.002)
+    finally:
+        os.close(rfd)
+        t.join()
+    return out.get("r"), bytes(data)
 
 
 def tree_state(root, exclude=()):

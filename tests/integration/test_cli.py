@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_ports
+from conftest import free_ports, through_fifo
 
 REPO = Path(__file__).resolve().parents[2]
 BIN_DIR = Path(os.environ.get("SLUICE_BIN_DIR") or REPO / "build" / "release" / "bin")
@@ -487,6 +487,13 @@ def test_get_streams_to_stdout_and_file(cli, daemon, vfid, tmp_path):
     assert out.read_bytes() == data
     j = cli.json("vfolder", "get", "local", vfid, "blob.bin", "-o", out)
     assert j == {"status": "ok", "path": str(out), "bytes": len(data)}
+
+    # A FIFO (or /dev/null) is written in place, not replaced by a renamed temporary file.
+    fifo = tmp_path / "dl" / "fifo"
+    _, got = through_fifo(fifo, lambda: cli("vfolder", "get", "local", vfid, "blob.bin", "-o",
+                                            fifo))
+    assert got == data and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    os.unlink(fifo)
 
     missing = tmp_path / "dl" / "missing.bin"
     p = cli("vfolder", "get", "local", vfid, "missing.bin", "-o", missing, rc=3)

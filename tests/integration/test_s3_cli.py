@@ -7,6 +7,7 @@ import http.server
 import io
 import json
 import os
+import stat
 import subprocess
 import tarfile
 import threading
@@ -15,7 +16,7 @@ import uuid
 
 import pytest
 
-from conftest import BIN_DIR, running_daemon, toml_section
+from conftest import BIN_DIR, running_daemon, through_fifo, toml_section
 
 SLUICE = BIN_DIR / "sluice"
 MiB = 1 << 20
@@ -338,6 +339,47 @@ def test_get_batch(s3d, bucket, tmp_path):
             "--continue-on-error", check=False)
     assert p.returncode == 1 and b"2 ok, 1 failed" in p.stderr
     assert (y / bucket / keys[1]).read_bytes() == objs[keys[1]]
+    # The same to a TAR file: the stream is walked as it is written, so the exit status and
+    # the summary say so there too (and the file holds the placeholder and the manifest).
+    w = tmp_path / "w.tar"
+    p = cli(s3d, "get-batch", f"s3://{bucket}", keys[0], "train/missing", keys[1], "-o", str(w),
+            "--continue-on-error", check=False)
+    assert p.returncode == 1 and b"2 received, 2 ok, 1 failed" in p.stderr, p.stderr
+    with tarfile.open(w) as t:
+        assert [m.name for m in t.getmembers()] == [
+            f"{bucket}/{keys[0]}", f"__404__/{bucket}/train/missing", f"{bucket}/{keys[1]}",
+            "__manifest__.json"]
+    # --json: the summary as JSON, on stderr when the stream takes stdout.
+    p = cli(s3d, "--json", "get-batch", f"s3://{bucket}", *keys[:5], "-o", "-")
+    summary = json.loads(p.stderr.decode().strip().splitlines()[-1])
+    assert summary["items"] == 5 and summary["entries"] == 5 and summary["ok"] == 5
+    assert summary["errors"] == 0 and summary["bytes"] == len(p.stdout)
+    with tarfile.open(fileobj=io.BytesIO(p.stdout)) as t:
+        assert len(t.getmembers()) == 6
+    p = cli(s3d, "--json", "get-batch", f"s3://{bucket}", *keys[:3], "-o", str(tmp_path / "j.tar"))
+    assert json.loads(p.stdout)["entries"] == 3
+    # Into a FIFO (or /dev/null): written in place, the FIFO left a FIFO.
+    p, got = through_fifo(tmp_path / "fifo", lambda: cli(
+        s3d, "get-batch", f"s3://{bucket}", *keys[:4], "-o", str(tmp_path / "fifo")))
+    assert b"4 received, 4 ok, 0 failed" in p.stderr
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
+    with tarfile.open(fileobj=io.BytesIO(got)) as t:
+        assert t.extractfile(f"{bucket}/{keys[2]}").read() == objs[keys[2]]
+
+
+def test_cp_into_a_fifo_writes_in_place(s3d, bucket, tmp_path):
+    # A download into an existing file that is not a regular one (/dev/null, a FIFO) writes
+    # there, whole and in order, even when the object is big enough for ranged parts; it is
+    # never replaced by a renamed temporary (as root that would replace /dev/null itself).
+    small, big = os.urandom(1000), os.urandom(12 * MiB + 5)
+    s3d.boto.put_object(Bucket=bucket, Key="small", Body=small)
+    s3d.boto.put_object(Bucket=bucket, Key="big", Body=big)
+    for key, body in (("small", small), ("big", big)):
+        fifo = tmp_path / f"fifo-{key}"
+        _, got = through_fifo(fifo, lambda: cli(s3d, "cp", "--multipart-threshold", "5MiB",
+                                                f"s3://{bucket}/{key}", str(fifo)))
+        assert got == body and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["fifo-big", "fifo-small"]  # no temporary left
     # Without it the request fails naming the item, and nothing is written.
     z = tmp_path / "z.tar"
     p = cli(s3d, "get-batch", f"s3://{bucket}", "train/missing", "-o", str(z), check=False)

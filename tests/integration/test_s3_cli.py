@@ -358,6 +358,9 @@ def test_get_batch(s3d, bucket, tmp_path):
         assert len(t.getmembers()) == 6
     p = cli(s3d, "--json", "get-batch", f"s3://{bucket}", *keys[:3], "-o", str(tmp_path / "j.tar"))
     assert json.loads(p.stdout)["entries"] == 3
+    # A key that is not UTF-8 (S3 keys are) is refused before anything is sent.
+    p = cli(s3d, "get-batch", f"s3://{bucket}", keys[0], b"train/\xff", "-o", "-", check=False)
+    assert p.returncode == 2 and b"not UTF-8" in p.stderr and p.stdout == b"", p.stderr
     # Into a FIFO (or /dev/null): written in place, the FIFO left a FIFO.
     p, got = through_fifo(tmp_path / "fifo", lambda: cli(
         s3d, "get-batch", f"s3://{bucket}", *keys[:4], "-o", str(tmp_path / "fifo")))

@@ -259,10 +259,15 @@ bool ProgressOn(const DataArgs& a) {
 }
 
 std::string Date(std::time_t t) {
-  struct tm tm {};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  // Keys listed together mostly share their second: the last one formatted is kept.
+  thread_local std::time_t last = -1;
+  thread_local char buf[32];
+  if (t != last) {
+    struct tm tm {};
+    gmtime_r(&t, &tm);
+    std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+    last = t;
+  }
   return buf;
 }
 

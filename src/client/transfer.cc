@@ -7,10 +7,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -734,23 +737,41 @@ Status ListKeys(const io::s3::ClientOptions& opts, const S3Url& url, bool recurs
   if (ranges.size() <= 1) return list_range(c, io::s3::KeyRange{}, on_object);
   std::vector<std::vector<ObjectInfo>> found(ranges.size());
   std::vector<Status> errors(ranges.size());
+  std::vector<char> done(ranges.size(), 0);
+  std::mutex mu;
+  std::condition_variable cv;
   std::vector<std::thread> threads;
   std::atomic<size_t> next{1};
+  std::atomic<bool> stop{false};
   auto worker = [&] {
     S3Client cl(opts);
-    for (size_t i; (i = next.fetch_add(1)) < ranges.size();)
-      errors[i] = list_range(cl, ranges[i], [&](const ObjectInfo& o) { found[i].push_back(o); });
+    for (size_t i; !stop && (i = next.fetch_add(1)) < ranges.size();) {
+      Status st = list_range(cl, ranges[i], [&](const ObjectInfo& o) { found[i].push_back(o); });
+      std::lock_guard<std::mutex> g(mu);
+      errors[i] = std::move(st);
+      done[i] = 1;
+      cv.notify_all();
+    }
   };
   for (int t = 1; t < std::min<int>(jobs, static_cast<int>(ranges.size())); ++t)
     threads.emplace_back(worker);
-  // The first range is listed here and printed as it comes; the others wait their turn.
-  errors[0] = list_range(c, ranges[0], on_object);
-  for (auto& t : threads) t.join();
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    if (!errors[i].ok()) return errors[i];
+  // The first range is listed here and printed as it comes; each of the others is printed as
+  // soon as it and every range before it are done, while the rest are still being listed.
+  Status st = list_range(c, ranges[0], on_object);
+  for (size_t i = 1; st.ok() && i < ranges.size(); ++i) {
+    std::unique_lock<std::mutex> g(mu);
+    cv.wait(g, [&] { return done[i] != 0; });
+    g.unlock();
+    if (!errors[i].ok()) {
+      st = errors[i];
+      break;
+    }
     for (const auto& o : found[i]) on_object(o);
+    std::vector<ObjectInfo>().swap(found[i]);
   }
-  return Status::Ok();
+  if (!st.ok()) stop = true;
+  for (auto& t : threads) t.join();
+  return st;
 }
 
 namespace {

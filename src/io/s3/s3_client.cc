@@ -139,10 +139,16 @@ std::time_t ParseIso8601(std::string_view s) {
   if (s.size() < 20 || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' || s[16] != ':' ||
       s.back() != 'Z')
     return 0;
-  std::string compact =
-      fmt::format("{}{}{}T{}{}{}Z", s.substr(0, 4), s.substr(5, 2), s.substr(8, 2), s.substr(11, 2),
-                  s.substr(14, 2), s.substr(17, 2));
-  return ParseAmzDate(compact).value_or(0);
+  int v[6];
+  const size_t at[6] = {0, 5, 8, 11, 14, 17}, len[6] = {4, 2, 2, 2, 2, 2};
+  for (int f = 0; f < 6; ++f) {
+    v[f] = 0;
+    for (size_t i = at[f]; i < at[f] + len[f]; ++i) {
+      if (s[i] < '0' || s[i] > '9') return 0;
+      v[f] = v[f] * 10 + (s[i] - '0');
+    }
+  }
+  return TimeFromFields(v[0], v[1], v[2], v[3], v[4], v[5]).value_or(0);
 }
 
 struct S3Client::Request {

@@ -58,22 +58,39 @@ std::vector<std::pair<std::string, std::string>> DecodeQuery(std::string_view q)
   return out;
 }
 
+namespace {
+// Days from 1970-01-01 to y-m-d of the proleptic Gregorian calendar (H. Hinnant's
+// days_from_civil): what timegm computes, without its time-zone machinery, per signed request.
+int64_t DaysFromCivil(int64_t y, unsigned m, unsigned d) {
+  y -= m <= 2;
+  const int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const unsigned yoe = static_cast<unsigned>(y - era * 400);
+  const unsigned doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + static_cast<int64_t>(doe) - 719468;
+}
+}  // namespace
+
+std::optional<std::time_t> TimeFromFields(int year, int month, int day, int hour, int minute,
+                                          int second) {
+  if (month < 1 || month > 12 || day < 1 || day > 31 || hour > 23 || minute > 59 || second > 60)
+    return std::nullopt;
+  // Days past the month's end (February 30th) run on into the next, as timegm's do.
+  return static_cast<std::time_t>(DaysFromCivil(year, static_cast<unsigned>(month), 1) + day - 1) *
+             86400 +
+         hour * 3600 + minute * 60 + second;
+}
+
 std::optional<std::time_t> ParseAmzDate(std::string_view s) {
   if (s.size() != 16 || s[8] != 'T' || s[15] != 'Z') return std::nullopt;
   for (size_t i : {0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14})
     if (s[i] < '0' || s[i] > '9') return std::nullopt;
-  auto num = [&](size_t at, size_t n) { return std::atoi(std::string(s.substr(at, n)).c_str()); };
-  struct tm tm {};
-  tm.tm_year = num(0, 4) - 1900;
-  tm.tm_mon = num(4, 2) - 1;
-  tm.tm_mday = num(6, 2);
-  tm.tm_hour = num(9, 2);
-  tm.tm_min = num(11, 2);
-  tm.tm_sec = num(13, 2);
-  if (tm.tm_mon < 0 || tm.tm_mon > 11 || tm.tm_mday < 1 || tm.tm_mday > 31 || tm.tm_hour > 23 ||
-      tm.tm_min > 59 || tm.tm_sec > 60)
-    return std::nullopt;
-  return timegm(&tm);
+  auto num = [&](size_t at, size_t n) {
+    int v = 0;
+    for (size_t i = at; i < at + n; ++i) v = v * 10 + (s[i] - '0');
+    return v;
+  };
+  return TimeFromFields(num(0, 4), num(4, 2), num(6, 2), num(9, 2), num(11, 2), num(13, 2));
 }
 
 namespace {

@@ -86,6 +86,10 @@ std::string TrailerStringToSign(const SigV4Auth& auth, std::string_view previous
 
 // "20130524T000000Z" -> time; nullopt when malformed.
 std::optional<std::time_t> ParseAmzDate(std::string_view s);
+// A UTC date and time -> time (as timegm, days past a month's end running on); nullopt when a
+// field is out of range.
+std::optional<std::time_t> TimeFromFields(int year, int month, int day, int hour, int minute,
+                                          int second);
 // time -> "20130524T000000Z".
 std::string FormatAmzDate(std::time_t t);
 

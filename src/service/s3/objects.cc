@@ -360,8 +360,13 @@ std::string AfterSubtree(const std::string& dir) {
 
 }  // namespace
 
+size_t SplitBudget(size_t parts) {
+  return std::clamp<size_t>(parts * 2048, 8192, 200000);
+}
+
 Result<SplitResult> SplitKeys(Volume& v, const VFolderId& vfid, const SplitQuery& q) {
   SplitResult out;
+  const size_t budget = q.budget ? q.budget : SplitBudget(q.parts);
   size_t slash = q.prefix.rfind('/');
   std::string base = slash == std::string::npos ? "" : q.prefix.substr(0, slash + 1);
   if (!base.empty() && !KeyParts(base).ok()) {
@@ -386,7 +391,7 @@ Result<SplitResult> SplitKeys(Volume& v, const VFolderId& vfid, const SplitQuery
   while (!queue.empty()) {
     std::string key = std::move(queue.front());
     queue.pop_front();
-    if (read >= q.budget && !levels.empty()) {  // the prefix's own directory is always read
+    if (read >= budget && !levels.empty()) {  // the prefix's own directory is always read
       unread.push_back(std::move(key));
       continue;
     }

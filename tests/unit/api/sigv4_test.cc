@@ -2,6 +2,9 @@
 // the Authorization Header" and "Query String Authentication").
 #include "api/s3/sigv4.h"
 
+#include <random>
+
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "common/crypto.h"
@@ -219,6 +222,33 @@ TEST(SigV4, Iso8601Times) {
   EXPECT_EQ(io::s3::ParseIso8601("2026-12-01 21:15:29Z"), 0);
   EXPECT_EQ(io::s3::ParseIso8601("20x6-12-01T21:15:29Z"), 0);
   EXPECT_EQ(io::s3::ParseIso8601(""), 0);
+}
+
+TEST(SigV4, DatesAreWhatTimegmMakesOfThem) {
+  // The parser's own arithmetic against the C library, over 400 years of days (leap years
+  // and centuries), every field's limits, and days past a month's end.
+  std::mt19937 rng(20261202);
+  for (int i = 0; i < 20000; ++i) {
+    struct tm tm {};
+    tm.tm_year = static_cast<int>(rng() % 400) + 1970 - 1900;
+    tm.tm_mon = static_cast<int>(rng() % 12);
+    tm.tm_mday = static_cast<int>(rng() % 31) + 1;
+    tm.tm_hour = static_cast<int>(rng() % 24);
+    tm.tm_min = static_cast<int>(rng() % 60);
+    tm.tm_sec = static_cast<int>(rng() % 61);
+    std::string amz = fmt::format("{:04}{:02}{:02}T{:02}{:02}{:02}Z", tm.tm_year + 1900,
+                                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+    std::string iso =
+        fmt::format("{}-{}-{}T{}:{}:{}Z", amz.substr(0, 4), amz.substr(4, 2), amz.substr(6, 2),
+                    amz.substr(9, 2), amz.substr(11, 2), amz.substr(13, 2));
+    std::time_t want = timegm(&tm);
+    ASSERT_EQ(ParseAmzDate(amz), want) << amz;
+    ASSERT_EQ(io::s3::ParseIso8601(iso), want) << iso;
+  }
+  for (const char* bad : {"20261301T000000Z", "20261200T000000Z", "20261232T000000Z",
+                          "20261201T240000Z", "20261201T006000Z", "20261201T000061Z",
+                          "2026120T1000000Z", "20261201T000000", "20261201t000000Z"})
+    EXPECT_FALSE(ParseAmzDate(bad).has_value()) << bad;
 }
 
 TEST(SigV4, AmzDateRoundTrip) {

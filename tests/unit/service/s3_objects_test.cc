@@ -132,6 +132,30 @@ TEST_F(SplitTest, PastTheBudgetDirectoriesAreEstimatedNotWalked) {
   for (size_t c : counts) EXPECT_NEAR(static_cast<double>(c), 250.0, 50.0);
 }
 
+TEST_F(SplitTest, TheDefaultBudgetGrowsWithTheParts) {
+  // 30 directories of 600 keys: two parts read about 8192 names (the least budget) and
+  // estimate the rest; a hundred parts read every name.
+  for (int d = 0; d < 30; ++d)
+    for (int f = 0; f < 600; ++f) Put(fmt::format("k/d{:02d}/f{:03d}", d, f));
+  EXPECT_EQ(SplitBudget(2), 8192u);
+  EXPECT_EQ(SplitBudget(8), 16384u);
+  EXPECT_EQ(SplitBudget(1000), 200000u);
+  SplitQuery q;
+  q.parts = 2;
+  auto s = SplitKeys(*vol_, vf_, q);
+  ASSERT_OK(s);
+  EXPECT_FALSE(s->exact);
+  EXPECT_EQ(s->estimated, 18000u);
+  auto counts = CheckPartition(*s, "");
+  ASSERT_EQ(counts.size(), 2u);
+  for (size_t c : counts) EXPECT_NEAR(static_cast<double>(c), 9000.0, 600.0);  // a directory
+  q.parts = 100;
+  s = SplitKeys(*vol_, vf_, q);
+  ASSERT_OK(s);
+  EXPECT_TRUE(s->exact);
+  EXPECT_EQ(CheckPartition(*s, "").size(), 100u);
+}
+
 TEST_F(SplitTest, FewerKeysThanPartsAndNoKeys) {
   Put("a");
   Put("b");

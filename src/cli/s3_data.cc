@@ -132,15 +132,16 @@ class ProgressLine {
     std::fputs("\n", stderr);
     drawn_ = false;
   }
-  // Prints an action line on stdout without tearing the progress line.
-  void Say(const std::string& line) {
+  // Prints a line (on stdout: an action; on stderr: a failure) without tearing the progress
+  // line.
+  void Say(const std::string& line, std::FILE* out = stdout) {
     std::lock_guard<std::mutex> g(mu_);
     if (drawn_) {
       std::fputs("\r\033[K", stderr);
       drawn_ = false;
     }
-    std::printf("%s\n", Printable(line).c_str());
-    std::fflush(stdout);
+    std::fprintf(out, "%s\n", Printable(line).c_str());
+    std::fflush(out);
   }
   double Seconds() const {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
@@ -292,14 +293,14 @@ int RunTransfer(DataArgs& a, const DataGlobals& g, const char* verb,
   client::Transfer t(o);
   ProgressLine progress(&t.stats(), ProgressOn(a), verb);
   bool quiet = a.quiet;
-  t.set_say([&progress, quiet](const std::string& line) {
+  // `cp s3://... -`: stdout carries the object, so what is said goes to stderr.
+  const bool data_on_stdout = a.dst == "-";
+  t.set_say([&progress, quiet, data_on_stdout](const std::string& line) {
     bool failure = line.rfind("failed", 0) == 0 || line.rfind("delete failed", 0) == 0;
-    if (failure) {
-      progress.Say("");  // clears the progress line; the failure goes to stderr
-      std::fprintf(stderr, "sluice: %s\n", Printable(line).c_str());
-    } else if (!quiet) {
-      progress.Say(line);
-    }
+    if (failure)
+      progress.Say("sluice: " + line, stderr);
+    else if (!quiet)
+      progress.Say(line, data_on_stdout ? stderr : stdout);
   });
   auto r = body(t);
   progress.Stop();
@@ -394,7 +395,9 @@ void AddS3DataCommands(CLI::App* s3, const std::function<void(DataAction)>& set_
                      "Large files go as multipart uploads of parallel parts, resumable: run\n"
                      "the same command again after a failure and the parts already uploaded\n"
                      "are reused (size and CRC32C checked). Downloads land in a temporary file\n"
-                     "renamed into place, with the object's modification time.",
+                     "renamed into place, with the object's modification time. '-' as SRC\n"
+                     "uploads stdin (one PUT, or a multipart upload of --part-size parts once\n"
+                     "it is longer than one); '-' as DST writes the object to stdout.",
                      "sluice s3 cp --recursive ./images s3://datasets/images/");
   cp->add_option("SRC", a.src, "local path or s3://BUCKET/KEY")->required();
   cp->add_option("DST", a.dst, "s3://BUCKET/KEY or local path")->required();

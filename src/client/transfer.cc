@@ -303,9 +303,19 @@ bool WrittenInPlace(const std::string& dst) {
   return ::stat(dst.c_str(), &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode);
 }
 
+// "-" is stdout; it and devices get one stream, written as it comes.
+bool InPlace(const std::string& dst) {
+  return dst == "-" || WrittenInPlace(dst);
+}
+
 // A temporary file next to `dst`, so the rename that publishes it stays on one file system;
 // or `dst` itself, with no temporary name, when it is written in place.
 Result<std::pair<int, std::string>> OpenTemp(const std::string& dst) {
+  if (dst == "-") {
+    int fd = ::fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return Errno("write to", "stdout");
+    return std::make_pair(fd, std::string());
+  }
   if (WrittenInPlace(dst)) {
     int fd = ::open(dst.c_str(), O_WRONLY | O_CLOEXEC);
     if (fd < 0) return Errno("open", dst);
@@ -467,7 +477,7 @@ Result<TransferResult> Transfer::Run(std::deque<Job>& jobs, int workers) {
     Job& j = jobs[i];
     // Parts are written at their offsets: not into a pipe or a device (WrittenInPlace).
     if (j.kind != Job::kDelete && j.size >= opts_.multipart_threshold && j.size > 0 &&
-        !(j.kind == Job::kDownload && WrittenInPlace(j.local))) {
+        !(j.kind == Job::kDownload && InPlace(j.local))) {
       j.in_parts = true;
       j.part_size = PartSizeFor(j.size);
       j.nparts = static_cast<int>((j.size + j.part_size - 1) / j.part_size);
@@ -509,6 +519,79 @@ Result<TransferResult> Transfer::Run(std::deque<Job>& jobs, int workers) {
   return res;
 }
 
+namespace {
+// Reads up to `n` bytes (fewer only at the end of the stream).
+Result<size_t> ReadFull(int fd, char* buf, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = ::read(fd, buf + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Errno("read", "stdin");
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+  }
+  return got;
+}
+}  // namespace
+
+Result<TransferResult> Transfer::UploadStream(int fd, const S3Url& to) {
+  if (to.key.empty() || to.key.back() == '/')
+    return Status(Code::kInvalidArgument, "name the object for stdin: s3://BUCKET/KEY");
+  stats_.files_total = 1;
+  stats_.planning = false;
+  const std::string remote = to.ToString();
+  if (opts_.dry_run) {
+    Say(fmt::format("(dry run) upload: - -> {}", remote));
+    return TransferResult{};
+  }
+  S3Client c(opts_.s3);
+  std::string buf(opts_.part_size, '\0');
+  SLUICE_ASSIGN_OR_RETURN(size_t n, ReadFull(fd, buf.data(), buf.size()));
+  if (n < buf.size()) {  // all of it in the first part: one PUT
+    SLUICE_RETURN_IF_ERROR(
+        c.Put(to.bucket, to.key, Body{std::string_view(buf.data(), n)}).status());
+    stats_.bytes_done += n;
+  } else {
+    SLUICE_ASSIGN_OR_RETURN(std::string id, c.CreateMultipart(to.bucket, to.key));
+    std::vector<PartInfo> parts;
+    Status st;
+    while (st.ok() && n > 0) {
+      if (parts.size() == static_cast<size_t>(kMaxParts)) {
+        st = Status(Code::kInvalidArgument,
+                    fmt::format("stdin is longer than {} parts of {}: give a larger --part-size",
+                                kMaxParts, opts_.part_size));
+        break;
+      }
+      PartInfo p;
+      p.number = static_cast<int>(parts.size()) + 1;
+      p.size = n;
+      auto etag = c.UploadPart(to.bucket, to.key, id, p.number,
+                               Body{std::string_view(buf.data(), n)}, &p.crc32c);
+      if (!etag.ok()) {
+        st = etag.status();
+        break;
+      }
+      p.etag = std::move(*etag);
+      parts.push_back(std::move(p));
+      stats_.bytes_done += n;
+      auto next = ReadFull(fd, buf.data(), buf.size());
+      if (next.ok())
+        n = *next;
+      else
+        st = next.status();
+    }
+    if (st.ok()) st = c.CompleteMultipart(to.bucket, to.key, id, parts).status();
+    if (!st.ok()) {
+      // Nothing to resume from a stream: the parts go.
+      (void)c.AbortMultipart(to.bucket, to.key, id);
+      return st;
+    }
+  }
+  stats_.files_done++;
+  Say(fmt::format("upload: - -> {}", remote));
+  return TransferResult{};
+}
+
 Result<TransferResult> Transfer::Copy(std::string_view src, std::string_view dst, bool recursive) {
   std::deque<Job> jobs;
   bool src_s3 = S3Url::Is(src), dst_s3 = S3Url::Is(dst);
@@ -519,6 +602,7 @@ Result<TransferResult> Transfer::Copy(std::string_view src, std::string_view dst
                          : "one side must be an s3:// URL");
   if (dst_s3) {
     SLUICE_ASSIGN_OR_RETURN(S3Url to, S3Url::Parse(dst));
+    if (src == "-") return UploadStream(STDIN_FILENO, to);
     std::string from(src);
     struct stat sb {};
     if (::stat(from.c_str(), &sb) != 0) return Errno("cannot read", from);
@@ -547,13 +631,14 @@ Result<TransferResult> Transfer::Copy(std::string_view src, std::string_view dst
     S3Client c(opts_.s3);
     SLUICE_ASSIGN_OR_RETURN(ObjectInfo info, c.Head(from.bucket, from.key));
     struct stat sb {};
-    bool to_dir =
-        (!to.empty() && to.back() == '/') || (::stat(to.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode));
+    bool to_dir = to != "-" && ((!to.empty() && to.back() == '/') ||
+                                (::stat(to.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode)));
     info.key = from.key;
     AddDownload(jobs, from.bucket, info,
                 to_dir ? (fs::path(to) / BaseName(from.key)).string() : to);
     return Run(jobs);
   }
+  if (to == "-") return Status(Code::kInvalidArgument, "a prefix cannot go to stdout ('-')");
   std::string prefix = DirPrefix(from.key);
   std::vector<ObjectInfo> objects;
   SLUICE_RETURN_IF_ERROR(ListKeys(

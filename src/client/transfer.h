@@ -61,7 +61,9 @@ class Transfer {
  public:
   explicit Transfer(TransferOptions opts);
 
-  // cp: local file or directory (with `recursive`) to S3, S3 key or prefix to local.
+  // cp: local file or directory (with `recursive`) to S3, S3 key or prefix to local; "-" is
+  // stdin (uploaded as it is read: one PUT, or a multipart upload once it passes a part) or
+  // stdout (one object, streamed).
   Result<TransferResult> Copy(std::string_view src, std::string_view dst, bool recursive);
   // sync: copies what is missing, of another size, or newer at the source; with delete_extra
   // removes what the destination holds and the source does not.
@@ -88,6 +90,7 @@ class Transfer {
   Status StartUpload(io::s3::S3Client& c, Job& job);
   Status FinishUpload(io::s3::S3Client& c, Job& job);
   Status FinishDownload(Job& job);
+  Result<TransferResult> UploadStream(int fd, const S3Url& to);
   std::string StatePath(const Job& job) const;
   uint64_t PartSizeFor(uint64_t size) const;
 

@@ -199,8 +199,9 @@ def test_multipart_upload_and_parallel_download(s3d, bucket, tmp_path):
     assert "100%" in last and "23 MiB / 23 MiB" in last and "1/1 files" in last, p.stderr
 
 
-def test_interrupted_upload_resumes(s3d, tmp_path):
-    # A quota scope that holds two 5 MiB parts, not three: the first run stops at part 3.
+def limited_bucket(s3d, limit_bytes):
+    """A new bucket of a new user whose quota scope holds `limit_bytes`: (bucket, boto3 client,
+    access key, secret key, a function that sets another limit)."""
     scope = f"user:{uuid.uuid4()}"
     u = s3d.s3_user(quota_scope=scope)["id"]
     ak, sk = s3d.s3_key(u)
@@ -213,7 +214,13 @@ def test_interrupted_upload_resumes(s3d, tmp_path):
                                                     "options": {"limit_bytes": n}})
         assert r.status_code in (200, 204), r.text
 
-    limit(12 * MiB)
+    limit(limit_bytes)
+    return name, s3, ak, sk, limit
+
+
+def test_interrupted_upload_resumes(s3d, tmp_path):
+    # A quota scope that holds two 5 MiB parts, not three: the first run stops at part 3.
+    name, s3, ak, sk, limit = limited_bucket(s3d, 12 * MiB)
     data = os.urandom(20 * MiB)
     src = tmp_path / "model.bin"
     src.write_bytes(data)
@@ -368,6 +375,46 @@ def test_get_batch(s3d, bucket, tmp_path):
     assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
     with tarfile.open(fileobj=io.BytesIO(got)) as t:
         assert t.extractfile(f"{bucket}/{keys[2]}").read() == objs[keys[2]]
+
+
+def test_cp_streams_stdin_and_stdout(s3d, bucket, tmp_path):
+    # '-' as the source uploads stdin: one PUT when it ends within a part, else a multipart
+    # upload of --part-size parts (its ETag says how many); '-' as the destination writes the
+    # object, and only the object, to stdout.
+    small, big = os.urandom(3000), os.urandom(11 * MiB + 7)
+    cli(s3d, "cp", "-", f"s3://{bucket}/in/small", stdin=small)
+    p = cli(s3d, "cp", "--part-size", "5MiB", "-", f"s3://{bucket}/in/big", stdin=big)
+    assert b"upload: - -> s3://" in p.stdout
+    head = s3d.boto.head_object(Bucket=bucket, Key="in/big")
+    assert head["ContentLength"] == len(big) and head["ETag"].endswith('-3"')
+    assert s3d.boto.get_object(Bucket=bucket, Key="in/big")["Body"].read() == big
+    assert s3d.boto.get_object(Bucket=bucket, Key="in/small")["Body"].read() == small
+    for key, body in (("in/small", small), ("in/big", big)):
+        p = cli(s3d, "cp", "--multipart-threshold", "5MiB", f"s3://{bucket}/{key}", "-")
+        assert p.stdout == body and b"download: s3://" in p.stderr
+    assert not (tmp_path / "-").exists() and not (s3d.root / "-").exists()
+    # An empty stdin is an empty object; a prefix cannot go to stdout.
+    cli(s3d, "cp", "-", f"s3://{bucket}/in/empty", stdin=b"")
+    assert s3d.boto.head_object(Bucket=bucket, Key="in/empty")["ContentLength"] == 0
+    p = cli(s3d, "cp", "-r", f"s3://{bucket}/in/", "-", check=False)
+    assert p.returncode == 2 and b"stdout" in p.stderr
+    p = cli(s3d, "cp", "-", f"s3://{bucket}/in/", stdin=b"x", check=False)
+    assert p.returncode == 2 and b"s3://BUCKET/KEY" in p.stderr
+    p = cli(s3d, "cp", "--part-size", "5MiB", "-", "s3://no-such-bucket-here/x", stdin=big,
+            check=False)
+    assert p.returncode == 3 and b"NoSuchBucket" in p.stderr
+
+
+def test_a_stream_upload_that_fails_leaves_no_upload(s3d):
+    # A quota scope that holds two 5 MiB parts, not three: stdin cannot be re-read, so the
+    # upload is aborted, parts and all, and nothing is visible.
+    name, s3, ak, sk, _ = limited_bucket(s3d, 12 * MiB)
+    p = cli(s3d, "cp", "--part-size", "5MiB", "-", f"s3://{name}/stream.bin", ak=ak, sk=sk,
+            stdin=os.urandom(20 * MiB), check=False)
+    assert p.returncode == 1 and b"QuotaExceeded" in p.stderr, p.stderr
+    assert s3.list_multipart_uploads(Bucket=name).get("Uploads", []) == []
+    with pytest.raises(Exception):
+        s3.head_object(Bucket=name, Key="stream.bin")
 
 
 def test_cp_into_a_fifo_writes_in_place(s3d, bucket, tmp_path):

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -261,7 +263,7 @@ bool ProgressOn(const DataArgs& a) {
 
 std::string Date(std::time_t t) {
   // Keys listed together mostly share their second: the last one formatted is kept.
-  thread_local std::time_t last = -1;
+  thread_local std::optional<std::time_t> last;
   thread_local char buf[32];
   if (t != last) {
     struct tm tm {};
@@ -499,8 +501,14 @@ void AddS3DataCommands(CLI::App* s3, const std::function<void(DataAction)>& set_
     if (g.json) {
       json out = {{"items", keys.size()}, {"bytes", r->bytes},   {"entries", r->entries},
                   {"ok", r->ok},          {"errors", r->errors}, {"seconds", progress.Seconds()}};
-      // stdout carries the stream with -o -: the summary goes to stderr then.
-      bool stream_on_stdout = a.extract.empty() && (a.output.empty() || a.output == "-");
+      // stdout carries the stream with -o - (or -o /dev/stdout): the summary goes to stderr.
+      struct stat named {};
+      struct stat so {};
+      bool stream_on_stdout =
+          a.extract.empty() &&
+          (a.output.empty() || a.output == "-" ||
+           (::stat(a.output.c_str(), &named) == 0 && ::fstat(STDOUT_FILENO, &so) == 0 &&
+            named.st_dev == so.st_dev && named.st_ino == so.st_ino));
       std::fprintf(stream_on_stdout ? stderr : stdout, "%s\n", out.dump().c_str());
     } else if (!a.quiet) {
       std::fprintf(

@@ -162,6 +162,9 @@ struct Transfer::Job {
   bool started = false;
   Status start_status;
   std::string upload_id, tmp;
+  // Written where it is named, in one stream (the one destination of `cp s3://b/k DST` when it
+  // is stdout, a device or a FIFO): no temporary, no parts, no rename.
+  bool in_place = false;
   int fd = -1;
   std::map<int, PartInfo> existing;  // parts the server already had (resume)
   std::vector<PartInfo> parts;
@@ -309,14 +312,15 @@ bool InPlace(const std::string& dst) {
 }
 
 // A temporary file next to `dst`, so the rename that publishes it stays on one file system;
-// or `dst` itself, with no temporary name, when it is written in place.
-Result<std::pair<int, std::string>> OpenTemp(const std::string& dst) {
-  if (dst == "-") {
+// or `dst` itself, with no temporary name, when it is written in place (InPlace, decided for
+// a destination the user named: one found in a tree is replaced like any other file).
+Result<std::pair<int, std::string>> OpenTemp(const std::string& dst, bool in_place) {
+  if (in_place && dst == "-") {
     int fd = ::fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) return Errno("write to", "stdout");
     return std::make_pair(fd, std::string());
   }
-  if (WrittenInPlace(dst)) {
+  if (in_place) {
     int fd = ::open(dst.c_str(), O_WRONLY | O_CLOEXEC);
     if (fd < 0) return Errno("open", dst);
     return std::make_pair(fd, std::string());
@@ -353,7 +357,7 @@ Status Transfer::RunUnit(S3Client& c, Job& j, const Unit& u) {
       stats_.bytes_done += size;
       return Status::Ok();
     }
-    SLUICE_ASSIGN_OR_RETURN(auto tf, OpenTemp(j.local));
+    SLUICE_ASSIGN_OR_RETURN(auto tf, OpenTemp(j.local, j.in_place));
     j.fd = tf.first;
     j.tmp = tf.second;
     auto r = c.Get(j.bucket, j.key, [&](std::string_view d) {
@@ -372,7 +376,7 @@ Status Transfer::RunUnit(S3Client& c, Job& j, const Unit& u) {
       if (j.kind == Job::kUpload) {
         j.start_status = StartUpload(c, j);
       } else {
-        auto tf = OpenTemp(j.local);
+        auto tf = OpenTemp(j.local, j.in_place);
         if (!tf.ok()) {
           j.start_status = tf.status();
         } else {
@@ -475,9 +479,9 @@ Result<TransferResult> Transfer::Run(std::deque<Job>& jobs, int workers) {
   std::vector<Unit> units;
   for (size_t i = 0; i < jobs.size(); ++i) {
     Job& j = jobs[i];
-    // Parts are written at their offsets: not into a pipe or a device (WrittenInPlace).
+    // Parts are written at their offsets: not into a pipe or a device (Job::in_place).
     if (j.kind != Job::kDelete && j.size >= opts_.multipart_threshold && j.size > 0 &&
-        !(j.kind == Job::kDownload && InPlace(j.local))) {
+        !j.in_place) {
       j.in_parts = true;
       j.part_size = PartSizeFor(j.size);
       j.nparts = static_cast<int>((j.size + j.part_size - 1) / j.part_size);
@@ -634,8 +638,9 @@ Result<TransferResult> Transfer::Copy(std::string_view src, std::string_view dst
     bool to_dir = to != "-" && ((!to.empty() && to.back() == '/') ||
                                 (::stat(to.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode)));
     info.key = from.key;
-    AddDownload(jobs, from.bucket, info,
-                to_dir ? (fs::path(to) / BaseName(from.key)).string() : to);
+    Job& j = AddDownload(jobs, from.bucket, info,
+                         to_dir ? (fs::path(to) / BaseName(from.key)).string() : to);
+    j.in_place = !to_dir && InPlace(to);
     return Run(jobs);
   }
   if (to == "-") return Status(Code::kInvalidArgument, "a prefix cannot go to stdout ('-')");
@@ -894,7 +899,10 @@ Status ReadBatchTar(int fd, const std::string& dir, BatchGetResult* res, std::st
       if (n < 0) return broke(" in the manifest");
       continue;
     }
-    if (name.rfind("__404__/", 0) == 0 || name.rfind("__error__/", 0) == 0) continue;
+    if (name.rfind("__404__/", 0) == 0 || name.rfind("__error__/", 0) == 0) {
+      res->placeholders++;
+      continue;
+    }
     if (!out) {
       if (archive_read_data_skip(in.get()) != ARCHIVE_OK)
         return broke(fmt::format(" in '{}'", name));
@@ -1022,7 +1030,7 @@ Result<BatchGetResult> BatchGet(const io::s3::ClientOptions& opts, const std::st
   if (bo.extract_dir.empty()) {
     fd = STDOUT_FILENO;
     if (!bo.output.empty() && bo.output != "-") {
-      SLUICE_ASSIGN_OR_RETURN(auto tf, OpenTemp(bo.output));
+      SLUICE_ASSIGN_OR_RETURN(auto tf, OpenTemp(bo.output, InPlace(bo.output)));
       fd = tf.first;
       tmp = tf.second;
     }
@@ -1043,12 +1051,15 @@ Result<BatchGetResult> BatchGet(const io::s3::ClientOptions& opts, const std::st
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) return drop_tmp(Status::FromErrno(errno, "pipe"));
   Status fetch;
+  bool pipe_closed = false;  // the walk stopped reading: its error is the cause
   std::thread reader([&] {
     fetch = c.BatchGet(bucket, body, [&](std::string_view d) {
       res.bytes += d.size();
       if (stats) stats->bytes_done += d.size();
       if (fd >= 0) SLUICE_RETURN_IF_ERROR(WriteAll(fd, d, nullptr));
-      return WriteAll(p[1], d, nullptr);
+      Status w = WriteAll(p[1], d, nullptr);
+      pipe_closed = !w.ok();
+      return w;
     });
     ::close(p[1]);
   });
@@ -1056,16 +1067,19 @@ Result<BatchGetResult> BatchGet(const io::s3::ClientOptions& opts, const std::st
   Status scan = ReadBatchTar(p[0], bo.extract_dir, &res, &manifest);
   ::close(p[0]);  // a failed walk stops the fetch (EPIPE)
   reader.join();
-  // A local failure (a name that would leave the directory, a full disk) is why the fetch
-  // stopped; otherwise the fetch's error says more than the stream it cut short.
-  bool local = scan.code() == Code::kInvalidPath || scan.code() == Code::kIoError;
-  Status st = local || fetch.ok() ? scan : fetch;
+  // A fetch stopped by the walk (a malformed stream, a name that would leave the directory, a
+  // full disk) fails for the walk's reason; otherwise the fetch's error (the connection, the
+  // output) says more than the truncated stream the walk then saw.
+  Status st = pipe_closed && !scan.ok() ? scan : !fetch.ok() ? fetch : scan;
   SLUICE_RETURN_IF_ERROR(drop_tmp(st));
+  // The manifest's counts; without one (or one that does not parse), what the stream held.
+  res.ok = res.entries;
+  res.errors = res.placeholders;
   if (!manifest.empty()) {
     ManifestCounts counts;
     if (json::sax_parse(manifest, &counts)) {
       res.ok = counts.ok;
-      res.errors = counts.errors;
+      res.errors = std::max(counts.errors, res.placeholders);
     }
     if (!bo.extract_dir.empty())
       std::ofstream(bo.extract_dir + "/__manifest__.json", std::ios::trunc) << manifest;

@@ -116,7 +116,8 @@ struct BatchGetOptions {
 struct BatchGetResult {
   uint64_t bytes = 0;           // TAR bytes received
   uint64_t entries = 0;         // objects received whole (extracted in extract mode)
-  uint64_t ok = 0, errors = 0;  // from the manifest
+  uint64_t placeholders = 0;    // entries standing for items that failed
+  uint64_t ok = 0, errors = 0;  // from the manifest (without one: entries, placeholders)
 };
 
 // Sluice's batch get of `keys` in `bucket` (an item's own "bucket/key" when it starts with

@@ -430,6 +430,14 @@ def test_cp_into_a_fifo_writes_in_place(s3d, bucket, tmp_path):
                                                 f"s3://{bucket}/{key}", str(fifo)))
         assert got == body and stat.S_ISFIFO(os.lstat(fifo).st_mode)
     assert sorted(os.listdir(tmp_path)) == ["fifo-big", "fifo-small"]  # no temporary left
+    # Only a destination named on the command line is written in place: a FIFO met in a tree
+    # that a recursive copy fills is replaced like any other file (opening it would wait for a
+    # reader that never comes).
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    os.mkfifo(tree / "small")
+    cli(s3d, "cp", "-r", f"s3://{bucket}/", str(tree), timeout=60)
+    assert (tree / "small").read_bytes() == small and (tree / "big").read_bytes() == big
     # Without it the request fails naming the item, and nothing is written.
     z = tmp_path / "z.tar"
     p = cli(s3d, "get-batch", f"s3://{bucket}", "train/missing", "-o", str(z), check=False)

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -25,6 +26,7 @@
 
 #include "cli/output.h"
 #include "cli/s3_data.h"
+#include "client/transfer.h"
 #include "common/config.h"
 #include "common/http_client.h"
 
@@ -746,10 +748,18 @@ int Mkdir(Cli& c, Args& a) {
 }
 
 int Get(Cli& c, Args& a) {
-  const bool to_stdout = a.output.empty() || a.output == "-";
+  const bool to_stdout = a.output.empty() || client::IsStdout(a.output);
   // An existing output that is not a regular file (/dev/null, a FIFO) is written in place: a
-  // temporary renamed over it would replace the device with a file.
+  // temporary renamed over it would replace the device with a file. A directory gets the
+  // file under its own name.
   struct stat sb {};
+  if (!to_stdout && ::stat(a.output.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    std::string base = a.path.substr(a.path.find_last_of('/') + 1);
+    if (base.empty())
+      return c.Fail(kExitUsage,
+                    fmt::format("'{}' names no file to put in directory '{}'", a.path, a.output));
+    a.output = (std::filesystem::path(a.output) / base).string();
+  }
   const bool in_place = !to_stdout && ::stat(a.output.c_str(), &sb) == 0 && !S_ISREG(sb.st_mode) &&
                         !S_ISDIR(sb.st_mode);
   std::FILE* out = stdout;

@@ -296,7 +296,7 @@ int RunTransfer(DataArgs& a, const DataGlobals& g, const char* verb,
   ProgressLine progress(&t.stats(), ProgressOn(a), verb);
   bool quiet = a.quiet;
   // `cp s3://... -`: stdout carries the object, so what is said goes to stderr.
-  const bool data_on_stdout = a.dst == "-";
+  const bool data_on_stdout = std::string(verb) == "cp" && client::IsStdout(a.dst);
   t.set_say([&progress, quiet, data_on_stdout](const std::string& line) {
     bool failure = line.rfind("failed", 0) == 0 || line.rfind("delete failed", 0) == 0;
     if (failure)
@@ -487,8 +487,15 @@ void AddS3DataCommands(CLI::App* s3, const std::function<void(DataAction)>& set_
     }
     if (a.output.empty() && a.extract.empty())
       return Fail(Status(Code::kInvalidArgument, "give -o FILE (or -o - for stdout) or -x DIR"));
-    if ((a.output == "-" || a.output.empty()) && a.extract.empty() && ::isatty(STDOUT_FILENO))
+    if (a.extract.empty() && (a.output.empty() || client::IsStdout(a.output)) &&
+        ::isatty(STDOUT_FILENO))
       return Fail(Status(Code::kInvalidArgument, "refusing to write a TAR stream to a terminal"));
+    if (a.dry_run) {
+      for (const auto& k : keys)
+        std::fprintf(stderr, "(dry run) get: %s\n",
+                     Printable(client::S3Url::Is(k) ? k : "s3://" + url->bucket + "/" + k).c_str());
+      return kExitOk;
+    }
     client::BatchGetOptions bo;
     bo.continue_on_error = a.continue_on_error;
     bo.output = a.output;
@@ -502,13 +509,7 @@ void AddS3DataCommands(CLI::App* s3, const std::function<void(DataAction)>& set_
       json out = {{"items", keys.size()}, {"bytes", r->bytes},   {"entries", r->entries},
                   {"ok", r->ok},          {"errors", r->errors}, {"seconds", progress.Seconds()}};
       // stdout carries the stream with -o - (or -o /dev/stdout): the summary goes to stderr.
-      struct stat named {};
-      struct stat so {};
-      bool stream_on_stdout =
-          a.extract.empty() &&
-          (a.output.empty() || a.output == "-" ||
-           (::stat(a.output.c_str(), &named) == 0 && ::fstat(STDOUT_FILENO, &so) == 0 &&
-            named.st_dev == so.st_dev && named.st_ino == so.st_ino));
+      bool stream_on_stdout = a.extract.empty() && (a.output.empty() || client::IsStdout(a.output));
       std::fprintf(stream_on_stdout ? stderr : stdout, "%s\n", out.dump().c_str());
     } else if (!a.quiet) {
       std::fprintf(

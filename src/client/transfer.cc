@@ -10,6 +10,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -263,7 +264,7 @@ Status Transfer::StartUpload(S3Client& c, Job& j) {
       // Written whole then renamed, so a kill leaves the old state or the new one.
       std::string tmp = state + ".tmp";
       std::ofstream out(tmp, std::ios::trunc);
-      out << st.dump();
+      out << st.dump(-1, ' ', false, json::error_handler_t::replace);  // a path not UTF-8
       out.close();
       if (!out || ::rename(tmp.c_str(), state.c_str()) != 0)
         Say(fmt::format("warning: cannot keep resume state in {} (the upload still runs)",
@@ -308,14 +309,14 @@ bool WrittenInPlace(const std::string& dst) {
 
 // "-" is stdout; it and devices get one stream, written as it comes.
 bool InPlace(const std::string& dst) {
-  return dst == "-" || WrittenInPlace(dst);
+  return IsStdout(dst) || WrittenInPlace(dst);
 }
 
 // A temporary file next to `dst`, so the rename that publishes it stays on one file system;
 // or `dst` itself, with no temporary name, when it is written in place (InPlace, decided for
 // a destination the user named: one found in a tree is replaced like any other file).
 Result<std::pair<int, std::string>> OpenTemp(const std::string& dst, bool in_place) {
-  if (in_place && dst == "-") {
+  if (in_place && IsStdout(dst)) {  // "-", or /dev/stdout even when it is a regular file
     int fd = ::fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) return Errno("write to", "stdout");
     return std::make_pair(fd, std::string());
@@ -435,7 +436,12 @@ void Transfer::Work(std::deque<Job>& jobs, std::vector<Unit>& units, std::atomic
     if (i >= units.size()) break;
     const Unit& u = units[i];
     Job& j = jobs[u.job];
-    Status st = j.failed ? Status::Ok() : RunUnit(c, j, u);
+    Status st;
+    try {
+      if (!j.failed) st = RunUnit(c, j, u);
+    } catch (const std::exception& e) {  // on a worker thread: nothing above would catch it
+      st = Status(Code::kInternal, e.what());
+    }
     if (!st.ok()) {
       std::lock_guard<std::mutex> g(j.mu);
       if (!j.failed.exchange(true)) j.error = st.message();
@@ -459,6 +465,8 @@ void Transfer::Work(std::deque<Job>& jobs, std::vector<Unit>& units, std::atomic
         for (const auto& k : j.delete_keys) Say(fmt::format("delete: s3://{}/{}", j.bucket, k));
       continue;
     }
+    if (j.failed && j.kind == Job::kUpload && j.in_parts && !j.upload_id.empty() && !opts_.resume)
+      (void)c.AbortMultipart(j.bucket, j.key, j.upload_id);  // no resuming: its parts go
     if (j.failed) {
       stats_.files_failed++;
       std::string line = fmt::format("failed: {} {} {}: {}", j.local,
@@ -537,6 +545,14 @@ Result<size_t> ReadFull(int fd, char* buf, size_t n) {
   return got;
 }
 }  // namespace
+
+bool IsStdout(const std::string& path) {
+  if (path == "-") return true;
+  struct stat named {};
+  struct stat out {};
+  return ::stat(path.c_str(), &named) == 0 && ::fstat(STDOUT_FILENO, &out) == 0 &&
+         named.st_dev == out.st_dev && named.st_ino == out.st_ino;
+}
 
 Result<TransferResult> Transfer::UploadStream(int fd, const S3Url& to) {
   if (to.key.empty() || to.key.back() == '/')
@@ -635,15 +651,15 @@ Result<TransferResult> Transfer::Copy(std::string_view src, std::string_view dst
     S3Client c(opts_.s3);
     SLUICE_ASSIGN_OR_RETURN(ObjectInfo info, c.Head(from.bucket, from.key));
     struct stat sb {};
-    bool to_dir = to != "-" && ((!to.empty() && to.back() == '/') ||
-                                (::stat(to.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode)));
+    bool to_dir = !IsStdout(to) && ((!to.empty() && to.back() == '/') ||
+                                    (::stat(to.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode)));
     info.key = from.key;
     Job& j = AddDownload(jobs, from.bucket, info,
                          to_dir ? (fs::path(to) / BaseName(from.key)).string() : to);
     j.in_place = !to_dir && InPlace(to);
     return Run(jobs);
   }
-  if (to == "-") return Status(Code::kInvalidArgument, "a prefix cannot go to stdout ('-')");
+  if (IsStdout(to)) return Status(Code::kInvalidArgument, "a prefix cannot go to stdout");
   std::string prefix = DirPrefix(from.key);
   std::vector<ObjectInfo> objects;
   SLUICE_RETURN_IF_ERROR(ListKeys(
@@ -737,6 +753,7 @@ Result<TransferResult> Transfer::Sync(std::string_view src, std::string_view dst
     }
     AddDownload(jobs, remote.bucket, o, (fs::path(local) / rel).string());
   }
+  std::vector<std::string> undeleted;  // failures of the run, as a transfer's are
   if (opts_.delete_extra) {
     for (const auto& f : files) {
       if (objects.count(f.rel)) continue;
@@ -745,11 +762,16 @@ Result<TransferResult> Transfer::Sync(std::string_view src, std::string_view dst
       } else if (::unlink(f.path.c_str()) == 0) {
         Say(fmt::format("delete: {}", f.path));
       } else {
-        Say(fmt::format("delete failed: {}: {}", f.path, std::strerror(errno)));
+        std::string why = std::strerror(errno);
+        Say(fmt::format("delete failed: {}: {}", f.path, why));
+        undeleted.push_back(fmt::format("{}: not deleted: {}", f.path, why));
+        stats_.files_failed++;
       }
     }
   }
-  return Run(jobs);
+  SLUICE_ASSIGN_OR_RETURN(TransferResult res, Run(jobs));
+  for (auto& e : undeleted) res.errors.push_back(std::move(e));
+  return res;
 }
 
 Result<TransferResult> Transfer::Remove(const S3Url& url, bool recursive) {
@@ -792,8 +814,10 @@ Status ListKeys(const io::s3::ClientOptions& opts, const S3Url& url, bool recurs
                 const std::function<void(const ObjectInfo&)>& on_object,
                 const std::function<void(const std::string&)>& on_prefix) {
   S3Client c(opts);
+  using Page = std::vector<ObjectInfo>;
+  // Lists one key range page by page, handing each page over whole.
   auto list_range = [&](S3Client& cl, const io::s3::KeyRange& r,
-                        const std::function<void(const ObjectInfo&)>& each) -> Status {
+                        const std::function<void(Page &&)>& each) -> Status {
     io::s3::ListRequest req;
     req.prefix = url.key;
     req.delimiter = recursive ? "" : "/";
@@ -803,15 +827,21 @@ Status ListKeys(const io::s3::ClientOptions& opts, const S3Url& url, bool recurs
       SLUICE_ASSIGN_OR_RETURN(auto page, cl.ListObjects(url.bucket, req));
       for (const auto& p : page.prefixes)
         if (on_prefix) on_prefix(p);
-      for (const auto& o : page.objects) {
-        // A server that ignores end-key (not Sluice) still stops at the range's end.
-        if (!r.end_key.empty() && o.key > r.end_key) return Status::Ok();
-        each(o);
-      }
-      if (page.next_token.empty()) return Status::Ok();
+      // A server that ignores end-key (not Sluice) still stops at the range's end.
+      auto past = r.end_key.empty()
+                      ? page.objects.end()
+                      : std::find_if(page.objects.begin(), page.objects.end(),
+                                     [&](const ObjectInfo& o) { return o.key > r.end_key; });
+      const bool ended = past != page.objects.end();
+      page.objects.erase(past, page.objects.end());
+      if (!page.objects.empty()) each(std::move(page.objects));
+      if (ended || page.next_token.empty()) return Status::Ok();
       req.continuation = page.next_token;
       req.start_after.clear();
     }
+  };
+  auto print = [&](Page&& page) {
+    for (const auto& o : page) on_object(o);
   };
   std::vector<io::s3::KeyRange> ranges;
   if (recursive && jobs > 1) {
@@ -824,42 +854,53 @@ Status ListKeys(const io::s3::ClientOptions& opts, const S3Url& url, bool recurs
       return split.status();
     if (split.ok()) ranges = std::move(*split);
   }
-  if (ranges.size() <= 1) return list_range(c, io::s3::KeyRange{}, on_object);
-  std::vector<std::vector<ObjectInfo>> found(ranges.size());
-  std::vector<Status> errors(ranges.size());
-  std::vector<char> done(ranges.size(), 0);
+  if (ranges.size() <= 1) return list_range(c, io::s3::KeyRange{}, print);
+  // Workers list the ranges, each taking the next one free, and hand over every page as it
+  // comes; this thread prints them in key order: the first range not yet printed as its pages
+  // arrive, the ones after it when their turn comes. Printing overlaps the listing, and no
+  // worker is slowed by it.
+  struct RangeState {
+    std::deque<Page> pages;
+    bool done = false;
+    Status status;
+  };
+  std::vector<RangeState> state(ranges.size());
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<std::thread> threads;
-  std::atomic<size_t> next{1};
+  std::atomic<size_t> next{0};
   std::atomic<bool> stop{false};
   auto worker = [&] {
     S3Client cl(opts);
     for (size_t i; !stop && (i = next.fetch_add(1)) < ranges.size();) {
-      Status st = list_range(cl, ranges[i], [&](const ObjectInfo& o) { found[i].push_back(o); });
+      Status st = list_range(cl, ranges[i], [&](Page&& page) {
+        std::lock_guard<std::mutex> g(mu);
+        state[i].pages.push_back(std::move(page));
+        cv.notify_all();
+      });
       std::lock_guard<std::mutex> g(mu);
-      errors[i] = std::move(st);
-      done[i] = 1;
+      state[i].status = std::move(st);
+      state[i].done = true;
       cv.notify_all();
     }
   };
-  for (int t = 1; t < std::min<int>(jobs, static_cast<int>(ranges.size())); ++t)
+  std::vector<std::thread> threads;
+  for (int t = 0; t < std::min<int>(jobs, static_cast<int>(ranges.size())); ++t)
     threads.emplace_back(worker);
-  // The first range is listed here and printed as it comes; each of the others is printed as
-  // soon as it and every range before it are done, while the rest are still being listed.
-  Status st = list_range(c, ranges[0], on_object);
-  for (size_t i = 1; st.ok() && i < ranges.size(); ++i) {
+  Status st;
+  for (size_t i = 0; st.ok() && i < ranges.size();) {
     std::unique_lock<std::mutex> g(mu);
-    cv.wait(g, [&] { return done[i] != 0; });
-    g.unlock();
-    if (!errors[i].ok()) {
-      st = errors[i];
-      break;
+    cv.wait(g, [&] { return !state[i].pages.empty() || state[i].done; });
+    if (state[i].pages.empty()) {  // done, and every page printed
+      st = state[i].status;
+      ++i;
+      continue;
     }
-    for (const auto& o : found[i]) on_object(o);
-    std::vector<ObjectInfo>().swap(found[i]);
+    Page page = std::move(state[i].pages.front());
+    state[i].pages.pop_front();
+    g.unlock();
+    print(std::move(page));
   }
-  if (!st.ok()) stop = true;
+  stop = !st.ok();
   for (auto& t : threads) t.join();
   return st;
 }
@@ -1029,7 +1070,7 @@ Result<BatchGetResult> BatchGet(const io::s3::ClientOptions& opts, const std::st
   std::string tmp;
   if (bo.extract_dir.empty()) {
     fd = STDOUT_FILENO;
-    if (!bo.output.empty() && bo.output != "-") {
+    if (!bo.output.empty() && !IsStdout(bo.output)) {
       SLUICE_ASSIGN_OR_RETURN(auto tf, OpenTemp(bo.output, InPlace(bo.output)));
       fd = tf.first;
       tmp = tf.second;
@@ -1037,6 +1078,15 @@ Result<BatchGetResult> BatchGet(const io::s3::ClientOptions& opts, const std::st
   } else {
     std::error_code ec;
     fs::create_directories(bo.extract_dir, ec);
+  }
+  // Entries may not be written through symlinks below the directory; the directory's own
+  // path may hold some (a scratch disk mounted elsewhere): resolved once here.
+  std::string extract_dir = bo.extract_dir;
+  if (!extract_dir.empty()) {
+    std::error_code ec;
+    auto real = fs::canonical(extract_dir, ec);
+    if (ec) return Status::FromErrno(ec.value(), fmt::format("cannot use '{}'", extract_dir));
+    extract_dir = real.string();
   }
   auto drop_tmp = [&](Status st) {
     if (fd >= 0 && fd != STDOUT_FILENO && ::close(fd) != 0 && st.ok())
@@ -1064,7 +1114,7 @@ Result<BatchGetResult> BatchGet(const io::s3::ClientOptions& opts, const std::st
     ::close(p[1]);
   });
   std::string manifest;
-  Status scan = ReadBatchTar(p[0], bo.extract_dir, &res, &manifest);
+  Status scan = ReadBatchTar(p[0], extract_dir, &res, &manifest);
   ::close(p[0]);  // a failed walk stops the fetch (EPIPE)
   reader.join();
   // A fetch stopped by the walk (a malformed stream, a name that would leave the directory, a

@@ -120,6 +120,9 @@ struct BatchGetResult {
   uint64_t ok = 0, errors = 0;  // from the manifest (without one: entries, placeholders)
 };
 
+// Whether `path` names this process's stdout: "-", or the file fd 1 is (/dev/stdout, say).
+bool IsStdout(const std::string& path);
+
 // Sluice's batch get of `keys` in `bucket` (an item's own "bucket/key" when it starts with
 // "s3://"), streamed to a TAR file or extracted as it arrives; either way the stream's
 // entries are checked and its manifest read (errors > 0: some item failed).

@@ -184,13 +184,19 @@ MetricsVolume::MetricsVolume(std::unique_ptr<Volume> inner, int max_operations)
 }
 
 bool MetricsVolume::Enter(bool may_refuse) {
-  int now = running_.load(std::memory_order_relaxed);
-  do {
-    if (may_refuse && max_operations_ > 0 && now >= max_operations_) {
-      g_refused_->fetch_add(1, std::memory_order_relaxed);
-      return false;
-    }
-  } while (!running_.compare_exchange_weak(now, now + 1, std::memory_order_relaxed));
+  if (!may_refuse || max_operations_ <= 0) {
+    // Counted only: one add, never a compare-and-swap loop (a listing counts two calls a key,
+    // from every thread at once).
+    running_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    int now = running_.load(std::memory_order_relaxed);
+    do {
+      if (now >= max_operations_) {
+        g_refused_->fetch_add(1, std::memory_order_relaxed);
+        return false;
+      }
+    } while (!running_.compare_exchange_weak(now, now + 1, std::memory_order_relaxed));
+  }
   g_running_->fetch_add(1, std::memory_order_relaxed);
   return true;
 }

@@ -488,6 +488,9 @@ def test_get_streams_to_stdout_and_file(cli, daemon, vfid, tmp_path):
     j = cli.json("vfolder", "get", "local", vfid, "blob.bin", "-o", out)
     assert j == {"status": "ok", "path": str(out), "bytes": len(data)}
 
+    # A directory gets the file under its own name.
+    j = cli.json("vfolder", "get", "local", vfid, "blob.bin", "-o", out.parent)
+    assert j["path"] == str(out) and out.read_bytes() == data
     # A FIFO (or /dev/null) is written in place, not replaced by a renamed temporary file.
     fifo = tmp_path / "dl" / "fifo"
     _, got = through_fifo(fifo, lambda: cli("vfolder", "get", "local", vfid, "blob.bin", "-o",

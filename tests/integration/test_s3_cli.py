@@ -292,6 +292,15 @@ def test_sync_both_ways(s3d, bucket, tmp_path):
     (dst / "stray").write_bytes(b"x")
     cli(s3d, "sync", "--delete", f"s3://{bucket}/s", str(dst))
     assert read_tree(dst) == read_tree(src)
+    # A local file --delete cannot remove (immutable: even root cannot) fails the run.
+    (dst / "stuck").write_bytes(b"x")
+    subprocess.run(["chattr", "+i", str(dst / "stuck")], check=True)
+    try:
+        p = cli(s3d, "sync", "--delete", f"s3://{bucket}/s", str(dst), check=False)
+        assert p.returncode == 1 and b"delete failed" in p.stderr, p.stderr
+        assert b"1 FAILED" in p.stderr
+    finally:
+        subprocess.run(["chattr", "-i", str(dst / "stuck")], check=True)
 
 
 def test_rm(s3d, bucket):
@@ -405,6 +414,30 @@ def test_cp_streams_stdin_and_stdout(s3d, bucket, tmp_path):
     assert p.returncode == 3 and b"NoSuchBucket" in p.stderr
 
 
+def test_a_failed_upload_without_resume_leaves_no_upload(s3d, tmp_path):
+    # --no-resume: nothing will pick the parts up again, so a failed multipart upload is
+    # aborted (on AWS its parts would be billed until a lifecycle rule removed them).
+    name, s3, ak, sk, _ = limited_bucket(s3d, 12 * MiB)
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(20 * MiB))
+    p = cli(s3d, "cp", "--no-resume", "-j", "1", "--part-size", "5MiB", "--multipart-threshold",
+            "5MiB", str(src), f"s3://{name}/big.bin", ak=ak, sk=sk, check=False)
+    assert p.returncode == 1 and b"QuotaExceeded" in p.stderr, p.stderr
+    assert s3.list_multipart_uploads(Bucket=name).get("Uploads", []) == []
+
+
+def test_a_path_that_is_not_utf8_uploads_in_parts(s3d, bucket, tmp_path):
+    # The resume state of a multipart upload names its source: a path that is not UTF-8 is
+    # kept with replacement characters (it used to abort the CLI from a worker thread).
+    data = os.urandom(6 * MiB)
+    src = os.path.join(bytes(tmp_path), b"caf\xe9.bin")
+    with open(src, "wb") as f:
+        f.write(data)
+    cli(s3d, "cp", "--part-size", "5MiB", "--multipart-threshold", "5MiB", src,
+        f"s3://{bucket}/cafe.bin")
+    assert s3d.boto.get_object(Bucket=bucket, Key="cafe.bin")["Body"].read() == data
+
+
 def test_a_stream_upload_that_fails_leaves_no_upload(s3d):
     # A quota scope that holds two 5 MiB parts, not three: stdin cannot be re-read, so the
     # upload is aborted, parts and all, and nothing is visible.
@@ -415,6 +448,45 @@ def test_a_stream_upload_that_fails_leaves_no_upload(s3d):
     assert s3.list_multipart_uploads(Bucket=name).get("Uploads", []) == []
     with pytest.raises(Exception):
         s3.head_object(Bucket=name, Key="stream.bin")
+
+
+def test_stdout_by_another_name_is_stdout(s3d, bucket, tmp_path):
+    # /dev/stdout is stdout: the object alone goes there (the messages to stderr), whether
+    # stdout is a pipe or a regular file; nothing is renamed over the name. (A link of our own
+    # to /proc/self/fd/1, as /dev/stdout is, so that a regression replaces nothing of the
+    # machine's.)
+    body = os.urandom(5000)
+    s3d.boto.put_object(Bucket=bucket, Key="o", Body=body)
+    stdout = tmp_path / "stdout"
+    stdout.symlink_to("/proc/self/fd/1")
+    p = cli(s3d, "cp", f"s3://{bucket}/o", str(stdout))
+    assert p.stdout == body and b"download:" in p.stderr
+    out = tmp_path / "redirected"
+    env = {"PATH": os.environ["PATH"], "HOME": str(s3d.root), "AWS_ACCESS_KEY_ID": s3d.ak,
+           "AWS_SECRET_ACCESS_KEY": s3d.sk}
+    with open(out, "wb") as f:
+        p = subprocess.run([str(SLUICE), "s3", "cp", f"s3://{bucket}/o", str(stdout),
+                            "--s3-endpoint", s3d.s3_url()], env=env, stdout=f,
+                           stderr=subprocess.PIPE, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert out.read_bytes() == body and stdout.is_symlink()
+    p = cli(s3d, "get-batch", f"s3://{bucket}", "o", "-o", str(stdout))
+    with tarfile.open(fileobj=io.BytesIO(p.stdout)) as t:
+        assert t.extractfile(f"{bucket}/o").read() == body
+
+
+def test_get_batch_dry_run_and_a_symlinked_directory(s3d, bucket, tmp_path):
+    s3d.boto.put_object(Bucket=bucket, Key="a/b", Body=b"bee")
+    p = cli(s3d, "get-batch", f"s3://{bucket}", "a/b", "-o", str(tmp_path / "t.tar"),
+            "--dry-run")
+    assert b"(dry run) get: s3://" in p.stderr and not (tmp_path / "t.tar").exists()
+    # The extraction directory's own path may go through a symlink (a scratch disk mounted
+    # elsewhere); entries still may not.
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    cli(s3d, "get-batch", f"s3://{bucket}", "a/b", "-x", str(tmp_path / "link" / "x"))
+    assert (real / "x" / bucket / "a" / "b").read_bytes() == b"bee"
 
 
 def test_cp_into_a_fifo_writes_in_place(s3d, bucket, tmp_path):

@@ -26,6 +26,7 @@
 #include "cli/output.h"
 #include "client/read_bench.h"
 #include "client/transfer.h"
+#include "common/config.h"
 
 namespace sluice::cli {
 
@@ -90,26 +91,12 @@ int Fail(const Status& st) {
   return ExitFor(st);
 }
 
+// Sizes as every other sluice command takes them (ParseBinarySize: 16MiB, 16m, 1.5GiB, ...).
 Result<uint64_t> ParseSize(const std::string& s, const char* what) {
-  // 16MiB, 16M, 16777216
-  size_t i = 0;
-  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
-  if (i == 0) return Status(Code::kInvalidArgument, fmt::format("{} '{}' is not a size", what, s));
-  uint64_t v = std::strtoull(s.substr(0, i).c_str(), nullptr, 10);
-  std::string unit = s.substr(i);
-  uint64_t mul = 1;
-  if (unit == "" || unit == "B")
-    mul = 1;
-  else if (unit == "K" || unit == "KiB" || unit == "k")
-    mul = 1ull << 10;
-  else if (unit == "M" || unit == "MiB")
-    mul = 1ull << 20;
-  else if (unit == "G" || unit == "GiB")
-    mul = 1ull << 30;
-  else
-    return Status(Code::kInvalidArgument,
-                  fmt::format("{} '{}': the unit must be B, KiB, MiB or GiB", what, s));
-  return v * mul;
+  auto r = ParseBinarySize(s);
+  if (!r.ok())
+    return Status(Code::kInvalidArgument, fmt::format("{}: {}", what, r.status().message()));
+  return r;
 }
 
 // Draws a progress line on stderr while a transfer runs.
@@ -363,7 +350,8 @@ void AddS3DataCommands(CLI::App* s3, const std::function<void(DataAction)>& set_
         else
           std::printf("%s  %s\n", Date(x.created).c_str(), Printable(x.name).c_str());
       }
-      if (g.json) std::printf("%s\n", out.dump(2).c_str());
+      if (g.json)
+        std::printf("%s\n", out.dump(2, ' ', false, json::error_handler_t::replace).c_str());
       return kExitOk;
     }
     auto url = S3Url::Parse(a.url);
@@ -388,7 +376,8 @@ void AddS3DataCommands(CLI::App* s3, const std::function<void(DataAction)>& set_
             std::printf("%30s %s\n", "PRE", Printable(p).c_str());
         });
     if (!st.ok()) return Fail(st);
-    if (g.json) std::printf("%s\n", out.dump(2).c_str());
+    if (g.json)
+      std::printf("%s\n", out.dump(2, ' ', false, json::error_handler_t::replace).c_str());
     return kExitOk;
   });
 
@@ -565,7 +554,8 @@ void AddS3DataCommands(CLI::App* s3, const std::function<void(DataAction)>& set_
           e.p99_ms, e.max_ms);
       std::fflush(stdout);
     });
-    if (g.json) std::printf("%s\n", out.dump(2).c_str());
+    if (g.json)
+      std::printf("%s\n", out.dump(2, ' ', false, json::error_handler_t::replace).c_str());
     if (!r.ok()) return Fail(r.status());
     return kExitOk;
   });

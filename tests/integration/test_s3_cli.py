@@ -392,7 +392,8 @@ def test_cp_streams_stdin_and_stdout(s3d, bucket, tmp_path):
     # object, and only the object, to stdout.
     small, big = os.urandom(3000), os.urandom(11 * MiB + 7)
     cli(s3d, "cp", "-", f"s3://{bucket}/in/small", stdin=small)
-    p = cli(s3d, "cp", "--part-size", "5MiB", "-", f"s3://{bucket}/in/big", stdin=big)
+    # (Sizes as every sluice command takes them: 5m is 5 MiB.)
+    p = cli(s3d, "cp", "--part-size", "5m", "-", f"s3://{bucket}/in/big", stdin=big)
     assert b"upload: - -> s3://" in p.stdout
     head = s3d.boto.head_object(Bucket=bucket, Key="in/big")
     assert head["ContentLength"] == len(big) and head["ETag"].endswith('-3"')

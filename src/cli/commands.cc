@@ -434,6 +434,10 @@ class HelpFormatter : public CLI::Formatter {
 
 using Action = std::function<int(Cli&)>;
 
+// The command chosen speaks S3 only (`sluice s3 ls|cp|...`): the manager's endpoint and token,
+// which it never uses, are not read, so a manager setting it cannot use cannot stop it.
+bool g_speaks_s3_only = false;
+
 // Makes `fn` the action to run when `sub` is the command given.
 void OnRun(CLI::App* sub, Action* slot, Action fn) {
   sub->callback([slot, fn = std::move(fn)] { *slot = fn; });
@@ -1241,6 +1245,7 @@ void AddS3Commands(CLI::App& app, Args& a, Action* run) {
                      "sluice s3 key create --user alice");
   s3->require_subcommand(1);
   AddS3DataCommands(s3, [run](DataAction fn) {
+    g_speaks_s3_only = true;
     *run = [fn = std::move(fn)](Cli& c) {
       return fn(DataGlobals{c.g.json, c.g.insecure, c.g.timeout});
     };
@@ -1512,7 +1517,9 @@ int RunCli(int argc, char** argv) {
   }
   cli.token_given = token_opt->count() > 0;
   cli.token_file_given = token_file_opt->count() > 0;
-  int rc = cli.Init();
+  if (g_speaks_s3_only && !(cli.g.timeout > 0))
+    return cli.Fail(kExitUsage, "--timeout must be positive");
+  int rc = g_speaks_s3_only ? kExitOk : cli.Init();
   if (rc != kExitOk) return rc;
   try {
     return action(cli);

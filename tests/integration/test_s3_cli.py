@@ -451,6 +451,21 @@ def test_a_stream_upload_that_fails_leaves_no_upload(s3d):
         s3.head_object(Bucket=name, Key="stream.bin")
 
 
+def test_s3_commands_do_not_read_the_managers_settings(s3d, bucket, tmp_path):
+    # A manager endpoint that does not parse, or a manager token file that cannot be read, is
+    # nothing to the S3 commands, which never use them.
+    s3d.boto.put_object(Bucket=bucket, Key="k", Body=b"v")
+    env = {"PATH": os.environ["PATH"], "HOME": str(s3d.root), "AWS_ACCESS_KEY_ID": s3d.ak,
+           "AWS_SECRET_ACCESS_KEY": s3d.sk, "SLUICE_ENDPOINT": "not a url"}
+    for pre in ([], ["--token-file", str(tmp_path / "missing.secret")]):
+        p = subprocess.run([str(SLUICE), *pre, "s3", "ls", f"s3://{bucket}/", "--s3-endpoint",
+                            s3d.s3_url()], env=env, capture_output=True, timeout=60)
+        assert p.returncode == 0 and b" k\n" in p.stdout, p.stderr
+    p = subprocess.run([str(SLUICE), "--timeout", "0", "s3", "ls", f"s3://{bucket}/"], env=env,
+                       capture_output=True, timeout=60)
+    assert p.returncode == 2 and b"--timeout" in p.stderr
+
+
 def test_stdout_by_another_name_is_stdout(s3d, bucket, tmp_path):
     # /dev/stdout is stdout: the object alone goes there (the messages to stderr), whether
     # stdout is a pipe or a regular file; nothing is renamed over the name. (A link of our own

@@ -29,6 +29,7 @@
 #include "client/transfer.h"
 #include "common/config.h"
 #include "common/http_client.h"
+#include "common/temp_files.h"
 
 #ifndef SLUICE_VERSION
 #define SLUICE_VERSION "0.0.0"
@@ -777,6 +778,7 @@ int Get(Cli& c, Args& a) {
     // Write next to the destination and rename at the end: no half-written file on failure.
     tmp = a.output + ".sluice-XXXXXX";
     int fd = ::mkstemp(tmp.data());
+    if (fd >= 0) temp_files::Track(tmp);  // removed if interrupted before the rename
     if (fd < 0)
       return c.Fail(kExitFailed,
                     fmt::format("cannot create '{}': {}", a.output, std::strerror(errno)));
@@ -785,9 +787,11 @@ int Get(Cli& c, Args& a) {
     (void)::fchmod(fd, 0666 & ~mask);
     out = ::fdopen(fd, "wb");
     if (out == nullptr) {
+      int err = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      return c.Fail(kExitFailed, fmt::format("cannot open '{}': {}", tmp, std::strerror(errno)));
+      temp_files::Forget(tmp);
+      return c.Fail(kExitFailed, fmt::format("cannot open '{}': {}", tmp, std::strerror(err)));
     }
   }
   const std::string shown = to_stdout ? std::string("stdout") : a.output;
@@ -817,10 +821,11 @@ int Get(Cli& c, Args& a) {
   if (rc == kExitOk && !in_place && ::rename(tmp.c_str(), a.output.c_str()) != 0)
     rc = c.Fail(kExitFailed,
                 fmt::format("cannot rename '{}' to '{}': {}", tmp, a.output, std::strerror(errno)));
-  if (rc != kExitOk) {
-    if (!in_place) ::unlink(tmp.c_str());
-    return rc;
+  if (!in_place) {
+    if (rc != kExitOk) ::unlink(tmp.c_str());
+    temp_files::Forget(tmp);
   }
+  if (rc != kExitOk) return rc;
   if (c.g.json)
     c.PrintJson({{"status", "ok"}, {"path", a.output}, {"bytes", r->streamed_bytes}});
   else

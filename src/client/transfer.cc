@@ -23,6 +23,7 @@
 
 #include "common/crypto.h"
 #include "common/fd.h"
+#include "common/temp_files.h"
 
 namespace sluice::client {
 
@@ -294,6 +295,7 @@ Status Transfer::FinishDownload(Job& j) {
   j.fd = -1;
   if (in_place) return Status::Ok();
   if (::rename(j.tmp.c_str(), j.local.c_str()) != 0) return Errno("rename into", j.local);
+  temp_files::Forget(j.tmp);
   j.tmp.clear();
   return Status::Ok();
 }
@@ -302,6 +304,12 @@ namespace {
 // An existing destination that is not a regular file (/dev/null, a FIFO, a terminal) is
 // written in place: a temporary renamed over it would put a file where the device was (run
 // as root, over /dev/null itself).
+// Removes a temporary file that will not be renamed into place.
+void DropTemp(const std::string& tmp) {
+  ::unlink(tmp.c_str());
+  temp_files::Forget(tmp);
+}
+
 bool WrittenInPlace(const std::string& dst) {
   struct stat sb {};
   return ::stat(dst.c_str(), &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode);
@@ -333,6 +341,7 @@ Result<std::pair<int, std::string>> OpenTemp(const std::string& dst, bool in_pla
                     ".sluice-" + p.filename().string() + "." + RandomSuffix();
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("create", tmp);
+  temp_files::Track(tmp);  // until renamed into place or removed (DropTemp)
   return std::make_pair(fd, tmp);
 }
 }  // namespace
@@ -459,7 +468,7 @@ void Transfer::Work(std::deque<Job>& jobs, std::vector<Unit>& units, std::atomic
       ::close(j.fd);
       j.fd = -1;
     }
-    if (!j.tmp.empty()) ::unlink(j.tmp.c_str());  // a download that failed
+    if (!j.tmp.empty()) DropTemp(j.tmp);  // a download that failed
     if (j.kind == Job::kDelete) {
       if (!j.failed)
         for (const auto& k : j.delete_keys) Say(fmt::format("delete: s3://{}/{}", j.bucket, k));
@@ -1094,7 +1103,10 @@ Result<BatchGetResult> BatchGet(const io::s3::ClientOptions& opts, const std::st
     if (!tmp.empty()) {
       if (st.ok() && ::rename(tmp.c_str(), bo.output.c_str()) != 0)
         st = Errno("rename into", bo.output);
-      if (!st.ok()) ::unlink(tmp.c_str());
+      if (st.ok())
+        temp_files::Forget(tmp);
+      else
+        DropTemp(tmp);
     }
     return st;
   };

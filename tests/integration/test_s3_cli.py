@@ -7,6 +7,7 @@ import http.server
 import io
 import json
 import os
+import signal
 import stat
 import subprocess
 import tarfile
@@ -449,6 +450,41 @@ def test_a_stream_upload_that_fails_leaves_no_upload(s3d):
     assert s3.list_multipart_uploads(Bucket=name).get("Uploads", []) == []
     with pytest.raises(Exception):
         s3.head_object(Bucket=name, Key="stream.bin")
+
+
+def test_an_interrupted_download_leaves_no_temporary_file(s3d, bucket, tmp_path):
+    # Ctrl-C (SIGINT) while a download runs: its `.sluice-NAME.RANDOM` (preallocated to the
+    # object's size) goes, and the command dies of the signal as it would without cleaning.
+    # The daemon is paused once the temporary file exists, so that the download cannot end
+    # before the signal comes.
+    s3d.boto.put_object(Bucket=bucket, Key="big", Body=os.urandom(64 * MiB))
+    env = {"PATH": os.environ["PATH"], "HOME": str(s3d.root), "AWS_ACCESS_KEY_ID": s3d.ak,
+           "AWS_SECRET_ACCESS_KEY": s3d.sk}
+    dst = tmp_path / "dl"
+    dst.mkdir()
+    p = subprocess.Popen([str(SLUICE), "s3", "cp", "--multipart-threshold", "5MiB",
+                          "--part-size", "5MiB", "-j", "2", f"s3://{bucket}/big", str(dst / "big"),
+                          "--s3-endpoint", s3d.s3_url()], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    paused = False
+    try:
+        deadline = time.monotonic() + 30
+        while not any(n.startswith(".sluice-big.") for n in os.listdir(dst)):
+            assert p.poll() is None and time.monotonic() < deadline, "no temporary file seen"
+            time.sleep(0.0005)
+        os.kill(s3d.proc.pid, signal.SIGSTOP)
+        paused = True
+        assert p.poll() is None, "the download ended before it could be interrupted"
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=30)
+    finally:
+        if paused:
+            os.kill(s3d.proc.pid, signal.SIGCONT)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == -signal.SIGINT
+    assert os.listdir(dst) == []
 
 
 def test_s3_commands_do_not_read_the_managers_settings(s3d, bucket, tmp_path):

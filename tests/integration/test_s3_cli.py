@@ -304,6 +304,28 @@ def test_sync_both_ways(s3d, bucket, tmp_path):
         subprocess.run(["chattr", "-i", str(dst / "stuck")], check=True)
 
 
+def test_ls_into_a_reader_that_goes_away(s3d, bucket):
+    # `sluice s3 ls | head -1`: the listing ends by SIGPIPE, as coreutils' ls does, instead of
+    # fetching every page into a closed pipe and exiting 0. 6000 keys make more output than
+    # a pipe holds.
+    b = next(b for b in s3d.mgr("GET", "/s3/buckets").json()["buckets"] if b["name"] == bucket)
+    root = s3d.vfolder_path(b["vfid"], b["volume"])
+    for d in range(6):
+        (root / f"d{d}").mkdir()
+        for i in range(1000):
+            (root / f"d{d}" / f"key-with-a-longer-name-{i:04d}").write_bytes(b"z")
+    env = {"PATH": os.environ["PATH"], "HOME": str(s3d.root), "AWS_ACCESS_KEY_ID": s3d.ak,
+           "AWS_SECRET_ACCESS_KEY": s3d.sk}
+    for jobs in ("1", "4"):
+        p = subprocess.Popen([str(SLUICE), "s3", "ls", "-r", "-j", jobs, f"s3://{bucket}/",
+                              "--s3-endpoint", s3d.s3_url()], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        assert p.stdout.readline().endswith(b" d0/key-with-a-longer-name-0000\n")
+        p.stdout.close()
+        p.wait(timeout=60)
+        assert p.returncode == -signal.SIGPIPE, p.stderr.read()
+
+
 def test_rm(s3d, bucket):
     # More than one DeleteObjects batch (1000 keys), and a directory marker.
     keys = [f"r/{i:04d}" for i in range(1200)] + ["keep/x", "r/sub/"]

@@ -342,6 +342,14 @@ Router::Match Router::Choose(const MethodRoutes& methods, const std::string& lab
   if (mit != methods.end()) {
     for (const Route& r : mit->second)
       if (r.query_key.empty() || req.query.count(r.query_key)) {
+        if (r.query_key.empty() && !req.query.empty())
+          for (const auto& k : unsupported_query_keys_)
+            if (req.query.count(k)) {
+              m.answer =
+                  Error(Status(Code::kUnsupported, fmt::format("'{}' is not implemented here", k)),
+                        501, req.path);
+              return m;
+            }
         m.route = &r;
         return m;
       }

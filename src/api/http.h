@@ -212,6 +212,12 @@ class Router {
   void SetRewrite(std::function<void(HttpRequest&)> f) { rewrite_ = std::move(f); }
   // Query parameters this listener's handlers never see in req.query (ParseTarget).
   void SetQuerySkipPrefix(std::string prefix) { query_skip_prefix_ = std::move(prefix); }
+  // Query keys that name operations this router does not serve (S3's ?tagging, say): a request
+  // carrying one is answered 501 instead of reaching the plain route of its path, which would
+  // do something else with it (DELETE /b/k?tagging is not DELETE /b/k).
+  void SetUnsupportedQueryKeys(std::vector<std::string> keys) {
+    unsupported_query_keys_ = std::move(keys);
+  }
   std::string_view query_skip_prefix() const { return query_skip_prefix_; }
   HttpResponse Error(const Status& st, unsigned status = 0, std::string_view resource = {}) const;
 
@@ -260,6 +266,7 @@ class Router {
   ErrorFormatter error_format_;
   std::function<void(HttpRequest&)> rewrite_;
   std::string query_skip_prefix_;
+  std::vector<std::string> unsupported_query_keys_;
 };
 
 // The method as a metrics label: its name, or "other" for an extension method.

@@ -507,6 +507,108 @@ def test_presigned_urls(s3d, s3, user):
     assert r.status_code == 400 and "AuthorizationQueryParametersError" in r.text
 
 
+def test_unsigned_amz_headers_are_refused(s3d, s3, user):
+    # A presigned PUT signs the host alone: the holder may not add x-amz-* headers the signer
+    # never chose (x-amz-copy-source would copy any object the signer can read).
+    name = new_bucket(s3)
+    s3.put_object(Bucket=name, Key="secret", Body=b"not for the URL's holder")
+    put = s3.generate_presigned_url("put_object", Params={"Bucket": name, "Key": "up"},
+                                    ExpiresIn=60)
+    for extra in ({"x-amz-copy-source": f"{name}/secret"}, {"x-amz-meta-owner": "mallory"}):
+        r = requests.put(put, data=b"x", headers=extra)
+        assert r.status_code == 403 and "AccessDenied" in r.text, r.text
+        assert "not signed" in r.text and list(extra)[0] in r.text
+    with pytest.raises(ClientError) as e:
+        s3.head_object(Bucket=name, Key="up")
+    assert status_of(e) == 404
+    # Signed, the same header is fine; x-amz-content-sha256 may go unsigned.
+    ak, sk = s3d.s3_key(user)
+    r = signed(s3d, ak, sk, "PUT", f"/{name}/meta", b"m", headers={"x-amz-meta-owner": "alice"})
+    assert r.status_code == 200, r.text
+    assert s3.head_object(Bucket=name, Key="meta")["Metadata"] == {"owner": "alice"}
+    assert requests.put(put, data=b"ok", headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"}
+                        ).status_code == 200
+
+
+def test_subresources_not_implemented_do_not_fall_through(s3d, s3, user):
+    # DELETE ?tagging is not DELETE, PUT ?retention is not PUT, GET ?attributes is not GET:
+    # sub-resources Sluice lacks are 501 NotImplemented, the object and the bucket untouched.
+    name = new_bucket(s3)
+    s3.put_object(Bucket=name, Key="k", Body=b"keep me")
+    ak, sk = s3d.s3_key(user)
+    for method, path in (("DELETE", f"/{name}/k?tagging"), ("PUT", f"/{name}/k?tagging"),
+                         ("PUT", f"/{name}/k?retention"), ("GET", f"/{name}/k?attributes"),
+                         ("DELETE", f"/{name}?cors"), ("DELETE", f"/{name}?policy"),
+                         ("GET", f"/{name}?lifecycle")):
+        body = b"<Tagging/>" if method == "PUT" else b""
+        r = signed(s3d, ak, sk, method, path, body)
+        assert r.status_code == 501 and "NotImplemented" in r.text, (method, path, r.text)
+    assert s3.get_object(Bucket=name, Key="k")["Body"].read() == b"keep me"
+    s3.delete_object(Bucket=name, Key="k")
+    r = signed(s3d, ak, sk, "DELETE", f"/{name}?cors")
+    assert r.status_code == 501
+    s3.head_bucket(Bucket=name)  # the empty bucket is still there
+    # Unversioned buckets: the version "null" is the object; any other id is refused.
+    s3.put_object(Bucket=name, Key="v", Body=b"vee")
+    assert s3.get_object(Bucket=name, Key="v", VersionId="null")["Body"].read() == b"vee"
+    for call in (lambda: s3.get_object(Bucket=name, Key="v", VersionId="3HL4kqtJlcpXroDTDmjVBH40Nrjfkd"),
+                 lambda: s3.delete_object(Bucket=name, Key="v", VersionId="3HL4kqtJlcpXroDTDm")):
+        with pytest.raises(ClientError) as e:
+            call()
+        assert status_of(e) == 400 and code_of(e) == "InvalidArgument"
+    assert s3.get_object(Bucket=name, Key="v")["Body"].read() == b"vee"
+
+
+def test_header_values_from_the_query_are_checked(s3d, s3):
+    name = new_bucket(s3)
+    s3.put_object(Bucket=name, Key="f", Body=b"f")
+    url = s3.generate_presigned_url(
+        "get_object", ExpiresIn=60,
+        Params={"Bucket": name, "Key": "f",
+                "ResponseContentDisposition": "attachment\r\nSet-Cookie: a=b"})
+    r = requests.get(url)
+    assert r.status_code == 400 and "InvalidArgument" in r.text and "Set-Cookie" not in r.headers
+    url = s3.generate_presigned_url(
+        "get_object", ExpiresIn=60,
+        Params={"Bucket": name, "Key": "f", "ResponseContentDisposition": "attachment; x=1"})
+    r = requests.get(url)
+    assert r.status_code == 200 and r.headers["Content-Disposition"] == "attachment; x=1"
+
+
+def test_put_if_match_is_refused_not_ignored(s3):
+    name = new_bucket(s3)
+    s3.put_object(Bucket=name, Key="c", Body=b"one")
+    etag = s3.head_object(Bucket=name, Key="c")["ETag"]
+
+    def if_match(request, **kw):
+        request.headers["If-Match"] = etag
+    s3.meta.events.register("before-sign.s3.PutObject", if_match)
+    try:
+        with pytest.raises(ClientError) as e:
+            s3.put_object(Bucket=name, Key="c", Body=b"two")
+        assert status_of(e) == 501 and code_of(e) == "NotImplemented"
+    finally:
+        s3.meta.events.unregister("before-sign.s3.PutObject", if_match)
+    assert s3.get_object(Bucket=name, Key="c")["Body"].read() == b"one"
+
+
+def test_list_multipart_uploads_pages_through_one_key(s3):
+    # Uploads of one key are listed in the order they began; pages of one name each upload
+    # once (the id marker is a place in that order, not an id to compare).
+    name = new_bucket(s3)
+    ids = [s3.create_multipart_upload(Bucket=name, Key="same")["UploadId"] for _ in range(7)]
+    seen, kw = [], {}
+    while True:
+        page = s3.list_multipart_uploads(Bucket=name, MaxUploads=2, **kw)
+        seen += [u["UploadId"] for u in page.get("Uploads", [])]
+        if not page["IsTruncated"]:
+            break
+        kw = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+    assert sorted(seen) == sorted(ids) and len(seen) == len(ids)
+    for i in ids:
+        s3.abort_multipart_upload(Bucket=name, Key="same", UploadId=i)
+
+
 def test_key_scopes_and_revocation(s3d, s3, user):
     name = new_bucket(s3)
     s3.put_object(Bucket=name, Key="k", Body=b"v")

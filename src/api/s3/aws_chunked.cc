@@ -46,10 +46,12 @@ std::optional<S3Error> AwsChunkedDecoder::OnSizeLine() {
   }
   if (o_.signed_chunks && chunk_sig_.size() != 64)
     return Malformed("a chunk lacks its chunk-signature");
-  if (o_.decoded_length && decoded_ + chunk_size_ > *o_.decoded_length)
+  // Compared as what is left, never as a sum: a size line of 16 hex digits would wrap one.
+  if (o_.decoded_length &&
+      chunk_size_ > *o_.decoded_length - std::min(decoded_, *o_.decoded_length))
     return S3Error{400, "IncompleteBody",
                    "the chunks hold more than x-amz-decoded-content-length declared"};
-  if (decoded_ + chunk_size_ > (5ULL << 30))
+  if (chunk_size_ > (5ULL << 30) - std::min<uint64_t>(decoded_, 5ULL << 30))
     return S3Error{400, "EntityTooLarge", "your proposed upload exceeds the maximum allowed size"};
   left_ = chunk_size_;
   line_.clear();

@@ -1002,8 +1002,12 @@ StreamStart PutObject(S3Ctx& ctx, const HttpRequest& req) {
   auto inm = Header(req, "If-None-Match");
   if (!inm.empty() && inm != "*")
     return fail({501, "NotImplemented", "If-None-Match on PUT takes only '*'"});
+  // Conditional writes other than If-None-Match: * (If-Match, AWS's compare-and-swap) are not
+  // implemented: refused rather than ignored, which would overwrite unconditionally.
+  if (!Header(req, "If-Match").empty())
+    return fail({501, "NotImplemented", "If-Match on PUT is not implemented"});
   if (!key.empty() && key.back() == '/') {
-    if (*b.length != 0)
+    if (!b.length || *b.length != 0)
       return fail(
           {400, "InvalidArgument", "a key ending in '/' names a directory here and takes no data"});
     if (auto parts = KeyParts(key); !parts.ok()) return fail(FromStatus(parts.status()));
@@ -1174,9 +1178,27 @@ HttpResponse ObjectResponse(const HttpRequest& req, ObjectStore::Opened* o) {
       {"response-content-encoding", "Content-Encoding"},
       {"response-content-language", "Content-Language"},
       {"response-expires", "Expires"}};
+  // Decoded query values become header values: a control character (CR, LF) would split the
+  // answer's header, so such a value is refused.
+  auto header_safe = [](const std::string& v) {
+    return std::none_of(v.begin(), v.end(), [](char c) {
+      auto u = static_cast<unsigned char>(c);
+      return (u < 0x20 && u != '\t') || u == 0x7f;
+    });
+  };
   for (auto [q, h] : kOverrides)
-    if (auto v = QueryParam(req, q)) line(h, *v);
-  if (auto v = QueryParam(req, "response-content-type")) ctype = *v;
+    if (auto v = QueryParam(req, q)) {
+      if (!header_safe(*v))
+        return ErrorXml({400, "InvalidArgument", fmt::format("{} holds a control character", q)},
+                        req.path);
+      line(h, *v);
+    }
+  if (auto v = QueryParam(req, "response-content-type")) {
+    if (!header_safe(*v))
+      return ErrorXml({400, "InvalidArgument", "response-content-type holds a control character"},
+                      req.path);
+    ctype = *v;
+  }
 
   RangeRequest rr;
   bool ranged = false;
@@ -1222,7 +1244,17 @@ HttpResponse ObjectResponse(const HttpRequest& req, ObjectStore::Opened* o) {
   return r;
 }
 
+// Buckets are unversioned: the one version of an object is "null" (as ListObjectVersions says);
+// any other version id is refused, as AWS refuses it on an unversioned bucket, rather than
+// ignored (a DELETE of a version must not delete the object).
+std::optional<S3Error> UnknownVersion(const HttpRequest& req) {
+  auto v = QueryParam(req, "versionId");
+  if (!v || *v == "null") return std::nullopt;
+  return S3Error{400, "InvalidArgument", "Invalid version id specified"};
+}
+
 HttpResponse GetObject(S3Ctx& ctx, const HttpRequest& req) {
+  if (auto e = UnknownVersion(req)) return ErrorXml(*e, req.path);
   S3_ACCESS(ref, ctx, req, false);
   auto o = ctx.objects.Open(*ref.volume, ref.vfid, KeyOf(req));
   if (!o.ok()) return ErrorXml(FromStatus(o.status()), req.path);
@@ -1235,6 +1267,7 @@ HttpResponse GetObject(S3Ctx& ctx, const HttpRequest& req) {
 std::optional<HttpResponse> GetObjectInline(S3Ctx& ctx, const HttpRequest& req) {
   std::string key = KeyOf(req);
   if (key.empty()) return std::nullopt;  // the bucket itself
+  if (!req.query.empty() && req.query.count("versionId")) return std::nullopt;
   const S3Grant& g = GrantOf(req);
   // Buckets as this thread last resolved them (volume, parsed vfid), while the store's
   // generation says nothing changed.
@@ -1268,6 +1301,7 @@ std::optional<HttpResponse> GetObjectInline(S3Ctx& ctx, const HttpRequest& req) 
 }
 
 HttpResponse DeleteObject(S3Ctx& ctx, const HttpRequest& req) {
+  if (auto e = UnknownVersion(req)) return ErrorXml(*e, req.path);
   S3_ACCESS(ref, ctx, req, true);
   Status st = ctx.objects.Delete(*ref.volume, ref.vfid, KeyOf(req));
   if (!st.ok()) return ErrorXml(FromStatus(st), req.path);
@@ -1602,11 +1636,24 @@ HttpResponse ListMultipartUploads(S3Ctx& ctx, const HttpRequest& req) {
   bool truncated = false;
   const MultipartUpload* last = nullptr;
   std::vector<pugi::xml_node> nodes;
-  for (const auto& u : *all) {
+  // The uploads are in key order, those of one key in the order they began (not by id): a
+  // page resumes after the key marker's last upload, or after the upload the id marker names
+  // (when it is gone, after the key's uploads that sort before it as the marker did).
+  size_t start = 0;
+  if (!key_marker.empty()) {
+    auto after = [&](const MultipartUpload& u) {
+      return u.key > key_marker || (u.key == key_marker && !id_marker.empty() && u.id > id_marker);
+    };
+    auto named = std::find_if(all->begin(), all->end(), [&](const MultipartUpload& u) {
+      return !id_marker.empty() && u.key == key_marker && u.id == id_marker;
+    });
+    start = named != all->end()
+                ? static_cast<size_t>(named - all->begin()) + 1
+                : static_cast<size_t>(std::find_if(all->begin(), all->end(), after) - all->begin());
+  }
+  for (size_t i = start; i < all->size(); ++i) {
+    const MultipartUpload& u = (*all)[i];
     if (!StartsWith(u.key, prefix)) continue;
-    if (!key_marker.empty() &&
-        (u.key < key_marker || (u.key == key_marker && (id_marker.empty() || u.id <= id_marker))))
-      continue;
     if (shown == max) {
       truncated = true;
       break;
@@ -1734,6 +1781,39 @@ std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, Th
   // Errors the HTTP layer makes (unparsable requests, limits, no route) are S3 XML too.
   // Presigned URLs' X-Amz-* parameters are the authenticator's, read from the raw target.
   router->SetQuerySkipPrefix("X-Amz-");
+  // Sub-resources of S3 that Sluice does not serve: 501 NotImplemented, as AWS answers those it
+  // lacks, never the plain object or bucket operation of the same method (which would delete
+  // an object for DELETE ?tagging, or replace it with the XML of PUT ?retention).
+  router->SetUnsupportedQueryKeys({"accelerate",
+                                   "analytics",
+                                   "attributes",
+                                   "cors",
+                                   "encryption",
+                                   "intelligent-tiering",
+                                   "inventory",
+                                   "legal-hold",
+                                   "lifecycle",
+                                   "logging",
+                                   "metadataConfiguration",
+                                   "metadataTable",
+                                   "metrics",
+                                   "notification",
+                                   "object-lock",
+                                   "ownershipControls",
+                                   "policy",
+                                   "policyStatus",
+                                   "publicAccessBlock",
+                                   "renameObject",
+                                   "replication",
+                                   "requestPayment",
+                                   "restore",
+                                   "retention",
+                                   "select",
+                                   "select-type",
+                                   "session",
+                                   "tagging",
+                                   "torrent",
+                                   "website"});
   router->SetErrorFormatter([](const Status& st, unsigned status, std::string_view resource) {
     unsigned http = status ? status : static_cast<unsigned>(CodeHttpStatus(st.code()));
     std::string code = http == 405 ? "MethodNotAllowed" : std::string(CodeS3Error(st.code()));

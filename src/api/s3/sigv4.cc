@@ -1,9 +1,11 @@
 #include "api/s3/sigv4.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 
 #include <fmt/format.h>
+#include <boost/beast/core/string.hpp>
 
 #include "api/http.h"
 #include "api/range.h"
@@ -246,6 +248,29 @@ std::optional<SigV4Auth> ParseSigV4(const http::request_header<>& h, std::string
   if (std::find(a.signed_headers.begin(), a.signed_headers.end(), "host") ==
       a.signed_headers.end()) {
     *err = Err(403, "AccessDenied", "the Host header must be signed");
+    return std::nullopt;
+  }
+  // Every x-amz-* header the request carries must be signed (x-amz-content-sha256 aside), as
+  // AWS requires: otherwise the holder of a presigned PUT could add x-amz-copy-source and copy
+  // any object the signer may read, or metadata the signer never chose.
+  std::string unsigned_names;
+  thread_local std::string lower;
+  for (const auto& f : h) {
+    std::string_view n = f.name_string();
+    if (n.size() < 6 || !boost::beast::iequals(n.substr(0, 6), "x-amz-")) continue;
+    lower.assign(n);
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (lower == "x-amz-content-sha256" ||
+        std::find(a.signed_headers.begin(), a.signed_headers.end(), lower) !=
+            a.signed_headers.end())
+      continue;
+    if (!unsigned_names.empty()) unsigned_names += ", ";
+    unsigned_names += lower;
+  }
+  if (!unsigned_names.empty()) {
+    *err =
+        Err(403, "AccessDenied",
+            "There were headers present in the request which were not signed: " + unsigned_names);
     return std::nullopt;
   }
   return a;

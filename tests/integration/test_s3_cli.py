@@ -633,6 +633,87 @@ def test_bench_fails_on_an_object_it_cannot_read(tmp_path):
         assert b"epoch 1:" not in p.stdout  # no figures for an epoch that failed
 
 
+class FakeOrigin(http.server.BaseHTTPRequestHandler):
+    """An S3 origin that misbehaves as told by the server's `mode`: "ignore-range" answers every
+    GET with the whole object (200, as a server or proxy ignoring Range may); "cut-then-change"
+    cuts its first GET halfway and then serves another version; "cut-same" cuts its first GET
+    and then serves the rest of the same version."""
+    protocol_version = "HTTP/1.1"
+
+    def version(self):
+        return self.server.versions[min(self.server.gets, len(self.server.versions) - 1)]
+
+    def do_HEAD(self):
+        etag, body = self.version()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("ETag", f'"{etag}"')
+        self.send_header("Last-Modified", "Wed, 02 Dec 2026 00:00:00 GMT")
+        self.end_headers()
+
+    def do_GET(self):
+        etag, body = self.version()
+        first_get = self.server.gets == 0
+        self.server.gets += 1
+        rng = self.headers.get("Range")
+        match = self.headers.get("If-Match")
+        if match and match.strip('"') != etag:
+            self.send_response(412)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        start = 0
+        if rng and self.server.mode != "ignore-range":
+            a, _, b = rng[len("bytes="):].partition("-")
+            start, end = int(a), int(b) if b else len(body) - 1
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{end}/{len(body)}")
+            part = body[start:end + 1]
+        else:
+            self.send_response(200)
+            part = body
+        self.send_header("Content-Length", str(len(part)))
+        self.send_header("ETag", f'"{etag}"')
+        self.end_headers()
+        if first_get and self.server.mode.startswith("cut"):
+            self.wfile.write(part[:len(part) // 2])  # and the connection goes
+            self.close_connection = True
+            return
+        self.wfile.write(part)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_what_an_origin_answers_is_checked(tmp_path):
+    # A ranged GET answered with the whole object, or a transfer resumed after the object
+    # changed, fails the download (nothing written) instead of stitching wrong bytes.
+    one, two = os.urandom(12 * MiB + 3), os.urandom(12 * MiB + 3)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "AWS_ACCESS_KEY_ID": "AK",
+           "AWS_SECRET_ACCESS_KEY": "SK"}
+    for mode, versions, ok in (("ignore-range", [("v1", one)], False),
+                               ("cut-then-change", [("v1", one), ("v2", two)], False),
+                               ("cut-same", [("v1", one)], True)):
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeOrigin)
+        srv.mode, srv.versions, srv.gets = mode, versions, 0
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        dst = tmp_path / f"{mode}.bin"
+        try:
+            args = (["--multipart-threshold", "5MiB", "--part-size", "5MiB"]
+                    if mode == "ignore-range" else ["--multipart-threshold", "1GiB"])
+            p = subprocess.run([str(SLUICE), "s3", "cp", *args, "s3://bkt/obj", str(dst),
+                                "--s3-endpoint", f"http://127.0.0.1:{srv.server_address[1]}"],
+                               env=env, capture_output=True, timeout=120)
+        finally:
+            srv.shutdown()
+        if ok:
+            assert p.returncode == 0 and dst.read_bytes() == one, p.stderr
+        else:
+            assert p.returncode != 0 and not dst.exists(), (mode, p.stderr)
+            assert (b"not the range asked for" if mode == "ignore-range"
+                    else b"changed while it was read") in p.stderr, p.stderr
+
+
 def test_virtual_hosted_addressing(tmp_path):
     """--addressing virtual puts the bucket in the host name (bucket.host/key): seen on the wire
     by a server that records what it is sent, and signed so that a Sluice with [api.s3] domain

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -161,6 +162,9 @@ struct S3Client::Request {
   const Sink* sink = nullptr;  // a 2xx body goes here instead of Answer::body
   uint64_t delivered = 0;      // bytes handed to the sink so far, over every attempt
   std::string what;            // for messages: "GET bucket/key"
+  // A ranged GET into a sink: where the bytes asked for start (the answer must be them).
+  std::optional<uint64_t> range_first;
+  std::string delivered_etag;  // the ETag of the first answer that delivered bytes to the sink
 };
 
 struct S3Client::Answer {
@@ -238,6 +242,9 @@ namespace {
 struct Transfer {
   Sink const* sink = nullptr;
   uint64_t* delivered = nullptr;
+  std::optional<uint64_t> range_first;  // Request::range_first
+  std::string* delivered_etag = nullptr;
+  bool answer_checked = false;
   unsigned status = 0;
   std::vector<std::pair<std::string, std::string>> headers;
   std::string body;
@@ -267,10 +274,45 @@ size_t OnHeader(char* p, size_t sz, size_t n, void* ud) {
   return sz * n;
 }
 
+// Before the first byte of a 2xx answer reaches the sink: a ranged GET must be answered with
+// the range asked for (an origin or proxy may ignore Range and send the whole object, whose
+// first bytes would pass for those at the offset), and the answer's ETag is kept, so that a
+// resumed transfer asks for that version and no other.
+Status CheckAnswer(Transfer* t) {
+  t->answer_checked = true;
+  auto header = [&](std::string_view name) -> std::string_view {
+    for (const auto& [k, v] : t->headers)
+      if (k == name) return v;
+    return {};
+  };
+  if (t->range_first && *t->range_first > 0) {
+    std::string_view cr = header("content-range");  // bytes a-b/total
+    uint64_t first = 0;
+    auto [end, ec] = cr.size() > 6 ? std::from_chars(cr.data() + 6, cr.data() + cr.size(), first)
+                                   : std::from_chars(cr.data(), cr.data(), first);
+    if (t->status != 206 || cr.substr(0, 6) != "bytes " || ec != std::errc() ||
+        end == cr.data() + cr.size() || *end != '-' || first != *t->range_first)
+      return Status(Code::kIoError,
+                    fmt::format("the origin answered {} with Content-Range '{}' to a GET of the "
+                                "bytes from {}: not the range asked for",
+                                t->status, cr, *t->range_first),
+                    EIO);
+  }
+  if (t->delivered_etag && t->delivered_etag->empty())
+    *t->delivered_etag = std::string(StripQuotes(header("etag")));
+  return Status::Ok();
+}
+
 size_t OnBody(char* p, size_t sz, size_t n, void* ud) {
   auto* t = static_cast<Transfer*>(ud);
   size_t len = sz * n;
   if (t->sink && t->status >= 200 && t->status < 300) {
+    if (!t->answer_checked) {
+      if (Status st = CheckAnswer(t); !st.ok()) {
+        t->sink_error = std::move(st);
+        return 0;
+      }
+    }
     Status st = (*t->sink)(std::string_view(p, len));
     if (!st.ok()) {
       t->sink_error = std::move(st);
@@ -354,6 +396,8 @@ Result<S3Client::Answer> S3Client::SendOnce(Request& req) {
   Transfer t;
   t.sink = req.sink;
   t.delivered = &req.delivered;
+  t.range_first = req.range_first;
+  t.delivered_etag = &req.delivered_etag;
   t.in = &req.body;
   curl_easy_setopt(c, CURLOPT_URL, url.c_str());
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
@@ -581,12 +625,15 @@ Result<ObjectInfo> S3Client::Get(std::string_view bucket, std::string_view key, 
   for (int resumes = 0;; ++resumes) {
     req.headers.clear();
     uint64_t first = (range ? range->first : 0) + req.delivered;
+    req.range_first.reset();
     if (range) {
       if (range->second == 0) break;
       req.headers.emplace_back("Range",
                                fmt::format("bytes={}-{}", first, range->first + range->second - 1));
+      req.range_first = first;
     } else if (req.delivered > 0) {
       req.headers.emplace_back("Range", fmt::format("bytes={}-", first));
+      req.range_first = first;
     }
     // Every piece after the first must come from the same version of the object.
     if (!etag.empty()) req.headers.emplace_back("If-Match", "\"" + etag + "\"");
@@ -608,8 +655,14 @@ Result<ObjectInfo> S3Client::Get(std::string_view bucket, std::string_view key, 
     if (!progressed || r.status().code() != Code::kUnavailable || resumes >= opts_.max_attempts)
       return r.status();
     if (!have_info && etag.empty()) {
-      // The first answer's headers are gone with its failure; ask for them.
+      // The first answer's headers are gone with its failure; ask for them. The rest must be
+      // of the version whose bytes came (its ETag, kept as they came), not of whatever the
+      // object is now.
       SLUICE_ASSIGN_OR_RETURN(info, Head(bucket, key));
+      if (!req.delivered_etag.empty() && info.etag != req.delivered_etag)
+        return Status(Code::kConflict,
+                      fmt::format("{}: the object changed while it was read (ETag {} then {})",
+                                  req.what, req.delivered_etag, info.etag));
       etag = info.etag;
       have_info = true;
     }

@@ -352,13 +352,20 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
   if (!key) return false;
   const uint64_t need = DiskBytes(kHeader + data.size());
   // The disk's free space, and how much more the blocks evicted below give back (they are
-  // unlinked after the lock is released: event loops take it).
-  const auto free = FreeBytes();
+  // unlinked after the lock is released: event loops take it). Sampled outside the lock, so
+  // the blocks other writers finished since are taken off it: their reservations are gone,
+  // and the sample may predate their bytes.
+  const uint64_t written_before = written_disk_;
+  auto free = FreeBytes();
   std::vector<BlockIndex::Key> gone;
   bool room;
   {
     std::lock_guard lk(mu_);
     if (closed_) return false;
+    if (free) {
+      const uint64_t since = written_disk_ - written_before;
+      *free = *free > since ? *free - since : 0;
+    }
     if (index_.Touch(*key)) return true;
     // Room first: within the size limit, and never the disk below its free-space floor,
     // counting the blocks other writers are writing now. Nothing is evicted for a block that
@@ -400,6 +407,7 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
   std::lock_guard lk(mu_);
   reserved_ -= data.size();
   reserved_disk_ -= need;
+  written_disk_ += need;
   if (w == Written::kFailed) {
     stats_.rejected += 1;
     return false;

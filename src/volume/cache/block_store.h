@@ -10,6 +10,7 @@
 // goes as it is read, so a crash after never leans on it).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -85,6 +86,9 @@ class BlockStore {
   Stats stats_;
   // Blocks being written now: their bytes, and what they take on the disk.
   uint64_t reserved_ = 0, reserved_disk_ = 0;
+  // What the writes that ended took on the disk, ever (Put's free-space sample is corrected by
+  // what ended after it was taken). Read outside mu_, written under it.
+  std::atomic<uint64_t> written_disk_{0};
   bool closed_ = false;
   UniqueFd dir_fd_;  // the store's directory, open since Open (syncfs reports what failed since)
   // What `n` bytes take on a disk: whole 4 KiB blocks.

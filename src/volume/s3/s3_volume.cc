@@ -1785,13 +1785,15 @@ class S3Volume::Writer : public StagingWriter {
     if (rec_.parts.empty() && pending_.empty()) {  // one PUT
       SLUICE_RETURN_IF_ERROR(
           o.Note(o.Client()->Put(o.bucket(), target, s3c::Body{buf_}, {}, user)).status());
+      // A multipart upload begun for this session whose first part failed: nothing of it is
+      // used, and the record about to be written no longer names it for a sweep.
+      if (!rec_.upload.empty())
+        (void)o.Note(o.Client()->AbortMultipart(o.bucket(), key_ + ".data", rec_.upload));
     } else {
       if (!buf_.empty()) SLUICE_RETURN_IF_ERROR(SendFront(buf_.size()));
       std::vector<s3c::PartInfo> all = rec_.parts;
       all.insert(all.end(), pending_.begin(), pending_.end());
-      SLUICE_RETURN_IF_ERROR(
-          o.Note(o.Client()->CompleteMultipart(o.bucket(), key_ + ".data", rec_.upload, all))
-              .status());
+      SLUICE_RETURN_IF_ERROR(CompleteData(all));
       // Server-side, onto the target (in parts past max-copy-size; see docs/s3-volumes.md).
       SLUICE_RETURN_IF_ERROR(o.CopyObject({}, key_ + ".data", target, total, &user));
       (void)o.Note(o.Client()->Delete(o.bucket(), key_ + ".data"));
@@ -1808,6 +1810,24 @@ class S3Volume::Writer : public StagingWriter {
   }
 
  private:
+  // Completes the session's `.data` upload from `parts`, once: a Publish retried after the copy
+  // onto the target failed, or a Complete whose answer was lost and retried, finds the upload
+  // gone (NoSuchUpload); `.data` there with the parts' size is then the completed upload.
+  Status CompleteData(const std::vector<s3c::PartInfo>& parts) {
+    if (data_complete_) return Status::Ok();
+    auto& o = *v_->origin_;
+    Status st =
+        o.Note(o.Client()->CompleteMultipart(o.bucket(), key_ + ".data", rec_.upload, parts))
+            .status();
+    if (!st.ok() && st.code() == Code::kNotFound) {
+      auto data = o.Note(o.Client()->Head(o.bucket(), key_ + ".data"));
+      if (data.ok() && data->size == Bytes(parts)) st = Status::Ok();
+    }
+    if (st.ok()) data_complete_ = true;
+    return st;
+  }
+  bool data_complete_ = false;
+
   // Where buf_ begins: the bytes in parts sent, recorded or not.
   uint64_t Base() const { return rec_.parts_bytes() + Bytes(pending_); }
   static uint64_t Bytes(const std::vector<s3c::PartInfo>& ps) {

@@ -196,6 +196,7 @@ class ForwardingStagingWriter : public StagingWriter {
   Status Commit(const std::vector<std::string>& final_parts) override {
     return inner_->Commit(final_parts);
   }
+  bool RefuseReplace() override { return inner_->RefuseReplace(); }
   Status Publish(const std::vector<std::string>& final_parts,
                  const std::function<std::string(const DirEntry&)>& meta, bool durable) override {
     return inner_->Publish(final_parts, meta, durable);

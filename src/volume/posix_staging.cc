@@ -270,7 +270,11 @@ class PosixStagingWriter : public StagingWriter {
     // Staged privately (0600); published with the mode an ordinary file gets (Backend.AI's
     // uploads land 0644), so that the session containers reading the vfolder can open it.
     if (::fchmod(fd_.get(), 0644) != 0) return Status::FromErrno(errno, "set upload mode");
-    if (::renameat(updir_.get(), session_.c_str(), parent.get(), name.c_str()) != 0) {
+    if (no_replace_) {
+      if (replaces)
+        return Status(Code::kAlreadyExists, fmt::format("'{}' exists", final_rel), EEXIST);
+      SLUICE_RETURN_IF_ERROR(RenameNoReplace(parent.get(), name, final_rel));
+    } else if (::renameat(updir_.get(), session_.c_str(), parent.get(), name.c_str()) != 0) {
       int err = errno;
       if (err == EISDIR || err == ENOTEMPTY || err == EEXIST)
         return Status(Code::kConflict,
@@ -285,10 +289,37 @@ class PosixStagingWriter : public StagingWriter {
     return Status::Ok();
   }
 
+  bool RefuseReplace() override {
+    no_replace_ = true;
+    return true;
+  }
+
  private:
+  // The staging file onto `name` in `parent` only if nothing is there, in one step:
+  // renameat2(RENAME_NOREPLACE), or where the file system lacks it (FUSE, NFS), a hard link
+  // (which fails on an existing name as well) and the staging name's removal.
+  Status RenameNoReplace(int parent, const std::string& name, const std::string& rel) {
+    if (::renameat2(updir_.get(), session_.c_str(), parent, name.c_str(), RENAME_NOREPLACE) == 0)
+      return Status::Ok();
+    int err = errno;
+    if (err == EINVAL || err == ENOSYS || err == EOPNOTSUPP) {
+      if (::linkat(updir_.get(), session_.c_str(), parent, name.c_str(), 0) == 0) {
+        ::unlinkat(updir_.get(), session_.c_str(), 0);
+        return Status::Ok();
+      }
+      err = errno;
+    }
+    if (err == EEXIST) return Status(Code::kAlreadyExists, fmt::format("'{}' exists", rel), EEXIST);
+    if (err == EISDIR || err == ENOTEMPTY)
+      return Status(Code::kConflict,
+                    fmt::format("'{}' is a directory; the upload cannot replace it", rel), err);
+    return Status::FromErrno(err, fmt::format("move upload into place at '{}'", rel));
+  }
+
   void Account(int64_t bytes, int64_t entries) {
     if (account_) account_(bytes, entries);
   }
+  bool no_replace_ = false;
 
   UniqueFd root_;   // the vfolder (O_PATH)
   UniqueFd updir_;  // .upload (O_RDONLY directory)

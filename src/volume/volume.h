@@ -200,6 +200,10 @@ class StagingWriter {
   // the vfolder: a symlink out is refused), an existing file is replaced atomically, a
   // directory is refused (kConflict).
   virtual Status Commit(const std::vector<std::string>& final_parts) = 0;
+  // Makes the next Commit or Publish refuse to replace an existing entry, atomically with the
+  // rename (kAlreadyExists; S3's If-None-Match: *). false: this volume cannot make that
+  // atomic, and the caller's own check before it is all there is.
+  virtual bool RefuseReplace() { return false; }
   // For objects written whole (S3): attaches the metadata `meta` returns for the file as it now
   // is (size, mtime), makes the bytes durable when `durable`, then commits as Commit does. No
   // offset record is written. Volumes that cannot keep metadata publish the bytes alone.

@@ -225,6 +225,30 @@ def test_put_if_none_match(s3):
     assert s3.get_object(Bucket=name, Key="once")["Body"].read() == b"first"
 
 
+def test_put_if_none_match_has_one_winner(s3d, user):
+    # Writers racing to create one key with If-None-Match: * (a lock-style commit, as Delta
+    # Lake's): exactly one gets 200, every other 412, and the object is the winner's. The
+    # check before the rename is not enough; the rename itself refuses to replace.
+    ak, sk = s3d.s3_key(user)
+    s3 = s3d.s3_client(ak, sk)
+    name = new_bucket(s3)
+    import concurrent.futures
+    for round_ in range(12):
+        key = f"commit/{round_:05d}.json"
+
+        def put(i):
+            body = f"writer {i}".encode() * 200
+            return i, signed(s3d, ak, sk, "PUT", f"/{name}/{key}", body,
+                             headers={"If-None-Match": "*"}).status_code
+        with concurrent.futures.ThreadPoolExecutor(12) as ex:
+            results = list(ex.map(put, range(12)))
+        won = [i for i, code in results if code == 200]
+        assert len(won) == 1 and all(c in (200, 412) for _, c in results), results
+        got = s3.get_object(Bucket=name, Key=key)["Body"].read()
+        assert got == f"writer {won[0]}".encode() * 200
+    assert staging_leftovers(bucket_dir(s3d, name)) == []
+
+
 def test_missing_and_collisions(s3d, s3):
     name = new_bucket(s3)
     with pytest.raises(ClientError) as e:

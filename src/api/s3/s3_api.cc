@@ -829,13 +829,18 @@ class PutSink : public BodySink {
                                    ChecksumName(*b_.checksum))});
       meta_.checksums[LowerName(*b_.checksum)] = checksum;
     }
+    const S3Error precondition{412, "PreconditionFailed",
+                               "at least one of the pre-conditions you specified did not hold"};
     if (if_none_match_) {
+      // Checked now (no publish for a key already there), and again by the rename itself
+      // where the volume can (RENAME_NOREPLACE): of two racing writers, one wins.
       auto o = ctx_->objects.Open(*ref_.volume, ref_.vfid, key_);
-      if (o.ok())
-        return Refuse({412, "PreconditionFailed",
-                       "at least one of the pre-conditions you specified did not hold"});
+      if (o.ok()) return Refuse(precondition);
+      w_->RefuseReplace();
     }
     Status st = w_->Publish(std::move(meta_), ctx_->opts.durable);
+    if (!st.ok() && if_none_match_ && st.code() == Code::kAlreadyExists)
+      return ErrorXml(precondition, resource_);
     if (!st.ok()) return ErrorXml(FromStatus(st), resource_);
     HttpResponse r = HttpResponse::Text(200, "", "application/xml");
     r.headers.emplace_back("ETag", "\"" + HexEncode(w_->md5_raw()) + "\"");

@@ -147,6 +147,9 @@ class ObjectWriter {
   Status CopyFrom(FileReader& src, uint64_t n);
   // Publishes with `meta` (its etag, when empty, is the MD5; size and mtime are filled in here).
   Status Publish(ObjectMeta meta, bool durable);
+  // The publish must not replace an existing object (If-None-Match: *); false when the volume
+  // cannot make that atomic (see StagingWriter::RefuseReplace).
+  bool RefuseReplace() { return staging_ && staging_->RefuseReplace(); }
   // Publishes with the metadata blob `blob` returns for the file as it is.
   Status PublishWith(const std::function<std::string(const DirEntry&)>& blob, bool durable);
   // Discards the staging file (a failed or abandoned write): nothing becomes visible.

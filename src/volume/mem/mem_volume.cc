@@ -256,6 +256,9 @@ class MemStagingWriter : public StagingWriter {
                     fmt::format("'{}' is a directory; the upload cannot replace it",
                                 JoinComponents(parts, parts.size())),
                     EISDIR);
+    if (slot && no_replace_)
+      return Status(Code::kAlreadyExists,
+                    fmt::format("'{}' exists", JoinComponents(parts, parts.size())), EEXIST);
     auto file = st_->NewNode(EntryType::kFile, 0644);
     file->data = std::make_shared<const std::string>(std::move(*s->data));
     slot = std::move(file);
@@ -264,8 +267,13 @@ class MemStagingWriter : public StagingWriter {
     s->data = std::make_shared<std::string>();
     return Status::Ok();
   }
+  bool RefuseReplace() override {
+    no_replace_ = true;
+    return true;
+  }
 
  private:
+  bool no_replace_ = false;
   MemVolume::State::Staged* Find() {
     auto it = st_->staging.find(session_);
     return it == st_->staging.end() || !it->second.staged ? nullptr : &it->second;

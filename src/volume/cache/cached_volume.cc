@@ -872,6 +872,9 @@ void CachedVolume::Invalidate(const VFolderId& vfid) {
     for (auto it = dirs_.lower_bound(prefix); it != dirs_.end() && it->first.starts_with(prefix);)
       it = dirs_.erase(it);
   });
+  // A write after Shutdown kept the listings (a background task that outlived the drain):
+  // the kept file would serve the listing from before it at the next start.
+  if (stopping_) ::unlink(fmt::format("{}/{}", opts_.path, kListingsFile).c_str());
 }
 
 std::optional<std::pair<DirEntry, bool>> CachedVolume::Known(

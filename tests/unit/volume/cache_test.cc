@@ -744,6 +744,14 @@ TEST_F(Cache, ListingsSurviveACleanShutdown) {
   Start();  // no clean shutdown this time: asked again
   EXPECT_EQ(names(), both);
   EXPECT_EQ(origin_->lists, 2);
+  // A write through the node after the listings were kept (a background task that outlived
+  // the drain): the next start asks again, and sees it.
+  cache_->Shutdown();
+  ASSERT_OK(cache_->Mkdir(vf_, "d/late", false, true));
+  Start();
+  const std::vector<std::string> three{"a", "b", "late"};
+  EXPECT_EQ(names(), three);
+  EXPECT_EQ(origin_->lists, 3);
 }
 
 // An operator's warm reads a tree in (whatever the admission policy), and evict drops it.

@@ -288,6 +288,8 @@ int RunTransfer(DataArgs& a, const DataGlobals& g, const char* verb,
     bool failure = line.rfind("failed", 0) == 0 || line.rfind("delete failed", 0) == 0;
     if (failure)
       progress.Say("sluice: " + line, stderr);
+    else if (!quiet && line.rfind("skip:", 0) == 0)
+      progress.Say("sluice: " + line, stderr);  // a warning: what was not copied, and why
     else if (!quiet)
       progress.Say(line, data_on_stdout ? stderr : stdout);
   });

@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -103,11 +104,19 @@ struct LocalFile {
 };
 
 // Regular files below `root`, symlinks not followed; what is neither file nor directory is
-// reported through `skip`.
+// reported through `skip` and its relative path added to `skipped` (when given).
 Result<std::vector<LocalFile>> WalkLocal(const std::string& root,
-                                         const std::function<void(const std::string&)>& skip) {
+                                         const std::function<void(const std::string&)>& skip,
+                                         std::set<std::string>* skipped = nullptr) {
   std::vector<LocalFile> out;
   std::error_code ec;
+  // Paths relative to the root by their text (fs::relative would resolve a symlink entry to
+  // its target's path, and costs a stat of every component).
+  fs::path base = fs::path(root).lexically_normal();
+  if (!base.has_filename() && base.has_parent_path()) base = base.parent_path();
+  auto rel_of = [&](const fs::path& p) {
+    return p.lexically_normal().lexically_relative(base).generic_string();
+  };
   fs::recursive_directory_iterator it(root, fs::directory_options::none, ec), end;
   if (ec) return Status(Code::kNotFound, fmt::format("cannot read '{}': {}", root, ec.message()));
   for (; it != end; it.increment(ec)) {
@@ -118,13 +127,16 @@ Result<std::vector<LocalFile>> WalkLocal(const std::string& root,
     if (fs::is_directory(st)) continue;
     std::string path = e.path().string();
     if (!fs::is_regular_file(st)) {
-      if (skip) skip(fmt::format("skip: '{}' is not a regular file", path));
+      if (skip)
+        skip(fmt::format("skip: '{}' is {}", path,
+                         fs::is_symlink(st) ? "a symlink (not followed)" : "not a regular file"));
+      if (skipped) skipped->insert(rel_of(e.path()));
       continue;
     }
     struct stat sb {};
     if (::lstat(path.c_str(), &sb) != 0) continue;  // gone meanwhile
     LocalFile f;
-    f.rel = fs::relative(e.path(), root).generic_string();
+    f.rel = rel_of(e.path());
     f.path = path;
     f.size = static_cast<uint64_t>(sb.st_size);
     f.mtime = sb.st_mtime;
@@ -639,7 +651,10 @@ Result<TransferResult> Transfer::Copy(std::string_view src, std::string_view dst
       if (!recursive)
         return Status(Code::kInvalidArgument,
                       fmt::format("'{}' is a directory: use --recursive", from));
-      SLUICE_ASSIGN_OR_RETURN(auto files, WalkLocal(from, [&](const std::string& l) { Say(l); }));
+      SLUICE_ASSIGN_OR_RETURN(auto files, WalkLocal(from, [&](const std::string& l) {
+                                Say(l);
+                                stats_.files_skipped++;
+                              }));
       for (auto& f : files)
         AddUpload(jobs, f.path, to.bucket, JoinKey(to.key, f.rel), f.size, f.mtime);
     } else if (S_ISREG(sb.st_mode)) {
@@ -708,10 +723,15 @@ Result<TransferResult> Transfer::Sync(std::string_view src, std::string_view dst
   if (!have_local && !src_s3) return Errno("cannot read", local);
 
   std::vector<LocalFile> files;
+  std::set<std::string> skipped;  // local entries not copied: their objects are not extra
   if (have_local) {
     std::function<void(const std::string&)> skip;
-    if (!src_s3) skip = [&](const std::string& l) { Say(l); };
-    SLUICE_ASSIGN_OR_RETURN(files, WalkLocal(local, skip));
+    if (!src_s3)
+      skip = [&](const std::string& l) {
+        Say(l);
+        stats_.files_skipped++;
+      };
+    SLUICE_ASSIGN_OR_RETURN(files, WalkLocal(local, skip, &skipped));
   }
   std::map<std::string, ObjectInfo> objects;
   SLUICE_RETURN_IF_ERROR(ListKeys(
@@ -737,7 +757,8 @@ Result<TransferResult> Transfer::Sync(std::string_view src, std::string_view dst
     if (opts_.delete_extra) {
       Job* batch = nullptr;
       for (const auto& [rel, o] : objects) {
-        if (by_rel.count(rel)) continue;
+        // A local symlink is skipped, not absent: the object of its name stays.
+        if (by_rel.count(rel) || skipped.count(rel)) continue;
         if (!batch || batch->delete_keys.size() >= kDeleteBatch) {
           batch = &jobs.emplace_back();
           batch->kind = Job::kDelete;

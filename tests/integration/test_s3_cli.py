@@ -168,7 +168,7 @@ def test_cp_recursive_both_ways(s3d, bucket, tmp_path):
     write_tree(src, files)
     os.symlink("/etc/passwd", src / "link")  # not followed, not uploaded
     p = cli(s3d, "cp", "-r", "-j", "4", str(src), f"s3://{bucket}/tree")
-    assert b"not a regular file" in p.stdout
+    assert b"a symlink (not followed)" in p.stderr
     assert sorted(keys_of(s3d, bucket)) == sorted(f"tree/{k}" for k in files)
     for k, v in files.items():
         assert body_of(s3d, bucket, f"tree/{k}") == v
@@ -324,6 +324,24 @@ def test_ls_into_a_reader_that_goes_away(s3d, bucket):
         p.stdout.close()
         p.wait(timeout=60)
         assert p.returncode == -signal.SIGPIPE, p.stderr.read()
+
+
+def test_local_symlinks_are_skipped_loudly_and_keep_their_objects(s3d, bucket, tmp_path):
+    # Symlinks are not followed: each is named on stderr and counted as skipped, and with
+    # sync --delete the object of a symlink's name stays (skipped is not absent).
+    src = tmp_path / "tree"
+    src.mkdir()
+    (src / "real").write_bytes(b"r")
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"e")
+    s3d.boto.put_object(Bucket=bucket, Key="s/link", Body=b"uploaded before")
+    (src / "link").symlink_to(target)
+    p = cli(s3d, "sync", "--delete", str(src), f"s3://{bucket}/s")
+    assert b"sluice: skip: " in p.stderr and b"a symlink (not followed)" in p.stderr
+    assert b"skip:" not in p.stdout and b"1 up to date or skipped" in p.stderr, p.stderr
+    assert keys_of(s3d, bucket, "s/") == ["s/link", "s/real"]
+    p = cli(s3d, "cp", "-r", str(src), f"s3://{bucket}/c")
+    assert b"a symlink (not followed)" in p.stderr and keys_of(s3d, bucket, "c/") == ["c/real"]
 
 
 def test_rm(s3d, bucket):

@@ -4,21 +4,39 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+
 #include <fmt/format.h>
 
 namespace sluice {
 
 Status WriteFileAtomic(const std::string& path, std::string_view body, mode_t mode) {
-  std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  // A temporary name of its own (two writers of one file, a manager's retry say, must not
+  // write into one temporary file), then the rename and the directory made durable.
+  static std::atomic<uint64_t> seq{0};
+  std::string tmp = fmt::format("{}.tmp.{}.{}", path, ::getpid(), seq.fetch_add(1));
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
   if (fd < 0) return Status::FromErrno(errno, fmt::format("write '{}'", tmp));
   bool ok = ::write(fd, body.data(), body.size()) == static_cast<ssize_t>(body.size()) &&
             ::fsync(fd) == 0;
   int err = errno;
   ::close(fd);
-  if (!ok) return Status::FromErrno(err, fmt::format("write '{}'", tmp));
-  if (::rename(tmp.c_str(), path.c_str()) != 0)
-    return Status::FromErrno(errno, fmt::format("rename '{}'", tmp));
+  if (!ok) {
+    ::unlink(tmp.c_str());
+    return Status::FromErrno(err, fmt::format("write '{}'", tmp));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    err = errno;
+    ::unlink(tmp.c_str());
+    return Status::FromErrno(err, fmt::format("rename '{}'", tmp));
+  }
+  size_t slash = path.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
   return Status::Ok();
 }
 

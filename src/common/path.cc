@@ -75,13 +75,20 @@ Result<UniqueFd> OpenBeneath(int dirfd, std::string_view rel, int flags, mode_t 
   how.mode = (flags & (O_CREAT | O_TMPFILE)) ? mode : 0;
   how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
   if (lookup == Lookup::kCachedOnly) how.resolve |= RESOLVE_CACHED;
-  for (;;) {
+  for (int again = 0;; ++again) {
     long fd = SysOpenat2(dirfd, path.c_str(), &how);
     if (fd >= 0) return UniqueFd(static_cast<int>(fd));
     int err = errno;
     if (err == EAGAIN && lookup == Lookup::kCachedOnly)
       return Status(Code::kUnavailable, fmt::format("'{}' is not in the lookup cache", rel), err);
-    if (err == EINTR || err == EAGAIN) continue;
+    if (err == EINTR) continue;
+    // RESOLVE_BENEATH's answer to a rename racing the lookup: retried, a few times. EAGAIN
+    // (EWOULDBLOCK) is also what an O_NONBLOCK open gets from a file another process holds a
+    // write lease on, which lasts up to the lease-break time: not spun on.
+    if (err == EAGAIN && again < 8) continue;
+    if (err == EAGAIN)
+      return Status(Code::kUnavailable,
+                    fmt::format("'{}' is busy (another process holds a lease on it)", rel), err);
     if (err == EXDEV || err == ELOOP)
       return Status(Code::kInvalidPath, fmt::format("path '{}' resolves outside the folder", rel),
                     err);

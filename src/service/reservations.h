@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
@@ -45,6 +46,19 @@ class QuotaReservations {
   void Release(const std::string& session) {
     std::lock_guard lk(mu_);
     by_session_.erase(session);
+  }
+  // Every reservation of the vfolder `vf_hex` on `volume` (its tus uploads, keyed
+  // "volume/scope/vfolder/session", and its S3 writes, "s3/volume/vfolder/session"): the vfolder
+  // is gone, and what it promised must stop counting against its scope.
+  void ReleaseVFolder(const std::string& volume, const std::string& vf_hex) {
+    std::lock_guard lk(mu_);
+    const std::string mid = "/" + vf_hex + "/";
+    for (auto it = by_session_.begin(); it != by_session_.end();) {
+      const std::string& k = it->first;
+      bool ours = k.find(mid) != std::string::npos &&
+                  (k.rfind(volume + "/", 0) == 0 || k.rfind("s3/" + volume + "/", 0) == 0);
+      it = ours ? by_session_.erase(it) : std::next(it);
+    }
   }
   uint64_t Reserved(const std::string& scope) const {
     std::lock_guard lk(mu_);

@@ -71,6 +71,8 @@ Result<std::string> StorageService::DeleteVFolder(const std::string& volume,
   SLUICE_ASSIGN_OR_RETURN(Volume * v, GetVolume(volume));
   SLUICE_ASSIGN_OR_RETURN(std::string detached, v->DetachVFolder(vfid));
   spdlog::info("vfolder {} on {} detached to {}", vfid.ToString(), volume, detached);
+  // Its upload sessions went with it (into the trash): what they reserved is released.
+  reservations_.ReleaseVFolder(v->name(), vfid.hex);
   return tasks_.Start("vfolder-delete", {{"volume", volume}, {"vfid", vfid.ToString()}},
                       [this, v, detached, vfid] {
                         Status st = v->fsop().DeleteTree(detached);

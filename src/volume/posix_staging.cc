@@ -435,9 +435,12 @@ Status DiscardStagingAt(int root, const std::string& session, const StagingAccou
   if (!IsUploadSessionId(session))
     return Status(Code::kInvalidArgument, "not an upload session id");
   SLUICE_ASSIGN_OR_RETURN(UniqueFd updir, OpenStagingDir(root, session));
+  // Its bytes were counted as they were written: they go from the figure with it.
+  struct stat gone {};
+  bool sized = ::fstatat(updir.get(), session.c_str(), &gone, AT_SYMLINK_NOFOLLOW) == 0;
   if (::unlinkat(updir.get(), session.c_str(), 0) != 0)
     return Status::FromErrno(errno, fmt::format("remove upload session {}", session));
-  if (account) account(0, -1);
+  if (account) account(sized ? -static_cast<int64_t>(gone.st_size) : 0, -1);
   return Status::Ok();
 }
 

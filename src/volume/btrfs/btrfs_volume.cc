@@ -314,6 +314,7 @@ Status BtrfsQuotaModel::UnsetQuota(const QuotaScopeId& qsid) {
 }
 
 Status BtrfsQuotaModel::DeleteScope(const QuotaScopeId& qsid) {
+  std::unique_lock life(scope_life_);
   std::lock_guard lk(mu_);
   SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
   int mfd = vol_->mount_fd_.get();
@@ -483,7 +484,9 @@ Status BtrfsVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_
     return Status(Code::kInvalidArgument, fmt::format("mode {:o} is not a permission mode", mode));
   std::string base = cfg_.path;
   std::optional<uint64_t> scope_q;
+  std::shared_lock<std::shared_mutex> life;  // the scope stays until the vfolder is in place
   if (vfid.scope) {
+    life = std::shared_lock(quota_.scope_life());
     std::string scope_path = quota_.ScopePath(*vfid.scope);
     struct stat sb;
     if (::stat(scope_path.c_str(), &sb) != 0) {

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 
 #include "volume/btrfs/btrfs_fs.h"
@@ -61,6 +62,12 @@ class BtrfsQuotaModel : public QuotaModel {
   // The file in the scope directory that holds the scope's qgroup id ("1/257").
   static constexpr const char* kQgroupFile = ".sluice-qgroup";
 
+  // Held shared by every vfolder create from its scope check to its rename into place, and
+  // exclusively by DeleteScope from its emptiness check to the (recursive) subvolume delete:
+  // a vfolder made in between would be deleted with the scope after its create succeeded.
+  // Taken before mu_.
+  std::shared_mutex& scope_life() { return scope_life_; }
+
  private:
   Result<std::optional<uint64_t>> ReadQgroupFile(const QuotaScopeId& qsid) const;
   Status WriteQgroupFile(const QuotaScopeId& qsid, uint64_t q) const;
@@ -69,6 +76,7 @@ class BtrfsQuotaModel : public QuotaModel {
 
   BtrfsVolume* vol_;
   std::mutex mu_;  // scope create / adopt / delete
+  std::shared_mutex scope_life_;
 };
 
 class BtrfsFSOpModel : public PosixFSOpModel {

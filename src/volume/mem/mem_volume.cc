@@ -516,6 +516,14 @@ Status MemVolume::Rename(const VFolderId& vfid, std::string_view relpath,
   if (parts.empty()) return Status(Code::kInvalidPath, "the vfolder root cannot be renamed");
   std::vector<std::string> to = parts;
   to.back() = std::string(new_name);
+  {
+    // A rename never moves into a directory of the new name, as Move does: the name is taken
+    // (EEXIST), as on a POSIX volume.
+    std::lock_guard lk(state_->mu);
+    SLUICE_ASSIGN_OR_RETURN(auto root, state_->Root(vfid, name()));
+    if (new_name != parts.back() && state_->Walk(root, to, to.size()).ok())
+      return Status::FromErrno(EEXIST, fmt::format("rename '{}' to '{}'", relpath, new_name));
+  }
   return Move(vfid, relpath, JoinComponents(to, to.size()));
 }
 
@@ -545,8 +553,8 @@ Status MemVolume::Move(const VFolderId& vfid, std::string_view src, std::string_
   }
   if (to->children.count(to_name))
     return Status::FromErrno(EEXIST, fmt::format("move '{}' to '{}'", src, dst));
-  // A directory cannot go inside itself.
-  if (dp.size() > sp.size() && std::equal(sp.begin(), sp.end(), dp.begin()))
+  // A directory cannot go inside itself (onto itself included: it would become its own child).
+  if (dp.size() >= sp.size() && std::equal(sp.begin(), sp.end(), dp.begin()))
     return Status(Code::kInvalidArgument, "a directory cannot move into itself", EINVAL);
   to->children[to_name] = it->second;
   from->children.erase(it);

@@ -233,6 +233,11 @@ TEST_F(UploadTest, QuotaIsReservedAtCreationAndCheckedAgainAfterARestart) {
   uint64_t used = vol()->quota().DescribeScope(*vfid_.scope)->used_bytes;
   EXPECT_GE(used, 600u);
   EXPECT_LT(used, 800u);  // plus the completed session's offset record and its spare
+  // Deleting the vfolder releases what its sessions still held (the 400 of "g"): before, that
+  // counted against the scope until the process restarted.
+  ASSERT_TRUE(svc_->DeleteVFolder("local", vfid_).ok());
+  EXPECT_EQ(svc_->reservations().Reserved(QuotaReservations::ScopeKey("local", vfid_.scope->hex)),
+            0u);
 }
 
 TEST_F(UploadTest, SweepRemovesOldUnlockedSessionsOnly) {

@@ -143,6 +143,16 @@ TEST_P(VolumeInterface, FileOperations) {
   ASSERT_OK(vol_->Move(vf_, "x/g.txt", "x/y"));  // into an existing directory
   EXPECT_OK(vol_->Stat(vf_, "x/y/g.txt"));
   ASSERT_OK(vol_->Move(vf_, "x/y/g.txt", "h.txt"));
+  // A rename onto a directory's name never moves into it, and a directory never moves onto
+  // itself (the in-memory volume used to make it its own child, and lose it): refused, and
+  // nothing changes.
+  ASSERT_OK(vol_->Mkdir(vf_, "x/w", false, false));
+  EXPECT_FALSE(vol_->Rename(vf_, "x/y", "w").ok());
+  EXPECT_OK(vol_->Stat(vf_, "x/y/z"));
+  EXPECT_ERROR(vol_->Stat(vf_, "x/w/y"), Code::kNotFound);
+  EXPECT_FALSE(vol_->Move(vf_, "x/y", "x/y").ok());
+  EXPECT_OK(vol_->Stat(vf_, "x/y/z"));
+  ASSERT_OK(vol_->DeleteFiles(vf_, {"x/w"}, true));
   auto f = vol_->OpenReader(vf_, "h.txt");
   ASSERT_OK(f);
   EXPECT_EQ((*f)->size(), 4u);

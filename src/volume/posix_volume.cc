@@ -130,9 +130,11 @@ Status PosixVolume::CheckScopeEmpty(const QuotaScopeId& qsid, std::string_view b
   if (fd < 0) return Status::FromErrno(errno, fmt::format("open quota scope {}", qsid.ToString()));
   UniqueFd scope(fd);
   SLUICE_ASSIGN_OR_RETURN(auto entries, ReadDirEntries(scope.get(), ScopeDir(qsid)));
+  // The bookkeeping file, and a temporary one of it a crash left (WriteFileAtomic).
+  const std::string tmp = std::string(bookkeeping) + ".tmp";
   size_t others = 0;
   for (const auto& e : entries)
-    if (e.name != bookkeeping) ++others;
+    if (e.name != bookkeeping && e.name.rfind(tmp, 0) != 0) ++others;
   if (others) return QuotaScopeNotEmpty(qsid);
   return Status::Ok();
 }

@@ -320,9 +320,10 @@ Status BtrfsQuotaModel::DeleteScope(const QuotaScopeId& qsid) {
   int mfd = vol_->mount_fd_.get();
   SLUICE_ASSIGN_OR_RETURN(UniqueFd scope, OpenDirAt(mfd, qsid.hex, ScopePath(qsid)));
   SLUICE_ASSIGN_OR_RETURN(auto names, ListNames(scope.get(), ScopePath(qsid)));
-  std::string tmp_file = std::string(kQgroupFile) + ".tmp";
+  // The qgroup file, and a temporary one a crash left (WriteFileAtomic: "<file>.tmp...").
+  const std::string tmp_prefix = std::string(kQgroupFile) + ".tmp";
   for (const auto& n : names) {
-    if (n != kQgroupFile && n != tmp_file) return QuotaScopeNotEmpty(qsid);
+    if (n != kQgroupFile && n.rfind(tmp_prefix, 0) != 0) return QuotaScopeNotEmpty(qsid);
   }
   struct stat sb;
   if (::fstat(scope.get(), &sb) != 0)

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include "common/dir_reader.h"
@@ -123,10 +124,19 @@ Status VfsQuotaModel::DeleteScope(const QuotaScopeId& qsid) {
   SLUICE_RETURN_IF_ERROR(vol_->CheckScopeDir(qsid));
   std::string p = ScopePath(qsid);
   SLUICE_RETURN_IF_ERROR(vol_->CheckScopeEmpty(qsid, kLimitFile));
+  // The limit goes with the directory, or stays: a vfolder made since the check keeps the
+  // scope (rmdir fails), and the scope keeps its limit.
+  auto before = ReadLimit(qsid);
   SLUICE_RETURN_IF_ERROR(WriteLimit(qsid, std::nullopt));
   if (::rmdir(p.c_str()) != 0) {
-    if (errno == ENOTEMPTY || errno == EEXIST) return QuotaScopeNotEmpty(qsid);
-    return Status::FromErrno(errno, fmt::format("delete quota scope {}", qsid.ToString()));
+    int err = errno;
+    if (before.ok() && *before) {
+      Status back = WriteLimit(qsid, *before);
+      if (!back.ok())
+        spdlog::error("quota scope {} lost its limit: {}", qsid.ToString(), back.ToString());
+    }
+    if (err == ENOTEMPTY || err == EEXIST) return QuotaScopeNotEmpty(qsid);
+    return Status::FromErrno(err, fmt::format("delete quota scope {}", qsid.ToString()));
   }
   return Status::Ok();
 }

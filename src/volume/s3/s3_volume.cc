@@ -1530,6 +1530,9 @@ Status S3Volume::Rename(const VFolderId& vfid, std::string_view relpath,
   if (parts.empty()) return Status(Code::kInvalidPath, "the vfolder root cannot be renamed");
   std::vector<std::string> to = parts;
   to.back() = std::string(new_name);
+  // A rename never moves into a directory of the new name, as Move does: the name is taken.
+  if (new_name != parts.back() && Stat(vfid, Join(to, to.size())).ok())
+    return Status::FromErrno(EEXIST, fmt::format("rename '{}' to '{}'", relpath, new_name));
   return Move(vfid, relpath, Join(to, to.size()));
 }
 
@@ -1537,6 +1540,9 @@ Status S3Volume::Move(const VFolderId& vfid, std::string_view src, std::string_v
   SLUICE_ASSIGN_OR_RETURN(auto sp, Parts(src));
   SLUICE_ASSIGN_OR_RETURN(auto dp, Parts(dst));
   if (sp.empty()) return Status(Code::kInvalidPath, "the vfolder root cannot be moved");
+  // Not onto itself, nor into itself.
+  if (dp.size() >= sp.size() && std::equal(sp.begin(), sp.end(), dp.begin()))
+    return Status(Code::kInvalidArgument, "a directory cannot move into itself", EINVAL);
   SLUICE_RETURN_IF_ERROR(WritableVFolder(vfid));
   SLUICE_RETURN_IF_ERROR(Stat(vfid, Join(sp, sp.size())).status());
   // Moving onto an existing directory moves into it, as mv does.

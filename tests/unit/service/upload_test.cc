@@ -238,6 +238,8 @@ TEST_F(UploadTest, QuotaIsReservedAtCreationAndCheckedAgainAfterARestart) {
   ASSERT_TRUE(svc_->DeleteVFolder("local", vfid_).ok());
   EXPECT_EQ(svc_->reservations().Reserved(QuotaReservations::ScopeKey("local", vfid_.scope->hex)),
             0u);
+  // The trash is emptied by a background task: done before the fixture removes the volume.
+  EXPECT_TRUE(svc_->tasks().WaitIdle(std::chrono::seconds(30)));
 }
 
 TEST_F(UploadTest, SweepRemovesOldUnlockedSessionsOnly) {

@@ -39,6 +39,13 @@ class QuotaReservations {
     auto it = by_session_.find(session);
     if (it != by_session_.end() && bytes < it->second.bytes) it->second.bytes = bytes;
   }
+  // The session needs `bytes` again (what it wrote was rolled back): its reservation grows back
+  // to them, no check made, as they were granted before. No-op for unknown sessions.
+  void GrowBack(const std::string& session, uint64_t bytes) {
+    std::lock_guard lk(mu_);
+    auto it = by_session_.find(session);
+    if (it != by_session_.end() && bytes > it->second.bytes) it->second.bytes = bytes;
+  }
   bool Has(const std::string& session) const {
     std::lock_guard lk(mu_);
     return by_session_.count(session) != 0;

@@ -120,9 +120,12 @@ void UploadWriter::Abort() {
   if (staging_ && overlong_) {
     // The body was longer than the upload: none of it counts.
     Status st = staging_->Rollback(start_, quota_checked_);
-    if (st.ok())
+    if (st.ok()) {
       durable_ = written_ = start_;
-    else
+      // A sync on the way shrank the reservation to what was left then; the rolled-back bytes
+      // are to come again.
+      if (reservations_) reservations_->GrowBack(reservation_key_, target_.size - start_);
+    } else
       spdlog::warn("upload {}: rolling back an over-long PATCH failed: {}", target_.session,
                    st.ToString());
   } else if (staging_ && failed_.ok()) {

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -143,6 +144,27 @@ TEST_F(UploadTest, InterruptedWriteKeepsWhatArrived) {
   ASSERT_TRUE((*w)->Write("abcdef", 6).ok());
   (*w)->Abort();
   EXPECT_EQ(up_->Query(t)->offset, 6u);
+}
+
+TEST_F(UploadTest, AnOverlongPatchLeavesTheReservationWhole) {
+  // A PATCH that syncs on its way (here after the sync interval) and then runs past the
+  // upload's length is rolled back whole: the bytes it wrote are to come again, so the
+  // reservation it shrank grows back to them.
+  ASSERT_TRUE(vol()->quota().UpdateScope(*vfid_.scope, 1000).ok());  // reserved when limited
+  UploadTarget t = Session("f", 100);
+  const std::string scope = QuotaReservations::ScopeKey("local", vfid_.scope->hex);
+  uint64_t cur = 0;
+  auto w = up_->BeginWrite(t, 0, &cur);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_EQ(svc_->reservations().Reserved(scope), 100u);
+  ASSERT_TRUE((*w)->Write(std::string(40, 'a').data(), 40).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  ASSERT_TRUE((*w)->Write(std::string(40, 'b').data(), 40).ok());  // syncs: 20 left
+  EXPECT_EQ(svc_->reservations().Reserved(scope), 20u);
+  EXPECT_EQ((*w)->Write(std::string(40, 'c').data(), 40).code(), Code::kTooLarge);
+  (*w)->Abort();
+  EXPECT_EQ(up_->Query(t)->offset, 0u);
+  EXPECT_EQ(svc_->reservations().Reserved(scope), 100u);
 }
 
 TEST_F(UploadTest, DiscardsBytesPastTheDurableOffset) {

@@ -125,9 +125,10 @@ void UploadWriter::Abort() {
       // A sync on the way shrank the reservation to what was left then; the rolled-back bytes
       // are to come again.
       if (reservations_) reservations_->GrowBack(reservation_key_, target_.size - start_);
-    } else
+    } else {
       spdlog::warn("upload {}: rolling back an over-long PATCH failed: {}", target_.session,
                    st.ToString());
+    }
   } else if (staging_ && failed_.ok()) {
     Status st = Sync();
     if (!st.ok())

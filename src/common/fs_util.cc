@@ -47,11 +47,16 @@ Status EnsureDir(const std::string& path, mode_t mode) {
 
 int RenameNoReplace(int olddirfd, const char* oldpath, int newdirfd, const char* newpath) {
   if (::renameat2(olddirfd, oldpath, newdirfd, newpath, RENAME_NOREPLACE) == 0) return 0;
-  if (errno != EINVAL) return -1;
+  if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) return -1;
   // EINVAL is also the answer to renaming a directory into itself: only fall back when the
   // source exists and the target does not.
   struct stat sb;
   if (::fstatat(olddirfd, oldpath, &sb, AT_SYMLINK_NOFOLLOW) != 0) return -1;
+  if (S_ISREG(sb.st_mode)) {
+    if (::linkat(olddirfd, oldpath, newdirfd, newpath, 0) != 0) return -1;
+    ::unlinkat(olddirfd, oldpath, 0);
+    return 0;
+  }
   if (::fstatat(newdirfd, newpath, &sb, AT_SYMLINK_NOFOLLOW) == 0) {
     errno = EEXIST;
     return -1;

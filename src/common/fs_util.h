@@ -19,9 +19,10 @@ Status EnsureDir(const std::string& path, mode_t mode);
 
 // renameat2(RENAME_NOREPLACE) with the same return convention (0, or -1 and errno; EEXIST when
 // the target exists). Filesystems that do not support the flag (FUSE clients such as ceph-fuse
-// answer EINVAL) get a check for the target followed by a plain renameat: not atomic against a
-// concurrent creator of the same name, which Sluice's own callers rule out (random or locked
-// names).
+// answer EINVAL) get, for a file, a hard link (which fails on an existing name too: atomic) and
+// the old name's removal; for a directory, a check for the target followed by a plain renameat:
+// not atomic against a concurrent creator of the same name, which Sluice's own callers rule out
+// (random or locked names).
 int RenameNoReplace(int olddirfd, const char* oldpath, int newdirfd, const char* newpath);
 
 }  // namespace sluice

@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/dir_reader.h"
+#include "common/fs_util.h"
 #include "common/json.h"
 #include "common/path.h"
 #include "common/secrets.h"
@@ -273,7 +274,7 @@ class PosixStagingWriter : public StagingWriter {
     if (no_replace_) {
       if (replaces)
         return Status(Code::kAlreadyExists, fmt::format("'{}' exists", final_rel), EEXIST);
-      SLUICE_RETURN_IF_ERROR(RenameNoReplace(parent.get(), name, final_rel));
+      SLUICE_RETURN_IF_ERROR(CommitNoReplace(parent.get(), name, final_rel));
     } else if (::renameat(updir_.get(), session_.c_str(), parent.get(), name.c_str()) != 0) {
       int err = errno;
       if (err == EISDIR || err == ENOTEMPTY || err == EEXIST)
@@ -295,20 +296,12 @@ class PosixStagingWriter : public StagingWriter {
   }
 
  private:
-  // The staging file onto `name` in `parent` only if nothing is there, in one step:
-  // renameat2(RENAME_NOREPLACE), or where the file system lacks it (FUSE, NFS), a hard link
-  // (which fails on an existing name as well) and the staging name's removal.
-  Status RenameNoReplace(int parent, const std::string& name, const std::string& rel) {
-    if (::renameat2(updir_.get(), session_.c_str(), parent, name.c_str(), RENAME_NOREPLACE) == 0)
+  // The staging file onto `name` in `parent` only if nothing is there, in one step (the shared
+  // RenameNoReplace: atomic for a file wherever a hard link is).
+  Status CommitNoReplace(int parent, const std::string& name, const std::string& rel) {
+    if (RenameNoReplace(updir_.get(), session_.c_str(), parent, name.c_str()) == 0)
       return Status::Ok();
     int err = errno;
-    if (err == EINVAL || err == ENOSYS || err == EOPNOTSUPP) {
-      if (::linkat(updir_.get(), session_.c_str(), parent, name.c_str(), 0) == 0) {
-        ::unlinkat(updir_.get(), session_.c_str(), 0);
-        return Status::Ok();
-      }
-      err = errno;
-    }
     if (err == EEXIST) return Status(Code::kAlreadyExists, fmt::format("'{}' exists", rel), EEXIST);
     if (err == EISDIR || err == ENOTEMPTY)
       return Status(Code::kConflict,

@@ -282,8 +282,11 @@ struct ServedDownload {
   Result<VFolderId> vfid = Status(Code::kInternal, "unset");
   Result<std::vector<std::string>> parts = Status(Code::kInternal, "unset");  // of rel
   bool archive = false;                                                       // the `archive` claim
-  // Where the files are: the token's volume, or an unmanaged vfolder's directory (or why not).
+  // Where the files are: the token's volume (or why not).
   Result<Volume*> volume_of = Status(Code::kInternal, "unset");
+  // An unmanaged vfolder's directory, as the token names it: resolved (realpath, which may
+  // wait on a disk) at each request, on the worker pool, into a tree of volume "noop".
+  std::optional<std::string> unmanaged;
   std::string disposition;  // Content-Disposition for the file's name
   // The volume's own shortcut to the file (PrepareLookup), for the volume it was made by.
   const Volume* hint_volume = nullptr;
@@ -316,15 +319,13 @@ std::optional<HttpResponse> AuthenticateDownload(StorageService* svc, GrantCache
       if (*g.volume_of != &svc->noop())
         g.volume_of =
             Status(Code::kInvalidArgument, "the token's unmanaged_path is for volume 'noop' only");
-      else if (auto canon = svc->noop().CheckUnmanaged(*grant->unmanaged_path); !canon.ok())
-        g.volume_of = canon.status();
       else
-        g.volume_of = svc->noop().Tree(*canon);
+        g.unmanaged = grant->unmanaged_path;
     }
     g.parts = SplitRelPath(g.rel);
     if (g.parts.ok() && g.vfid.ok()) {
       g.disposition = ContentDisposition(g.parts->empty() ? g.vfid->hex : g.parts->back());
-      if (g.volume_of.ok() && !g.parts->empty()) {
+      if (g.volume_of.ok() && !g.unmanaged && !g.parts->empty()) {
         g.hint_volume = *g.volume_of;
         g.hint = (*g.volume_of)->PrepareLookup(*g.vfid, g.rel);
       }
@@ -356,6 +357,12 @@ std::optional<HttpResponse> Download(StorageService* svc, const HttpRequest& req
   if (!g.vfid.ok()) return ErrorResponse(g.vfid.status());
   if (!g.volume_of.ok()) return ErrorResponse(g.volume_of.status());
   Volume* volume = *g.volume_of;
+  if (g.unmanaged) {
+    if (inline_only) return std::nullopt;
+    auto canon = svc->noop().CheckUnmanaged(*g.unmanaged);
+    if (!canon.ok()) return ErrorResponse(canon.status());
+    API_ASSIGN_OR_RESPOND(volume, svc->noop().Tree(*canon));
+  }
   const VFolderId& vfid = *g.vfid;
   // Escapes (.., absolute paths, symlinks out) answer like a missing file (the contract's 404).
   if (!g.parts.ok()) return NotInFolder(rel, vfid, g.parts.status());

@@ -95,11 +95,12 @@ struct ZipStream::Frame {
 };
 
 ZipStream::ZipStream(Volume* volume, VFolderId vfid, std::vector<ZipSource> sources,
-                     std::string label)
+                     std::string label, ZipLimits limits)
     : volume_(volume),
       vfid_(std::move(vfid)),
       sources_(std::move(sources)),
-      label_(std::move(label)) {}
+      label_(std::move(label)),
+      limits_(limits) {}
 
 ZipStream::~ZipStream() = default;
 
@@ -116,9 +117,14 @@ Status ZipStream::Context(Status st) const {
 }
 
 Status ZipStream::WriteHeader(const std::string& arcname, const DirEntry& info) {
-  if (++entries_ > kMaxZipEntries)
+  if (++entries_ > limits_.entries)
     return Status(Code::kTooLarge,
-                  fmt::format("archive {}: more than {} entries", label_, kMaxZipEntries));
+                  fmt::format("archive {}: more than {} entries", label_, limits_.entries));
+  name_bytes_ += arcname.size();
+  if (name_bytes_ > limits_.name_bytes)
+    return Status(Code::kTooLarge,
+                  fmt::format("archive {}: its entries' names add up to more than {} bytes", label_,
+                              limits_.name_bytes));
   ArchiveWriter::Entry e;
   e.name = arcname;
   e.type = info.type == EntryType::kDirectory ? EntryType::kDirectory : EntryType::kFile;

@@ -3,7 +3,7 @@
 //
 // Memory does not grow with the data: one read chunk of file data, its compressed form, one
 // open directory per level of the walk (at most kMaxZipDepth levels), and the central
-// directory that ZIP needs at the end (about 100 bytes per entry, at most kMaxZipEntries).
+// directory that ZIP needs at the end (about 100 bytes per entry and its name: ZipLimits).
 // Inside walked directories, symbolic links and special files are skipped (with a log line).
 // Everything is read through the Volume interface (directory handles, file readers): any
 // backend can be archived.
@@ -24,10 +24,16 @@ class ArchiveWriter;
 
 // Deepest directory nesting a walk descends into; deeper trees fail the stream.
 inline constexpr size_t kMaxZipDepth = 256;
-// Most entries one archive may hold. ZIP keeps a central directory at the end, so the writer
-// remembers every entry's name, CRC and offset until then (about 100 bytes per entry): this
-// bounds that memory (to about 100 MiB).
+// ZIP keeps a central directory at the end, so the writer remembers every entry's name, CRC
+// and offset until then (about 100 bytes per entry, and the name): these bound that memory
+// (to about 100 MiB for the entries and 64 MiB for their names; names of deep trees are long).
+// An archive past either fails the stream with kTooLarge.
 inline constexpr uint64_t kMaxZipEntries = 1000000;
+inline constexpr uint64_t kMaxZipNameBytes = 64ULL << 20;
+struct ZipLimits {
+  uint64_t entries = kMaxZipEntries;
+  uint64_t name_bytes = kMaxZipNameBytes;  // the names of every entry, added up
+};
 
 // A regular file or directory of a vfolder, opened for archiving.
 struct ArchiveMember {
@@ -57,7 +63,8 @@ struct ZipSource {
 class ZipStream {
  public:
   // Sources are paths of `vfid` on `volume`; `label` names the download in log lines.
-  ZipStream(Volume* volume, VFolderId vfid, std::vector<ZipSource> sources, std::string label);
+  ZipStream(Volume* volume, VFolderId vfid, std::vector<ZipSource> sources, std::string label,
+            ZipLimits limits = {});
   ~ZipStream();
   ZipStream(const ZipStream&) = delete;
   ZipStream& operator=(const ZipStream&) = delete;
@@ -87,6 +94,7 @@ class ZipStream {
   VFolderId vfid_;
   std::vector<ZipSource> sources_;
   std::string label_;
+  ZipLimits limits_;
   size_t next_source_ = 0;
   std::unique_ptr<ArchiveWriter> zip_;
   std::vector<Frame> stack_;
@@ -95,7 +103,7 @@ class ZipStream {
   uint64_t file_off_ = 0, file_left_ = 0;
   std::vector<char> in_;
   bool started_ = false, finished_ = false, failed_ = false;
-  uint64_t files_ = 0, skipped_ = 0, entries_ = 0, bytes_read_ = 0;
+  uint64_t files_ = 0, skipped_ = 0, entries_ = 0, name_bytes_ = 0, bytes_read_ = 0;
 };
 
 }  // namespace sluice::api

@@ -754,44 +754,31 @@ int Mkdir(Cli& c, Args& a) {
 
 int Get(Cli& c, Args& a) {
   const bool to_stdout = a.output.empty() || client::IsStdout(a.output);
-  // An existing output that is not a regular file (/dev/null, a FIFO) is written in place: a
-  // temporary renamed over it would replace the device with a file. A directory gets the
-  // file under its own name.
+  // Written next to the destination and renamed at the end (no half-written file on failure),
+  // or in place where the destination is a device or a pipe (client::WrittenInPlace).
   struct stat sb {};
-  if (!to_stdout && ::stat(a.output.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+  const bool there = !to_stdout && ::stat(a.output.c_str(), &sb) == 0;
+  bool in_place = there && !S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode);
+  if (there && S_ISDIR(sb.st_mode)) {  // a directory gets the file under its own name
     std::string base = a.path.substr(a.path.find_last_of('/') + 1);
     if (base.empty())
       return c.Fail(kExitUsage,
                     fmt::format("'{}' names no file to put in directory '{}'", a.path, a.output));
     a.output = (std::filesystem::path(a.output) / base).string();
+    in_place = client::WrittenInPlace(a.output);
   }
-  const bool in_place = !to_stdout && ::stat(a.output.c_str(), &sb) == 0 && !S_ISREG(sb.st_mode) &&
-                        !S_ISDIR(sb.st_mode);
   std::FILE* out = stdout;
   std::string tmp;
-  if (in_place) {
-    out = std::fopen(a.output.c_str(), "wb");
-    if (out == nullptr)
-      return c.Fail(kExitFailed,
-                    fmt::format("cannot open '{}': {}", a.output, std::strerror(errno)));
-  } else if (!to_stdout) {
-    // Write next to the destination and rename at the end: no half-written file on failure.
-    tmp = a.output + ".sluice-XXXXXX";
-    int fd = ::mkstemp(tmp.data());
-    if (fd >= 0) temp_files::Track(tmp);  // removed if interrupted before the rename
-    if (fd < 0)
-      return c.Fail(kExitFailed,
-                    fmt::format("cannot create '{}': {}", a.output, std::strerror(errno)));
-    mode_t mask = ::umask(0);
-    ::umask(mask);
-    (void)::fchmod(fd, 0666 & ~mask);
-    out = ::fdopen(fd, "wb");
+  if (!to_stdout) {
+    auto tf = client::OpenTemp(a.output, in_place);
+    if (!tf.ok()) return c.Fail(kExitFailed, tf.status().message());
+    tmp = tf->second;
+    out = ::fdopen(tf->first, "wb");
     if (out == nullptr) {
       int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      temp_files::Forget(tmp);
-      return c.Fail(kExitFailed, fmt::format("cannot open '{}': {}", tmp, std::strerror(err)));
+      ::close(tf->first);
+      if (!in_place) client::DropTemp(tmp);
+      return c.Fail(kExitFailed, fmt::format("cannot open '{}': {}", a.output, std::strerror(err)));
     }
   }
   const std::string shown = to_stdout ? std::string("stdout") : a.output;
@@ -822,8 +809,10 @@ int Get(Cli& c, Args& a) {
     rc = c.Fail(kExitFailed,
                 fmt::format("cannot rename '{}' to '{}': {}", tmp, a.output, std::strerror(errno)));
   if (!in_place) {
-    if (rc != kExitOk) ::unlink(tmp.c_str());
-    temp_files::Forget(tmp);
+    if (rc != kExitOk)
+      client::DropTemp(tmp);
+    else
+      temp_files::Forget(tmp);
   }
   if (rc != kExitOk) return rc;
   if (c.g.json)

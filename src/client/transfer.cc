@@ -312,11 +312,6 @@ Status Transfer::FinishDownload(Job& j) {
   return Status::Ok();
 }
 
-namespace {
-// An existing destination that is not a regular file (/dev/null, a FIFO, a terminal) is
-// written in place: a temporary renamed over it would put a file where the device was (run
-// as root, over /dev/null itself).
-// Removes a temporary file that will not be renamed into place.
 void DropTemp(const std::string& tmp) {
   ::unlink(tmp.c_str());
   temp_files::Forget(tmp);
@@ -327,14 +322,13 @@ bool WrittenInPlace(const std::string& dst) {
   return ::stat(dst.c_str(), &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode);
 }
 
+namespace {
 // "-" is stdout; it and devices get one stream, written as it comes.
 bool InPlace(const std::string& dst) {
   return IsStdout(dst) || WrittenInPlace(dst);
 }
+}  // namespace
 
-// A temporary file next to `dst`, so the rename that publishes it stays on one file system;
-// or `dst` itself, with no temporary name, when it is written in place (InPlace, decided for
-// a destination the user named: one found in a tree is replaced like any other file).
 Result<std::pair<int, std::string>> OpenTemp(const std::string& dst, bool in_place) {
   if (in_place && IsStdout(dst)) {  // "-", or /dev/stdout even when it is a regular file
     int fd = ::fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 0);
@@ -356,7 +350,6 @@ Result<std::pair<int, std::string>> OpenTemp(const std::string& dst, bool in_pla
   temp_files::Track(tmp);  // until renamed into place or removed (DropTemp)
   return std::make_pair(fd, tmp);
 }
-}  // namespace
 
 Status Transfer::RunUnit(S3Client& c, Job& j, const Unit& u) {
   if (j.kind == Job::kDelete) {
@@ -1010,50 +1003,25 @@ Status ReadBatchTar(int fd, const std::string& dir, BatchGetResult* res, std::st
   return Status::Ok();
 }
 
-// The manifest's top-level "ok" and "errors", read without building its item list.
-struct ManifestCounts : json::json_sax_t {
-  uint64_t ok = 0, errors = 0;
-  int depth = 0;
-  uint64_t* next = nullptr;  // where the value after a top-level "ok" or "errors" goes
-
-  bool Value() {
-    next = nullptr;
-    return true;
-  }
-  bool key(string_t& k) override {
-    next = depth != 1 ? nullptr : k == "ok" ? &ok : k == "errors" ? &errors : nullptr;
-    return true;
-  }
-  bool number_unsigned(number_unsigned_t v) override {
-    if (next) *next = v;
-    return Value();
-  }
-  bool start_object(std::size_t) override {
-    ++depth;
-    return Value();
-  }
-  bool start_array(std::size_t) override {
-    ++depth;
-    return Value();
-  }
-  bool end_object() override {
-    --depth;
-    return true;
-  }
-  bool end_array() override {
-    --depth;
-    return true;
-  }
-  bool null() override { return Value(); }
-  bool boolean(bool) override { return Value(); }
-  bool number_integer(number_integer_t) override { return Value(); }
-  bool number_float(number_float_t, const string_t&) override { return Value(); }
-  bool string(string_t&) override { return Value(); }
-  bool binary(binary_t&) override { return Value(); }
-  bool parse_error(std::size_t, const std::string&, const json::exception&) override {
-    return false;
-  }
-};
+// The manifest's top-level "ok" and "errors" (false: it is not a JSON object); everything
+// below the top level (its item list) is dropped as it is parsed, never kept.
+bool ManifestCounts(const std::string& manifest, uint64_t* ok, uint64_t* errors) {
+  const json j = json::parse(
+      manifest,
+      [](int depth, json::parse_event_t ev, json& v) {
+        if (depth > 1) return false;
+        return ev != json::parse_event_t::key || v == "ok" || v == "errors";
+      },
+      /*allow_exceptions=*/false);
+  if (!j.is_object()) return false;
+  auto count = [&](const char* name, uint64_t* out) {
+    if (auto it = j.find(name); it != j.end() && it->is_number_unsigned())
+      *out = it->get<uint64_t>();
+  };
+  count("ok", ok);
+  count("errors", errors);
+  return true;
+}
 
 }  // namespace
 
@@ -1159,10 +1127,10 @@ Result<BatchGetResult> BatchGet(const io::s3::ClientOptions& opts, const std::st
   res.ok = res.entries;
   res.errors = res.placeholders;
   if (!manifest.empty()) {
-    ManifestCounts counts;
-    if (json::sax_parse(manifest, &counts)) {
-      res.ok = counts.ok;
-      res.errors = std::max(counts.errors, res.placeholders);
+    uint64_t ok = 0, errors = 0;
+    if (ManifestCounts(manifest, &ok, &errors)) {
+      res.ok = ok;
+      res.errors = std::max(errors, res.placeholders);
     }
     if (!bo.extract_dir.empty())
       std::ofstream(bo.extract_dir + "/__manifest__.json", std::ios::trunc) << manifest;

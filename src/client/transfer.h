@@ -123,6 +123,19 @@ struct BatchGetResult {
 // Whether `path` names this process's stdout: "-", or the file fd 1 is (/dev/stdout, say).
 bool IsStdout(const std::string& path);
 
+// Whether an existing destination is not a regular file or directory (/dev/null, a FIFO, a
+// terminal): it is written in place, since a temporary renamed over it would put a file where
+// the device was (run as root, over /dev/null itself).
+bool WrittenInPlace(const std::string& dst);
+// A temporary file next to `dst` (".sluice-NAME.RANDOM", tracked by common/temp_files until
+// renamed into place or dropped), so the rename that publishes it stays on one file system;
+// or, with `in_place` (decided for a destination the user named: one found in a tree is
+// replaced like any other file), `dst` itself or stdout, with no temporary name. The
+// descriptor and the temporary's name ("" in place).
+Result<std::pair<int, std::string>> OpenTemp(const std::string& dst, bool in_place);
+// Removes a temporary file that will not be renamed into place.
+void DropTemp(const std::string& tmp);
+
 // Sluice's batch get of `keys` in `bucket` (an item's own "bucket/key" when it starts with
 // "s3://"), streamed to a TAR file or extracted as it arrives; either way the stream's
 // entries are checked and its manifest read (errors > 0: some item failed).

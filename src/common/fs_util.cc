@@ -31,12 +31,18 @@ Status WriteFileAtomic(const std::string& path, std::string_view body, mode_t mo
     return Status::FromErrno(err, fmt::format("rename '{}'", tmp));
   }
   size_t slash = path.rfind('/');
-  std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  // Best effort: the new content is in place either way (some FUSE file systems refuse it).
+  (void)SyncDir(slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash));
+  return Status::Ok();
+}
+
+Status SyncDir(const std::string& path) {
+  int dfd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return Status::FromErrno(errno, fmt::format("open directory '{}'", path));
+  const bool ok = ::fsync(dfd) == 0;
+  const int err = errno;
+  ::close(dfd);
+  if (!ok) return Status::FromErrno(err, fmt::format("fsync of directory '{}'", path));
   return Status::Ok();
 }
 

@@ -14,6 +14,10 @@ namespace sluice {
 // leaves the old content or the new one, never a torn file.
 Status WriteFileAtomic(const std::string& path, std::string_view body, mode_t mode = 0600);
 
+// fsync of the directory `path`: a name made, renamed or removed in it survives a power loss
+// once this returns Ok.
+Status SyncDir(const std::string& path);
+
 // mkdir that treats an existing directory as success.
 Status EnsureDir(const std::string& path, mode_t mode);
 

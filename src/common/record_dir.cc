@@ -5,10 +5,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <ctime>
 #include <filesystem>
 
 #include <fmt/format.h>
 
+#include "common/fs_util.h"
 #include "common/secrets.h"
 
 namespace sluice {
@@ -16,15 +19,6 @@ namespace sluice {
 namespace {
 
 constexpr std::string_view kSuffix = ".json";
-
-// A new or renamed record survives a power loss once its directory is synced.
-void SyncDir(const std::string& path) {
-  int dfd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
 
 }  // namespace
 
@@ -103,7 +97,7 @@ Status RecordDir::Create(std::string_view name, std::string_view body) const {
     if (err == EEXIST) return Status(Code::kAlreadyExists, fmt::format("'{}' exists", name), err);
     return Status::FromErrno(err, fmt::format("create '{}'", file));
   }
-  SyncDir(path_);
+  (void)SyncDir(path_);  // best effort, as WriteFileAtomic
   return Status::Ok();
 }
 
@@ -116,7 +110,7 @@ Status RecordDir::Put(std::string_view name, std::string_view body) const {
     ::unlink(tmp.c_str());
     return Status::FromErrno(err, fmt::format("replace '{}'", file));
   }
-  SyncDir(path_);
+  (void)SyncDir(path_);  // best effort, as WriteFileAtomic
   return Status::Ok();
 }
 
@@ -149,6 +143,8 @@ Result<std::string> RecordDir::Stamp() const {
   struct stat sb;
   if (::stat(path_.c_str(), &sb) != 0)
     return Status::FromErrno(errno, fmt::format("stat '{}'", path_));
+  const time_t changed = std::max(sb.st_mtim.tv_sec, sb.st_ctim.tv_sec);
+  if (changed + 2 > ::time(nullptr)) return std::string();  // not settled yet
   return fmt::format("{}.{}:{}:{}", sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec, sb.st_ctim.tv_nsec,
                      sb.st_size);
 }

@@ -29,7 +29,9 @@ class RecordDir {
   // Every record's name, unordered.
   Result<std::vector<std::string>> List() const;
   // What changes whenever a record is created, replaced or removed (the directory's change
-  // time): lets readers reload only when something changed.
+  // time): lets readers reload only when something changed. "" while the directory changed
+  // less than two seconds ago: file system clocks tick coarsely (a jiffy), so a second change
+  // in the same tick would leave the stamp as it was, and go unseen by whoever kept it.
   Result<std::string> Stamp() const;
 
   // Record names: 1-255 bytes, no '/', no NUL, not starting with '.'.

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "service/upload.h"
+
 namespace sluice {
 
 StorageService::StorageService(const Config& cfg, std::vector<std::unique_ptr<Volume>> volumes,
@@ -119,20 +121,17 @@ Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
         return Status(Code::kNoSpace,
                       fmt::format("clone needs {} bytes; volume {} has {} available",
                                   need.used_bytes, dv->name(), fs.available_bytes));
-      if (dst.scope) {
-        SLUICE_ASSIGN_OR_RETURN(QuotaUsage q, dv->quota().DescribeScope(*dst.scope));
-        // Bytes promised to uploads in progress count as used.
-        uint64_t used = q.used_bytes + reservations_.Reserved(
-                                           QuotaReservations::ScopeKey(dv->name(), dst.scope->hex));
-        if (q.limit_bytes && used + need.used_bytes > *q.limit_bytes)
-          return Status(
-              Code::kQuotaExceeded,
-              fmt::format("clone needs {} bytes; quota scope {} has {} of {} left", need.used_bytes,
-                          dst.scope->ToString(), *q.limit_bytes > used ? *q.limit_bytes - used : 0,
-                          *q.limit_bytes));
-      }
+      // The copy's bytes are promised in the scope until they count as used (the backend adds
+      // them when the copy ends), as an upload's are: uploads and clones that start meanwhile
+      // count them. A delete of the destination releases them too (its vfolder's key).
+      const std::string key =
+          dst.scope ? fmt::format("{}/{}/{}/clone", dv->name(), dst.scope->hex, dst.hex) : "";
+      SLUICE_RETURN_IF_ERROR(
+          ReserveScopeQuota(reservations_, *dv, dst, key, need.used_bytes, "the clone"));
       // Within one volume the backend may clone faster (snapshot, reflink).
-      return dv->CopyVFolderFrom(*sv, src, dst, need);
+      Status st = dv->CopyVFolderFrom(*sv, src, dst, need);
+      if (dst.scope) reservations_.Release(key);
+      return st;
     };
     Status st = copy();
     if (st.ok()) Announce(VFolderCloneSuccess(src.ToString(), dst.ToString()));

@@ -107,6 +107,10 @@ Status UploadWriter::Write(const char* data, size_t n) {
 Result<uint64_t> UploadWriter::Finish() {
   if (!staging_) return durable_;  // a completed session: nothing to write
   Status st = Sync();
+  // The record says the session is complete once the file is committed (HEAD, a retried
+  // PATCH): an upload whose bytes needed no sync (an empty file) writes it first.
+  if (st.ok() && durable_ == target_.size && !staging_->state().recorded)
+    st = staging_->Sync(durable_, quota_checked_);
   if (st.ok() && durable_ == target_.size) {
     st = staging_->Commit(target_.final_parts);
     if (st.ok() && reservations_) reservations_->Release(reservation_key_);
@@ -187,7 +191,7 @@ Result<UploadTarget> UploadService::ResolveGrant(const UploadGrant& g,
 }
 
 Status ReserveScopeQuota(QuotaReservations& reservations, Volume& volume, const VFolderId& vfid,
-                         const std::string& key, uint64_t more_bytes) {
+                         const std::string& key, uint64_t more_bytes, std::string_view what) {
   if (!vfid.scope) return Status::Ok();
   // A scope without a limit has nothing to check: its usage is not measured.
   SLUICE_ASSIGN_OR_RETURN(auto has_limit, volume.quota().ScopeLimit(*vfid.scope));
@@ -195,7 +199,7 @@ Status ReserveScopeQuota(QuotaReservations& reservations, Volume& volume, const 
   SLUICE_ASSIGN_OR_RETURN(QuotaUsage q, volume.quota().DescribeScope(*vfid.scope));
   if (!q.limit_bytes) return Status::Ok();
   uint64_t limit = *q.limit_bytes;
-  return reservations.Reserve(
+  Status st = reservations.Reserve(
       QuotaReservations::ScopeKey(volume.name(), vfid.scope->hex), key, more_bytes,
       [&](uint64_t others) -> Status {
         uint64_t committed = q.used_bytes + others;
@@ -203,13 +207,21 @@ Status ReserveScopeQuota(QuotaReservations& reservations, Volume& volume, const 
         if (more_bytes <= room) return Status::Ok();
         std::string pending =
             others ? fmt::format(", {} more promised to other uploads in progress", others) : "";
-        return Status(
-            Code::kQuotaExceeded,
-            fmt::format("the upload needs {} more bytes but quota scope {} has {} left "
-                        "({} of {} bytes used{})",
-                        more_bytes, vfid.scope->ToString(), room, q.used_bytes, limit, pending),
-            EDQUOT);
+        return Status(Code::kQuotaExceeded,
+                      fmt::format("{} needs {} more bytes but quota scope {} has {} left "
+                                  "({} of {} bytes used{})",
+                                  what, more_bytes, vfid.scope->ToString(), room, q.used_bytes,
+                                  limit, pending),
+                      EDQUOT);
       });
+  if (!st.ok()) return st;
+  // Deleting a vfolder detaches it, then releases its reservations: one made after that
+  // release (its caller checked the vfolder before the delete) finds it gone here, and goes.
+  if (Status live = volume.CheckVFolder(vfid); live.code() == Code::kNotFound) {
+    reservations.Release(key);
+    return live;
+  }
+  return Status::Ok();
 }
 
 Status UploadService::ReserveQuota(const UploadTarget& t, uint64_t more_bytes) const {
@@ -288,6 +300,8 @@ Result<UploadProgress> UploadService::Query(const UploadTarget& t) {
       return w.status();
     }
     if ((*w)->state().durable != t.size) return NoSession(t.session);  // cannot happen
+    if (!(*w)->state().recorded)  // an empty file: recorded complete before it is committed
+      SLUICE_RETURN_IF_ERROR((*w)->Sync(t.size, (*w)->state().quota_checked));
     SLUICE_RETURN_IF_ERROR((*w)->Commit(t.final_parts));
     svc_->reservations().Release(ReservationKey(t));
     p.complete = true;

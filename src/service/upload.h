@@ -106,8 +106,11 @@ class UploadWriter {
 // its quota scope's limit, counting what other writers of the scope have reserved (kQuotaExceeded
 // saying how much is left); reserves them for `key` when they fit. Shared by every write path
 // (tus sessions, S3 objects).
+// `what` names the writer in the refusal ("the upload needs N more bytes ..."). kNotFound (and
+// nothing reserved) when the vfolder is gone.
 Status ReserveScopeQuota(QuotaReservations& reservations, Volume& volume, const VFolderId& vfid,
-                         const std::string& key, uint64_t more_bytes);
+                         const std::string& key, uint64_t more_bytes,
+                         std::string_view what = "the upload");
 
 class UploadService {
  public:

@@ -5,6 +5,7 @@ are judged the way `base.py` turns them into exceptions (transcribed in `manager
 each test states what the manager ends up doing, not what Sluice happens to answer.
 """
 
+import os
 import re
 import uuid
 
@@ -178,6 +179,38 @@ def test_unmanaged_download_from_an_allowed_root(d, unmanaged):
     # Escapes stay refused beneath the unmanaged directory.
     r = download_token(d, "noop", vfid, "../../outside/secret.txt", str(shared))
     assert r.status_code >= 400, r.text
+
+
+def test_an_unmanaged_directory_is_resolved_at_each_download(d, unmanaged):
+    # The token's directory is looked up (realpath, on the worker pool) for every request,
+    # never kept from an earlier one: gone is 404 until it is back, and a symlink put in its
+    # place that leads out of the roots is refused.
+    allowed = unmanaged / "allowed"
+    write_tree(allowed / "moving", {"f.txt": b"here"})
+    r = download_token(d, "noop", dashed_vfid(), "f.txt", str(allowed / "moving"))
+    assert manager_exception(r) is None, r.text
+    params = {"token": r.json()["token"]}
+
+    def fetch():
+        return requests.get(d.client_url("/download"), params=params, timeout=30)
+
+    (allowed / "moving").rename(allowed / "moved")
+    got = fetch()
+    assert got.status_code == 404, got.text
+    (allowed / "moved").rename(allowed / "moving")
+    got = fetch()
+    assert got.status_code == 200 and got.content == b"here", got.text
+    (allowed / "moving").rename(allowed / "moved")
+    os.symlink(unmanaged / "outside", allowed / "moving")
+    write_tree(unmanaged / "outside", {"f.txt": b"no"})
+    try:
+        got = fetch()
+        assert got.status_code == 403 and b"no" != got.content, got.text
+    finally:
+        os.unlink(allowed / "moving")
+        (unmanaged / "outside" / "f.txt").unlink()
+        (allowed / "moved").rename(allowed / "moving")
+    assert fetch().content == b"here"
 
 
 def test_unmanaged_download_outside_the_roots_is_refused(d, unmanaged):

@@ -580,7 +580,14 @@ def test_subresources_not_implemented_do_not_fall_through(s3d, s3, user):
         with pytest.raises(ClientError) as e:
             call()
         assert status_of(e) == 400 and code_of(e) == "InvalidArgument"
+    # A copy's source version alike.
+    s3.copy_object(Bucket=name, Key="w", CopySource={"Bucket": name, "Key": "v", "VersionId": "null"})
+    with pytest.raises(ClientError) as e:
+        s3.copy_object(Bucket=name, Key="w2",
+                       CopySource={"Bucket": name, "Key": "v", "VersionId": "3HL4kqtJlcpXroDTDm"})
+    assert status_of(e) == 400 and code_of(e) == "InvalidArgument"
     assert s3.get_object(Bucket=name, Key="v")["Body"].read() == b"vee"
+    assert s3.get_object(Bucket=name, Key="w")["Body"].read() == b"vee"
 
 
 def test_header_values_from_the_query_are_checked(s3d, s3):
@@ -592,6 +599,11 @@ def test_header_values_from_the_query_are_checked(s3d, s3):
                 "ResponseContentDisposition": "attachment\r\nSet-Cookie: a=b"})
     r = requests.get(url)
     assert r.status_code == 400 and "InvalidArgument" in r.text and "Set-Cookie" not in r.headers
+    url = s3.generate_presigned_url(
+        "get_object", ExpiresIn=60,
+        Params={"Bucket": name, "Key": "f", "ResponseContentType": "text/plain\nX-Evil: 1"})
+    r = requests.get(url)
+    assert r.status_code == 400 and "response-content-type" in r.text and "X-Evil" not in r.headers
     url = s3.generate_presigned_url(
         "get_object", ExpiresIn=60,
         Params={"Bucket": name, "Key": "f", "ResponseContentDisposition": "attachment; x=1"})
@@ -1392,21 +1404,24 @@ def test_batch_get_errors(s3d, s3, user):
     other.put_object(Bucket=theirs, Key="secret", Body=b"no")
     ak, sk = s3d.s3_key(user)
     items = [{"key": "a"}, {"key": "missing", "opaque": "m"}, {"bucket": theirs, "key": "secret"},
-             {"key": "a", "range": "bytes=5000-"}, {"key": "../escape"}, {"key": "c"}]
-    # continue-on-error: placeholders in place, the batch goes on, the manifest says why.
+             {"key": "a", "range": "bytes=5000-"}, {"key": "../escape"}, {"key": "nul\u0000key"},
+             {"key": "c"}]
+    # continue-on-error: placeholders in place, the batch goes on, the manifest says why (a
+    # key's NUL, which no TAR name can hold, is written %00).
     r = batch_get(s3d, ak, sk, f"/{name}?batch-get", {"items": items, "continue-on-error": True})
     assert r.status_code == 200, r.text
     entries = untar(r.content)
     assert [n for n, _, _ in entries] == [
         f"{name}/a", f"__404__/{name}/missing", f"__error__/{theirs}/secret",
-        f"__error__/{name}/a", f"__error__/{name}/../escape", f"{name}/c", "__manifest__.json"]
-    assert entries[0][1] == b"A" * 1000 and entries[5][1] == b"C" * 1000
-    assert all(d == b"" for _, d, _ in entries[1:5])
+        f"__error__/{name}/a", f"__error__/{name}/../escape", f"__error__/{name}/nul%00key",
+        f"{name}/c", "__manifest__.json"]
+    assert entries[0][1] == b"A" * 1000 and entries[6][1] == b"C" * 1000
+    assert all(d == b"" for _, d, _ in entries[1:6])
     m = _json.loads(entries[-1][1])
-    assert m["ok"] == 2 and m["errors"] == 4
+    assert m["ok"] == 2 and m["errors"] == 5
     assert [(x["status"], x.get("code")) for x in m["items"]] == [
         (200, None), (404, "NoSuchKey"), (403, "AccessDenied"), (416, "InvalidRange"),
-        (400, "InvalidArgument"), (200, None)]
+        (400, "InvalidArgument"), (400, "InvalidArgument"), (200, None)]
     assert m["items"][1]["opaque"] == "m"
     # Without it: an error known before streaming is the answer...
     r = batch_get(s3d, ak, sk, f"/{name}?batch-get", {"items": [{"key": "missing"}, {"key": "a"}]})

@@ -238,6 +238,16 @@ def test_empty_file(daemon, vfid):
     r = patch(daemon, token, 0, b"")
     assert r.status_code == 204 and r.headers["Upload-Offset"] == "0"
     assert (daemon.vfolder_path(vfid) / "empty.txt").read_bytes() == b""
+    # Complete, as any finished session: HEAD says so, and a PATCH retried (its 204 lost) too.
+    assert offset_of(daemon, token) == 0
+    r = patch(daemon, token, 0, b"")
+    assert r.status_code == 204 and r.headers["Upload-Offset"] == "0", r.text
+    # Completed by a HEAD alone (every byte of an empty file is there): the same afterwards.
+    token = new_session(daemon, vfid, "empty2.txt", 0)
+    assert offset_of(daemon, token) == 0
+    assert (daemon.vfolder_path(vfid) / "empty2.txt").read_bytes() == b""
+    assert offset_of(daemon, token) == 0
+    assert patch(daemon, token, 0, b"").status_code == 204
 
 
 def test_wrong_offsets_are_409_and_change_nothing(daemon, vfid):

@@ -67,6 +67,9 @@ Status BatchGetStream::Failed(const S3Error& e) {
   ArchiveWriter::Entry ph;
   ph.name = (e.status == 404 ? "__404__/" : "__error__/") + it.name;
   if (!ph.name.empty() && ph.name.back() == '/') ph.name.pop_back();
+  // A hostile key's NUL bytes (no TAR name holds one) are written as "%00".
+  for (size_t at = ph.name.find('\0'); at != std::string::npos; at = ph.name.find('\0', at))
+    ph.name.replace(at, 1, "%00");
   SetMtime(ph, std::chrono::system_clock::now());
   if (Outcome* o = Record()) {
     o->status = e.status;

@@ -208,7 +208,9 @@ std::variant<BucketRef, S3Error> AccessBucket(S3Ctx& ctx, const HttpRequest& req
                                               const std::string& name, bool write) {
   const S3Grant& g = GrantOf(req);
   auto b = ctx.store->FindBucket(name);
-  if (!b.ok()) return S3Error{404, "NoSuchBucket", "the specified bucket does not exist"};
+  if (!b.ok() && b.status().code() == Code::kNotFound)
+    return S3Error{404, "NoSuchBucket", "the specified bucket does not exist"};
+  if (!b.ok()) return FromStatus(b.status());
   if (b->owner != g.key->user || !g.key->MayUse(name))
     return S3Error{403, "AccessDenied", "access denied"};
   if (write && g.key->read_only)
@@ -331,6 +333,8 @@ HttpResponse CreateBucket(S3Ctx& ctx, const HttpRequest& req) {
                       req.path);
   }
   auto existing = ctx.store->FindBucket(name);
+  if (!existing.ok() && existing.status().code() != Code::kNotFound)
+    return ErrorXml(FromStatus(existing.status()), req.path);
   if (existing.ok()) {
     if (existing->owner == g.key->user) {  // us-east-1 answers 200 to its owner
       HttpResponse r = HttpResponse::Text(200, "", "application/xml");
@@ -389,7 +393,7 @@ HttpResponse DeleteBucket(S3Ctx& ctx, const HttpRequest& req) {
   if (empty.ok() && !*empty)
     return ErrorXml({409, "BucketNotEmpty", "the bucket you tried to delete is not empty"},
                     req.path);
-  Status st = ctx.store->UnbindBucket(ref.bucket.name);
+  Status st = ctx.store->UnbindBucket(ref.bucket.name, ref.bucket.vfid);
   if (!st.ok()) return ErrorXml(FromStatus(st, "NoSuchBucket"), req.path);
   // A bucket bound to an existing vfolder leaves it be; one S3 made goes with its vfolder.
   if (ref.bucket.owns_vfolder && empty.ok()) {
@@ -886,6 +890,9 @@ class PutSink : public BodySink {
 
 // ------------------------------------------------------------------------------ copies
 
+// Buckets are unversioned: a version id other than "null" (see UnknownVersion).
+const S3Error kInvalidVersion{400, "InvalidArgument", "Invalid version id specified"};
+
 // The object x-amz-copy-source names, opened if the caller may read it and the copy-source
 // conditionals hold.
 struct CopySource {
@@ -898,8 +905,7 @@ struct CopySource {
 std::variant<CopySource, S3Error> OpenCopySource(S3Ctx& ctx, const HttpRequest& req) {
   std::string v = PercentDecode(Header(req, "x-amz-copy-source"), false);
   if (size_t q = v.find("?versionId="); q != std::string::npos) {
-    if (v.substr(q + 11) != "null")
-      return S3Error{404, "NoSuchVersion", "the specified version does not exist"};
+    if (v.substr(q + 11) != "null") return kInvalidVersion;  // as for the object itself
     v.resize(q);
   }
   if (!v.empty() && v.front() == '/') v.erase(0, 1);
@@ -1177,12 +1183,14 @@ HttpResponse ObjectResponse(const HttpRequest& req, ObjectStore::Opened* o) {
     for (const auto& [k, v] : m->user) line("x-amz-meta-" + k, v);
   }
   // response-* overrides (signed requests only, which all are here).
+  // nullptr: the answer's content type.
   static constexpr std::pair<const char*, const char*> kOverrides[] = {
       {"response-cache-control", "Cache-Control"},
       {"response-content-disposition", "Content-Disposition"},
       {"response-content-encoding", "Content-Encoding"},
       {"response-content-language", "Content-Language"},
-      {"response-expires", "Expires"}};
+      {"response-expires", "Expires"},
+      {"response-content-type", nullptr}};
   // Decoded query values become header values: a control character (CR, LF) would split the
   // answer's header, so such a value is refused.
   auto header_safe = [](const std::string& v) {
@@ -1196,14 +1204,11 @@ HttpResponse ObjectResponse(const HttpRequest& req, ObjectStore::Opened* o) {
       if (!header_safe(*v))
         return ErrorXml({400, "InvalidArgument", fmt::format("{} holds a control character", q)},
                         req.path);
-      line(h, *v);
+      if (h)
+        line(h, *v);
+      else
+        ctype = *v;
     }
-  if (auto v = QueryParam(req, "response-content-type")) {
-    if (!header_safe(*v))
-      return ErrorXml({400, "InvalidArgument", "response-content-type holds a control character"},
-                      req.path);
-    ctype = *v;
-  }
 
   RangeRequest rr;
   bool ranged = false;
@@ -1255,7 +1260,7 @@ HttpResponse ObjectResponse(const HttpRequest& req, ObjectStore::Opened* o) {
 std::optional<S3Error> UnknownVersion(const HttpRequest& req) {
   auto v = QueryParam(req, "versionId");
   if (!v || *v == "null") return std::nullopt;
-  return S3Error{400, "InvalidArgument", "Invalid version id specified"};
+  return kInvalidVersion;
 }
 
 HttpResponse GetObject(S3Ctx& ctx, const HttpRequest& req) {

@@ -217,22 +217,37 @@ void S3Store::Refresh() {
     auto s = d.Stamp();
     return s.ok() ? *s : std::string();
   };
-  // Reloads one directory's records into `into` when its stamp moved.
+  // Reloads one directory's records into `into` when its stamp moved. A stamp is kept only
+  // when the reload was whole: a listing or a record that could not be read (out of
+  // descriptors, a stale NFS handle) keeps what was known of it and is tried again next time,
+  // rather than leaving keys or buckets missing until the next change. A record that reads
+  // but does not parse or unseal stays skipped.
   auto reload = [&](const RecordDir& dir, std::string& have, auto& into, auto load,
                     const char* what) {
     std::string now = stamp_of(dir);
     if (now == have && !now.empty()) return;
-    into.clear();
-    if (auto names = dir.List(); names.ok()) {
-      for (const auto& n : *names) {
-        auto v = load(n);
-        if (v.ok())
-          into[n] = std::move(v).value();
-        else if (v.status().code() != Code::kNotFound)
-          spdlog::warn("s3: {} record {} skipped: {}", what, n, v.status().message());
+    auto names = dir.List();
+    if (!names.ok()) {
+      spdlog::warn("s3: {} records not listed: {}", what, names.status().message());
+      have.clear();
+      return;
+    }
+    std::remove_reference_t<decltype(into)> fresh;
+    bool whole = true;
+    for (const auto& n : *names) {
+      auto v = load(n);
+      if (v.ok()) {
+        fresh[n] = std::move(v).value();
+      } else if (v.status().code() != Code::kNotFound) {
+        spdlog::warn("s3: {} record {} skipped: {}", what, n, v.status().message());
+        if (v.status().has_sys_errno()) {  // unreadable now, perhaps not for long
+          whole = false;
+          if (auto it = into.find(n); it != into.end()) fresh[n] = it->second;
+        }
       }
     }
-    have = now;
+    into = std::move(fresh);
+    have = whole ? now : std::string();
     changed = true;
   };
   auto load_json = [](const RecordDir& dir, const std::string& n, auto parse) {
@@ -401,10 +416,11 @@ Result<S3Bucket> S3Store::FindBucket(const std::string& name) {
   if (it != s->buckets.end()) return it->second;
   Status nope(Code::kNotFound, fmt::format("no bucket '{}'", name));
   if (!CheckBucketName(name).ok()) return nope;
-  // Made on another node since the last reload?
-  auto text = buckets_.Get(name);
-  if (!text.ok() || !*text) return nope;
-  SLUICE_ASSIGN_OR_RETURN(auto j, ParseRecord(**text, "bucket " + name));
+  // Made on another node since the last reload? A record that cannot be read now is that
+  // error (a 5xx), not a bucket that does not exist.
+  SLUICE_ASSIGN_OR_RETURN(auto text, buckets_.Get(name));
+  if (!text) return nope;
+  SLUICE_ASSIGN_OR_RETURN(auto j, ParseRecord(*text, "bucket " + name));
   return S3Bucket::FromJson(j);
 }
 
@@ -415,8 +431,21 @@ std::optional<S3Bucket> S3Store::FindCachedBucket(const std::string& name) const
   return it->second;
 }
 
-Status S3Store::UnbindBucket(const std::string& name) {
+Status S3Store::UnbindBucket(const std::string& name, const std::string& expected_vfid) {
   Status st = RecordDir::CheckName(name);
+  if (st.ok() && !expected_vfid.empty()) {
+    // The name as this node last saw it may have been deleted and made again (another user's
+    // now, on another vfolder) by another node: only the binding the caller checked goes.
+    auto text = buckets_.Get(name);
+    if (!text.ok()) return text.status();
+    if (!*text) return Status(Code::kNotFound, fmt::format("no bucket '{}'", name));
+    auto j = ParseRecord(**text, "bucket " + name);
+    auto b = j.ok() ? S3Bucket::FromJson(*j) : Result<S3Bucket>(j.status());
+    if (!b.ok()) return b.status();
+    if (b->vfid != expected_vfid)
+      return Status(Code::kNotFound,
+                    fmt::format("bucket '{}' was deleted and made again meanwhile", name));
+  }
   if (st.ok()) st = buckets_.Remove(name);
   if (st.code() == Code::kNotFound || st.code() == Code::kInvalidArgument)
     return Status(Code::kNotFound, fmt::format("no bucket '{}'", name));

@@ -97,7 +97,9 @@ class S3Store {
   std::optional<S3Bucket> FindCachedBucket(const std::string& name) const;
   // Moves whenever what is loaded changes: what callers derived from it is stale once it does.
   uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
-  Status UnbindBucket(const std::string& name);
+  // kNotFound when there is no such bucket, or (with `expected_vfid`) when the name is bound
+  // to another vfolder now.
+  Status UnbindBucket(const std::string& name, const std::string& expected_vfid = {});
   std::vector<S3Bucket> Buckets() const;
 
   // Reloads what changed on disk since the last look.

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -47,9 +48,7 @@ std::set<BlockIndex::Key> TakeCleanRecord(const std::string& dir) {
     text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
   // Gone for good before it is believed, or not believed at all.
-  const bool gone = ::unlink(path.c_str()) == 0;
-  UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!gone || d.get() < 0 || ::fsync(d.get()) != 0) {
+  if (::unlink(path.c_str()) != 0 || !SyncDir(dir).ok()) {
     spdlog::warn(
         "cache {}: the record of its clean close could not be removed: every block is "
         "checked",
@@ -235,20 +234,55 @@ bool BlockStore::Has(const std::string& id) const {
   return key && index_.Contains(*key);
 }
 
-int BlockStore::OpenVerified(const std::string& id, uint64_t len) {
+void BlockPins::Pin(const BlockIndex::Key& k) {
+  std::lock_guard lk(mu_);
+  ++held_[k];
+}
+
+void BlockPins::Unpin(const BlockIndex::Key& k) {
+  std::lock_guard lk(mu_);
+  auto it = held_.find(k);
+  if (it != held_.end() && --it->second == 0) held_.erase(it);
+}
+
+bool BlockPins::Held(const BlockIndex::Key& k) const {
+  std::lock_guard lk(mu_);
+  return held_.count(k) != 0;
+}
+
+BlockStore::OpenBlock& BlockStore::OpenBlock::operator=(OpenBlock&& o) noexcept {
+  if (this != &o) {
+    Close();
+    pins_ = std::move(o.pins_);
+    key_ = o.key_;
+    fd_ = std::move(o.fd_);
+  }
+  return *this;
+}
+
+void BlockStore::OpenBlock::Close() {
+  fd_.reset();  // the space goes back with the last descriptor: closed before it is counted
+  if (auto p = std::move(pins_)) p->Unpin(key_);
+}
+
+BlockStore::OpenBlock BlockStore::OpenVerified(const std::string& id, uint64_t len) {
+  OpenBlock b;
   auto key = BlockIndex::ParseKey(id);
-  if (!key) return -1;
+  if (!key) return b;
   {
     std::lock_guard lk(mu_);
-    if (!index_.Verified(*key)) return -1;
+    if (!index_.Verified(*key)) return b;
     index_.Touch(*key);
+    // Pinned before it is opened: an eviction from now on sees it held.
+    pins_->Pin(*key);
   }
-  UniqueFd fd(::open(PathOf(id).c_str(), O_RDONLY | O_CLOEXEC));
+  b.pins_ = pins_;
+  b.key_ = *key;
+  b.fd_ = UniqueFd(::open(PathOf(id).c_str(), O_RDONLY | O_CLOEXEC));
   struct stat st;
-  if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0 ||
-      static_cast<uint64_t>(st.st_size) != kHeader + len)
-    return -1;  // evicted meanwhile, or not this block: Get() decides
-  return fd.release();
+  if (b.fd() < 0 || ::fstat(b.fd(), &st) != 0 || static_cast<uint64_t>(st.st_size) != kHeader + len)
+    b.Close();  // evicted meanwhile, or not this block: Get() decides
+  return b;
 }
 
 namespace {
@@ -382,7 +416,8 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
       uint64_t size = 0;
       auto k = EvictOne(&size);
       if (!k) break;
-      freed += DiskBytes(kHeader + size);
+      // A block a reader holds open keeps its space until the reader closes it.
+      if (!pins_->Held(*k)) freed += DiskBytes(kHeader + size);
       gone.push_back(*k);
     }
     room = room && !over() && !low();

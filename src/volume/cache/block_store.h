@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -32,6 +33,17 @@ struct BlockStoreOptions {
   EvictionPolicy policy = EvictionPolicy::kS3Fifo;
 };
 
+// Blocks readers hold open, and how often; its own lock (taken after BlockStore's).
+struct BlockPins {
+  void Pin(const BlockIndex::Key& k);
+  void Unpin(const BlockIndex::Key& k);
+  bool Held(const BlockIndex::Key& k) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<BlockIndex::Key, uint32_t> held_;
+};
+
 class BlockStore {
  public:
   static Result<std::unique_ptr<BlockStore>> Open(BlockStoreOptions opts);
@@ -41,10 +53,28 @@ class BlockStore {
   // Stores the block, evicting the least recently used ones to stay within the limits. false:
   // not stored (the disk is too full even with the cache empty, or the write failed).
   bool Put(const std::string& id, std::string_view data);
+  // A block's file held open for zero-copy sends. While it is open its disk space stays taken,
+  // evicted or not, so Put counts an evicted block as space given back only when no reader
+  // holds it (else the free-space floor could be passed by a block per open reader).
+  class OpenBlock {
+   public:
+    OpenBlock() = default;
+    OpenBlock(OpenBlock&& o) noexcept { *this = std::move(o); }
+    OpenBlock& operator=(OpenBlock&& o) noexcept;
+    ~OpenBlock() { Close(); }
+    int fd() const { return fd_.get(); }
+    void Close();
+
+   private:
+    friend class BlockStore;
+    std::shared_ptr<BlockPins> pins_;  // shared: a reader may outlive the store
+    BlockIndex::Key key_{};
+    UniqueFd fd_;
+  };
   // The block's file, open, when it is held and its checksum was checked since this process
-  // indexed it (its data starts at kDataOffset and is `len` bytes); counted as an access. -1
-  // otherwise: Get() reads and checks it. For zero-copy sends.
-  int OpenVerified(const std::string& id, uint64_t len);
+  // indexed it (its data starts at kDataOffset and is `len` bytes); counted as an access. fd()
+  // -1 otherwise: Get() reads and checks it. For zero-copy sends.
+  OpenBlock OpenVerified(const std::string& id, uint64_t len);
   static constexpr uint64_t kDataOffset = 20;
   // Whether `bytes` more on the cache's disk keep it above its free-space floor.
   bool HasRoom(uint64_t bytes) const;
@@ -69,7 +99,9 @@ class BlockStore {
 
  private:
   explicit BlockStore(BlockStoreOptions opts)
-      : opts_(std::move(opts)), index_(opts_.policy, opts_.max_bytes) {}
+      : opts_(std::move(opts)),
+        index_(opts_.policy, opts_.max_bytes),
+        pins_(std::make_shared<BlockPins>()) {}
   std::string PathOf(const std::string& id) const;
   std::string PathOf(const BlockIndex::Key& k) const { return PathOf(BlockIndex::KeyHex(k)); }
   // The policy's victim, out of the index (its size in `*size`); mu_ held. Unlink() it after.
@@ -90,6 +122,7 @@ class BlockStore {
   // what ended after it was taken). Read outside mu_, written under it.
   std::atomic<uint64_t> written_disk_{0};
   bool closed_ = false;
+  std::shared_ptr<BlockPins> pins_;  // blocks readers hold open (OpenBlock)
   UniqueFd dir_fd_;  // the store's directory, open since Open (syncfs reports what failed since)
   // What `n` bytes take on a disk: whole 4 KiB blocks.
   static uint64_t DiskBytes(uint64_t n) { return (n + 4095) / 4096 * 4096; }

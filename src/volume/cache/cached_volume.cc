@@ -82,15 +82,15 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
     const uint64_t index = offset / bs, first = index * bs, len = std::min(bs, size - first);
     std::unique_lock lk(mu_, std::try_to_lock);  // an event loop never waits here
     if (!lk) return {};
-    if (ext_fd_.get() < 0 || ext_index_ != index) {
-      UniqueFd fd(v_->store().OpenVerified(Id(index), len));
-      if (fd.get() < 0) return {};
+    if (ext_.fd() < 0 || ext_index_ != index) {
+      BlockStore::OpenBlock b = v_->store().OpenVerified(Id(index), len);
+      if (b.fd() < 0) return {};
       v_->CountHit();
-      ext_fd_ = std::move(fd);
+      ext_ = std::move(b);
       ext_index_ = index;
       next_ = index + 1;  // a sequential reader, as far as read-ahead is concerned
     }
-    return {ext_fd_.get(), BlockStore::kDataOffset + (offset - first), first + len - offset};
+    return {ext_.fd(), BlockStore::kDataOffset + (offset - first), first + len - offset};
   }
 
   Result<size_t> ReadAt(uint64_t offset, char* buf, size_t n) override {
@@ -222,7 +222,7 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
   std::shared_ptr<FileReader> inner_;  // opened at the first miss when the open was cached
   std::shared_ptr<const std::string> last_;
   uint64_t last_index_ = 0;
-  UniqueFd ext_fd_;  // the block file LocalExtent answered last
+  BlockStore::OpenBlock ext_;  // the block file LocalExtent answered last
   uint64_t ext_index_ = 0;
   uint64_t next_ = 0;         // the block a sequential reader reads next
   uint64_t ahead_until_ = 0;  // blocks before this one were read ahead

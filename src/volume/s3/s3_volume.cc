@@ -1018,16 +1018,21 @@ void S3Volume::NoteRecord(const VFolderId& vfid, const nlohmann::json& j) {
 Status S3Volume::Live(const VFolderId& vfid) {
   const std::string key = VFolderRecord(*origin_, vfid);
   const auto now = std::chrono::steady_clock::now();
+  uint64_t detaches;
   {
     std::lock_guard lk(mu_);
     auto it = live_.find(key);
     if (it != live_.end() && it->second > now) return Status::Ok();
+    detaches = detaches_;
   }
   // The record, not just its existence: a bound vfolder's names its prefix.
   SLUICE_ASSIGN_OR_RETURN(auto rec, origin_->GetRecord(key));
   if (!rec) return MissingVFolder(vfid, cfg_.name);
-  NoteRecord(vfid, rec->first);
+  NoteRecord(vfid, rec->first);  // before it is marked live: a binding is known by then
   std::lock_guard lk(mu_);
+  // A detach on this node while the record was read: this call saw it live, but the next
+  // asks the origin again.
+  if (detaches != detaches_) return Status::Ok();
   if (live_.size() > 100000) live_.clear();
   live_[key] = now + opts_.vfolder_ttl;
   return Status::Ok();
@@ -1074,6 +1079,7 @@ Result<std::string> S3Volume::DetachVFolder(const VFolderId& vfid) {
     {
       std::lock_guard lk(mu_);
       live_.erase(key);
+      ++detaches_;
     }
     usage_->Forget(VFolderPath(vfid));
     std::lock_guard lk(bound_mu_);
@@ -1090,6 +1096,7 @@ Result<std::string> S3Volume::DetachVFolder(const VFolderId& vfid) {
   {
     std::lock_guard lk(mu_);
     live_.erase(key);
+    ++detaches_;
   }
   // Its keys count in the scope until they are deleted in the background: measured again.
   usage_->Forget(VFolderPath(vfid));

@@ -254,6 +254,9 @@ class S3Volume : public Volume {
   std::unique_ptr<FSOpModel> fsop_;
   std::mutex mu_;
   std::map<std::string, std::chrono::steady_clock::time_point> live_;  // vfolder key -> until
+  // Counts the vfolders this node detached: Live() keeps what it read only when none was
+  // detached while it asked (a record read before a detach would mark a gone vfolder live).
+  uint64_t detaches_ = 0;
   std::set<std::string> writers_;  // upload sessions with a writer on this node
   mutable std::mutex bound_mu_;
   std::map<std::string, Binding> bound_;  // vfid -> what it is bound to

@@ -10,6 +10,8 @@
 
 #include "service/bgtask.h"
 #include "service/storage_service.h"
+#include "service/upload.h"
+#include "volume/fault_volume.h"
 #include "volume/registry.h"
 
 namespace sluice {
@@ -82,16 +84,7 @@ class ServiceTest : public ::testing::Test {
     char tmpl[] = "/tmp/sluice-svc-XXXXXX";
     base_ = mkdtemp(tmpl);
     fs::create_directories(base_ + "/vol");
-    Config cfg;
-    VolumeConfig vc;
-    vc.name = "local";
-    vc.backend = "vfs";
-    vc.path = base_ + "/vol";
-    cfg.volumes.push_back(vc);
-    std::vector<std::unique_ptr<Volume>> vols;
-    vols.push_back(VolumeRegistry::Builtin().Create(vc, VolumeDeps{&scan_}).value());
-    ASSERT_TRUE(vols.back()->Init().ok());
-    svc_ = std::make_unique<StorageService>(cfg, std::move(vols), &tasks_);
+    Serve({});
     src_ = VFolderId::Parse(
                "user:11111111111111111111111111111111/"
                "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")
@@ -106,6 +99,22 @@ class ServiceTest : public ::testing::Test {
     fs::remove_all(base_);
   }
   Volume* vol() { return svc_->GetVolume("local").value(); }
+  // (Re)starts the service on one vfs volume "local" under base_, with these faults injected.
+  void Serve(std::vector<FaultRule> faults) {
+    svc_.reset();
+    Config cfg;
+    VolumeConfig vc;
+    vc.name = "local";
+    vc.backend = "vfs";
+    vc.path = base_ + "/vol";
+    cfg.volumes.push_back(vc);
+    auto v = VolumeRegistry::Builtin().Create(vc, VolumeDeps{&scan_}).value();
+    ASSERT_TRUE(v->Init().ok());
+    if (!faults.empty()) v = std::make_unique<FaultVolume>(std::move(v), std::move(faults));
+    std::vector<std::unique_ptr<Volume>> vols;
+    vols.push_back(std::move(v));
+    svc_ = std::make_unique<StorageService>(cfg, std::move(vols), &tasks_);
+  }
 
   std::string base_;
   ThreadPool scan_{"scan", 2};
@@ -146,6 +155,40 @@ TEST_F(ServiceTest, CloneCopiesAndKeepsTheMode) {
   EXPECT_EQ(svc_->CloneVFolder("local", src_, "local", dst_).status().code(), Code::kAlreadyExists);
   EXPECT_EQ(svc_->CloneVFolder("local", src_, "local", src_).status().code(),
             Code::kInvalidArgument);
+}
+
+// A clone's bytes count against the destination scope while it copies, as an upload's do:
+// before, an upload (or another clone) that started meanwhile saw neither the copy's bytes
+// (added when it ends) nor a reservation, and both fit a limit that held one.
+TEST_F(ServiceTest, ACloneHoldsItsBytesInTheScopeWhileItCopies) {
+  FaultRule slow;  // vfolder creates, detaches and clones take their time
+  slow.op = "vfolder";
+  slow.latency = 600ms;
+  Serve({slow});
+  ASSERT_TRUE(svc_->CreateVFolder("local", src_, 0755, std::nullopt).ok());
+  std::ofstream(vol()->VFolderPath(src_) + "/f") << std::string(6000, 'x');
+  ASSERT_TRUE(vol()->quota().CreateScope(*dst_.scope, 10000).ok());
+  const VFolderId other = VFolderId::Parse(
+                              "user:22222222222222222222222222222222/"
+                              "cccccccccccccccccccccccccccccccc")
+                              .value();
+  ASSERT_TRUE(svc_->CreateVFolder("local", other, 0755, std::nullopt).ok());
+  const std::string scope = QuotaReservations::ScopeKey("local", dst_.scope->hex);
+  auto id = svc_->CloneVFolder("local", src_, "local", dst_);
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  bool held = false;
+  for (int i = 0; i < 400 && !held; ++i) {
+    held = svc_->reservations().Reserved(scope) >= 6000;
+    if (!held) std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_TRUE(held) << "the clone reserved nothing";
+  UploadService up(svc_.get());
+  auto refused = up.CreateSession(*vol(), other, "g", 6000);
+  EXPECT_EQ(refused.status().code(), Code::kQuotaExceeded) << refused.status().ToString();
+  EXPECT_EQ(WaitDone(svc_->tasks(), *id).state, TaskState::kCompleted);
+  EXPECT_EQ(svc_->reservations().Reserved(scope), 0u);  // counted as used now
+  EXPECT_EQ(up.CreateSession(*vol(), other, "g", 6000).status().code(), Code::kQuotaExceeded);
+  EXPECT_TRUE(up.CreateSession(*vol(), other, "g", 3000).ok());
 }
 
 TEST_F(ServiceTest, FailedCloneLeavesNoDestination) {

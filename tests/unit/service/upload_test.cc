@@ -260,6 +260,14 @@ TEST_F(UploadTest, QuotaIsReservedAtCreationAndCheckedAgainAfterARestart) {
   ASSERT_TRUE(svc_->DeleteVFolder("local", vfid_).ok());
   EXPECT_EQ(svc_->reservations().Reserved(QuotaReservations::ScopeKey("local", vfid_.scope->hex)),
             0u);
+  // A session that opened its staging file before the delete and reserves after it (a first
+  // PATCH, a CreateSession between its staging file and its check) keeps nothing either:
+  // before, its reservation was made again after the delete had released them all.
+  Status late =
+      ReserveScopeQuota(svc_->reservations(), *vol(), vfid_, UploadService::ReservationKey(t), 100);
+  EXPECT_EQ(late.code(), Code::kNotFound) << late.ToString();
+  EXPECT_EQ(svc_->reservations().Reserved(QuotaReservations::ScopeKey("local", vfid_.scope->hex)),
+            0u);
   // The trash is emptied by a background task: done before the fixture removes the volume.
   EXPECT_TRUE(svc_->tasks().WaitIdle(std::chrono::seconds(30)));
 }

@@ -2,6 +2,10 @@
 // the origin is counted, and the origin can be taken down. Blocks are served within the TTL
 // without it, survive a restart, are checked against torn writes, stay within their size
 // bound, are fetched once for concurrent readers, and never mix versions of a file.
+#include <sys/mount.h>
+#include <sys/statvfs.h>
+
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -805,6 +809,62 @@ TEST_F(Cache, WarmAndEvictATree) {
 BlockIndex::Key K(int i) {
   return *BlockIndex::ParseKey(
       fmt::format("{:064x}", static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ULL));
+}
+
+// Free space on the file system holding `dir`.
+uint64_t FreeOn(const std::string& dir) {
+  struct statvfs sv;
+  EXPECT_EQ(::statvfs(dir.c_str(), &sv), 0);
+  return static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
+}
+
+// An evicted block a reader still holds open keeps its disk space until the reader closes it:
+// Put does not count it as room, so the free-space floor holds (on a small tmpfs, whose free
+// space is exact). Once the readers close, the same block fits.
+TEST(BlockStore, BlocksHeldOpenAreNotCountedAsRoomWhenEvicted) {
+  char tmpl[] = "/tmp/sluice-pins-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  ASSERT_EQ(::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=16m"), 0) << std::strerror(errno);
+  struct Unmount {
+    std::string d;
+    ~Unmount() {
+      ::umount2(d.c_str(), MNT_DETACH);
+      ::rmdir(d.c_str());
+    }
+  } unmount{dir};
+  BlockStoreOptions o;
+  o.dir = dir + "/blocks";
+  o.max_bytes = 1ULL << 30;
+  o.min_free = 0;
+  {
+    auto probe = BlockStore::Open(o);  // makes the block directories before the floor is set
+    ASSERT_OK(probe);
+  }
+  // Room for three blocks of 1 MiB (each takes 1 MiB and a page with its header), not four.
+  o.min_free = FreeOn(dir) - 3 * kMiB - 3 * 4096 - 2048;
+  auto opened = BlockStore::Open(o);
+  ASSERT_OK(opened);
+  BlockStore& store = **opened;
+  const std::string data(kMiB, 'x');
+  auto id = [](int i) { return BlockIndex::KeyHex(K(i)); };
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(store.Put(id(i), data)) << i;  // the 4th evicts one
+  EXPECT_EQ(store.stats().blocks, 3u);
+  std::vector<BlockStore::OpenBlock> held;
+  for (int i = 0; i < 4; ++i) {
+    auto b = store.OpenVerified(id(i), kMiB);
+    if (b.fd() >= 0) held.push_back(std::move(b));
+  }
+  ASSERT_EQ(held.size(), 3u);
+  // Every block evicted for it is still open: no room, and the floor is kept.
+  EXPECT_FALSE(store.Put(id(9), data));
+  EXPECT_GE(FreeOn(dir), o.min_free);
+  EXPECT_EQ(store.stats().blocks, 0u);
+  // The readers are done with them: their space is back.
+  held.clear();
+  EXPECT_TRUE(store.Put(id(9), data));
+  EXPECT_GE(FreeOn(dir), o.min_free);
+  EXPECT_EQ(store.stats().blocks, 1u);
 }
 
 TEST(BlockIndex, LruEvictsTheLeastRecentlyUsed) {

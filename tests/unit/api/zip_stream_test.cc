@@ -1,0 +1,92 @@
+// The ZIP stream's memory bounds: an archive whose central directory would grow past its
+// entry count or the summed length of its entries' names fails with kTooLarge instead of
+// holding them all; within both it is a ZIP that libarchive reads back whole.
+#include "api/zip_stream.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "support/assert_status.h"
+#include "volume/mem/mem_volume.h"
+
+namespace sluice::api {
+namespace {
+
+class ZipStreamTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    VolumeConfig c;
+    c.name = "mem";
+    c.backend = "mem";
+    c.path = "mem";
+    vol_ = std::make_unique<MemVolume>(c, 1ULL << 30);
+    vf_ = VFolderId::Parse(
+              "user:11111111111111111111111111111111/"
+              "abcdef0123456789abcdef0123456789")
+              .value();
+    ASSERT_OK(vol_->CreateVFolder(vf_, 0755, true, std::nullopt));
+    // "d" and four files whose names (with "d/") are 52 bytes each: 1 + 4 * 52 in all.
+    for (char c : std::string("abcd"))
+      ASSERT_OK(vol_->PutFile(vf_, "d/" + std::string(50, c), std::string(10, c)));
+  }
+  // The whole stream, or the status that ended it.
+  Result<std::string> Drain(ZipLimits limits) {
+    std::vector<ZipSource> src(1);
+    src[0].arcname = "d";
+    src[0].rel = "d";
+    ZipStream z(vol_.get(), vf_, std::move(src), "test", limits);
+    std::string out;
+    char buf[4096];
+    for (;;) {
+      SLUICE_ASSIGN_OR_RETURN(size_t n, z.Read(buf, sizeof buf));
+      if (n == 0) break;
+      out.append(buf, n);
+    }
+    return out;
+  }
+  static std::set<std::string> Names(const std::string& zip) {
+    std::set<std::string> names;
+    struct archive* a = archive_read_new();
+    archive_read_support_format_zip(a);
+    EXPECT_EQ(archive_read_open_memory(a, zip.data(), zip.size()), ARCHIVE_OK);
+    struct archive_entry* e;
+    while (archive_read_next_header(a, &e) == ARCHIVE_OK) names.insert(archive_entry_pathname(e));
+    archive_read_free(a);
+    return names;
+  }
+
+  std::unique_ptr<MemVolume> vol_;
+  VFolderId vf_;
+};
+
+TEST_F(ZipStreamTest, WithinItsBoundsTheArchiveIsWhole) {
+  auto zip = Drain({.entries = 5, .name_bytes = 1 + 4 * 52});
+  ASSERT_OK(zip);
+  auto names = Names(*zip);
+  EXPECT_EQ(names.size(), 5u);
+  EXPECT_TRUE(names.count("d/" + std::string(50, 'c')));
+}
+
+TEST_F(ZipStreamTest, TooManyEntriesFailTheStream) {
+  auto zip = Drain({.entries = 4, .name_bytes = 1 << 20});
+  ASSERT_FALSE(zip.ok());
+  EXPECT_EQ(zip.status().code(), Code::kTooLarge);
+  EXPECT_NE(zip.status().message().find("more than 4 entries"), std::string::npos)
+      << zip.status().message();
+}
+
+// Few entries with long names (a deep tree's) cost as much as many: they are bounded too.
+TEST_F(ZipStreamTest, NamesPastTheirBoundFailTheStream) {
+  auto zip = Drain({.entries = 1000, .name_bytes = 1 + 4 * 52 - 1});
+  ASSERT_FALSE(zip.ok());
+  EXPECT_EQ(zip.status().code(), Code::kTooLarge);
+  EXPECT_NE(zip.status().message().find("names add up to more than"), std::string::npos)
+      << zip.status().message();
+}
+
+}  // namespace
+}  // namespace sluice::api

@@ -1,0 +1,147 @@
+// The S3 store's shared records as two nodes see them (two stores on one directory): a reload
+// that fails part-way keeps what it knew and tries again, a stamp is not trusted while the
+// directory has just changed, a record that cannot be read is an error rather than "no such
+// bucket", and a bucket name deleted and made again elsewhere is not unbound by a stale node.
+#include "service/s3/s3_store.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "support/assert_status.h"
+
+namespace sluice {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string TempDir() {
+  char t[] = "/tmp/sluice-s3store-XXXXXX";
+  EXPECT_NE(::mkdtemp(t), nullptr);
+  return t;
+}
+
+// Long enough for a change to be older than RecordDir::Stamp's two seconds.
+void Settle() {
+  std::this_thread::sleep_for(std::chrono::milliseconds(2200));
+}
+
+class S3StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override { root_ = TempDir(); }
+  void TearDown() override { fs::remove_all(root_); }
+  std::unique_ptr<S3Store> Node() {
+    auto s = S3Store::Open(root_, "the seal key of these tests");
+    EXPECT_OK(s);
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+  static S3User User(const std::string& id) {
+    S3User u;
+    u.id = id;
+    u.default_volume = "local";
+    u.default_scope = "user:11111111111111111111111111111111";
+    return u;
+  }
+  static S3Bucket Bucket(const std::string& name, const std::string& owner, char vf) {
+    return S3Bucket{name, "local", "user:11111111111111111111111111111111/" + std::string(32, vf),
+                    owner};
+  }
+  std::string root_;
+};
+
+TEST(RecordDirStamp, IsEmptyWhileTheDirectoryJustChanged) {
+  const std::string dir = TempDir();
+  auto d = RecordDir::Open(dir + "/r");
+  ASSERT_OK(d);
+  ASSERT_OK(d->Create("a", "{}"));
+  auto s = d->Stamp();
+  ASSERT_OK(s);
+  EXPECT_EQ(*s, "");  // a second change in this clock tick would not move it
+  Settle();
+  s = d->Stamp();
+  ASSERT_OK(s);
+  EXPECT_NE(*s, "");
+  EXPECT_EQ(*d->Stamp(), *s);  // settled: the same until the next change
+  ASSERT_OK(d->Remove("a"));
+  EXPECT_EQ(*d->Stamp(), "");
+  Settle();
+  EXPECT_NE(*d->Stamp(), *s);
+  fs::remove_all(dir);
+}
+
+// Node B reloads while it is out of descriptors: the listing fails, and the keys it knew stay
+// (before, the map was emptied and the new stamp kept, so every key was refused until some node
+// changed the directory again). The next refresh loads what it missed.
+TEST_F(S3StoreTest, AReloadThatCannotListKeepsWhatItKnewAndTriesAgain) {
+  auto a = Node(), b = Node();
+  ASSERT_TRUE(a && b);
+  ASSERT_OK(a->CreateUser(User("alice")));
+  auto k1 = a->CreateKey("alice", std::nullopt, std::nullopt, {}, false);
+  ASSERT_OK(k1);
+  b->Refresh();
+  ASSERT_NE(b->FindKey(k1->access_key), nullptr);
+  auto k2 = a->CreateKey("alice", std::nullopt, std::nullopt, {}, false);
+  ASSERT_OK(k2);
+  Settle();
+  {
+    struct rlimit old;
+    ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+    const int lowest = ::dup(0);  // the lowest free descriptor: the limit makes it the last
+    ASSERT_GE(lowest, 0);
+    ::close(lowest);
+    struct rlimit low = old;
+    low.rlim_cur = static_cast<rlim_t>(lowest);
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+    b->Refresh();
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+  }
+  EXPECT_NE(b->FindKey(k1->access_key), nullptr);
+  EXPECT_EQ(b->FindKey(k2->access_key), nullptr);  // not read yet
+  b->Refresh();
+  EXPECT_NE(b->FindKey(k1->access_key), nullptr);
+  EXPECT_NE(b->FindKey(k2->access_key), nullptr);
+  // A revocation on A, settled or not, is seen by B's next refresh.
+  ASSERT_OK(a->RevokeKey(k1->access_key));
+  b->Refresh();
+  EXPECT_EQ(b->FindKey(k1->access_key), nullptr);
+}
+
+TEST_F(S3StoreTest, ARecordThatCannotBeReadIsNotAMissingBucket) {
+  auto a = Node();
+  ASSERT_TRUE(a);
+  fs::create_directory(root_ + "/buckets/broken.json");  // opens, then fails to read (EISDIR)
+  auto b = a->FindBucket("broken");
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().code(), Code::kNotFound) << b.status().ToString();
+  EXPECT_ERROR(a->FindBucket("absent"), Code::kNotFound);
+}
+
+// Node B still maps "data" to alice's vfolder when A has deleted it and bob has made it again:
+// B's delete of alice's bucket must not unbind bob's.
+TEST_F(S3StoreTest, AStaleNodeDoesNotUnbindANameMadeAgain) {
+  auto a = Node(), b = Node();
+  ASSERT_TRUE(a && b);
+  ASSERT_OK(a->CreateUser(User("alice")));
+  ASSERT_OK(a->CreateUser(User("bob")));
+  ASSERT_OK(a->BindBucket(Bucket("data", "alice", 'a')));
+  b->Refresh();
+  auto seen = b->FindBucket("data");
+  ASSERT_OK(seen);
+  ASSERT_OK(a->UnbindBucket("data", seen->vfid));
+  ASSERT_OK(a->BindBucket(Bucket("data", "bob", 'b')));
+  EXPECT_ERROR(b->UnbindBucket("data", seen->vfid), Code::kNotFound);
+  auto now = a->FindBucket("data");
+  ASSERT_OK(now);
+  EXPECT_EQ(now->owner, "bob");
+  ASSERT_OK(b->UnbindBucket("data"));  // an operator's unbind by name alone
+  a->Refresh();
+  EXPECT_ERROR(a->FindBucket("data"), Code::kNotFound);
+}
+
+}  // namespace
+}  // namespace sluice

@@ -18,17 +18,28 @@ class QuotaReservations {
     return volume + "/" + scope_hex;
   }
 
+  // How many bytes have left the scope's reservations so far (written, so counted in its usage
+  // from then on, or given up): read before the scope's usage is, and passed to Reserve.
+  uint64_t Moved(const std::string& scope) const {
+    std::lock_guard lk(mu_);
+    auto it = moved_.find(scope);
+    return it == moved_.end() ? 0 : it->second;
+  }
   // `scope` names the quota scope (volume + scope id), `session` the upload (vfolder + id).
   // Under the lock, `check(others)` receives what every other session of the scope has
   // reserved and returns whether `bytes` more fit; when it says yes, the session's reservation
-  // becomes `bytes`. Returns what `check` returned.
+  // becomes `bytes`. Returns what `check` returned. `moved_before`: Moved(scope) as read before
+  // the usage figure the check compares with; what moved since is in `others` too, since
+  // that figure may predate it (else bytes written meanwhile would count nowhere).
   template <typename Check>
   auto Reserve(const std::string& scope, const std::string& session, uint64_t bytes,
-               Check&& check) {
+               uint64_t moved_before, Check&& check) {
     std::lock_guard lk(mu_);
     uint64_t others = 0;
     for (const auto& [key, r] : by_session_)
       if (r.scope == scope && key != session) others += r.bytes;
+    if (auto m = moved_.find(scope); m != moved_.end() && m->second > moved_before)
+      others += m->second - moved_before;
     auto verdict = check(others);
     if (verdict.ok()) by_session_[session] = {scope, bytes};
     return verdict;
@@ -37,7 +48,10 @@ class QuotaReservations {
   void Shrink(const std::string& session, uint64_t bytes) {
     std::lock_guard lk(mu_);
     auto it = by_session_.find(session);
-    if (it != by_session_.end() && bytes < it->second.bytes) it->second.bytes = bytes;
+    if (it != by_session_.end() && bytes < it->second.bytes) {
+      moved_[it->second.scope] += it->second.bytes - bytes;
+      it->second.bytes = bytes;
+    }
   }
   // The session needs `bytes` again (what it wrote was rolled back): its reservation grows back
   // to them, no check made, as they were granted before. No-op for unknown sessions.
@@ -52,7 +66,7 @@ class QuotaReservations {
   }
   void Release(const std::string& session) {
     std::lock_guard lk(mu_);
-    by_session_.erase(session);
+    if (auto it = by_session_.find(session); it != by_session_.end()) Drop(it);
   }
   // Every reservation of the vfolder `vf_hex` on `volume` (its tus uploads, keyed
   // "volume/scope/vfolder/session", and its S3 writes, "s3/volume/vfolder/session"): the vfolder
@@ -64,7 +78,7 @@ class QuotaReservations {
       const std::string& k = it->first;
       bool ours = k.find(mid) != std::string::npos &&
                   (k.rfind(volume + "/", 0) == 0 || k.rfind("s3/" + volume + "/", 0) == 0);
-      it = ours ? by_session_.erase(it) : std::next(it);
+      it = ours ? Drop(it) : std::next(it);
     }
   }
   uint64_t Reserved(const std::string& scope) const {
@@ -80,8 +94,15 @@ class QuotaReservations {
     std::string scope;
     uint64_t bytes = 0;
   };
+  using Sessions = std::map<std::string, Reservation>;
+  Sessions::iterator Drop(Sessions::iterator it) {  // mu_ held
+    moved_[it->second.scope] += it->second.bytes;
+    return by_session_.erase(it);
+  }
+
   mutable std::mutex mu_;
-  std::map<std::string, Reservation> by_session_;
+  Sessions by_session_;
+  std::map<std::string, uint64_t> moved_;  // scope -> bytes that left its reservations, ever
 };
 
 }  // namespace sluice

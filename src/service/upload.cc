@@ -196,24 +196,24 @@ Status ReserveScopeQuota(QuotaReservations& reservations, Volume& volume, const 
   // A scope without a limit has nothing to check: its usage is not measured.
   SLUICE_ASSIGN_OR_RETURN(auto has_limit, volume.quota().ScopeLimit(*vfid.scope));
   if (!has_limit) return Status::Ok();
+  const std::string scope = QuotaReservations::ScopeKey(volume.name(), vfid.scope->hex);
+  const uint64_t moved = reservations.Moved(scope);  // before the usage figure is read
   SLUICE_ASSIGN_OR_RETURN(QuotaUsage q, volume.quota().DescribeScope(*vfid.scope));
   if (!q.limit_bytes) return Status::Ok();
   uint64_t limit = *q.limit_bytes;
-  Status st = reservations.Reserve(
-      QuotaReservations::ScopeKey(volume.name(), vfid.scope->hex), key, more_bytes,
-      [&](uint64_t others) -> Status {
-        uint64_t committed = q.used_bytes + others;
-        uint64_t room = limit > committed ? limit - committed : 0;
-        if (more_bytes <= room) return Status::Ok();
-        std::string pending =
-            others ? fmt::format(", {} more promised to other uploads in progress", others) : "";
-        return Status(Code::kQuotaExceeded,
-                      fmt::format("{} needs {} more bytes but quota scope {} has {} left "
-                                  "({} of {} bytes used{})",
-                                  what, more_bytes, vfid.scope->ToString(), room, q.used_bytes,
-                                  limit, pending),
-                      EDQUOT);
-      });
+  Status st = reservations.Reserve(scope, key, more_bytes, moved, [&](uint64_t others) -> Status {
+    uint64_t committed = q.used_bytes + others;
+    uint64_t room = limit > committed ? limit - committed : 0;
+    if (more_bytes <= room) return Status::Ok();
+    std::string pending =
+        others ? fmt::format(", {} more promised to other uploads in progress", others) : "";
+    return Status(
+        Code::kQuotaExceeded,
+        fmt::format("{} needs {} more bytes but quota scope {} has {} left "
+                    "({} of {} bytes used{})",
+                    what, more_bytes, vfid.scope->ToString(), room, q.used_bytes, limit, pending),
+        EDQUOT);
+  });
   if (!st.ok()) return st;
   // Deleting a vfolder detaches it, then releases its reservations: one made after that
   // release (its caller checked the vfolder before the delete) finds it gone here, and goes.

@@ -1441,7 +1441,9 @@ def test_batch_get_errors(s3d, s3, user):
                       ({"items": [{"key": 7}]}, "must be a string"),
                       ({"items": [{"key": "a"}], "continue-on-error": "yes"}, "true or false"),
                       ({"items": [{"key": "a", "range": "0-9"}]}, "bytes="),
-                      ({"items": [{"key": "a"}] * 100001}, "100000")]:
+                      ({"items": [{"key": "a"}] * 100001}, "100000"),
+                      ({"items": [{"bucket": f"nope-{i:04d}", "key": "a"} for i in range(1001)],
+                        "continue-on-error": True}, "at most 1000 buckets")]:
         r = batch_get(s3d, ak, sk, f"/{name}?batch-get", body)
         assert r.status_code == 400 and "InvalidArgument" in r.text and why in r.text, (why, r.text)
     r = signed(s3d, ak, sk, "POST", f"/{name}?batch-get", body=b"{not json")

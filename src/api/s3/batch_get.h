@@ -30,6 +30,7 @@ struct BatchItem {
 };
 
 inline constexpr size_t kMaxBatchItems = 100000;
+inline constexpr size_t kMaxBatchBuckets = 1000;  // distinct buckets one batch reads from
 inline constexpr const char* kBatchManifestName = "__manifest__.json";
 
 class BatchGetStream {

@@ -1753,8 +1753,13 @@ HttpResponse BatchGet(S3Ctx& ctx, const HttpRequest& req) {
     if (!it.range.empty() && !StartsWith(it.range, "bytes="))
       return bad(fmt::format("item {}: range must be 'bytes=first-last'", i));
     auto at = buckets.find(it.bucket);
-    if (at == buckets.end())
+    if (at == buckets.end()) {
+      // Each bucket not loaded costs a record read on the shared volume: bounded per batch.
+      if (buckets.size() == s3::kMaxBatchBuckets)
+        return bad(
+            fmt::format("item {}: a batch reads from at most {} buckets", i, s3::kMaxBatchBuckets));
       at = buckets.emplace(it.bucket, AccessBucket(ctx, req, it.bucket, false)).first;
+    }
     if (auto* e = std::get_if<S3Error>(&at->second)) {
       if (!continue_on_error)
         return ErrorXml({e->status, e->code,

@@ -272,6 +272,33 @@ TEST_F(UploadTest, QuotaIsReservedAtCreationAndCheckedAgainAfterARestart) {
   EXPECT_TRUE(svc_->tasks().WaitIdle(std::chrono::seconds(30)));
 }
 
+// A check compares a usage figure read before its lock with the reservations under it: what
+// other sessions wrote (or gave up) in between left their reservations but may be missing from
+// that figure, so it counts as theirs still.
+TEST(QuotaReservations, BytesThatMovedSinceTheUsageWasReadStillCount) {
+  QuotaReservations r;
+  const std::string scope = QuotaReservations::ScopeKey("local", "s");
+  auto fits = [](uint64_t) { return Status::Ok(); };
+  ASSERT_TRUE(r.Reserve(scope, "a", 100, r.Moved(scope), fits).ok());
+  ASSERT_TRUE(r.Reserve(scope, "b", 50, r.Moved(scope), fits).ok());
+  const uint64_t before = r.Moved(scope);  // the usage figure is read now
+  r.Shrink("a", 40);                       // "a" wrote 60 bytes meanwhile
+  r.Release("b");                          // "b" finished: its 50 are on disk
+  uint64_t seen = 0;
+  auto look = [&](uint64_t others) {
+    seen = others;
+    return Status::Ok();
+  };
+  ASSERT_TRUE(r.Reserve(scope, "c", 10, before, look).ok());
+  EXPECT_EQ(seen, 40u + 60u + 50u);
+  // A check whose figure was read after those moves counts only what is still promised.
+  ASSERT_TRUE(r.Reserve(scope, "d", 10, r.Moved(scope), look).ok());
+  EXPECT_EQ(seen, 40u + 10u);
+  EXPECT_EQ(r.Reserved(scope), 60u);
+  r.ReleaseVFolder("local", "vf");  // no such vfolder: nothing moves
+  EXPECT_EQ(r.Moved(scope), before + 110u);
+}
+
 TEST_F(UploadTest, SweepRemovesOldUnlockedSessionsOnly) {
   UploadTarget old_t = Session("old", 10);
   UploadTarget held_t = Session("held", 10);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <ctime>
+#include <functional>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -323,24 +324,58 @@ std::vector<S3User> S3Store::Users() const {
   return out;
 }
 
-Status S3Store::DeleteUser(const std::string& id) {
-  SLUICE_RETURN_IF_ERROR(CheckUserId(id));
-  Refresh();
-  auto s = snap();
-  for (const auto& [ak, k] : s->keys)
+// Why the user `id` cannot go: a key or bucket of theirs in `s`, or Ok.
+static Status StillUsed(const std::string& id, const std::map<std::string, S3Bucket>& buckets,
+                        const std::map<std::string, std::shared_ptr<const S3Key>>& keys) {
+  for (const auto& [ak, k] : keys)
     if (k->user == id)
       return Status(Code::kConflict,
                     fmt::format("S3 user '{}' still has access key {}: revoke it first", id, ak));
-  for (const auto& [name, b] : s->buckets)
+  for (const auto& [name, b] : buckets)
     if (b.owner == id)
       return Status(
           Code::kConflict,
           fmt::format("S3 user '{}' still owns bucket '{}': delete or unbind it first", id, name));
-  Status st = users_.Remove(id);
+  return Status::Ok();
+}
+
+Status S3Store::DeleteUser(const std::string& id) {
+  SLUICE_RETURN_IF_ERROR(CheckUserId(id));
+  Refresh();
+  auto s = snap();
+  SLUICE_RETURN_IF_ERROR(StillUsed(id, s->buckets, s->keys));
+  SLUICE_ASSIGN_OR_RETURN(auto body, users_.Get(id));
+  Status st = body ? users_.Remove(id) : Status(Code::kNotFound, "gone");
   if (st.code() == Code::kNotFound)
     return Status(Code::kNotFound, fmt::format("no S3 user '{}'", id));
   SLUICE_RETURN_IF_ERROR(st);
   Refresh();
+  // A key or bucket another node linked for the user after the check above (its own check
+  // saw the user): the user comes back, and stays until they are gone. A node that links after
+  // this look finds the user gone itself (CreateKey, BindBucket).
+  s = snap();
+  if (Status used = StillUsed(id, s->buckets, s->keys); !used.ok()) {
+    Status back = users_.Create(id, *body);
+    if (!back.ok() && back.code() != Code::kAlreadyExists)
+      spdlog::error(
+          "s3: user '{}' deleted while a key or bucket of theirs was made; it could "
+          "not be put back: {}",
+          id, back.message());
+    Refresh();
+    return used;
+  }
+  return Status::Ok();
+}
+
+// After a record of `user`'s was linked: kNotFound (and `undo` run) when the user was deleted
+// meanwhile (on another node: this node's view of the user may predate it).
+static Status UserStillThere(const RecordDir& users, const std::string& user,
+                             const std::function<void()>& undo) {
+  auto there = users.Get(user);
+  if (there.ok() && !*there) {
+    undo();
+    return Status(Code::kNotFound, fmt::format("no S3 user '{}'", user));
+  }
   return Status::Ok();
 }
 
@@ -372,7 +407,9 @@ Result<S3Key> S3Store::CreateKey(const std::string& user, std::optional<std::str
   if (st.code() == Code::kAlreadyExists)
     return Status(Code::kAlreadyExists, fmt::format("access key {} exists", k.access_key));
   SLUICE_RETURN_IF_ERROR(st);
+  Status user_there = UserStillThere(users_, user, [&] { (void)keys_.Remove(k.access_key); });
   Refresh();
+  SLUICE_RETURN_IF_ERROR(user_there);
   return k;
 }
 
@@ -406,8 +443,9 @@ Status S3Store::BindBucket(S3Bucket b) {
   if (st.code() == Code::kAlreadyExists)
     return Status(Code::kAlreadyExists, fmt::format("bucket '{}' exists", b.name));
   SLUICE_RETURN_IF_ERROR(st);
+  st = UserStillThere(users_, b.owner, [&] { (void)buckets_.Remove(b.name); });
   Refresh();
-  return Status::Ok();
+  return st;
 }
 
 Result<S3Bucket> S3Store::FindBucket(const std::string& name) {

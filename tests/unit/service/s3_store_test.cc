@@ -143,5 +143,26 @@ TEST_F(S3StoreTest, AStaleNodeDoesNotUnbindANameMadeAgain) {
   EXPECT_ERROR(a->FindBucket("data"), Code::kNotFound);
 }
 
+// Node A still knows carol when B deletes her: A's new key or bucket for her is undone (before,
+// it outlived her, and a user later made with her id inherited it).
+TEST_F(S3StoreTest, NothingIsLinkedForAUserDeletedOnAnotherNode) {
+  auto a = Node(), b = Node();
+  ASSERT_TRUE(a && b);
+  ASSERT_OK(a->CreateUser(User("carol")));
+  b->Refresh();
+  ASSERT_OK(b->DeleteUser("carol"));
+  EXPECT_ERROR(a->CreateKey("carol", std::nullopt, std::nullopt, {}, false), Code::kNotFound);
+  EXPECT_ERROR(a->BindBucket(Bucket("carols", "carol", 'c')), Code::kNotFound);
+  b->Refresh();
+  EXPECT_TRUE(b->Keys().empty());
+  EXPECT_TRUE(b->Buckets().empty());
+  // A user with keys is not deleted, and stays whole.
+  ASSERT_OK(a->CreateUser(User("dave")));
+  ASSERT_OK(a->CreateKey("dave", std::nullopt, std::nullopt, {}, false));
+  b->Refresh();
+  EXPECT_ERROR(b->DeleteUser("dave"), Code::kConflict);
+  EXPECT_OK(a->GetUser("dave"));
+}
+
 }  // namespace
 }  // namespace sluice

@@ -8,42 +8,12 @@
 
 #include <fmt/format.h>
 
+#include "common/json.h"
+
 namespace sluice::api {
 
 // Names in the archive are UTF-8 (the ZIP "language encoding" flag is set); bytes that are not
 // valid UTF-8 become U+FFFD so that readers can decode every name.
-std::string SanitizeUtf8(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  size_t i = 0;
-  while (i < s.size()) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    bool ok = n > 0 && i + n <= s.size();
-    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
-    if (ok && n > 1) {
-      // Reject overlong forms, surrogates and code points past U+10FFFF.
-      uint32_t cp = c & (0xff >> (n + 1));
-      for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
-      static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-      ok = cp >= kMin[n] && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff);
-    }
-    if (ok) {
-      out.append(s.substr(i, n));
-      i += n;
-    } else {
-      out += "\xef\xbf\xbd";
-      i += 1;
-    }
-  }
-  return out;
-}
-
-bool IsAscii(std::string_view s) {
-  return std::all_of(s.begin(), s.end(),
-                     [](char c) { return static_cast<unsigned char>(c) < 0x80; });
-}
-
 ArchiveWriter::~ArchiveWriter() {
   if (ar_) {
     // An unfinished archive must not be finished now: free only releases memory.

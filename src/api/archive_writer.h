@@ -87,9 +87,4 @@ class ArchiveWriter {
   bool opened_ = false, closed_ = false;
 };
 
-// Bytes that are not valid UTF-8 become U+FFFD, so that every reader can decode a ZIP's names.
-std::string SanitizeUtf8(std::string_view s);
-// Whether every byte is below 0x80 (then already valid UTF-8, and a ustar name as it is).
-bool IsAscii(std::string_view s);
-
 }  // namespace sluice::api

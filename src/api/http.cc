@@ -176,9 +176,15 @@ Result<std::string> Params::Str(const std::string& key) const {
   return v.get<std::string>();
 }
 
-std::optional<std::string> Params::OptStr(const std::string& key) const {
-  if (!Has(key) || !j_[key].is_string()) return std::nullopt;
-  return j_[key].get<std::string>();
+Result<std::optional<std::string>> Params::OptStr(const std::string& key) const {
+  if (!Has(key)) return std::optional<std::string>();
+  SLUICE_ASSIGN_OR_RETURN(std::string v, Str(key));
+  return std::optional<std::string>(std::move(v));
+}
+
+Result<std::string> Params::StrOr(const std::string& key, std::string def) const {
+  if (!Has(key)) return def;
+  return Str(key);
 }
 
 Result<bool> Params::Bool(const std::string& key, bool def) const {

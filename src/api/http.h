@@ -107,7 +107,10 @@ class Params {
 
   bool Has(const std::string& key) const;
   Result<std::string> Str(const std::string& key) const;
-  std::optional<std::string> OptStr(const std::string& key) const;
+  // Missing or null: nullopt (StrOr: `def`). Any other value that is not a string is an
+  // error, never taken as missing (a misspelt type must not widen what a call does).
+  Result<std::optional<std::string>> OptStr(const std::string& key) const;
+  Result<std::string> StrOr(const std::string& key, std::string def) const;
   Result<bool> Bool(const std::string& key, bool def) const;
   Result<std::optional<uint64_t>> OptUint(const std::string& key) const;
   // A string or a list of strings; a single string becomes a one-element list.

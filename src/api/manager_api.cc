@@ -324,7 +324,7 @@ class ManagerApi {
   HttpResponse CloneFolder(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(std::string src_vol, p.Str("src_volume"));
     API_ASSIGN_OR_RESPOND(VFolderId src, GetVfid(p, "src_vfid"));
-    std::string dst_vol = p.OptStr("dst_volume").value_or(src_vol);
+    API_ASSIGN_OR_RESPOND(std::string dst_vol, p.StrOr("dst_volume", src_vol));
     API_ASSIGN_OR_RESPOND(VFolderId dst, GetVfid(p, "dst_vfid"));
     API_ASSIGN_OR_RESPOND(std::string id, svc_->CloneVFolder(src_vol, src, dst_vol, dst));
     return TaskAccepted(200, id);
@@ -345,7 +345,7 @@ class ManagerApi {
   // The vfolder root whatever the subpath (checked, not joined): the manager joins it itself.
   HttpResponse Mount(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
-    std::string sub = p.OptStr("subpath").value_or(".");
+    API_ASSIGN_OR_RESPOND(std::string sub, p.StrOr("subpath", "."));
     auto path = t.volume->MountPath(t.vfid, sub);
     // A missing vfolder is 400 here in the reference (VFolderBadRequest in the manager).
     if (!path.ok()) return ErrorResponse(path.status(), {sub}, 400);
@@ -402,7 +402,7 @@ class ManagerApi {
 
   HttpResponse List(const Params& p, const RequestContext& ctx) {
     API_ASSIGN_OR_RESPOND(Target t, GetTarget(p));
-    std::string rel = p.OptStr("relpath").value_or(".");
+    API_ASSIGN_OR_RESPOND(std::string rel, p.StrOr("relpath", "."));
     auto dir = files_.List(ctx, *t.volume, t.vfid, rel);
     if (!dir.ok()) return FileError(dir.status(), {rel});
     // Streamed as it is read: memory stays flat whatever the size of the directory (with
@@ -468,7 +468,8 @@ class ManagerApi {
     API_ASSIGN_OR_RESPOND(Volume * v, svc_->GetVolume(vol));
     API_ASSIGN_OR_RESPOND(VFolderId vfid, GetVfid(p, "virtual_folder_id"));
     API_ASSIGN_OR_RESPOND(std::vector<std::string> files, p.StrList("files"));
-    return Token(files_.ArchiveToken(ctx, *v, vfid, files, p.OptStr("filename")), files);
+    API_ASSIGN_OR_RESPOND(std::optional<std::string> filename, p.OptStr("filename"));
+    return Token(files_.ArchiveToken(ctx, *v, vfid, files, filename), files);
   }
 
   HttpResponse UploadToken(const Params& p, const RequestContext& ctx) {
@@ -521,7 +522,7 @@ class ManagerApi {
   HttpResponse CacheWarm(const Params& p, const RequestContext&) {
     API_ASSIGN_OR_RESPOND(CachedVolume * c, GetCache(p));
     API_ASSIGN_OR_RESPOND(VFolderId vfid, GetVfid(p, "vfid"));
-    std::string path = p.OptStr("path").value_or("");
+    API_ASSIGN_OR_RESPOND(std::string path, p.StrOr("path", ""));
     API_ASSIGN_OR_RESPOND(auto parts, SplitRelPath(path));  // refused now, not in the task
     if (Status st = c->CheckVFolder(vfid); !st.ok()) return ErrorResponse(st);
     nlohmann::json params = {{"volume", c->name()}, {"vfid", vfid.ToString()}, {"path", path}};
@@ -538,9 +539,11 @@ class ManagerApi {
   // {volume, vfid?, path?}: without a vfid, everything the cache holds.
   HttpResponse CacheEvict(const Params& p, const RequestContext&) {
     API_ASSIGN_OR_RESPOND(CachedVolume * c, GetCache(p));
-    if (!p.OptStr("vfid")) return HttpResponse::Json(200, {{"blocks", c->EvictAll()}});
+    API_ASSIGN_OR_RESPOND(std::optional<std::string> which, p.OptStr("vfid"));
+    if (!which) return HttpResponse::Json(200, {{"blocks", c->EvictAll()}});
     API_ASSIGN_OR_RESPOND(VFolderId vfid, GetVfid(p, "vfid"));
-    API_ASSIGN_OR_RESPOND(nlohmann::json out, EvictTree(*c, vfid, p.OptStr("path").value_or("")));
+    API_ASSIGN_OR_RESPOND(std::string path, p.StrOr("path", ""));
+    API_ASSIGN_OR_RESPOND(nlohmann::json out, EvictTree(*c, vfid, path));
     return HttpResponse::Json(200, out);
   }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -24,5 +25,11 @@ size_t JsonNestingDepth(std::string_view text, size_t stop_after = kMaxJsonDepth
 // `max_depth`.
 Result<nlohmann::json> ParseJson(std::string_view text, std::string_view what,
                                  size_t max_depth = kMaxJsonDepth);
+
+// Bytes that are not valid UTF-8 become U+FFFD (JSON text, ZIP and pax names, events: every
+// reader can decode them).
+std::string SanitizeUtf8(std::string_view s);
+// Whether every byte is below 0x80 (then already valid UTF-8, and a ustar name as it is).
+bool IsAscii(std::string_view s);
 
 }  // namespace sluice

@@ -12,6 +12,7 @@
 #include <openssl/evp.h>
 
 #include "common/http_client.h"
+#include "common/json.h"
 
 namespace sluice {
 
@@ -26,8 +27,11 @@ BusEvent Make(std::string name, std::vector<std::pair<const char*, std::string>>
   BusEvent e;
   e.name = std::move(name);
   for (auto& [k, v] : fields) {
-    e.payload[k] = v;
-    e.args.push_back(std::move(v));
+    // A message can quote a file's name, which need not be UTF-8: JSON (the outbox) would
+    // refuse it, and the manager's msgpack decoder too.
+    std::string text = IsAscii(v) ? std::move(v) : SanitizeUtf8(v);
+    e.payload[k] = text;
+    e.args.push_back(std::move(text));
   }
   return e;
 }
@@ -341,7 +345,8 @@ Status EventOutbox::Append(const BusEvent& e) {
   if (sqlite3_prepare_v2(db_, "INSERT INTO outbox (name, body, created) VALUES (?, ?, ?)", -1, &q.s,
                          nullptr) != SQLITE_OK)
     return Status(Code::kIoError, fmt::format("event outbox: {}", sqlite3_errmsg(db_)));
-  std::string body = nlohmann::json{{"payload", e.payload}, {"args", e.args}}.dump();
+  std::string body = nlohmann::json{{"payload", e.payload}, {"args", e.args}}.dump(
+      -1, ' ', false, nlohmann::json::error_handler_t::replace);
   double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   sqlite3_bind_text(q.s, 1, e.name.c_str(), -1, SQLITE_TRANSIENT);

@@ -310,6 +310,27 @@ def test_bad_vfid_is_400(daemon):
         assert r.status_code == 400, (bad, r.text)
 
 
+def test_a_parameter_of_the_wrong_type_is_400_not_its_default(daemon, vfid):
+    # Before, a value that was not a string counted as missing: relpath 7 listed the root,
+    # dst_volume 7 cloned into the source's volume, vfid 7 evicted a whole cache.
+    write_tree(daemon.vfolder_path(vfid), {"f": b"x"})
+    for path, body in [
+        ("/folder/file/list", {"relpath": 7}),
+        ("/folder/mount", {"subpath": ["a"]}),
+        ("/folder/clone", {"src_volume": "local", "src_vfid": vfid, "dst_vfid": new_vfid(),
+                           "dst_volume": 7}),
+        ("/folder/file/archive-download-token", {"virtual_folder_id": vfid, "files": ["f"],
+                                                 "filename": 7}),
+    ]:
+        method = "GET" if path == "/folder/mount" else "POST"
+        r = daemon.mgr(method, path, json={"volume": "local", "vfid": vfid, **body})
+        assert r.status_code == 400 and "must be a string" in problem(r)["msg"], (path, r.text)
+    # null is missing, as before.
+    r = daemon.mgr("POST", "/folder/file/list", json={"volume": "local", "vfid": vfid,
+                                                      "relpath": None})
+    assert r.status_code == 200, r.text
+
+
 def test_usage_and_used_bytes(daemon, vfid):
     write_tree(
         daemon.vfolder_path(vfid),

@@ -8,6 +8,7 @@
 
 #include "api/range.h"
 #include "api/s3/s3_errors.h"
+#include "common/json.h"
 
 namespace sluice::api::s3 {
 

@@ -29,9 +29,10 @@ void AddS3AdminRoutes(RouteGroup& g, StorageService* svc, S3Store* store) {
           API_ASSIGN_OR_RESPOND(Params p, Params::From(req));
           S3User u;
           API_ASSIGN_OR_RESPOND(u.id, p.Str("id"));
-          u.display_name = p.OptStr("display_name").value_or(u.id);
-          if (auto v = p.OptStr("volume")) {
-            u.default_volume = *v;
+          API_ASSIGN_OR_RESPOND(u.display_name, p.StrOr("display_name", u.id));
+          API_ASSIGN_OR_RESPOND(std::optional<std::string> volume, p.OptStr("volume"));
+          if (volume) {
+            u.default_volume = *volume;
           } else {
             auto vols = svc->Volumes();
             if (vols.empty())
@@ -39,7 +40,7 @@ void AddS3AdminRoutes(RouteGroup& g, StorageService* svc, S3Store* store) {
             u.default_volume = vols.front()->name();
           }
           API_RETURN_IF_ERROR(svc->GetVolume(u.default_volume).status());
-          u.default_scope = p.OptStr("quota_scope").value_or(DerivedScope(u.id));
+          API_ASSIGN_OR_RESPOND(u.default_scope, p.StrOr("quota_scope", DerivedScope(u.id)));
           API_ASSIGN_OR_RESPOND(auto qsid, QuotaScopeId::Parse(u.default_scope));
           u.default_scope = qsid.ToString();
           API_RETURN_IF_ERROR(store->CreateUser(u));
@@ -64,8 +65,9 @@ void AddS3AdminRoutes(RouteGroup& g, StorageService* svc, S3Store* store) {
             API_ASSIGN_OR_RESPOND(buckets, p.StrList("buckets"));
           }
           API_ASSIGN_OR_RESPOND(bool ro, p.Bool("read_only", false));
-          API_ASSIGN_OR_RESPOND(S3Key k, store->CreateKey(user, p.OptStr("access_key"),
-                                                          p.OptStr("secret_key"), buckets, ro));
+          API_ASSIGN_OR_RESPOND(std::optional<std::string> ak, p.OptStr("access_key"));
+          API_ASSIGN_OR_RESPOND(std::optional<std::string> sk, p.OptStr("secret_key"));
+          API_ASSIGN_OR_RESPOND(S3Key k, store->CreateKey(user, ak, sk, buckets, ro));
           nlohmann::json j = k.ToPublicJson();
           j["secret_key"] = k.secret_key;
           return Created(j);

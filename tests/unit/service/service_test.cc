@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "service/bgtask.h"
+#include "service/event_bus.h"
 #include "service/storage_service.h"
 #include "service/upload.h"
 #include "volume/fault_volume.h"
@@ -76,6 +77,29 @@ TEST(BgTask, RefusedWhenThePoolIsShutDown) {
   auto id = m.Start("late", {}, [] { return Status::Ok(); });
   EXPECT_EQ(id.status().code(), Code::kUnavailable);
   EXPECT_TRUE(m.List().empty());
+}
+
+// A failure event can quote a file's name that is not UTF-8 (a clone or delete refused on it):
+// it is kept, with U+FFFD for the bad bytes, instead of throwing out of the task and leaving
+// the manager waiting on a vfolder that never leaves CLONING or DELETE_ONGOING.
+TEST(EventOutbox, KeepsEventsThatQuoteNamesWhichAreNotUtf8) {
+  char tmpl[] = "/tmp/sluice-outbox-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  {
+    auto box = EventOutbox::Open(dir + "/events.db");
+    ASSERT_TRUE(box.ok()) << box.status().ToString();
+    BusEvent e = VFolderCloneFailure("user:a/b", "user:a/c", "open 'x\xff\xfe': Permission denied");
+    EXPECT_EQ(e.payload["message"], "open 'x\xef\xbf\xbd\xef\xbf\xbd': Permission denied");
+    EXPECT_EQ(e.args.back(), e.payload["message"]);
+    ASSERT_TRUE((*box)->Append(e).ok());
+    auto rows = (*box)->Oldest(10);
+    ASSERT_TRUE(rows.ok());
+    ASSERT_EQ(rows->size(), 1u);
+    EXPECT_EQ((*rows)[0].event.name, "vfolder_clone_failure");
+    EXPECT_EQ((*rows)[0].event.payload["message"], e.payload["message"]);
+  }
+  fs::remove_all(dir);
 }
 
 class ServiceTest : public ::testing::Test {

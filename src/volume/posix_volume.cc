@@ -521,7 +521,9 @@ Result<std::vector<DirEntry>> PosixVolume::ListSorted(const VFolderId& vfid,
 Status PosixVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::string>& relpaths,
                                 bool recursive) {
   SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
-  std::vector<ParentRef> targets;
+  // Every path is checked before anything is deleted; each is opened again to be deleted, so
+  // that a batch holds two descriptors at a time, not one per path (a request of 200,000
+  // paths would take the process's descriptors from every other request).
   std::vector<bool> rmdir;  // an empty directory: removed only while it is still empty
   for (const auto& rel : relpaths) {
     SLUICE_ASSIGN_OR_RETURN(ParentRef ref, OpenParentBeneath(root.get(), rel));
@@ -539,10 +541,9 @@ Status PosixVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::st
             fmt::format("directory '{}' is not empty; pass recursive=true to delete it", rel),
             ENOTEMPTY);
     }
-    targets.push_back(std::move(ref));
   }
-  for (size_t i = 0; i < targets.size(); ++i) {
-    auto& t = targets[i];
+  for (size_t i = 0; i < relpaths.size(); ++i) {
+    SLUICE_ASSIGN_OR_RETURN(ParentRef t, OpenParentBeneath(root.get(), relpaths[i]));
     if (rmdir[i]) {
       // Something may have been created in it since the check: rmdir fails then, atomically.
       if (::unlinkat(t.dir.get(), t.name.c_str(), AT_REMOVEDIR) != 0) {

@@ -146,6 +146,29 @@ def test_deep_tree_under_a_low_descriptor_limit(make_daemon):
             subprocess.run(["rm", "-rf", str(d.vfolder_path(v))], check=False)
 
 
+def test_a_delete_of_many_paths_under_a_low_descriptor_limit(make_daemon):
+    """2,000 paths in one delete under `ulimit -n 256`: every one is checked before any goes,
+    and the batch holds a couple of descriptors at a time (it held one per path, so such a
+    request failed with EMFILE, and took every other request's descriptors while it ran)."""
+    d = make_daemon(start_kw={"preexec_fn": fd_limit(256)})
+    vfid = d.create_vfolder(new_vfid())
+    root = d.vfolder_path(vfid)
+    names = [f"d{i % 10}/f{i:04d}" for i in range(2000)]
+    for n in names:
+        (root / n).parent.mkdir(exist_ok=True)
+        (root / n).write_bytes(b"x")
+    body = {"volume": "local", "vfid": vfid, "relpaths": names + ["missing"]}
+    r = d.mgr("POST", "/folder/file/delete", json=body)
+    # Checked first (the contract's 400 "File not found"): nothing deleted.
+    assert r.status_code == 400 and r.json()["errno"] == 2, r.text[:300]
+    assert sum(1 for n in names if (root / n).exists()) == len(names)
+    body["relpaths"] = names
+    r = d.mgr("POST", "/folder/file/delete", json=body)
+    assert r.status_code in (200, 204), r.text[:300]
+    assert not any((root / n).exists() for n in names)
+    assert d.proc.poll() is None
+
+
 def test_trash_that_cannot_be_emptied_is_not_fatal(make_daemon, tmp_path):
     """A vfolder left in the trash by a crash, which cannot be removed (a mount point inside
     it here): the daemon starts anyway, says why, and empties it once it can."""

@@ -339,6 +339,8 @@ int RunDaemon(Config cfg) {
         "no event bus ([etcd] addr or [events] redis-addr): a Backend.AI manager will not "
         "learn that vfolder clones and deletes finished");
   }
+  // Deletes and clones the last stop cut short are finished or undone, and announced.
+  service.ResumeInterrupted(service.tasks().TakeInterrupted());
 
   loops.Start();
   for (auto& s : servers) s->Start();
@@ -365,7 +367,9 @@ int RunDaemon(Config cfg) {
   if (busy()) spdlog::warn("drain timeout: closing connections with requests in flight");
   auto left = deadline - std::chrono::steady_clock::now();
   if (!service.tasks().WaitIdle(left > left.zero() ? left : left.zero()))
-    spdlog::warn("background tasks still running at exit; they resume or clean up at next start");
+    spdlog::warn(
+        "background tasks still running at exit: vfolder deletes and clones are finished or "
+        "undone at the next start (others are failed 'interrupted')");
   if (events) {
     auto rest = deadline - std::chrono::steady_clock::now();
     events->Stop(std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(rest),

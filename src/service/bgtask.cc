@@ -49,7 +49,10 @@ BgTaskManager::BgTaskManager(ThreadPool* pool, size_t keep_finished)
 BgTaskManager::~BgTaskManager() = default;
 
 Status BgTaskManager::Persist(std::unique_ptr<TaskStore> store) {
-  SLUICE_ASSIGN_OR_RETURN(std::vector<BgTaskInfo> history, store->LoadAfterRestart());
+  std::vector<std::string> cut;
+  SLUICE_ASSIGN_OR_RETURN(std::vector<BgTaskInfo> history, store->LoadAfterRestart(&cut));
+  for (const auto& t : history)
+    if (std::find(cut.begin(), cut.end(), t.id) != cut.end()) interrupted_.push_back(t);
   // Finished ones in the order they finished, so that pruning drops the oldest first.
   std::stable_sort(history.begin(), history.end(), [](const BgTaskInfo& a, const BgTaskInfo& b) {
     return a.finished < b.finished;

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -49,6 +50,9 @@ class BgTaskManager {
   // Keeps the task history in `store` from now on, and loads what it holds (tasks cut short by
   // the last stop are failed "interrupted" there). Call before the first Start.
   Status Persist(std::unique_ptr<TaskStore> store);
+  // The tasks Persist found cut short by the last stop (once: the list is handed over), for
+  // whoever must finish or undo what they began (StorageService::ResumeInterrupted).
+  std::vector<BgTaskInfo> TakeInterrupted() { return std::exchange(interrupted_, {}); }
 
   // Queues `fn`; kUnavailable when the pool refuses it (shutting down or overloaded).
   Result<std::string> Start(std::string kind, nlohmann::json params, Fn fn);
@@ -72,7 +76,8 @@ class BgTaskManager {
   size_t active_ = 0;
   std::map<std::string, BgTaskInfo> tasks_;
   std::vector<std::string> finished_order_;
-  std::unique_ptr<TaskStore> store_;  // null: history in memory only
+  std::unique_ptr<TaskStore> store_;     // null: history in memory only
+  std::vector<BgTaskInfo> interrupted_;  // set by Persist, before any task starts
 };
 
 }  // namespace sluice

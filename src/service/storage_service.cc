@@ -1,5 +1,8 @@
 #include "service/storage_service.h"
 
+#include <chrono>
+#include <thread>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -154,6 +157,57 @@ Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
     if (detached.ok()) (void)dv->fsop().DeleteTree(*detached);
   }
   return id;
+}
+
+void StorageService::ResumeInterrupted(const std::vector<BgTaskInfo>& tasks) {
+  for (const auto& t : tasks) {
+    auto str = [&](const char* k) {
+      auto it = t.params.find(k);
+      return it != t.params.end() && it->is_string() ? it->get<std::string>() : std::string();
+    };
+    Result<std::string> id = std::string();
+    if (t.kind == "vfolder-delete") {
+      auto v = GetVolume(str("volume"));
+      auto vfid = VFolderId::Parse(str("vfid"));
+      if (!v.ok() || !vfid.ok()) continue;
+      spdlog::info(
+          "bgtask {}: the delete of vfolder {} was cut short by the last stop; its "
+          "trash is emptied now",
+          t.id, vfid->ToString());
+      id = tasks_.Start("vfolder-delete", t.params, [this, v = *v, vfid = *vfid]() -> Status {
+        // The janitor empties the same trash meanwhile: a removal that lost a race to it is
+        // done when a second look finds nothing left to fail on.
+        Status st;
+        for (int attempt = 0; attempt < 3; ++attempt) {
+          st = v->EmptyTrash();
+          if (st.ok()) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        }
+        Announce(st.ok() ? VFolderDeletionSuccess(vfid.ToString())
+                         : VFolderDeletionFailure(vfid.ToString(), st.message()));
+        return st;
+      });
+    } else if (t.kind == "vfolder-clone") {
+      auto dv = GetVolume(str("dst_volume"));
+      auto src = VFolderId::Parse(str("src_vfid"));
+      auto dst = VFolderId::Parse(str("dst_vfid"));
+      if (!dv.ok() || !src.ok() || !dst.ok()) continue;
+      spdlog::info(
+          "bgtask {}: the clone {} -> {} was cut short by the last stop; its "
+          "destination is removed",
+          t.id, src->ToString(), dst->ToString());
+      id = tasks_.Start("vfolder-clone", t.params, [this, dv = *dv, src = *src, dst = *dst] {
+        auto detached = dv->DetachVFolder(dst);
+        Status st = detached.ok() ? dv->fsop().DeleteTree(*detached) : detached.status();
+        if (!st.ok() && st.code() != Code::kNotFound)
+          spdlog::error("clone cleanup of {} failed: {}", dst.ToString(), st.ToString());
+        const std::string why = "interrupted: sluiced stopped before the clone finished";
+        Announce(VFolderCloneFailure(src.ToString(), dst.ToString(), why));
+        return Status(Code::kUnavailable, why, EINTR);
+      });
+    }
+    if (!id.ok()) spdlog::error("bgtask {}: cannot be resumed: {}", t.id, id.status().ToString());
+  }
 }
 
 Result<std::string> StorageService::DeleteFilesAsync(const std::string& volume,

@@ -59,6 +59,11 @@ class StorageService {
   // Deletes files in a background task; returns the task id.
   Result<std::string> DeleteFilesAsync(const std::string& volume, const VFolderId& vfid,
                                        std::vector<std::string> relpaths, bool recursive);
+  // Finishes what vfolder tasks cut short by the last stop began, in background tasks, so that
+  // the manager hears how each ended (it waits for the event, not the task): a delete's
+  // detached tree is removed from the trash and announced; a clone's destination, partly
+  // copied, is removed and the clone announced failed. Call once at start.
+  void ResumeInterrupted(const std::vector<BgTaskInfo>& tasks);
 
  private:
   Config cfg_;

@@ -112,10 +112,24 @@ TaskStore::~TaskStore() {
 }
 
 // Marks the unfinished tasks of `owner` failed, if its process is gone.
-Status TaskStore::MarkInterrupted(const std::string& owner) {
+Status TaskStore::MarkInterrupted(const std::string& owner, std::vector<std::string>* ids) {
   SLUICE_ASSIGN_OR_RETURN(auto claim, owners_->ClaimIfGone(owner));
   if (!claim) return Status::Ok();  // alive: its tasks are its own business
   // No lock file (removed after a clean close) or a lock taken (its process is gone).
+  if (ids) {
+    Stmt q;
+    SLUICE_RETURN_IF_ERROR(
+        Prepare(q, "SELECT id FROM tasks WHERE owner = ? AND state IN (?, ?)", "prepare select"));
+    q.Text(1, owner);
+    q.Int(2, static_cast<int>(TaskState::kPending));
+    q.Int(3, static_cast<int>(TaskState::kRunning));
+    int rc;
+    while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) {
+      const unsigned char* p = sqlite3_column_text(q.s, 0);
+      ids->emplace_back(p ? reinterpret_cast<const char*>(p) : "");
+    }
+    if (rc != SQLITE_DONE) return Error("read interrupted tasks");
+  }
   Stmt q;
   SLUICE_RETURN_IF_ERROR(Prepare(q,
                                  "UPDATE tasks SET state = ?, error_code = ?, error_msg = ?, "
@@ -211,7 +225,7 @@ BgTaskInfo RowToTask(sqlite3_stmt* q) {
 
 }  // namespace
 
-Result<std::vector<BgTaskInfo>> TaskStore::LoadAfterRestart() {
+Result<std::vector<BgTaskInfo>> TaskStore::LoadAfterRestart(std::vector<std::string>* interrupted) {
   std::lock_guard lk(mu_);
   std::vector<std::string> owners;
   {
@@ -232,7 +246,7 @@ Result<std::vector<BgTaskInfo>> TaskStore::LoadAfterRestart() {
   // their store (sluiced exits with _Exit) are removed here rather than piling up.
   for (auto& name : owners_->Others())
     if (std::find(owners.begin(), owners.end(), name) == owners.end()) owners.push_back(name);
-  for (const auto& o : owners) SLUICE_RETURN_IF_ERROR(MarkInterrupted(o));
+  for (const auto& o : owners) SLUICE_RETURN_IF_ERROR(MarkInterrupted(o, interrupted));
   // Finished tasks only: those of a live peer are read from the store when asked for (Get).
   Stmt q;
   SLUICE_RETURN_IF_ERROR(Prepare(

@@ -39,15 +39,15 @@ class TaskStore {
   Status Put(const BgTaskInfo& task);
   Status Erase(const std::string& id);
   // Every task, oldest first (by creation). Pending and running ones of owners that are gone are
-  // first marked failed.
-  Result<std::vector<BgTaskInfo>> LoadAfterRestart();
+  // first marked failed (interrupted); `interrupted`, when given, receives their ids.
+  Result<std::vector<BgTaskInfo>> LoadAfterRestart(std::vector<std::string>* interrupted = nullptr);
   // One task, whoever runs it (another process sharing the state directory, say).
   Result<std::optional<BgTaskInfo>> Get(const std::string& id);
 
  private:
   explicit TaskStore(sqlite3* db) : db_(db) {}
 
-  Status MarkInterrupted(const std::string& owner);
+  Status MarkInterrupted(const std::string& owner, std::vector<std::string>* ids);
   Status Exec(const char* sql, int* rc = nullptr);
   struct Stmt;
   Status Prepare(Stmt& q, const char* sql, const char* what);

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from conftest import running_daemon, toml_section, write_tree
+from conftest import running_daemon, start_daemon, toml_section, write_tree
 from eventbus import ManagerConsumer, parse_vfid, put_redis_config, redis_server, etcd_server
 
 
@@ -89,6 +89,61 @@ def test_events_survive_a_bus_outage_and_a_restart(tmp_path):
             got = consumer.collect(3, timeout=20)
         assert [e.name for e in got] == ["vfolder_deletion_success"] * 3
         assert [e.vfid for e in got] == vfids  # in order
+
+
+def test_a_clone_and_a_delete_cut_short_are_finished_and_announced(tmp_path):
+    """sluiced is killed with a clone hung in its first step (the source's usage, slowed by an
+    injected fault) and a delete queued behind it (one task thread). At the next start the
+    clone's partial destination is removed and the clone announced failed, and the delete's
+    tree is removed from the trash and announced: before, both were only marked 'interrupted'
+    and the manager waited on CLONING and DELETE_ONGOING for good."""
+    vol = tmp_path / "d" / "vol-faulty"
+    vol.mkdir(parents=True)
+
+    def faulty(rules):
+        items = {"backend": "vfs", "path": str(vol)}
+        if rules:
+            items["faults"] = rules
+        return toml_section("volume.faulty", items)
+
+    def vfolder(d, vfid):
+        r = d.mgr("POST", "/folder/create", json={"volume": "faulty", "vfid": vfid, "options": {}})
+        assert r.status_code == 204, r.text
+
+    src, dst, gone = dashed_vfid(), dashed_vfid(), dashed_vfid()
+    with redis_server(tmp_path / "redis") as redis:
+        consumer = ManagerConsumer(redis.client())
+        consumer.create_group()
+        slow = faulty([{"op": "usage", "latency": "60s"}])
+        d = start_daemon(tmp_path / "d", sluice={"task-threads": 1},
+                         extra_toml=bus_toml(redis=redis) + "\n" + slow)
+        try:
+            d.volumes["faulty"] = vol
+            vfolder(d, src)
+            vfolder(d, gone)
+            write_tree(d.vfolder_path(src, "faulty"), {"a.txt": b"a"})
+            write_tree(d.vfolder_path(gone, "faulty"), {"b.txt": b"b"})
+            r = d.mgr("POST", "/folder/clone", json={"src_volume": "faulty", "src_vfid": src,
+                                                     "dst_volume": "faulty", "dst_vfid": dst})
+            assert r.status_code == 200, r.text
+            r = d.mgr("POST", "/folder/delete", json={"volume": "faulty", "vfid": gone})
+            assert r.status_code == 202, r.text
+            assert d.vfolder_path(dst, "faulty").exists()  # made before the copy began
+            assert not d.vfolder_path(gone, "faulty").exists()  # detached at once
+            assert consumer.drain(timeout=1) == []  # neither has finished
+        finally:
+            d.kill()
+        with running_daemon(tmp_path / "d", extra_toml=bus_toml(redis=redis) + "\n" + faulty(None),
+                            volumes={"faulty": vol}) as d:
+            got = consumer.collect(2, timeout=20)
+            assert sorted((e.name, e.vfid) for e in got) == sorted(
+                [("vfolder_clone_failure", src), ("vfolder_deletion_success", gone)])
+            (clone,) = [e for e in got if e.name == "vfolder_clone_failure"]
+            assert clone.dst_vfid == dst and "interrupted" in clone.message
+            assert not d.vfolder_path(dst, "faulty").exists()
+            assert d.vfolder_path(src, "faulty").exists()
+            trash = vol / ".sluice-trash"
+            assert not trash.exists() or not any(trash.iterdir())
 
 
 def test_no_bus_configured_still_completes(tmp_path):

@@ -13,13 +13,18 @@ HealthMonitor::~HealthMonitor() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  for (auto& t : threads_) t.join();
 }
 
 void HealthMonitor::Start() {
-  CheckAll();
-  thread_ = std::thread([this] { Loop(); });
-  pthread_setname_np(thread_.native_handle(), "health");
+  const auto volumes = svc_->Volumes();
+  for (Volume* v : volumes) {
+    threads_.emplace_back([this, v] { Loop(v); });
+    pthread_setname_np(threads_.back().native_handle(), "health");
+  }
+  // A volume that hangs shows as unavailable once its check has been out for stall_after.
+  std::unique_lock lk(mu_);
+  cv_.wait_for(lk, opts_.stall_after, [&] { return results_.size() >= volumes.size(); });
 }
 
 VolumeHealth HealthMonitor::Judge(const HwInfo& hw, const Result<FsUsage>& fs) {
@@ -45,35 +50,38 @@ VolumeHealth HealthMonitor::Judge(const HwInfo& hw, const Result<FsUsage>& fs) {
 
 std::string HealthMonitor::Checking() const {
   std::lock_guard lk(mu_);
-  return checking_;
+  return checking_.empty() ? std::string() : checking_.begin()->first;
 }
 
-void HealthMonitor::CheckAll() {
-  for (Volume* v : svc_->Volumes()) {
-    {
-      std::lock_guard lk(mu_);
-      checking_ = v->name();
-      check_started_ = opts_.time->Now();
-    }
-    VolumeHealth h = Judge(v->GetHwInfo(), v->GetFsUsage());
+void HealthMonitor::CheckOne(Volume* v) {
+  {
+    std::lock_guard lk(mu_);
+    checking_[v->name()] = opts_.time->Now();
+  }
+  VolumeHealth h = Judge(v->GetHwInfo(), v->GetFsUsage());
+  {
     std::lock_guard lk(mu_);
     auto& prev = results_[v->name()];
     if (prev.status != h.status)
       spdlog::log(h.status == "healthy" ? spdlog::level::info : spdlog::level::warn,
                   "volume {} is {}{}{}", v->name(), h.status, h.info.empty() ? "" : ": ", h.info);
     prev = std::move(h);
-    checking_.clear();
+    checking_.erase(v->name());
   }
+  cv_.notify_all();
 }
 
-void HealthMonitor::Loop() {
+void HealthMonitor::CheckAll() {
+  for (Volume* v : svc_->Volumes()) CheckOne(v);
+}
+
+void HealthMonitor::Loop(Volume* v) {
   std::unique_lock lk(mu_);
   while (!stop_) {
-    cv_.wait_for(lk, opts_.interval, [this] { return stop_; });
-    if (stop_) break;
     lk.unlock();
-    CheckAll();
+    CheckOne(v);
     lk.lock();
+    cv_.wait_for(lk, opts_.interval, [this] { return stop_; });
   }
 }
 
@@ -82,10 +90,11 @@ HealthSnapshot HealthMonitor::Snapshot() const {
   {
     std::lock_guard lk(mu_);
     s.volumes = results_;
-    if (!checking_.empty()) {
-      auto stalled = opts_.time->Now() - check_started_;
+    const auto now = opts_.time->Now();
+    for (const auto& [name, since] : checking_) {
+      auto stalled = now - since;
       if (stalled > opts_.stall_after) {
-        auto& v = s.volumes[checking_];
+        auto& v = s.volumes[name];
         v.status = "unavailable";
         v.info = fmt::format("the volume has not answered a health check for {} s",
                              std::chrono::duration_cast<std::chrono::seconds>(stalled).count());

@@ -1,6 +1,7 @@
 // The node's health, kept current in the background so that probes (/health, /readyz) answer
 // at once from memory and never queue behind file work: a volume's check (stat, statvfs) runs
-// on the monitor's own thread every interval.
+// every interval on a thread of the monitor's for that volume, so that one volume that hangs
+// does not keep the others' figures from being checked.
 //
 // A volume is
 //   unavailable  when its path cannot be reached, or its check has not come back for
@@ -18,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/clock.h"
 #include "service/storage_service.h"
@@ -48,33 +50,33 @@ class HealthMonitor {
   explicit HealthMonitor(StorageService* svc) : HealthMonitor(svc, Options()) {}
   ~HealthMonitor();
 
-  // Checks every volume once (so the first probe has an answer), then keeps checking on a
-  // thread of its own.
+  // Starts a checking thread per volume and waits (at most stall_after) for every volume's
+  // first check, so that the first probe has an answer.
   void Start();
   // Checks every volume now, on the caller's thread.
   void CheckAll();
   // The last results; a check that has been running for longer than stall_after shows as
   // unavailable. Never blocks on a volume.
   HealthSnapshot Snapshot() const;
-  // The volume whose check is out now ("" when none).
+  // A volume whose check is out now ("" when none).
   std::string Checking() const;
 
   // The verdict for one volume's figures (exposed for tests).
   static VolumeHealth Judge(const HwInfo& hw, const Result<FsUsage>& fs);
 
  private:
-  void Loop();
+  void Loop(Volume* v);
+  void CheckOne(Volume* v);
 
   StorageService* svc_;
   Options opts_;
   mutable std::mutex mu_;
   std::map<std::string, VolumeHealth> results_;
-  // The volume being checked right now, and since when.
-  std::string checking_;
-  std::chrono::steady_clock::time_point check_started_;
-  std::condition_variable cv_;
+  // The volumes being checked right now, and since when.
+  std::map<std::string, std::chrono::steady_clock::time_point> checking_;
+  std::condition_variable cv_;  // stop_, and each check that comes back
   bool stop_ = false;
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace sluice

@@ -216,9 +216,15 @@ Result<std::string> StorageService::DeleteFilesAsync(const std::string& volume,
                                                      bool recursive) {
   SLUICE_ASSIGN_OR_RETURN(Volume * v, GetVolume(volume));
   SLUICE_RETURN_IF_ERROR(v->CheckVFolder(vfid));
+  // The task's record (kept in memory and in the history, 10,000 tasks deep) names the first
+  // paths and counts the rest: a request of 200,000 paths would otherwise keep them all.
+  constexpr size_t kShown = 100;
+  nlohmann::json shown = nlohmann::json::array();
+  for (size_t i = 0; i < relpaths.size() && i < kShown; ++i) shown.push_back(relpaths[i]);
   nlohmann::json params = {{"volume", volume},
                            {"vfid", vfid.ToString()},
-                           {"relpaths", relpaths},
+                           {"relpaths", std::move(shown)},
+                           {"relpath_count", relpaths.size()},
                            {"recursive", recursive}};
   return tasks_.Start("file-delete", std::move(params),
                       [v, vfid, relpaths = std::move(relpaths), recursive] {

@@ -241,3 +241,12 @@ def test_delete_async(daemon, vfid):
     task = daemon.wait_task(r.json()["bgtask_id"])
     assert task["status"] == "completed", task
     assert os.listdir(root) == ["keep"]
+    assert task["params"]["relpaths"] == ["tree"] and task["params"]["relpath_count"] == 1
+    # A long list is counted in the task's record, not kept whole.
+    names = [f"f{i:03d}" for i in range(150)]
+    write_tree(root, {n: b"x" for n in names})
+    r = op(daemon, vfid, "delete-async", relpaths=names)
+    task = daemon.wait_task(r.json()["bgtask_id"])
+    assert task["status"] == "completed", task
+    assert task["params"]["relpaths"] == names[:100] and task["params"]["relpath_count"] == 150
+    assert os.listdir(root) == ["keep"]

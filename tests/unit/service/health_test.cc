@@ -81,5 +81,39 @@ TEST(Health, AHungCheckMakesTheVolumeUnavailable) {
   EXPECT_EQ(m.Snapshot().overall, "healthy");  // the check came back
 }
 
+// One volume that hangs does not hold the others' checks: each volume has its own thread.
+// Before, the checks ran one after another, so "ok" was checked once per hung round (3 s).
+TEST(Health, AHungVolumeDoesNotHoldTheOthersChecks) {
+  std::vector<std::unique_ptr<Volume>> vols;
+  for (const char* name : {"hung", "ok"}) {
+    VolumeConfig vc;
+    vc.name = name;
+    vc.backend = "mem";
+    vc.path = "mem";
+    if (std::string(name) == "hung")
+      vc.faults = nlohmann::json::parse(R"([{"op": "fs-usage", "latency": "3s"}])");
+    auto v = VolumeRegistry::Builtin().CreateServed(vc, VolumeDeps{});
+    ASSERT_OK(v);
+    vols.push_back(std::move(v).value());
+  }
+  Config cfg;
+  ThreadPool tasks("t", 1);
+  StorageService svc(cfg, std::move(vols), &tasks);
+  HealthMonitor::Options o;
+  o.interval = std::chrono::milliseconds(20);
+  o.stall_after = std::chrono::milliseconds(300);
+  HealthMonitor m(&svc, o);
+  m.Start();  // waits at most stall_after for the hung one
+  HealthSnapshot first = m.Snapshot();
+  EXPECT_EQ(first.volumes["hung"].status, "unavailable");
+  ASSERT_EQ(first.volumes.count("ok"), 1u);
+  EXPECT_EQ(first.volumes["ok"].status, "healthy");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  HealthSnapshot later = m.Snapshot();
+  EXPECT_GT(later.volumes["ok"].checked_at, first.volumes["ok"].checked_at)
+      << "the healthy volume was not checked again while the other hung";
+  EXPECT_EQ(later.overall, "unhealthy");
+}
+
 }  // namespace
 }  // namespace sluice

@@ -43,6 +43,18 @@ constexpr size_t kSmallBody = 16 << 10;
 constexpr size_t kLingerBytes = 64 << 20;
 constexpr auto kLingerTime = std::chrono::seconds(10);
 
+// A request body's sink or a generated body runs on the pool, where an exception has nowhere
+// to go but std::terminate: it ends its request as an internal error instead.
+template <typename F>
+auto Guarded(const char* what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    spdlog::error("{}: unexpected exception: {}", what, e.what());
+    return Status(Code::kInternal, fmt::format("internal error: {}", e.what()));
+  }
+}
+
 using Clock = std::chrono::steady_clock;
 using Timer =
     asio::basic_waitable_timer<Clock, asio::wait_traits<Clock>, asio::io_context::executor_type>;
@@ -507,7 +519,8 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     ExpireNever();
     auto self = this->shared_from_this();
     bool queued = router().pool()->Submit([self, got] {
-      Status st = self->sink_->Write(self->io_buf_.data(), got);
+      Status st =
+          Guarded("request body", [&] { return self->sink_->Write(self->io_buf_.data(), got); });
       asio::post(self->Sock().get_executor(), [self, st] {
         self->piece_len_ = 0;
         if (!st.ok()) {
@@ -529,7 +542,8 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     ExpireNever();  // the sink may take a while to settle (a sync): no deadline on the client
     auto self = this->shared_from_this();
     bool queued = router().pool()->Submit([self] {
-      auto res = std::make_shared<HttpResponse>(self->sink_->Finish());
+      auto res =
+          std::make_shared<HttpResponse>(self->Settle([&] { return self->sink_->Finish(); }));
       asio::post(self->Sock().get_executor(), [self, res] {
         self->sink_.reset();
         self->Write(std::move(*res));
@@ -548,18 +562,37 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     std::shared_ptr<BodySink> sink(std::move(sink_));
     auto self = this->shared_from_this();
     bool queued = router().pool()->Submit([self, sink, error] {
-      auto res = std::make_shared<HttpResponse>(sink->Fail(error));
+      auto res = std::make_shared<HttpResponse>(self->Settle([&] { return sink->Fail(error); }));
       asio::post(self->Sock().get_executor(), [self, res] { self->Write(std::move(*res)); });
     });
-    if (!queued) Write(sink->Fail(error));  // the pool is full: settle here rather than not at all
+    // The pool is full: settle here rather than not at all.
+    if (!queued) Write(Settle([&] { return sink->Fail(error); }));
   }
 
   // The connection failed mid-body: tell the sink (on the pool), count the request, close.
   void AbortStream(beast::error_code ec) {
     std::shared_ptr<BodySink> sink(std::move(sink_));
     Status why(Code::kUnavailable, fmt::format("connection lost: {}", ec.message()));
-    if (sink && !router().pool()->Submit([sink, why] { sink->Abort(why); })) sink->Abort(why);
+    auto abort = [sink, why] {
+      (void)Guarded("request body", [&] {
+        sink->Abort(why);
+        return Status::Ok();
+      });
+    };
+    if (sink && !router().pool()->Submit(abort)) abort();
     Close();
+  }
+
+  // A sink's last answer (Finish, Fail), or an internal error when it throws.
+  template <typename F>
+  HttpResponse Settle(F&& f) {
+    try {
+      return f();
+    } catch (const std::exception& e) {
+      spdlog::error("{} listener: request body: unexpected exception: {}", opts().name, e.what());
+      keep_alive_ = false;
+      return router().Error(Status(Code::kInternal, fmt::format("internal error: {}", e.what())));
+    }
   }
 
   // ---- writing responses
@@ -867,7 +900,8 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     ExpireNever();
     auto self = this->shared_from_this();
     bool queued = router().pool()->Submit([self, close] {
-      auto n = self->gen_(self->io_buf_.data(), self->io_buf_.size());
+      Result<size_t> n = Guarded(
+          "response body", [&] { return self->gen_(self->io_buf_.data(), self->io_buf_.size()); });
       asio::post(self->Sock().get_executor(), [self, close, n] { self->SendPiece(n, close); });
     });
     if (!queued) AfterWrite(beast::error_code(EAGAIN, beast::system_category()), true);

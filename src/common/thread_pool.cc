@@ -192,7 +192,15 @@ void ThreadPool::Run(bool extra) {
       queue_.pop_front();
     }
     if (g_busy_) g_busy_->fetch_add(1, std::memory_order_relaxed);
-    fn();
+    // The last line of defence: a task's exception would end the process from here. Callers
+    // turn their own into answers; what reaches this point is logged and dropped.
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      spdlog::error("thread pool {}: a task threw: {}", name_, e.what());
+    } catch (...) {
+      spdlog::error("thread pool {}: a task threw a non-standard exception", name_);
+    }
     if (g_busy_) g_busy_->fetch_sub(1, std::memory_order_relaxed);
   }
 }

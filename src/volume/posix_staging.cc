@@ -255,6 +255,19 @@ class PosixStagingWriter : public StagingWriter {
                       ENOTDIR);
       return d;
     };
+    // A directory on the way may be removed between its mkdir and the rename into it (a
+    // delete of its last object removes it): the rename finds it gone, and the way is made
+    // again.
+    for (int attempt = 0;; ++attempt) {
+      Status placed = Place(parts, final_rel, open_dir);
+      if (placed.sys_errno() == ENOENT && attempt < 3) continue;
+      return placed;
+    }
+  }
+
+  template <typename OpenDir>
+  Status Place(const std::vector<std::string>& parts, const std::string& final_rel,
+               OpenDir& open_dir) {
     for (size_t i = 0; i + 1 < parts.size(); ++i) {
       SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, open_dir(i, O_PATH));
       if (::mkdirat(dir.get(), parts[i].c_str(), 0755) == 0)
@@ -284,9 +297,11 @@ class PosixStagingWriter : public StagingWriter {
       return Status::FromErrno(err, fmt::format("move upload into place at '{}'", final_rel));
     }
     if (replaces) Account(-static_cast<int64_t>(replaced.st_size), -1);
-    // The new name and the removed staging name survive a power loss.
-    ::fsync(parent.get());
-    ::fsync(updir_.get());
+    // The new name and the removed staging name survive a power loss; a write is not answered
+    // as durable when they may not (EINVAL: a file system that cannot sync a directory).
+    for (int d : {parent.get(), updir_.get()})
+      if (::fsync(d) != 0 && errno != EINVAL)
+        return Status::FromErrno(errno, fmt::format("sync the directory of '{}'", final_rel));
     return Status::Ok();
   }
 

@@ -9,6 +9,7 @@ import datetime
 import hashlib
 import os
 import socket
+import threading
 import time
 import uuid
 
@@ -609,6 +610,48 @@ def test_header_values_from_the_query_are_checked(s3d, s3):
         Params={"Bucket": name, "Key": "f", "ResponseContentDisposition": "attachment; x=1"})
     r = requests.get(url)
     assert r.status_code == 200 and r.headers["Content-Disposition"] == "attachment; x=1"
+
+
+def test_stored_headers_that_are_not_utf8_are_refused(s3d, s3):
+    # A Content-Type byte above 0x7f that is not UTF-8 threw out of the object's metadata
+    # (JSON) on a pool thread and ended the process; now it is a 400, and UTF-8 is kept.
+    name = new_bucket(s3)
+    url = s3.generate_presigned_url("put_object", Params={"Bucket": name, "Key": "m"},
+                                    ExpiresIn=60)
+    r = requests.put(url, data=b"body", headers={"Content-Type": "text/\xe9"})
+    assert r.status_code == 400 and "not valid UTF-8" in r.text, r.text
+    with pytest.raises(ClientError):
+        s3.head_object(Bucket=name, Key="m")
+    r = requests.put(url, data=b"body", headers={"Content-Type": "text/caf\u00e9".encode()})
+    assert r.status_code == 200, r.text
+    got = requests.get(s3.generate_presigned_url("get_object", Params={"Bucket": name, "Key": "m"},
+                                                 ExpiresIn=60))
+    assert got.content == b"body"
+    assert got.headers["Content-Type"].encode("latin-1") == "text/caf\u00e9".encode()
+
+
+def test_puts_into_a_directory_that_deletes_empty_are_not_lost(s3):
+    # Deleting the last object of "d/" removes the directory; a PUT of another key in it that
+    # had just made (or found) "d/" then renamed into a directory that was gone, and was
+    # answered 404 NoSuchKey, which clients do not retry. Now the way is made again.
+    name = new_bucket(s3)
+    failures = []
+
+    def writer(key, delete):
+        for i in range(150):  # boto3 clients may be shared by threads
+            try:
+                s3.put_object(Bucket=name, Key=key, Body=b"%d" % i)
+                if delete:
+                    s3.delete_object(Bucket=name, Key=key)
+            except ClientError as e:
+                failures.append((key, i, code_of(e)))
+
+    threads = [threading.Thread(target=writer, args=(f"d/{k}", True)) for k in ("x", "y")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
 
 
 def test_put_if_match_is_refused_not_ignored(s3):

@@ -619,6 +619,18 @@ constexpr std::string_view kStoredHeaders[] = {"Cache-Control", "Content-Disposi
 
 // Object metadata from a PUT's headers; MetadataTooLarge past S3's 2 KB of user metadata.
 std::variant<ObjectMeta, S3Error> MetaFromHeaders(const HttpRequest& req) {
+  // What is stored must be UTF-8 (it is kept as JSON and answered as headers again); HTTP lets
+  // a client send any byte above 0x7f.
+  for (const auto& f : req.msg) {
+    const std::string_view n = f.name_string();
+    const bool stored =
+        boost::beast::iequals(n, "Content-Type") ||
+        (n.size() > 11 && boost::beast::iequals(n.substr(0, 11), "x-amz-meta-")) ||
+        std::any_of(std::begin(kStoredHeaders), std::end(kStoredHeaders),
+                    [&](std::string_view h) { return boost::beast::iequals(n, h); });
+    if (stored && !IsAscii(f.value()) && SanitizeUtf8(f.value()) != f.value())
+      return S3Error{400, "InvalidArgument", fmt::format("header {} is not valid UTF-8", n)};
+  }
   ObjectMeta m;
   m.content_type = std::string(Header(req, "Content-Type"));
   for (auto name : kStoredHeaders) {

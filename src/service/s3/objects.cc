@@ -12,6 +12,8 @@
 
 #include "api/range.h"
 #include "common/checksum.h"
+#include "common/crypto.h"
+#include "common/json.h"
 #include "common/path.h"
 #include "common/secrets.h"
 #include "service/upload.h"
@@ -53,7 +55,9 @@ std::string ObjectMeta::Encode() const {
   if (!headers.empty()) j["h"] = headers;
   if (!user.empty()) j["m"] = user;
   if (!checksums.empty()) j["c"] = checksums;
-  return j.dump();
+  // Callers keep these UTF-8 (MetaFromHeaders refuses other bytes); a slip is replaced, never
+  // thrown from the middle of a write.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::optional<ObjectMeta> ObjectMeta::Decode(std::string_view blob, const DirEntry& file) {
@@ -538,11 +542,20 @@ ObjectWriter::~ObjectWriter() {
 }
 
 Status ObjectWriter::Write(const char* data, size_t n) {
+  // The reservation is what is still to come: bytes written count in the scope's usage from
+  // then on (as a tus upload's do once synced), so keeping them reserved too counted them
+  // twice, and a body of unknown length was refused at half its room.
   if (written_ + n > reserved_) {
     // Bodies of unknown length (chunked) reserve as they grow, 8 MiB at a time.
+    // Near the limit, just this piece.
     uint64_t want = std::max<uint64_t>(written_ + n, reserved_ + (8 << 20));
-    SLUICE_RETURN_IF_ERROR(
-        ReserveScopeQuota(*reservations_, *volume_, vfid_, reservation_key_, want));
+    Status q =
+        ReserveScopeQuota(*reservations_, *volume_, vfid_, reservation_key_, want - written_);
+    if (q.code() == Code::kQuotaExceeded && want > written_ + n) {
+      want = written_ + n;
+      q = ReserveScopeQuota(*reservations_, *volume_, vfid_, reservation_key_, n);
+    }
+    SLUICE_RETURN_IF_ERROR(q);
     reserved_ = want;
   }
   size_t done = 0;
@@ -550,6 +563,7 @@ Status ObjectWriter::Write(const char* data, size_t n) {
   md5_.Update(data, done);
   if (sha256_) sha256_->Update(data, done);
   written_ += done;
+  reservations_->Shrink(reservation_key_, reserved_ - written_);
   return st;
 }
 
@@ -672,6 +686,11 @@ std::optional<MultipartUpload> DecodeUpload(std::string_view blob, std::string i
   MultipartUpload u;
   u.id = std::move(id);
   u.key = j["k"].get<std::string>();
+  if (j.contains("kx") && j["kx"].is_string()) {
+    auto raw = HexDecode(j["kx"].get<std::string>());
+    if (!raw.ok()) return std::nullopt;
+    u.key = std::move(raw).value();
+  }
   if (j.contains("m") && j["m"].is_string()) {
     DirEntry any;
     auto inner = nlohmann::json::parse(j["m"].get<std::string>(), nullptr, false);
@@ -738,7 +757,11 @@ Result<MultipartUpload> ObjectStore::CreateMultipart(Volume& v, const VFolderId&
   u.checksum_type = std::move(checksum_type);
   SLUICE_ASSIGN_OR_RETURN(
       auto w, BeginWrite(v, vfid, {kStagingDirName, UploadDir(u.id), kUploadRecord}, 0, false));
-  nlohmann::json j = {{"k", u.key}, {"m", u.meta.Encode()}};
+  // A key is bytes (a plain PUT stores any the path rules allow); JSON text holds UTF-8 only,
+  // so another key is kept hex-encoded ("kx").
+  const std::string shown = SanitizeUtf8(u.key);
+  nlohmann::json j = {{"k", shown}, {"m", u.meta.Encode()}};
+  if (shown != u.key) j["kx"] = HexEncode(u.key);
   if (!u.checksum_algo.empty()) {
     j["ca"] = u.checksum_algo;
     j["ct"] = u.checksum_type;

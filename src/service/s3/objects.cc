@@ -661,6 +661,10 @@ Result<std::unique_ptr<ObjectWriter>> ObjectStore::BeginWrite(Volume& v, const V
 namespace {
 
 constexpr const char* kUploadRecord = "upload";
+// The record of an upload being completed or aborted: renamed from kUploadRecord by the one
+// request that may end it (a rename onto a name that does not exist: the other finds no
+// record), so that of a Complete and an Abort, or two Completes, one wins.
+constexpr const char* kEndingRecord = "ending";
 
 std::string UploadDir(std::string_view id) {
   return fmt::format("mp-{}", id);
@@ -820,20 +824,36 @@ Result<std::string> ObjectStore::CompleteMultipart(Volume& v, const VFolderId& v
                                                    std::map<std::string, std::string> checksums,
                                                    bool durable) {
   SLUICE_ASSIGN_OR_RETURN(auto key_parts, KeyParts(u.key));
-  SLUICE_ASSIGN_OR_RETURN(auto w, BeginWrite(v, vfid, std::move(key_parts), 0, false));
-  std::vector<std::string> md5s;
-  for (const auto& p : parts) {
-    SLUICE_ASSIGN_OR_RETURN(auto f, v.OpenReader(vfid, UploadRel(u.id) + "/" + PartName(p.number)));
-    if (f->size() != p.size)
-      return Status(Code::kConflict, fmt::format("part {} changed while completing", p.number));
-    SLUICE_RETURN_IF_ERROR(w->CopyFrom(*f, p.size));
-    md5s.push_back(p.md5);
+  SLUICE_RETURN_IF_ERROR(ClaimUpload(v, vfid, u.id));
+  // Until the object is published, a failure gives the upload back to its client.
+  auto build = [&]() -> Result<std::string> {
+    SLUICE_ASSIGN_OR_RETURN(auto w, BeginWrite(v, vfid, std::move(key_parts), 0, false));
+    std::vector<std::string> md5s;
+    for (const auto& p : parts) {
+      SLUICE_ASSIGN_OR_RETURN(auto f,
+                              v.OpenReader(vfid, UploadRel(u.id) + "/" + PartName(p.number)));
+      if (f->size() != p.size)
+        return Status(Code::kConflict, fmt::format("part {} changed while completing", p.number));
+      SLUICE_RETURN_IF_ERROR(w->CopyFrom(*f, p.size));
+      md5s.push_back(p.md5);
+    }
+    ObjectMeta meta = u.meta;
+    meta.etag = MultipartETag(md5s);
+    meta.checksums = std::move(checksums);
+    SLUICE_RETURN_IF_ERROR(w->Publish(meta, durable));
+    return meta.etag;
+  };
+  auto etag = build();
+  if (!etag.ok()) {
+    Status back = v.Rename(vfid, UploadRel(u.id) + "/" + kEndingRecord, kUploadRecord);
+    if (!back.ok())
+      spdlog::warn(
+          "s3: upload {}: its record could not be given back after a failed "
+          "Complete: {}",
+          u.id, back.ToString());
+    return etag.status();
   }
-  ObjectMeta meta = u.meta;
-  meta.etag = MultipartETag(md5s);
-  meta.checksums = std::move(checksums);
-  SLUICE_RETURN_IF_ERROR(w->Publish(meta, durable));
-  Status ended = v.DeleteFiles(vfid, {UploadRel(u.id) + "/" + kUploadRecord}, false);
+  Status ended = v.DeleteFiles(vfid, {UploadRel(u.id) + "/" + kEndingRecord}, false);
   auto remove_parts = [&v, vfid, id = u.id] {
     Status gone = v.DeleteFiles(vfid, {UploadRel(id)}, true);
     if (!gone.ok() && !IsObjectNotFound(gone))
@@ -841,10 +861,20 @@ Result<std::string> ObjectStore::CompleteMultipart(Volume& v, const VFolderId& v
                    gone.ToString());
   };
   if (!ended.ok() || !background_ || !background_->Submit(remove_parts)) remove_parts();
-  return meta.etag;
+  return etag;
+}
+
+Status ObjectStore::ClaimUpload(Volume& v, const VFolderId& vfid, const std::string& id) {
+  Status st = v.Rename(vfid, UploadRel(id) + "/" + kUploadRecord, kEndingRecord);
+  if (st.ok()) return st;
+  // Gone (completed or aborted meanwhile), or being ended by another request.
+  if (IsObjectNotFound(st) || st.code() == Code::kAlreadyExists || st.code() == Code::kConflict)
+    return NoUpload(id);
+  return st;
 }
 
 Status ObjectStore::AbortMultipart(Volume& v, const VFolderId& vfid, const MultipartUpload& u) {
+  SLUICE_RETURN_IF_ERROR(ClaimUpload(v, vfid, u.id));
   Status st = v.DeleteFiles(vfid, {UploadRel(u.id)}, true);
   return IsObjectNotFound(st) ? NoUpload(u.id) : st;
 }

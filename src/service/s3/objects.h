@@ -296,6 +296,9 @@ class ObjectStore {
                                                    std::optional<uint64_t> size, bool want_sha256);
   Result<Opened> OpenWith(Volume& v, const VFolderId& vfid, std::string_view key, bool want_meta,
                           Lookup lookup);
+  // Makes this request the one that ends upload `id` (Complete or Abort): NoSuchUpload when
+  // it is gone or another request is ending it.
+  Status ClaimUpload(Volume& v, const VFolderId& vfid, const std::string& id);
 
   QuotaReservations* reservations_;
   ThreadPool* background_;

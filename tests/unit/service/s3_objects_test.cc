@@ -291,6 +291,27 @@ TEST(Multipart, CompletedUploadsEndAtOnceAndTheSweepTakesWhatTheyLeave) {
   ASSERT_OK(store.GetMultipart(vol, vf, live->id));
   ASSERT_OK(vol.Stat(vf, dir_of(*live)));
 
+  // One request ends an upload: while another is ending it (its record claimed, as a Complete
+  // does first), an Abort or a second Complete is NoSuchUpload and leaves the parts alone.
+  // Before, an Abort answered 204 while the Complete went on to publish the object.
+  auto raced = store.CreateMultipart(vol, vf, "raced", {});
+  ASSERT_OK(raced);
+  part(*raced, 1, "r");
+  const std::string rec = dir_of(*raced) + "/upload";
+  ASSERT_OK(vol.Rename(vf, rec, "ending"));  // another request's claim
+  EXPECT_ERROR(store.AbortMultipart(vol, vf, *raced), Code::kNotFound);
+  auto raced_parts = std::vector<UploadedPart>{};
+  EXPECT_ERROR(store.CompleteMultipart(vol, vf, *raced, raced_parts, {}, false), Code::kNotFound);
+  ASSERT_OK(vol.Stat(vf, dir_of(*raced) + "/p00001"));
+  ASSERT_OK(vol.Rename(vf, dir_of(*raced) + "/ending", "upload"));  // it gave up
+  // A Complete that fails (a part listed that is not there) gives the upload back.
+  auto wrong = *store.ListParts(vol, vf, *raced);
+  wrong[0].number = 7;
+  EXPECT_FALSE(store.CompleteMultipart(vol, vf, *raced, wrong, {}, false).ok());
+  ASSERT_OK(store.GetMultipart(vol, vf, raced->id));
+  ASSERT_OK(store.AbortMultipart(vol, vf, *raced));
+  EXPECT_ERROR(store.GetMultipart(vol, vf, raced->id), Code::kNotFound);
+
   // A key that is not UTF-8 (a plain PUT takes it) is kept in the upload's record byte for
   // byte; before, its JSON record threw.
   const std::string raw_key = "caf\xe9/\xff";

@@ -786,6 +786,8 @@ std::variant<PutBody, S3Error> BodyOf(S3Ctx& ctx, const HttpRequest& req) {
 // publishes the object.
 class PutSink : public BodySink {
  public:
+  // An upload's part: a writer that finds its upload gone answers NoSuchUpload.
+  void ForPart() { not_found_ = "NoSuchUpload"; }
   PutSink(std::unique_ptr<ObjectWriter> w, ObjectMeta meta, PutBody body, bool if_none_match,
           S3Ctx* ctx, BucketRef ref, std::string key, std::string resource)
       : w_(std::move(w)),
@@ -857,7 +859,7 @@ class PutSink : public BodySink {
     Status st = w_->Publish(std::move(meta_), ctx_->opts.durable);
     if (!st.ok() && if_none_match_ && st.code() == Code::kAlreadyExists)
       return ErrorXml(precondition, resource_);
-    if (!st.ok()) return ErrorXml(FromStatus(st), resource_);
+    if (!st.ok()) return ErrorXml(FromStatus(st, not_found_), resource_);
     HttpResponse r = HttpResponse::Text(200, "", "application/xml");
     r.headers.emplace_back("ETag", "\"" + HexEncode(w_->md5_raw()) + "\"");
     if (sum_) {
@@ -897,7 +899,8 @@ class PutSink : public BodySink {
   std::string key_, resource_;
   std::optional<s3::AwsChunkedDecoder> decoder_;
   std::optional<Checksummer> sum_;
-  std::optional<S3Error> error_;  // why the body was refused mid-way
+  std::optional<S3Error> error_;         // why the body was refused mid-way
+  std::string not_found_ = "NoSuchKey";  // what a writer finding its place gone answers
 };
 
 // ------------------------------------------------------------------------------ copies
@@ -1100,7 +1103,7 @@ HttpResponse UploadPartCopy(S3Ctx& ctx, const HttpRequest& req, const BucketRef&
     meta.checksums[LowerName(sum->algo())] = checksum;
   }
   Status st = (*w)->Publish(std::move(meta), ctx.opts.durable);
-  if (!st.ok()) return ErrorXml(FromStatus(st), req.path);
+  if (!st.ok()) return ErrorXml(FromStatus(st, "NoSuchUpload"), req.path);
   HttpResponse r = CopyResult(
       "CopyPartResult", "\"" + HexEncode((*w)->md5_raw()) + "\"", std::chrono::system_clock::now(),
       sum ? std::optional<std::pair<ChecksumAlgo, std::string>>({sum->algo(), checksum})
@@ -1135,8 +1138,10 @@ StreamStart UploadPart(S3Ctx& ctx, const HttpRequest& req) {
   auto w = ctx.objects.BeginPart(*ref.volume, ref.vfid, std::get<MultipartUpload>(uv), *part,
                                  b.length, b.payload.size() == 64);
   if (!w.ok()) return fail(FromStatus(w.status()));
-  return std::unique_ptr<BodySink>(new PutSink(std::move(w).value(), ObjectMeta(), std::move(b),
-                                               false, &ctx, ref, KeyOf(req), req.path));
+  auto sink = std::make_unique<PutSink>(std::move(w).value(), ObjectMeta(), std::move(b), false,
+                                        &ctx, ref, KeyOf(req), req.path);
+  sink->ForPart();
+  return std::unique_ptr<BodySink>(std::move(sink));
 }
 
 // S3's conditional GET/HEAD: 412 for If-Match / If-Unmodified-Since, 304 for If-None-Match /

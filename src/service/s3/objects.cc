@@ -602,7 +602,7 @@ Status ObjectWriter::PublishWith(const std::function<std::string(const DirEntry&
   done_ = true;
   staging_.reset();
   reservations_->Release(reservation_key_);
-  return Status::Ok();
+  return after_publish_ ? after_publish_() : Status::Ok();
 }
 
 void ObjectWriter::Abort() {
@@ -790,7 +790,19 @@ Result<std::unique_ptr<ObjectWriter>> ObjectStore::BeginPart(Volume& v, const VF
                                                              const MultipartUpload& u, int part,
                                                              std::optional<uint64_t> size,
                                                              bool want_sha256) {
-  return BeginWrite(v, vfid, {kStagingDirName, UploadDir(u.id), PartName(part)}, size, want_sha256);
+  SLUICE_ASSIGN_OR_RETURN(
+      auto w,
+      BeginWrite(v, vfid, {kStagingDirName, UploadDir(u.id), PartName(part)}, size, want_sha256));
+  // A part that lands after its upload was completed or aborted made the upload's directory
+  // again (the commit makes missing parents): it goes, and the client hears NoSuchUpload.
+  w->after_publish_ = [this, &v, vfid, id = u.id, part]() -> Status {
+    auto still = GetMultipart(v, vfid, id);
+    if (still.ok() || still.status().code() != Code::kNotFound) return Status::Ok();
+    (void)v.DeleteFiles(vfid, {UploadRel(id) + "/" + PartName(part)}, false);
+    (void)v.DeleteFiles(vfid, {UploadRel(id)}, false);  // only while empty
+    return NoUpload(id);
+  };
+  return w;
 }
 
 Result<std::vector<UploadedPart>> ObjectStore::ListParts(Volume& v, const VFolderId& vfid,

@@ -312,6 +312,17 @@ TEST(Multipart, CompletedUploadsEndAtOnceAndTheSweepTakesWhatTheyLeave) {
   ASSERT_OK(store.AbortMultipart(vol, vf, *raced));
   EXPECT_ERROR(store.GetMultipart(vol, vf, raced->id), Code::kNotFound);
 
+  // A part that lands after its upload ended is taken back (it made the upload's directory
+  // again, where its bytes counted until the hourly sweep).
+  auto late = store.CreateMultipart(vol, vf, "late", {});
+  ASSERT_OK(late);
+  auto lw = store.BeginPart(vol, vf, *late, 1, 4, false);
+  ASSERT_OK(lw);
+  ASSERT_OK((*lw)->Write("late", 4));
+  ASSERT_OK(store.AbortMultipart(vol, vf, *late));
+  EXPECT_ERROR((*lw)->Publish(ObjectMeta{}, false), Code::kNotFound);
+  EXPECT_ERROR(vol.Stat(vf, dir_of(*late)), Code::kNotFound);
+
   // A key that is not UTF-8 (a plain PUT takes it) is kept in the upload's record byte for
   // byte; before, its JSON record threw.
   const std::string raw_key = "caf\xe9/\xff";

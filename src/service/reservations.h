@@ -17,6 +17,11 @@ class QuotaReservations {
   static std::string ScopeKey(const std::string& volume, const std::string& scope_hex) {
     return volume + "/" + scope_hex;
   }
+  // A writer's key in its vfolder (a tus session, a clone): what ReleaseVFolder finds.
+  static std::string SessionKey(const std::string& volume, const std::string& scope_hex,
+                                const std::string& vf_hex, const std::string& session) {
+    return volume + "/" + scope_hex + "/" + vf_hex + "/" + session;
+  }
 
   // How many bytes have left the scope's reservations so far (written, so counted in its usage
   // from then on, or given up): read before the scope's usage is, and passed to Reserve.

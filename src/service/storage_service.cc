@@ -128,7 +128,8 @@ Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
       // them when the copy ends), as an upload's are: uploads and clones that start meanwhile
       // count them. A delete of the destination releases them too (its vfolder's key).
       const std::string key =
-          dst.scope ? fmt::format("{}/{}/{}/clone", dv->name(), dst.scope->hex, dst.hex) : "";
+          dst.scope ? QuotaReservations::SessionKey(dv->name(), dst.scope->hex, dst.hex, "clone")
+                    : "";
       SLUICE_RETURN_IF_ERROR(
           ReserveScopeQuota(reservations_, *dv, dst, key, need.used_bytes, "the clone"));
       // Within one volume the backend may clone faster (snapshot, reflink).
@@ -139,12 +140,7 @@ Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
     Status st = copy();
     if (st.ok()) Announce(VFolderCloneSuccess(src.ToString(), dst.ToString()));
     if (!st.ok()) {
-      // Nothing half-copied stays visible.
-      auto detached = dv->DetachVFolder(dst);
-      if (detached.ok()) {
-        Status del = dv->fsop().DeleteTree(*detached);
-        if (!del.ok()) spdlog::error("clone cleanup of {} failed: {}", *detached, del.ToString());
-      }
+      RemoveCloneDestination(dv, dst);  // nothing half-copied stays visible
       st = st.WithContext(fmt::format("clone {} -> {}", src.ToString(), dst.ToString()));
       Announce(VFolderCloneFailure(src.ToString(), dst.ToString(), st.message()));
       return st;
@@ -152,11 +148,15 @@ Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
     return Status::Ok();
   };
   auto id = tasks_.Start("vfolder-clone", std::move(params), std::move(task));
-  if (!id.ok()) {
-    auto detached = dv->DetachVFolder(dst);
-    if (detached.ok()) (void)dv->fsop().DeleteTree(*detached);
-  }
+  if (!id.ok()) RemoveCloneDestination(dv, dst);
   return id;
+}
+
+void StorageService::RemoveCloneDestination(Volume* dv, const VFolderId& dst) {
+  auto detached = dv->DetachVFolder(dst);
+  Status st = detached.ok() ? dv->fsop().DeleteTree(*detached) : detached.status();
+  if (!st.ok() && st.code() != Code::kNotFound)
+    spdlog::error("clone cleanup of {} failed: {}", dst.ToString(), st.ToString());
 }
 
 void StorageService::ResumeInterrupted(const std::vector<BgTaskInfo>& tasks) {
@@ -197,10 +197,7 @@ void StorageService::ResumeInterrupted(const std::vector<BgTaskInfo>& tasks) {
           "destination is removed",
           t.id, src->ToString(), dst->ToString());
       id = tasks_.Start("vfolder-clone", t.params, [this, dv = *dv, src = *src, dst = *dst] {
-        auto detached = dv->DetachVFolder(dst);
-        Status st = detached.ok() ? dv->fsop().DeleteTree(*detached) : detached.status();
-        if (!st.ok() && st.code() != Code::kNotFound)
-          spdlog::error("clone cleanup of {} failed: {}", dst.ToString(), st.ToString());
+        RemoveCloneDestination(dv, dst);
         const std::string why = "interrupted: sluiced stopped before the clone finished";
         Announce(VFolderCloneFailure(src.ToString(), dst.ToString(), why));
         return Status(Code::kUnavailable, why, EINTR);

@@ -69,6 +69,8 @@ class StorageService {
   Config cfg_;
   // Sends a completion event, if there is a bus; a lost event is logged (it cannot fail the task).
   void Announce(const BusEvent& e);
+  // Detaches and deletes a clone's destination (a clone failed or cut short); logs what stays.
+  void RemoveCloneDestination(Volume* dv, const VFolderId& dst);
 
   std::map<std::string, std::unique_ptr<Volume>> volumes_;
   std::unique_ptr<NoopVolume> noop_;

@@ -25,12 +25,6 @@ Status NoSession(const std::string& session) {
       fmt::format("upload session {} does not exist (expired, removed or never created)", session));
 }
 
-// Key of QuotaReservations: the session in its vfolder.
-std::string SessionKey(const std::string& volume, const std::string& scope_hex,
-                       const std::string& vf_hex, const std::string& session) {
-  return fmt::format("{}/{}/{}/{}", volume, scope_hex, vf_hex, session);
-}
-
 }  // namespace
 
 std::string UploadTarget::final_relpath() const {
@@ -38,8 +32,8 @@ std::string UploadTarget::final_relpath() const {
 }
 
 std::string UploadService::ReservationKey(const UploadTarget& t) {
-  return SessionKey(t.volume->name(), t.vfid.scope ? t.vfid.scope->hex : std::string(), t.vfid.hex,
-                    t.session);
+  return QuotaReservations::SessionKey(
+      t.volume->name(), t.vfid.scope ? t.vfid.scope->hex : std::string(), t.vfid.hex, t.session);
 }
 
 // ------------------------------------------------------------------------------ UploadWriter
@@ -377,7 +371,8 @@ UploadService::SweepStats UploadService::SweepVFolder(Volume& volume, const VFol
   return volume.SweepStaging(
       vfid, AbandonAge(),
       [&](const std::string& scope_hex, const std::string& vf_hex, const std::string& session) {
-        svc_->reservations().Release(SessionKey(volume.name(), scope_hex, vf_hex, session));
+        svc_->reservations().Release(
+            QuotaReservations::SessionKey(volume.name(), scope_hex, vf_hex, session));
       });
 }
 
@@ -387,7 +382,8 @@ UploadService::SweepStats UploadService::SweepAll() {
     SweepStats s = v->SweepStaging(
         std::nullopt, AbandonAge(),
         [&](const std::string& scope_hex, const std::string& vf_hex, const std::string& session) {
-          svc_->reservations().Release(SessionKey(v->name(), scope_hex, vf_hex, session));
+          svc_->reservations().Release(
+              QuotaReservations::SessionKey(v->name(), scope_hex, vf_hex, session));
         });
     total.removed += s.removed;
     total.removed_bytes += s.removed_bytes;

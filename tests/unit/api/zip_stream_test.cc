@@ -11,6 +11,7 @@
 #include <string>
 
 #include "support/assert_status.h"
+#include "support/volume_backends.h"
 #include "volume/mem/mem_volume.h"
 
 namespace sluice::api {
@@ -19,11 +20,7 @@ namespace {
 class ZipStreamTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    VolumeConfig c;
-    c.name = "mem";
-    c.backend = "mem";
-    c.path = "mem";
-    vol_ = std::make_unique<MemVolume>(c, 1ULL << 30);
+    vol_ = std::make_unique<MemVolume>(test::MakeConfig("mem", "mem"), 1ULL << 30);
     vf_ = VFolderId::Parse(
               "user:11111111111111111111111111111111/"
               "abcdef0123456789abcdef0123456789")

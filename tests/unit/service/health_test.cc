@@ -46,16 +46,25 @@ TEST(Health, BackendVerdictAndFailedChecks) {
 
 // A volume whose check hangs (a dead NFS server, say) shows as unavailable once the check has
 // been out for stall_after, with the reason; the monitor's clock is moved by hand, not slept.
-TEST(Health, AHungCheckMakesTheVolumeUnavailable) {
+// An in-memory volume `name`, served as sluiced serves volumes; its statvfs takes `latency`
+// ("" for none).
+Status AddMemVolume(std::vector<std::unique_ptr<Volume>>& vols, const std::string& name,
+                    const std::string& latency) {
   VolumeConfig vc;
-  vc.name = "hung";
+  vc.name = name;
   vc.backend = "mem";
   vc.path = "mem";
-  vc.faults = nlohmann::json::parse(R"([{"op": "fs-usage", "latency": "1s"}])");
-  std::vector<std::unique_ptr<Volume>> vols;
+  if (!latency.empty())
+    vc.faults = nlohmann::json::array({{{"op", "fs-usage"}, {"latency", latency}}});
   auto v = VolumeRegistry::Builtin().CreateServed(vc, VolumeDeps{});
-  ASSERT_OK(v);
+  if (!v.ok()) return v.status();
   vols.push_back(std::move(v).value());
+  return Status::Ok();
+}
+
+TEST(Health, AHungCheckMakesTheVolumeUnavailable) {
+  std::vector<std::unique_ptr<Volume>> vols;
+  ASSERT_OK(AddMemVolume(vols, "hung", "1s"));
   Config cfg;
   ThreadPool tasks("t", 1);
   StorageService svc(cfg, std::move(vols), &tasks);
@@ -85,17 +94,8 @@ TEST(Health, AHungCheckMakesTheVolumeUnavailable) {
 // Before, the checks ran one after another, so "ok" was checked once per hung round (3 s).
 TEST(Health, AHungVolumeDoesNotHoldTheOthersChecks) {
   std::vector<std::unique_ptr<Volume>> vols;
-  for (const char* name : {"hung", "ok"}) {
-    VolumeConfig vc;
-    vc.name = name;
-    vc.backend = "mem";
-    vc.path = "mem";
-    if (std::string(name) == "hung")
-      vc.faults = nlohmann::json::parse(R"([{"op": "fs-usage", "latency": "3s"}])");
-    auto v = VolumeRegistry::Builtin().CreateServed(vc, VolumeDeps{});
-    ASSERT_OK(v);
-    vols.push_back(std::move(v).value());
-  }
+  ASSERT_OK(AddMemVolume(vols, "hung", "3s"));
+  ASSERT_OK(AddMemVolume(vols, "ok", ""));
   Config cfg;
   ThreadPool tasks("t", 1);
   StorageService svc(cfg, std::move(vols), &tasks);

@@ -216,32 +216,42 @@ TEST(ListingDifferential, RandomTreesPageLikeTheOracle) {
   EXPECT_EQ(queries, 2400);
 }
 
+// A vfs volume "test" in a temporary directory with one vfolder `vf` (multipart records are
+// extended attributes, which the in-memory volume does not keep), removed at the end.
+class VfsObjects : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = "/tmp/sluice-objects-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    base_ = tmpl;
+    VolumeConfig cfg;
+    cfg.name = "test";
+    cfg.backend = "vfs";
+    cfg.path = base_;
+    auto made = VolumeRegistry::Builtin().Create(cfg, VolumeDeps{&pool_});
+    ASSERT_OK(made);
+    vol_ = std::move(made).value();
+    ASSERT_OK(vol_->Init());
+    ASSERT_OK(vol_->CreateVFolder(vf, 0755, true, std::nullopt));
+  }
+  void TearDown() override {
+    vol_.reset();
+    std::filesystem::remove_all(base_);
+  }
+  const VFolderId vf =
+      VFolderId::Parse("user:11111111111111111111111111111111/abcdef0123456789abcdef0123456789")
+          .value();
+  ThreadPool pool_{"scan", 2};
+  std::string base_;
+  std::unique_ptr<Volume> vol_;
+};
+
 // Complete ends an upload with the removal of its record (NoSuchUpload at once, to every node),
 // the object published; its parts go after (here: no background pool, before it answers). A
 // Complete whose part removal a crash cut short leaves parts without a record: the sweep takes
-// them once old enough, and leaves uploads in progress alone. (On a vfs volume: multipart
-// records are extended attributes, which the in-memory volume does not keep.)
-TEST(Multipart, CompletedUploadsEndAtOnceAndTheSweepTakesWhatTheyLeave) {
-  std::string tmpl = "/tmp/sluice-mp-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-  const std::string base = tmpl;
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() { std::filesystem::remove_all(dir); }
-  } cleanup{base};
-  ThreadPool pool("scan", 2);
-  VolumeConfig cfg;
-  cfg.name = "test";
-  cfg.backend = "vfs";
-  cfg.path = base;
-  auto made = VolumeRegistry::Builtin().Create(cfg, VolumeDeps{&pool});
-  ASSERT_OK(made);
-  auto& vol = **made;
-  ASSERT_OK(vol.Init());
-  const auto vf =
-      VFolderId::Parse("user:11111111111111111111111111111111/abcdef0123456789abcdef0123456789")
-          .value();
-  ASSERT_OK(vol.CreateVFolder(vf, 0755, true, std::nullopt));
+// them once old enough, and leaves uploads in progress alone.
+TEST_F(VfsObjects, CompletedUploadsEndAtOnceAndTheSweepTakesWhatTheyLeave) {
+  auto& vol = *vol_;
   QuotaReservations reservations;
   ObjectStore store(&reservations);
   std::vector<UploadedPart> parts;
@@ -343,26 +353,8 @@ TEST(Multipart, CompletedUploadsEndAtOnceAndTheSweepTakesWhatTheyLeave) {
 // An S3 write's reservation is what is still to come: the bytes it wrote are in the scope's
 // usage already. Before, they stayed reserved too, so a body of unknown length (chunked, no
 // declared size) was refused once about half its room was written.
-TEST(ObjectWriter, WrittenBytesAreNotReservedTwice) {
-  std::string tmpl = "/tmp/sluice-put-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() { std::filesystem::remove_all(dir); }
-  } cleanup{tmpl};
-  ThreadPool pool("scan", 2);
-  VolumeConfig cfg;
-  cfg.name = "test";
-  cfg.backend = "vfs";
-  cfg.path = tmpl;
-  auto made = VolumeRegistry::Builtin().Create(cfg, VolumeDeps{&pool});
-  ASSERT_OK(made);
-  auto& vol = **made;
-  ASSERT_OK(vol.Init());
-  const auto vf =
-      VFolderId::Parse("user:11111111111111111111111111111111/abcdef0123456789abcdef0123456789")
-          .value();
-  ASSERT_OK(vol.CreateVFolder(vf, 0755, true, std::nullopt));
+TEST_F(VfsObjects, WrittenBytesAreNotReservedTwice) {
+  auto& vol = *vol_;
   ASSERT_OK(vol.quota().UpdateScope(*vf.scope, 20ULL << 20));
   QuotaReservations reservations;
   ObjectStore store(&reservations);

@@ -9,6 +9,7 @@ import datetime
 import hashlib
 import os
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -899,6 +900,72 @@ def test_multipart_small_parts_and_abort(s3d, s3):
     assert staging_leftovers(bucket_dir(s3d, name)) == []
     # A bucket with an upload in progress only is empty for DeleteBucket.
     s3.delete_bucket(Bucket=name)
+
+
+def test_volume_without_user_xattrs(tmp_path):
+    """A vfs volume on ramfs, which keeps no user extended attributes (setxattr: EOPNOTSUPP):
+    objects keep their bytes and lose their metadata (their ETag is then the validator, never
+    an MD5), and multipart uploads work, their records and parts' digests kept in files."""
+    import zlib
+
+    from conftest import Daemon
+
+    d = Daemon(tmp_path / "d", s3={"refresh-interval": 1})
+    subprocess.run(["mount", "-t", "ramfs", "ramfs", str(d.vol)], check=True)
+    try:
+        probe = d.vol / "probe"
+        probe.write_bytes(b"")
+        with pytest.raises(OSError):
+            os.setxattr(probe, "user.x", b"1")
+        probe.unlink()
+        d.start()
+        ak, sk = d.s3_key(d.s3_user()["id"])
+        s3 = d.s3_client(ak, sk)
+        name = new_bucket(s3)
+        s3.put_object(Bucket=name, Key="plain", Body=b"bytes", ContentType="text/x-lost")
+        head = s3.head_object(Bucket=name, Key="plain")
+        assert "-" in head["ETag"] and head["ContentLength"] == 5
+        assert s3.get_object(Bucket=name, Key="plain")["Body"].read() == b"bytes"
+
+        key = "mp/object"
+        up = s3.create_multipart_upload(Bucket=name, Key=key, ChecksumAlgorithm="CRC32")
+        up = up["UploadId"]
+        uploads = s3.list_multipart_uploads(Bucket=name)["Uploads"]
+        assert [(u["Key"], u["UploadId"]) for u in uploads] == [(key, up)]
+        p1, p2 = os.urandom(5 * MiB), b"tail"
+        crc = lambda b: zlib.crc32(b).to_bytes(4, "big")  # noqa: E731
+        e1 = s3.upload_part(Bucket=name, Key=key, UploadId=up, PartNumber=1, Body=b"old")["ETag"]
+        e1 = s3.upload_part(Bucket=name, Key=key, UploadId=up, PartNumber=1, Body=p1)["ETag"]
+        e2 = s3.upload_part(Bucket=name, Key=key, UploadId=up, PartNumber=2, Body=p2)["ETag"]
+        assert e1 == f'"{hashlib.md5(p1).hexdigest()}"'
+        listed = s3.list_parts(Bucket=name, Key=key, UploadId=up)
+        assert listed["ChecksumAlgorithm"] == "CRC32"
+        assert [(p["PartNumber"], p["ETag"], p["Size"], p["ChecksumCRC32"])
+                for p in listed["Parts"]] == [
+            (1, e1, len(p1), base64.b64encode(crc(p1)).decode()),
+            (2, e2, len(p2), base64.b64encode(crc(p2)).decode())]
+        with pytest.raises(ClientError) as e:
+            s3.complete_multipart_upload(Bucket=name, Key=key, UploadId=up, MultipartUpload={
+                "Parts": [{"PartNumber": 1, "ETag": e2}, {"PartNumber": 2, "ETag": e2}]})
+        assert code_of(e) == "InvalidPart"
+        done = s3.complete_multipart_upload(Bucket=name, Key=key, UploadId=up, MultipartUpload={
+            "Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]})
+        want = hashlib.md5(hashlib.md5(p1).digest() + hashlib.md5(p2).digest()).hexdigest()
+        assert done["ETag"] == f'"{want}-2"'
+        assert s3.get_object(Bucket=name, Key=key)["Body"].read() == p1 + p2
+        assert s3.list_multipart_uploads(Bucket=name).get("Uploads", []) == []
+
+        other = s3.create_multipart_upload(Bucket=name, Key="gone")["UploadId"]
+        s3.upload_part(Bucket=name, Key="gone", UploadId=other, PartNumber=1, Body=b"x")
+        s3.abort_multipart_upload(Bucket=name, Key="gone", UploadId=other)
+        with pytest.raises(ClientError) as e:
+            s3.list_parts(Bucket=name, Key="gone", UploadId=other)
+        assert code_of(e) == "NoSuchUpload"
+        assert staging_leftovers(bucket_dir(d, name)) == []
+        d.stop()
+    finally:
+        d.kill()
+        subprocess.run(["umount", "-l", str(d.vol)], check=False)
 
 
 def test_empty_body_then_reuse(s3d, user):

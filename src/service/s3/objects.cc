@@ -576,6 +576,8 @@ Status ObjectWriter::CopyFrom(FileReader& src, uint64_t n) {
   Status st = staging_->CopyFrom(src, 0, n, written_);
   if (st.ok()) written_ += n;
   copied_ = true;
+  if (reserved_ > 0)
+    reservations_->Shrink(reservation_key_, reserved_ - std::min(reserved_, written_));
   return st;
 }
 
@@ -594,7 +596,14 @@ Status ObjectWriter::Publish(ObjectMeta meta, bool durable) {
 
 Status ObjectWriter::PublishWith(const std::function<std::string(const DirEntry&)>& blob,
                                  bool durable) {
-  Status st = staging_->Publish(parts_, blob, durable);
+  std::string published;
+  Status st = staging_->Publish(
+      parts_,
+      [&](const DirEntry& e) {
+        published = blob(e);
+        return published;
+      },
+      durable);
   if (!st.ok()) {
     Abort();
     return st;
@@ -602,7 +611,7 @@ Status ObjectWriter::PublishWith(const std::function<std::string(const DirEntry&
   done_ = true;
   staging_.reset();
   reservations_->Release(reservation_key_);
-  return after_publish_ ? after_publish_() : Status::Ok();
+  return after_publish_ ? after_publish_(published) : Status::Ok();
 }
 
 void ObjectWriter::Abort() {
@@ -674,6 +683,28 @@ std::string UploadRel(std::string_view id) {
 }
 std::string PartName(int n) {
   return fmt::format("p{:05d}", n);
+}
+// Where a volume keeps no user xattrs, a part's metadata (its MD5 and checksums) is this file
+// next to it, written after the part; the metadata names the size and mtime it was made for,
+// so one left by a replaced part is not taken for the new one's.
+std::string PartMetaName(int n) {
+  return PartName(n) + ".m";
+}
+
+// The bytes of a small file (an upload record, a part's metadata), at most kMaxObjectMeta.
+Result<std::string> ReadSmall(Volume& v, const VFolderId& vfid, const std::string& rel) {
+  SLUICE_ASSIGN_OR_RETURN(auto f, v.OpenReader(vfid, rel));
+  if (f->size() > kMaxObjectMeta)
+    return Status(Code::kIoError, fmt::format("'{}' is too large for a record", rel), EIO);
+  std::string out(f->size(), '\0');
+  size_t got = 0;
+  while (got < out.size()) {
+    SLUICE_ASSIGN_OR_RETURN(size_t n, f->ReadAt(got, out.data() + got, out.size() - got));
+    if (n == 0) break;
+    got += n;
+  }
+  out.resize(got);
+  return out;
 }
 
 Status NoUpload(std::string_view id) {
@@ -770,7 +801,11 @@ Result<MultipartUpload> ObjectStore::CreateMultipart(Volume& v, const VFolderId&
     j["ca"] = u.checksum_algo;
     j["ct"] = u.checksum_type;
   }
-  SLUICE_RETURN_IF_ERROR(w->PublishWith([&](const DirEntry&) { return j.dump(); }, true));
+  // The record is the file's content as well as its metadata: volumes without user xattrs
+  // keep only the content.
+  const std::string record = j.dump();
+  SLUICE_RETURN_IF_ERROR(w->Write(record.data(), record.size()));
+  SLUICE_RETURN_IF_ERROR(w->PublishWith([&](const DirEntry&) { return record; }, true));
   u.initiated = std::chrono::system_clock::now();
   return u;
 }
@@ -781,6 +816,11 @@ Result<MultipartUpload> ObjectStore::GetMultipart(Volume& v, const VFolderId& vf
   auto f = v.OpenReader(vfid, UploadRel(id) + "/" + kUploadRecord);
   if (!f.ok()) return IsObjectNotFound(f.status()) ? NoUpload(id) : f.status();
   SLUICE_ASSIGN_OR_RETURN(std::string blob, (*f)->ReadMeta());
+  if (blob.empty()) {  // kept as content only (no user xattrs)
+    auto body = ReadSmall(v, vfid, UploadRel(id) + "/" + kUploadRecord);
+    if (!body.ok()) return IsObjectNotFound(body.status()) ? NoUpload(id) : body.status();
+    blob = std::move(body).value();
+  }
   auto u = DecodeUpload(blob, std::string(id), (*f)->info());
   if (!u) return Status(Code::kIoError, fmt::format("upload {} has a damaged record", id), EIO);
   return std::move(*u);
@@ -795,12 +835,23 @@ Result<std::unique_ptr<ObjectWriter>> ObjectStore::BeginPart(Volume& v, const VF
       BeginWrite(v, vfid, {kStagingDirName, UploadDir(u.id), PartName(part)}, size, want_sha256));
   // A part that lands after its upload was completed or aborted made the upload's directory
   // again (the commit makes missing parents): it goes, and the client hears NoSuchUpload.
-  w->after_publish_ = [this, &v, vfid, id = u.id, part]() -> Status {
+  w->after_publish_ = [this, &v, vfid, id = u.id, part](const std::string& blob) -> Status {
+    const std::string rel = UploadRel(id) + "/" + PartName(part);
     auto still = GetMultipart(v, vfid, id);
-    if (still.ok() || still.status().code() != Code::kNotFound) return Status::Ok();
-    (void)v.DeleteFiles(vfid, {UploadRel(id) + "/" + PartName(part)}, false);
-    (void)v.DeleteFiles(vfid, {UploadRel(id)}, false);  // only while empty
-    return NoUpload(id);
+    if (!still.ok() && still.status().code() == Code::kNotFound) {
+      (void)v.DeleteFiles(vfid, {rel}, false);
+      (void)v.DeleteFiles(vfid, {UploadRel(id)}, false);  // only while empty
+      return NoUpload(id);
+    }
+    auto f = v.OpenReader(vfid, rel);
+    if (!f.ok()) return IsObjectNotFound(f.status()) ? Status::Ok() : f.status();  // replaced
+    SLUICE_ASSIGN_OR_RETURN(std::string kept, (*f)->ReadMeta());
+    if (!kept.empty() || blob.empty()) return Status::Ok();
+    SLUICE_ASSIGN_OR_RETURN(
+        auto side, BeginWrite(v, vfid, {kStagingDirName, UploadDir(id), PartMetaName(part)},
+                              blob.size(), false));
+    SLUICE_RETURN_IF_ERROR(side->Write(blob.data(), blob.size()));
+    return side->PublishWith([](const DirEntry&) { return std::string(); }, true);
   };
   return w;
 }
@@ -819,6 +870,8 @@ Result<std::vector<UploadedPart>> ObjectStore::ListParts(Volume& v, const VFolde
     auto e = (*dir)->StatEntry(n->name);
     if (!e.ok()) continue;
     auto blob = (*dir)->EntryMeta(n->name);
+    if (blob.ok() && blob->empty())  // no user xattrs: the file next to it
+      blob = ReadSmall(v, vfid, UploadRel(u.id) + "/" + PartMetaName(num));
     auto meta = blob.ok() ? ObjectMeta::Decode(*blob, *e) : std::nullopt;
     if (!meta) continue;  // being replaced, or not written by Sluice
     auto raw = HexDecode(meta->etag);
@@ -840,6 +893,16 @@ Result<std::string> ObjectStore::CompleteMultipart(Volume& v, const VFolderId& v
   // Until the object is published, a failure gives the upload back to its client.
   auto build = [&]() -> Result<std::string> {
     SLUICE_ASSIGN_OR_RETURN(auto w, BeginWrite(v, vfid, std::move(key_parts), 0, false));
+    // A volume that copies the parts (no reflinks or snapshots) holds them twice until they
+    // go: the copy is reserved, so an upload started meanwhile cannot take the same room.
+    if (!v.capabilities().contains(kCapFastClone)) {
+      uint64_t total = 0;
+      for (const auto& p : parts) total += p.size;
+      SLUICE_RETURN_IF_ERROR(ReserveScopeQuota(*reservations_, v, vfid, w->reservation_key_, total,
+                                               "completing the upload (this volume copies its "
+                                               "parts)"));
+      w->reserved_ = total;
+    }
     std::vector<std::string> md5s;
     for (const auto& p : parts) {
       SLUICE_ASSIGN_OR_RETURN(auto f,

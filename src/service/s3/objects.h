@@ -165,9 +165,9 @@ class ObjectWriter {
   QuotaReservations* reservations_ = nullptr;
   std::string reservation_key_;
   uint64_t reserved_ = 0;
-  // Runs once the file is in place; an error is the write's answer (a part whose upload ended
-  // meanwhile: taken back).
-  std::function<Status()> after_publish_;
+  // Runs once the file is in place, with the metadata blob it was published with; an error is
+  // the write's answer (a part whose upload ended meanwhile: taken back).
+  std::function<Status(const std::string& blob)> after_publish_;
   std::unique_ptr<StagingWriter> staging_;
   sluice::Digest md5_{sluice::Digest::Algo::kMd5};
   std::optional<sluice::Digest> sha256_;

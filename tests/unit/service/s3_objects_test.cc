@@ -377,5 +377,40 @@ TEST_F(VfsObjects, WrittenBytesAreNotReservedTwice) {
   EXPECT_GE(fitted, 5);
 }
 
+// On a volume that copies parts (vfs), Complete holds them twice until they go: the copy is
+// reserved, refused where the scope has no room for it (the upload is given back), and the
+// reservation is gone once the object is published.
+TEST_F(VfsObjects, CompleteReservesTheCopyOfItsParts) {
+  auto& vol = *vol_;
+  QuotaReservations reservations;
+  ObjectStore store(&reservations);
+  const std::string scope = QuotaReservations::ScopeKey("test", vf.scope->hex);
+  auto u = store.CreateMultipart(vol, vf, "big", {});
+  ASSERT_OK(u);
+  const std::string data(6 << 20, 'p');
+  for (int n = 1; n <= 2; ++n) {
+    auto w = store.BeginPart(vol, vf, *u, n, data.size(), false);
+    ASSERT_OK(w);
+    ASSERT_OK((*w)->Write(data.data(), data.size()));
+    ASSERT_OK((*w)->Publish(ObjectMeta{}, false));
+  }
+  auto parts = store.ListParts(vol, vf, *u);
+  ASSERT_OK(parts);
+  ASSERT_EQ(parts->size(), 2u);
+  ASSERT_OK(vol.quota().UpdateScope(*vf.scope, 20ULL << 20));  // 12 MiB of parts, 8 left
+  auto refused = store.CompleteMultipart(vol, vf, *u, *parts, {}, false);
+  ASSERT_EQ(refused.status().code(), Code::kQuotaExceeded) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("copies its parts"), std::string::npos);
+  EXPECT_EQ(reservations.Reserved(scope), 0u);
+  EXPECT_ERROR(store.Open(vol, vf, "big"), Code::kNotFound);
+  ASSERT_OK(store.GetMultipart(vol, vf, u->id));  // given back
+  ASSERT_OK(vol.quota().UpdateScope(*vf.scope, 30ULL << 20));
+  ASSERT_OK(store.CompleteMultipart(vol, vf, *u, *parts, {}, false));
+  EXPECT_EQ(reservations.Reserved(scope), 0u);
+  auto o = store.Open(vol, vf, "big");
+  ASSERT_OK(o);
+  EXPECT_EQ(o->entry.size, 12u << 20);
+}
+
 }  // namespace
 }  // namespace sluice

@@ -415,3 +415,61 @@ def test_s3_volume_interface_suite_on_rgw(servers):
     bucket = f"vol-{uuid.uuid4().hex[:8]}"
     servers["rgw"].create_bucket(Bucket=bucket)
     run_interface_suite(url, bucket, ak, sk)
+
+
+def test_s3_volume_lists_no_key_a_path_cannot_name(servers, tmp_path):
+    """A foreign RGW bucket bound as a vfolder whose keys hold ".", ".." and empty segments (S3
+    keys are any bytes): the s3 volume lists only the names a path can hold, so no listing,
+    archive or walk hands on a name like ".."; the other objects are served as usual."""
+    import io
+    import zipfile
+
+    import requests
+
+    from conftest import new_vfid, toml_section
+    from test_download import archive_token, download_token
+    from test_s3_volume import sluice_admin
+
+    url, ak, sk = servers["rgw_endpoint"]
+    rgw = servers["rgw"]
+    bucket = f"odd-{uuid.uuid4().hex[:8]}"
+    rgw.create_bucket(Bucket=bucket)
+    base = "data/"
+    odd = ["data/../up.txt", "data/./dot.txt", "data/sub/../y", "data/sub//z", "data/.."]
+    fine = {"ok.txt": b"ok", "sub/x": b"x"}
+    for key in odd:
+        rgw.put_object(Bucket=bucket, Key=key, Body=b"odd")
+    for rel, body in fine.items():
+        rgw.put_object(Bucket=bucket, Key=base + rel, Body=body)
+    keys = {o["Key"] for o in rgw.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert keys == set(odd) | {base + k for k in fine}  # RGW keeps them as they are
+    volume = toml_section("volume.remote", {
+        "backend": "s3", "path": f"s3://{bucket}/vols",
+        "options": {"endpoint": url, "bucket": bucket, "prefix": "vols", "access-key": ak,
+                    "secret-key": sk}})
+    with running_daemon(tmp_path / "proxy", extra_toml=volume) as d:
+        vfid = new_vfid()
+        sluice_admin(d, "vfolder", "bind", "remote", vfid, base)
+
+        def names(rel):
+            r = d.file_op("remote", "list", vfid=vfid, relpath=rel)
+            assert r.status_code == 200, r.text
+            return sorted(i["name"] for i in r.json()["items"])
+
+        assert names("") == ["ok.txt", "sub"]
+        assert names("sub") == ["x"]
+        r = requests.get(d.client_url("/download-archive"),
+                         params={"token": archive_token(d, vfid, ["ok.txt", "sub"], volume="remote")},
+                         timeout=60)
+        assert r.status_code == 200, r.text
+        z = zipfile.ZipFile(io.BytesIO(r.content))
+        members = [n for n in z.namelist() if not n.endswith("/")]
+        assert sorted(members) == sorted(fine), members
+        for name in z.namelist():
+            assert not {".", ".."} & set(name.split("/")), name
+        for rel, body in fine.items():
+            r = requests.get(d.client_url("/download"),
+                             params={"token": download_token(d, vfid, rel, volume="remote")},
+                             timeout=60)
+            assert r.status_code == 200 and r.content == body, rel
+        assert "is not listed" in d.log_path.read_text()  # said once, with the key

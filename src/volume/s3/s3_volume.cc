@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/crypto.h"
+#include "common/json.h"
 #include "common/path.h"
 #include "common/secrets.h"
 #include "volume/forwarding_volume.h"
@@ -74,6 +75,29 @@ DirEntry DirEntryOf(std::string name, uint32_t perm = 0755, std::time_t mtime = 
   e.mode = 0040000 | perm;
   e.created = e.modified = e.changed = TimeOf(mtime);
   return e;
+}
+
+// The name a listed key (or, `prefix`, a common prefix "dir/name/") gives below `dir`, or
+// nullopt where there is none (the directory's own marker, "dir//") or none a path could name:
+// ".", "..", a NUL, a '/' left by an origin that ignored the delimiter, over NAME_MAX. A foreign
+// bucket may hold such keys (S3 keys are any bytes); they are not listed, so that no listing,
+// archive or walk hands on a name like "..".
+std::optional<std::string> ListedName(std::string_view key, std::string_view dir, bool prefix) {
+  if (!key.starts_with(dir)) return std::nullopt;
+  std::string_view name = key.substr(dir.size());
+  if (prefix) {
+    if (!name.ends_with('/')) return std::nullopt;
+    name.remove_suffix(1);
+  }
+  if (name.empty()) return std::nullopt;
+  if (Status st = ValidateName(name); !st.ok()) {
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true))
+      spdlog::warn("s3 volume: key '{}' is not listed: {} (logged once)", SanitizeUtf8(key),
+                   st.message());
+    return std::nullopt;
+  }
+  return std::string(name);
 }
 
 // The first `n` components as a key suffix: "" for none (JoinComponents gives "." there, a
@@ -527,16 +551,10 @@ struct S3Volume::Origin {
     for (;;) {
       auto page = Note(Client()->ListObjects(Bucket(in), lr));
       if (!page.ok()) return page.status();
-      for (const auto& o : page->objects) {
-        if (o.key.size() <= dir.size()) continue;  // the directory's own marker
-        std::string name = o.key.substr(dir.size());
-        out.emplace(name, FileEntry(name, o));
-      }
-      for (const auto& p : page->prefixes) {
-        if (p.size() <= dir.size() + 1) continue;  // "dir//": no name
-        std::string name = p.substr(dir.size(), p.size() - dir.size() - 1);
-        out.insert_or_assign(name, DirEntryOf(name));
-      }
+      for (const auto& o : page->objects)
+        if (auto name = ListedName(o.key, dir, false)) out.emplace(*name, FileEntry(*name, o));
+      for (const auto& p : page->prefixes)
+        if (auto name = ListedName(p, dir, true)) out.insert_or_assign(*name, DirEntryOf(*name));
       if (page->next_token.empty()) break;
       lr.continuation = page->next_token;
     }
@@ -721,13 +739,9 @@ class S3OrderedDir : public ByPathDir {
       const bool take_obj = pre == p.prefixes.end() || (obj != p.objects.end() && obj->key < *pre);
       const std::string& key = take_obj ? obj->key : *pre;
       std::string_view rel = std::string_view(key).substr(std::min(key.size(), dir_.size()));
-      // Neither the directory's own marker nor "dir//" has a name.
-      if (!rel.empty() && rel != "/" && ListKeyFrom(rel, after_)) {
-        if (take_obj)
-          page_.push_back(FileEntry(std::string(rel), *obj));
-        else
-          page_.push_back(DirEntryOf(std::string(rel.substr(0, rel.size() - 1))));
-      }
+      if (auto name = ListedName(key, dir_, !take_obj); name && ListKeyFrom(rel, after_))
+        page_.push_back(take_obj ? FileEntry(std::move(*name), *obj)
+                                 : DirEntryOf(std::move(*name)));
       if (take_obj)
         ++obj;
       else

@@ -3,13 +3,13 @@
 # (default 30), keeping a corpus per target under build/fuzz/corpus. A crash stops with the
 # reproducer in build/fuzz/crashes. Needs clang and libclang-rt-14-dev.
 #   scripts/fuzz.sh [SECONDS] [TARGET...]      targets: jwt path range config request tus http
-#                                              sigv4 awschunked
+#                                              sigv4 awschunked s3body
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-30}"
 shift || true
 targets=("$@")
-[ "${#targets[@]}" -gt 0 ] || targets=(jwt path range config request tus http sigv4 awschunked)
+[ "${#targets[@]}" -gt 0 ] || targets=(jwt path range config request tus http sigv4 awschunked s3body)
 [ -f build/fuzz/build.ninja ] || cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz --target "${targets[@]/#/fuzz_}"
 mkdir -p build/fuzz/crashes

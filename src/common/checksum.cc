@@ -80,6 +80,12 @@ std::optional<ChecksumAlgo> ChecksumAlgoFromName(std::string_view name) {
   return std::nullopt;
 }
 
+std::string ChecksumKey(ChecksumAlgo a) {
+  std::string n(ChecksumName(a));
+  for (char& c : n) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return n;
+}
+
 std::string_view ChecksumName(ChecksumAlgo a) {
   switch (a) {
     case ChecksumAlgo::kCrc32:

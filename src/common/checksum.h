@@ -21,6 +21,8 @@ inline constexpr ChecksumAlgo kAllChecksums[] = {ChecksumAlgo::kCrc32, ChecksumA
 std::optional<ChecksumAlgo> ChecksumAlgoFromName(std::string_view name);
 // "CRC32", "CRC32C", "CRC64NVME", "SHA1", "SHA256".
 std::string_view ChecksumName(ChecksumAlgo a);
+// How checksums are keyed where they are stored (ObjectMeta): "crc32", "crc64nvme", "sha256"...
+std::string ChecksumKey(ChecksumAlgo a);
 // "x-amz-checksum-crc32", ...
 std::string_view ChecksumHeader(ChecksumAlgo a);
 // Raw digest size in bytes: 4, 4, 8, 20, 32.

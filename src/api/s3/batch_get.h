@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "api/archive_writer.h"
+#include "api/s3/s3_bodies.h"
 #include "api/s3/sigv4.h"
 #include "service/s3/objects.h"
 
@@ -29,7 +30,6 @@ struct BatchItem {
   std::optional<S3Error> refused;  // decided before streaming: no access to the bucket, say
 };
 
-inline constexpr size_t kMaxBatchItems = 100000;
 inline constexpr size_t kMaxBatchBuckets = 1000;  // distinct buckets one batch reads from
 inline constexpr const char* kBatchManifestName = "__manifest__.json";
 

@@ -13,6 +13,7 @@
 #include "api/range.h"
 #include "api/s3/aws_chunked.h"
 #include "api/s3/batch_get.h"
+#include "api/s3/s3_bodies.h"
 #include "api/s3/s3_errors.h"
 #include "api/s3/sigv4.h"
 #include "api/s3/xml_text.h"
@@ -230,6 +231,10 @@ std::variant<BucketRef, S3Error> Access(S3Ctx& ctx, const HttpRequest& req, bool
 
 // Checks a buffered body against the signed payload hash, Content-MD5 and, unless they describe
 // something else (CompleteMultipartUpload's name the object), the x-amz-checksum-* headers.
+S3Error MalformedXml(const Status& st) {
+  return {400, "MalformedXML", st.message()};
+}
+
 std::optional<S3Error> CheckBody(const HttpRequest& req, bool checksum_headers = true) {
   const auto& a = GrantOf(req).auth;
   const std::string& body = req.msg.body();
@@ -323,15 +328,9 @@ HttpResponse CreateBucket(S3Ctx& ctx, const HttpRequest& req) {
   if (auto e = CheckBody(req)) return ErrorXml(*e, req.path);
   if (Status st = CheckBucketName(name); !st.ok())
     return ErrorXml({400, "InvalidBucketName", st.message()}, req.path);
-  if (!req.msg.body().empty()) {
-    pugi::xml_document doc;
-    if (!doc.load_buffer(req.msg.body().data(), req.msg.body().size()) ||
-        !doc.child("CreateBucketConfiguration"))
-      return ErrorXml({400, "MalformedXML",
-                       "the XML you provided was not well-formed or did not "
-                       "validate against our published schema"},
-                      req.path);
-  }
+  if (!req.msg.body().empty())
+    if (Status st = s3::CheckCreateBucketConfiguration(req.msg.body()); !st.ok())
+      return ErrorXml(MalformedXml(st), req.path);
   auto existing = ctx.store->FindBucket(name);
   if (!existing.ok() && existing.status().code() != Code::kNotFound)
     return ErrorXml(FromStatus(existing.status()), req.path);
@@ -679,13 +678,6 @@ struct PutBody {
   bool checksum_trailer = false;
 };
 
-// How checksums are keyed in ObjectMeta: "crc32", "sha256", ...
-std::string LowerName(ChecksumAlgo a) {
-  std::string n(ChecksumName(a));
-  std::transform(n.begin(), n.end(), n.begin(), ::tolower);
-  return n;
-}
-
 std::optional<uint64_t> ParseCount(std::string_view v) {
   if (v.empty() || v.size() > 19 || !std::all_of(v.begin(), v.end(), ::isdigit))
     return std::nullopt;
@@ -845,7 +837,7 @@ class PutSink : public BodySink {
         return Refuse({400, "BadDigest",
                        fmt::format("the {} you specified did not match the calculated checksum",
                                    ChecksumName(*b_.checksum))});
-      meta_.checksums[LowerName(*b_.checksum)] = checksum;
+      meta_.checksums[ChecksumKey(*b_.checksum)] = checksum;
     }
     const S3Error precondition{412, "PreconditionFailed",
                                "at least one of the pre-conditions you specified did not hold"};
@@ -1100,7 +1092,7 @@ HttpResponse UploadPartCopy(S3Ctx& ctx, const HttpRequest& req, const BucketRef&
   std::string checksum;
   if (sum) {
     checksum = Base64Encode(sum->Final());
-    meta.checksums[LowerName(sum->algo())] = checksum;
+    meta.checksums[ChecksumKey(sum->algo())] = checksum;
   }
   Status st = (*w)->Publish(std::move(meta), ctx.opts.durable);
   if (!st.ok()) return ErrorXml(FromStatus(st, "NoSuchUpload"), req.path);
@@ -1340,21 +1332,9 @@ HttpResponse DeleteObject(S3Ctx& ctx, const HttpRequest& req) {
 HttpResponse DeleteObjects(S3Ctx& ctx, const HttpRequest& req) {
   S3_ACCESS(ref, ctx, req, true);
   if (auto e = CheckBody(req)) return ErrorXml(*e, req.path);
-  pugi::xml_document in;
-  const S3Error malformed{400, "MalformedXML",
-                          "the XML you provided was not well-formed or did not validate against "
-                          "our published schema"};
-  if (!in.load_buffer(req.msg.body().data(), req.msg.body().size()))
-    return ErrorXml(malformed, req.path);
-  auto del = in.child("Delete");
-  if (!del) return ErrorXml(malformed, req.path);
-  bool quiet = std::string_view(del.child_value("Quiet")) == "true";
-  std::vector<std::string> keys;
-  for (auto o : del.children("Object")) {
-    if (!o.child("Key")) return ErrorXml(malformed, req.path);
-    keys.emplace_back(o.child_value("Key"));
-  }
-  if (keys.empty() || keys.size() > 1000) return ErrorXml(malformed, req.path);
+  auto parsed = s3::ParseDeleteObjects(req.msg.body());
+  if (!parsed.ok()) return ErrorXml(MalformedXml(parsed.status()), req.path);
+  const auto& [quiet, keys] = *parsed;
   pugi::xml_document doc;
   auto root = doc.append_child("DeleteResult");
   root.append_attribute("xmlns") = kXmlns;
@@ -1455,35 +1435,9 @@ HttpResponse CreateMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
 HttpResponse CompleteMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
   S3_ACCESS(ref, ctx, req, true);
   if (auto e = CheckBody(req, false)) return ErrorXml(*e, req.path);
-  const S3Error malformed{400, "MalformedXML",
-                          "the XML you provided was not well-formed or did not validate against "
-                          "our published schema"};
-  pugi::xml_document in;
-  if (!in.load_buffer(req.msg.body().data(), req.msg.body().size()))
-    return ErrorXml(malformed, req.path);
-  auto root = in.child("CompleteMultipartUpload");
-  if (!root) return ErrorXml(malformed, req.path);
-  struct Asked {
-    int number;
-    std::string md5;                               // raw
-    std::map<std::string, std::string> checksums;  // as the client lists them
-  };
-  std::vector<Asked> asked;
-  for (auto p : root.children("Part")) {
-    std::string num = p.child_value("PartNumber");
-    std::string etag = p.child_value("ETag");
-    if (etag.size() >= 2 && etag.front() == '"' && etag.back() == '"')
-      etag = etag.substr(1, etag.size() - 2);
-    if (num.empty() || num.size() > 5 || !std::all_of(num.begin(), num.end(), ::isdigit))
-      return ErrorXml(malformed, req.path);
-    auto raw = HexDecode(etag);
-    Asked a{std::atoi(num.c_str()), raw.ok() && raw->size() == 16 ? *raw : "", {}};
-    for (auto algo : kAllChecksums)
-      if (auto c = p.child(fmt::format("Checksum{}", ChecksumName(algo)).c_str()))
-        a.checksums[LowerName(algo)] = c.child_value();
-    asked.push_back(std::move(a));
-  }
-  if (asked.empty()) return ErrorXml(malformed, req.path);
+  auto listed = s3::ParseCompleteMultipart(req.msg.body());
+  if (!listed.ok()) return ErrorXml(MalformedXml(listed.status()), req.path);
+  const std::vector<s3::CompletePart>& asked = *listed;
   auto result = [&](const std::string& etag, const std::map<std::string, std::string>& sums) {
     pugi::xml_document doc;
     auto r = doc.append_child("CompleteMultipartUploadResult");
@@ -1564,7 +1518,7 @@ HttpResponse CompleteMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
                                      u.checksum_algo)},
                         req.path);
     }
-    sums[LowerName(*algo)] = *sum;
+    sums[ChecksumKey(*algo)] = *sum;
   }
   auto etag = ctx.objects.CompleteMultipart(*ref.volume, ref.vfid, u, use, sums, ctx.opts.durable);
   if (!etag.ok()) return ErrorXml(FromStatus(etag.status()), req.path);
@@ -1725,50 +1679,19 @@ HttpResponse BatchGet(S3Ctx& ctx, const HttpRequest& req) {
   auto bad = [&](std::string msg) {
     return ErrorXml({400, "InvalidArgument", std::move(msg)}, req.path);
   };
-  auto j = ParseJson(req.msg.body(), "the batch-get request");
-  if (!j.ok()) return bad(j.status().message());
-  if (!j->is_object() || !j->contains("items") || !(*j)["items"].is_array())
-    return bad("the body must be a JSON object with an \"items\" array");
-  bool continue_on_error = false, manifest = true;
-  for (const auto& [k, v] : j->items()) {
-    if (k == "items") continue;
-    bool* flag = k == "continue-on-error" ? &continue_on_error
-                 : k == "manifest"        ? &manifest
-                                          : nullptr;
-    if (!flag) return bad(fmt::format("unknown field '{}'", k));
-    if (!v.is_boolean()) return bad(fmt::format("'{}' must be true or false", k));
-    *flag = v.get<bool>();
-  }
-  const auto& list = (*j)["items"];
-  if (list.empty() || list.size() > s3::kMaxBatchItems)
-    return bad(fmt::format("a batch holds 1 to {} items; this one has {}", s3::kMaxBatchItems,
-                           list.size()));
-  const std::string default_bucket(req.Param("bucket"));
+  auto parsed = s3::ParseBatchRequest(req.msg.body(), req.Param("bucket"));
+  if (!parsed.ok()) return bad(parsed.status().message());
+  const bool continue_on_error = parsed->continue_on_error, manifest = parsed->manifest;
   std::map<std::string, std::variant<BucketRef, S3Error>> buckets;
   std::vector<s3::BatchItem> items;
-  items.reserve(list.size());
-  for (size_t i = 0; i < list.size(); ++i) {
-    const auto& x = list[i];
-    if (!x.is_object()) return bad(fmt::format("item {} is not an object", i));
+  items.reserve(parsed->items.size());
+  for (size_t i = 0; i < parsed->items.size(); ++i) {
+    s3::BatchSpec& spec = parsed->items[i];
     s3::BatchItem it;
-    it.bucket = default_bucket;
-    for (const auto& [k, v] : x.items()) {
-      std::string* field = k == "key"      ? &it.key
-                           : k == "bucket" ? &it.bucket
-                           : k == "range"  ? &it.range
-                           : k == "opaque" ? &it.opaque
-                                           : nullptr;
-      if (!field) return bad(fmt::format("item {}: unknown field '{}'", i, k));
-      if (!v.is_string()) return bad(fmt::format("item {}: '{}' must be a string", i, k));
-      *field = v.get<std::string>();
-    }
-    if (it.key.empty()) return bad(fmt::format("item {} has no key", i));
-    if (it.bucket.empty())
-      return bad(
-          fmt::format("item {} names no bucket (POST /bucket?batch-get gives a default)", i));
-    if (it.opaque.size() > 1024) return bad(fmt::format("item {}: opaque is over 1024 bytes", i));
-    if (!it.range.empty() && !StartsWith(it.range, "bytes="))
-      return bad(fmt::format("item {}: range must be 'bytes=first-last'", i));
+    it.bucket = std::move(spec.bucket);
+    it.key = std::move(spec.key);
+    it.range = std::move(spec.range);
+    it.opaque = std::move(spec.opaque);
     auto at = buckets.find(it.bucket);
     if (at == buckets.end()) {
       // Each bucket not loaded costs a record read on the shared volume: bounded per batch.
@@ -1793,7 +1716,7 @@ HttpResponse BatchGet(S3Ctx& ctx, const HttpRequest& req) {
   }
   auto stream = std::make_shared<s3::BatchGetStream>(
       &ctx.objects, std::move(items), continue_on_error, manifest,
-      fmt::format("s3 batch-get of {} items for {}", list.size(), GrantOf(req).key->user));
+      fmt::format("s3 batch-get of {} items for {}", items.size(), GrantOf(req).key->user));
   if (auto e = stream->Prepare()) return ErrorXml(*e, req.path);
   HttpResponse r;
   r.status = 200;

@@ -755,8 +755,7 @@ Result<std::string> MultipartChecksum(const MultipartUpload& u,
                                       const std::vector<UploadedPart>& parts) {
   auto algo = ChecksumAlgoFromName(u.checksum_algo);
   if (!algo) return Status(Code::kInvalidArgument, "the upload names no checksum algorithm");
-  std::string name(u.checksum_algo);
-  std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+  const std::string name = ChecksumKey(*algo);
   const bool full = u.checksum_type == "FULL_OBJECT";
   if (full && !IsCrc(*algo))
     return Status(Code::kInvalidArgument, "FULL_OBJECT checksums are CRCs only");

@@ -345,9 +345,9 @@ Result<std::pair<int, std::string>> OpenTemp(const std::string& dst, bool in_pla
   if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
   std::string tmp = (p.has_parent_path() ? p.parent_path().string() + "/" : std::string()) +
                     ".sluice-" + p.filename().string() + "." + RandomSuffix();
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  // Ours until renamed into place or removed (DropTemp); a Ctrl-C meanwhile removes it.
+  int fd = temp_files::Create(tmp, O_WRONLY | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("create", tmp);
-  temp_files::Track(tmp);  // until renamed into place or removed (DropTemp)
   return std::make_pair(fd, tmp);
 }
 

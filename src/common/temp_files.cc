@@ -1,5 +1,6 @@
 #include "common/temp_files.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -18,9 +19,12 @@ std::set<std::string>& Paths() {
 }
 }  // namespace
 
-void Track(const std::string& path) {
+int Create(const std::string& path, int flags, mode_t mode) {
+  // Under the lock the signal thread takes first: it finds the file tracked, or not yet made.
   std::lock_guard<std::mutex> g(mu);
-  Paths().insert(path);
+  int fd = ::open(path.c_str(), flags | O_CREAT | O_EXCL, mode);
+  if (fd >= 0) Paths().insert(path);
+  return fd;
 }
 
 void Forget(const std::string& path) {

@@ -3,12 +3,16 @@
 // so that Ctrl-C leaves no hidden, preallocated file behind for a later `sync` to upload.
 #pragma once
 
+#include <sys/types.h>
+
 #include <string>
 
 namespace sluice::temp_files {
 
-// `path` is ours until Forget(path): renamed into place, or removed.
-void Track(const std::string& path);
+// Creates `path` (open(2) with O_CREAT | O_EXCL and `flags`), ours until Forget(path):
+// renamed into place, or removed. Created and tracked at once, so that a signal between the
+// two cannot leave it. The descriptor, or -1 with errno.
+int Create(const std::string& path, int flags, mode_t mode);
 void Forget(const std::string& path);
 
 // Blocks SIGINT, SIGTERM and SIGHUP in the calling thread, so in every thread started after

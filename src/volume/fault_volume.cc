@@ -188,19 +188,21 @@ Result<std::vector<FaultRule>> ParseFaultRules(const std::string& volume,
           r.latency = *d;
         }
       } else if (key == "after") {
-        if (value.is_number_unsigned()) {
+        if (value.is_number_integer() && value.get<int64_t>() >= 0) {
           r.after = value.get<uint64_t>();
         } else {
           auto n = ParseBinarySize(value.is_string() ? value.get<std::string>() : "");
           if (!n.ok()) return bad("after must be a size such as \"1m\"");
           r.after = *n;
         }
-      } else if (key == "times") {
-        if (!value.is_number_unsigned()) return bad("times must be a positive count");
-        r.times = value.get<int64_t>();
+      } else if (key == "times" || key == "skip") {
+        // TOML integers are signed.
+        if (!value.is_number_integer() || value.get<int64_t>() < 0)
+          return bad(fmt::format("{} must be a count (0 or more)", key));
+        (key == "times" ? r.times : r.skip) = value.get<int64_t>();
       } else {
-        return bad(
-            fmt::format("unknown key '{}' (known: op, path, error, latency, after, times)", key));
+        return bad(fmt::format(
+            "unknown key '{}' (known: op, path, error, latency, after, times, skip)", key));
       }
     }
     if (r.op.empty()) return bad("op is required");
@@ -228,6 +230,7 @@ const FaultRule* FaultVolume::Fire(std::string_view op, std::string_view path, u
     if (r.op != op && r.op != "*") continue;
     if (!r.path.empty() && ::fnmatch(r.path.c_str(), p.c_str(), 0) != 0) continue;
     if (r.error && r.after > 0 && end <= r.after) continue;
+    if (r.skip > 0 && r.seen->fetch_add(1) < r.skip) continue;
     if (r.times >= 0 && r.fired->fetch_add(1) >= r.times) continue;
     if (r.latency.count() > 0) std::this_thread::sleep_for(r.latency);
     return &r;

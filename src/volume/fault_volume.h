@@ -16,8 +16,9 @@
 // but write, sync, usage, fs-usage, stage). error: an errno name. latency: slept before the
 // operation (an event loop's no-wait read is refused instead, so that the pool takes it).
 // after: for read and write, the bytes that go through before the error. times: how often the
-// rule fires (default: always). Files with a read rule are read through ReadAt, never sent
-// zero-copy, so that the rule sees every byte.
+// rule fires (default: always). skip: how many matching operations go through first (the
+// fourth commit of a path, say, with skip = 3). Files with a read rule are read through ReadAt,
+// never sent zero-copy, so that the rule sees every byte.
 #pragma once
 
 #include <atomic>
@@ -39,7 +40,9 @@ struct FaultRule {
   std::chrono::milliseconds latency{0};
   uint64_t after = 0;  // read/write: bytes that succeed first
   int64_t times = -1;  // -1: always
+  int64_t skip = 0;    // matching operations let through before the rule fires
   std::shared_ptr<std::atomic<int64_t>> fired = std::make_shared<std::atomic<int64_t>>(0);
+  std::shared_ptr<std::atomic<int64_t>> seen = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 // Parses the `faults` array of volume `volume`'s config; kInvalidArgument naming the entry.

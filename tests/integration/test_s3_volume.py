@@ -165,7 +165,7 @@ def staging_left(origin):
     """What upload sessions hold on the origin besides their records."""
     page = origin.boto.list_objects_v2(Bucket=BUCKET, Prefix="ds/.sluice/staging/")
     return [o["Key"] for o in page.get("Contents", [])
-            if o["Key"].endswith((".tail", ".data"))]
+            if ".tail" in o["Key"] or o["Key"].endswith(".data")]
 
 
 def test_uploads_go_to_the_origin_and_resume_after_a_restart(proxy, origin):
@@ -191,6 +191,69 @@ def test_uploads_go_to_the_origin_and_resume_after_a_restart(proxy, origin):
     assert origin.boto.get_object(Bucket=BUCKET,
                                   Key=vfolder_prefix(vfid) + "small.txt")["Body"].read() == b"hello"
     assert staging_left(origin) == []
+
+
+@contextlib.contextmanager
+def faulty_origin(root, rules):
+    """An origin sluiced whose bucket BUCKET lies on a volume under fault `rules`."""
+    from test_faults import faulty_daemon
+
+    o = faulty_daemon(root, rules, s3={})
+    o.start()
+    try:
+        o.user = o.s3_user(volume="faulty")["id"]
+        o.ak, o.sk = o.s3_key(o.user)
+        o.boto = o.s3_client(o.ak, o.sk)
+        o.boto.create_bucket(Bucket=BUCKET)
+        yield o
+        o.stop()
+    finally:
+        o.kill()
+
+
+def test_a_resume_after_a_record_that_did_not_land_reads_the_recorded_tail(tmp_path):
+    """A PATCH that sends parts writes its tail (the bytes past them) under a new key before it
+    records them: when that record fails (here the origin refuses it once), the tail the
+    record names is still the one it was, so the session resumes from the recorded offset with
+    the right bytes. (Before, the PATCH overwrote the one tail object, and the resumed upload
+    took the later tail's bytes for its first MiB.)"""
+    # The session's record is the key whose last component is the 32-digit session id (its
+    # tails and leases have suffixes); its fourth write is the PATCH's record: after the
+    # session's creation, the first PATCH's record and the one naming the multipart upload.
+    record = "*/staging/*/*/" + "[0-9a-f]" * 32
+    rules = [{"op": "commit", "path": record, "error": "EIO", "skip": 3, "times": 1}]
+    with faulty_origin(tmp_path / "origin", rules) as o, running_daemon(
+            tmp_path / "proxy", extra_toml=s3_volume(o, **{"part-size": "5m",
+                                                           "max-attempts": 1})) as d:
+        vfid = d.create_vfolder(volume="remote")
+        data = os.urandom(12 * MiB)
+        token = new_session(d, vfid, "blob.bin", len(data), volume="remote")
+        assert patch(d, token, 0, data[:MiB]).status_code == 204
+        r = patch(d, token, MiB, data[MiB:])
+        assert r.status_code >= 500, (r.status_code, r.text)  # its record did not land
+        assert offset_of(d, token) == MiB
+        assert patch(d, token, MiB, data[MiB:]).status_code == 204
+        got = o.boto.get_object(Bucket=BUCKET, Key=vfolder_prefix(vfid) + "blob.bin")
+        assert got["Body"].read() == data
+        assert staging_left(o) == []
+
+
+def test_a_write_whose_copy_onto_its_target_fails_leaves_nothing_staged(tmp_path):
+    """An S3 PUT of several parts through the proxy completes them into the session's `.data`
+    on the origin, then copies that onto the target: when the copy fails (the origin refuses
+    the target), the PUT fails and the session goes whole, `.data` too (before, `.data` stayed
+    on the origin for good, counted nowhere)."""
+    rules = [{"op": "commit", "path": "*/big.bin", "error": "EIO"}]
+    with faulty_origin(tmp_path / "origin", rules) as o, running_daemon(
+            tmp_path / "proxy", s3={}, extra_toml=s3_volume(o, **{"part-size": "5m"})) as d:
+        ak, sk = d.s3_key(d.s3_user(volume="remote")["id"])
+        s3 = d.s3_client(ak, sk)
+        s3.create_bucket(Bucket="bkt")
+        with pytest.raises(Exception):
+            s3.put_object(Bucket="bkt", Key="big.bin", Body=os.urandom(12 * MiB))
+        assert staging_left(o) == []
+        s3.put_object(Bucket="bkt", Key="small.bin", Body=b"fine")  # the proxy still writes
+        assert s3.get_object(Bucket="bkt", Key="small.bin")["Body"].read() == b"fine"
 
 
 def test_scope_limits_hold_on_writes(proxy, origin):

@@ -162,8 +162,9 @@ struct S3Client::Request {
   const Sink* sink = nullptr;  // a 2xx body goes here instead of Answer::body
   uint64_t delivered = 0;      // bytes handed to the sink so far, over every attempt
   std::string what;            // for messages: "GET bucket/key"
-  // A ranged GET into a sink: where the bytes asked for start (the answer must be them).
-  std::optional<uint64_t> range_first;
+  // A ranged GET into a sink: where the bytes asked for start (the answer must be them), and
+  // how many were asked for (an answer that sends more ignored the range).
+  std::optional<uint64_t> range_first, range_len;
   std::string delivered_etag;  // the ETag of the first answer that delivered bytes to the sink
 };
 
@@ -242,7 +243,8 @@ namespace {
 struct Transfer {
   Sink const* sink = nullptr;
   uint64_t* delivered = nullptr;
-  std::optional<uint64_t> range_first;  // Request::range_first
+  std::optional<uint64_t> range_first, range_len;  // Request::range_first, range_len
+  uint64_t sunk = 0;                               // bytes of this answer given to the sink
   std::string* delivered_etag = nullptr;
   bool answer_checked = false;
   unsigned status = 0;
@@ -313,11 +315,22 @@ size_t OnBody(char* p, size_t sz, size_t n, void* ud) {
         return 0;
       }
     }
+    // An origin that ignored the range sends from its start: a 200 to a GET of the bytes from
+    // 0 passes the answer's check, and would be read to the end of the object.
+    if (t->range_len && t->sunk + len > *t->range_len) {
+      t->sink_error = Status(Code::kIoError,
+                             fmt::format("the origin answered {} with more than the {} bytes asked "
+                                         "for: not the range asked for",
+                                         t->status, *t->range_len),
+                             EIO);
+      return 0;
+    }
     Status st = (*t->sink)(std::string_view(p, len));
     if (!st.ok()) {
       t->sink_error = std::move(st);
       return 0;
     }
+    t->sunk += len;
     *t->delivered += len;
     return len;
   }
@@ -397,11 +410,15 @@ Result<S3Client::Answer> S3Client::SendOnce(Request& req) {
   t.sink = req.sink;
   t.delivered = &req.delivered;
   t.range_first = req.range_first;
+  t.range_len = req.range_len;
   t.delivered_etag = &req.delivered_etag;
   t.in = &req.body;
   curl_easy_setopt(c, CURLOPT_URL, url.c_str());
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  // The path as signed: a key may hold "." and ".." segments (any bytes are a key), which
+  // libcurl would otherwise resolve away before sending, and the signature would not match.
+  curl_easy_setopt(c, CURLOPT_PATH_AS_IS, 1L);
   curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, OnHeader);
   curl_easy_setopt(c, CURLOPT_HEADERDATA, &t);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnBody);
@@ -563,6 +580,12 @@ Result<ListPage> S3Client::ListObjects(std::string_view bucket, const ListReques
     page.next_token = Child(root, "NextContinuationToken");
     if (page.next_token.empty())
       return Status(Code::kUnavailable, req.what + ": truncated listing without a token");
+    // An origin (or a proxy before it) that answers the token it was asked with would be
+    // listed forever, every key kept meanwhile by callers that gather them.
+    if (page.next_token == lr.continuation)
+      return Status(Code::kUnavailable,
+                    req.what + ": the origin answered the continuation token it was asked with; "
+                               "its listing does not advance");
   }
   return page;
 }
@@ -626,11 +649,13 @@ Result<ObjectInfo> S3Client::Get(std::string_view bucket, std::string_view key, 
     req.headers.clear();
     uint64_t first = (range ? range->first : 0) + req.delivered;
     req.range_first.reset();
+    req.range_len.reset();
     if (range) {
       if (range->second == 0) break;
       req.headers.emplace_back("Range",
                                fmt::format("bytes={}-{}", first, range->first + range->second - 1));
       req.range_first = first;
+      req.range_len = range->first + range->second - first;
     } else if (req.delivered > 0) {
       req.headers.emplace_back("Range", fmt::format("bytes={}-", first));
       req.range_first = first;
@@ -898,9 +923,12 @@ Result<std::vector<MultipartInfo>> S3Client::ListMultipartUploads(std::string_vi
     for (auto u : root.children("Upload"))
       out.push_back({Child(u, "Key"), Child(u, "UploadId"), ParseIso8601(Child(u, "Initiated"))});
     if (Child(root, "IsTruncated") != "true") break;
-    key_marker = Child(root, "NextKeyMarker");
-    id_marker = Child(root, "NextUploadIdMarker");
-    if (key_marker.empty()) break;
+    std::string next_key = Child(root, "NextKeyMarker"),
+                next_id = Child(root, "NextUploadIdMarker");
+    if (next_key.empty() || (next_key == key_marker && next_id == id_marker))
+      break;  // no marker, or the one asked with: the listing would not advance
+    key_marker = std::move(next_key);
+    id_marker = std::move(next_id);
   }
   return out;
 }

@@ -535,9 +535,22 @@ struct S3Volume::Origin {
       parts[i].size = last - first + 1;
       return Status::Ok();
     });
-    if (st.ok()) st = Note(Client()->CompleteMultipart(bucket(), dst_key, id, parts)).status();
+    if (st.ok()) st = CompleteUpload(dst_key, id, parts);
     if (!st.ok()) (void)Note(Client()->AbortMultipart(bucket(), dst_key, id));
     return st;
+  }
+
+  // Completes the multipart upload `id` of `key` from `parts`. A Complete whose answer was lost
+  // is retried, and the retry finds the upload gone (NoSuchUpload): the object there with the
+  // parts' size is then the completed upload, not a failure.
+  Status CompleteUpload(const std::string& key, const std::string& id,
+                        const std::vector<s3c::PartInfo>& parts) {
+    Status st = Note(Client()->CompleteMultipart(bucket(), key, id, parts)).status();
+    if (st.ok() || st.code() != Code::kNotFound) return st;
+    uint64_t size = 0;
+    for (const auto& p : parts) size += p.size;
+    auto there = Note(Client()->Head(bucket(), key));
+    return there.ok() && there->size == size ? Status::Ok() : st;
   }
 
   // The entries directly below `dir` ("" or "a/b/"), sorted by name (the origin's order puts a
@@ -1363,8 +1376,7 @@ Status S3Volume::CopyFileIn(Volume& from, const VFolderId& src, const std::strin
     if (!etag.ok()) return abort(etag.status());
     parts.push_back({static_cast<int>(parts.size() + 1), len, *etag, {}});
   }
-  auto done = o.Note(o.Client()->CompleteMultipart(o.bucket(), key, id, parts));
-  if (!done.ok()) return abort(done.status());
+  if (Status done = o.CompleteUpload(key, id, parts); !done.ok()) return abort(done);
   return Status::Ok();
 }
 
@@ -1650,11 +1662,18 @@ struct SessionRecord {
   std::vector<s3c::PartInfo> parts;
   uint64_t durable = 0;
   bool quota_checked = false, staged = true, recorded = false;
+  // The tail (the durable bytes past the parts) is "<record>.tail.<where it starts>": a Sync
+  // that sent parts writes its tail under a new key, so the one this record names stays as it
+  // was should the record not land. (Sessions begun before: "<record>.tail".)
+  bool tail_keyed = false;
 
   uint64_t parts_bytes() const {
     uint64_t n = 0;
     for (const auto& p : parts) n += p.size;
     return n;
+  }
+  std::string TailKey(const std::string& record) const {
+    return tail_keyed ? fmt::format("{}.tail.{}", record, parts_bytes()) : record + ".tail";
   }
   nlohmann::json ToJson() const {
     nlohmann::json ps = nlohmann::json::array();
@@ -1665,7 +1684,8 @@ struct SessionRecord {
             {"durable", durable},
             {"quota_checked", quota_checked},
             {"staged", staged},
-            {"recorded", recorded}};
+            {"recorded", recorded},
+            {"tail_keyed", tail_keyed}};
   }
   static Result<SessionRecord> FromJson(const nlohmann::json& j) {
     SessionRecord r;
@@ -1676,6 +1696,7 @@ struct SessionRecord {
       r.quota_checked = j.at("quota_checked").get<bool>();
       r.staged = j.at("staged").get<bool>();
       r.recorded = j.at("recorded").get<bool>();
+      r.tail_keyed = j.value("tail_keyed", false);
       for (const auto& p : j.at("parts"))
         r.parts.push_back({p.at("n").get<int>(), p.at("size").get<uint64_t>(),
                            p.at("etag").get<std::string>(), ""});
@@ -1825,7 +1846,7 @@ class S3Volume::Writer : public StagingWriter {
       SLUICE_RETURN_IF_ERROR(o.CopyObject({}, key_ + ".data", target, total, &user));
       (void)o.Note(o.Client()->Delete(o.bucket(), key_ + ".data"));
     }
-    (void)o.Note(o.Client()->Delete(o.bucket(), key_ + ".tail"));
+    (void)o.DeletePrefix(key_ + ".tail");  // every tail, named or left
     v_->Account(vfid_, static_cast<int64_t>(total) - (there.ok() ? int64_t(there->size) : 0),
                 there.ok() ? 0 : 1);
     rec_.staged = false;  // the record stays: the session reads as complete
@@ -1842,14 +1863,7 @@ class S3Volume::Writer : public StagingWriter {
   // gone (NoSuchUpload); `.data` there with the parts' size is then the completed upload.
   Status CompleteData(const std::vector<s3c::PartInfo>& parts) {
     if (data_complete_) return Status::Ok();
-    auto& o = *v_->origin_;
-    Status st =
-        o.Note(o.Client()->CompleteMultipart(o.bucket(), key_ + ".data", rec_.upload, parts))
-            .status();
-    if (!st.ok() && st.code() == Code::kNotFound) {
-      auto data = o.Note(o.Client()->Head(o.bucket(), key_ + ".data"));
-      if (data.ok() && data->size == Bytes(parts)) st = Status::Ok();
-    }
+    Status st = v_->origin_->CompleteUpload(key_ + ".data", rec_.upload, parts);
     if (st.ok()) data_complete_ = true;
     return st;
   }
@@ -1889,7 +1903,7 @@ class S3Volume::Writer : public StagingWriter {
     SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));
     auto& o = *v_->origin_;
     return o
-        .Note(o.Client()->Put(o.bucket(), key_ + ".tail",
+        .Note(o.Client()->Put(o.bucket(), fmt::format("{}.tail.{}", key_, Base()),
                               s3c::Body{std::string_view(buf_).substr(0, static_cast<size_t>(n))}))
         .status();
   }
@@ -1898,15 +1912,22 @@ class S3Volume::Writer : public StagingWriter {
   // `leased`: false for the record of a commit that already went out (Publish checked first).
   Status Record(uint64_t durable, bool quota_checked, bool leased = true) {
     if (leased) SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));
+    const std::string named = rec_.TailKey(key_);
     rec_.parts.insert(rec_.parts.end(), pending_.begin(), pending_.end());
     pending_.clear();
     rec_.durable = durable;
     rec_.quota_checked = quota_checked;
     rec_.recorded = true;
+    rec_.tail_keyed = true;
     state_.durable = durable;
     state_.quota_checked = quota_checked;
     state_.recorded = true;
-    return v_->origin_->PutRecord(key_, rec_.ToJson());
+    SLUICE_RETURN_IF_ERROR(v_->origin_->PutRecord(key_, rec_.ToJson()));
+    // The tail the record named before, now that it names another (a failure leaves it to the
+    // session's end, which removes every tail).
+    if (rec_.staged && rec_.TailKey(key_) != named)
+      (void)v_->origin_->Note(v_->origin_->Client()->Delete(v_->origin_->bucket(), named));
+    return Status::Ok();
   }
 
   S3Volume* v_;
@@ -2034,18 +2055,25 @@ Result<std::optional<S3Volume::Lease>> S3Volume::MakeLease(const std::string& re
           std::chrono::steady_clock::now()};
   auto made = origin_->Note(origin_->Client()->PutIfAbsent(
       opts_.bucket, l.key, LeaseBody(l.nonce, opts_.upload_lock_ttl, false)));
-  // Made (maybe) and then an error: the generation goes again, so that it holds nothing.
+  // Whether the generation is this writer's (its nonce): another's may have been made first.
+  auto ours = [&]() -> Result<bool> {
+    SLUICE_ASSIGN_OR_RETURN(auto rec, origin_->GetRecord(l.key));
+    const auto* n = rec && rec->first.contains("nonce") ? &rec->first["nonce"] : nullptr;
+    return n && n->is_string() && n->get<std::string>() == l.nonce;
+  };
+  // Made (maybe) and then an error: the generation goes again, so that it holds nothing; only
+  // if it is this writer's (a PUT that failed here may have lost to another writer's, which
+  // must stay: deleting it would let a third writer in beside that one).
   auto drop = [&](Status st) {
-    (void)origin_->Note(origin_->Client()->Delete(opts_.bucket, l.key));
+    if (auto mine = ours(); mine.ok() && *mine)
+      (void)origin_->Note(origin_->Client()->Delete(opts_.bucket, l.key));
     return st;
   };
   if (!made.ok()) {
     if (made.status().code() != Code::kConflict) return drop(made.status());
     // Another writer made it first, or this one did and a retry of its PUT found it.
-    auto rec = origin_->GetRecord(l.key);
-    if (!rec.ok()) return rec.status();
-    const auto* n = *rec && (*rec)->first.contains("nonce") ? &(*rec)->first["nonce"] : nullptr;
-    if (!n || !n->is_string() || n->get<std::string>() != l.nonce) return std::optional<Lease>();
+    SLUICE_ASSIGN_OR_RETURN(bool mine, ours());
+    if (!mine) return std::optional<Lease>();
   }
   // The newest? A generation removed after it was read can be made again by a writer that read
   // the generations before: a newer one then says it lost.
@@ -2197,6 +2225,7 @@ Result<std::string> S3Volume::CreateStaging(const VFolderId& vfid) {
   std::string session = RandomHexString(16);
   SessionRecord rec;
   rec.vfid = vfid.ToString();
+  rec.tail_keyed = true;
   SLUICE_RETURN_IF_ERROR(origin_->PutRecord(StagingKey(vfid, session), rec.ToJson()));
   return session;
 }
@@ -2223,10 +2252,12 @@ static Status DropSession(S3Volume::Origin& o, const std::string& key, const Ses
     auto st = o.Note(o.Client()->AbortMultipart(o.bucket(), key + ".data", r.upload));
     if (!st.ok() && !IsNotFound(st)) return st;
   }
-  for (const char* suffix : {".tail", ""}) {
+  // ".data": an upload completed by a commit whose copy onto the target then failed.
+  for (const char* suffix : {".data", ""}) {
     auto st = o.Note(o.Client()->Delete(o.bucket(), key + suffix));
     if (!st.ok() && !IsNotFound(st)) return st;
   }
+  SLUICE_RETURN_IF_ERROR(o.DeletePrefix(key + ".tail"));  // every tail, named or left
   return o.DeletePrefix(key + ".lock.");
 }
 
@@ -2294,7 +2325,7 @@ Result<std::unique_ptr<StagingWriter>> S3Volume::OpenStaging(const VFolderId& vf
   const uint64_t want = rec.durable - std::min(rec.durable, rec.parts_bytes());
   if (want > 0) {
     auto got = origin_->Note(origin_->Client()->Get(
-        opts_.bucket, key + ".tail",
+        opts_.bucket, rec.TailKey(key),
         [&](std::string_view p) {
           tail.append(
               p.substr(0, static_cast<size_t>(want - std::min<uint64_t>(want, tail.size()))));
@@ -2320,8 +2351,8 @@ StagingSweep S3Volume::SweepStaging(const std::optional<VFolderId>& vfid, std::c
   Status listed = origin_->ForEachKey(prefix, [&](const s3c::ObjectInfo& o) {
     if (o.key.find(kLockInfix) != std::string::npos)
       locks.push_back(o);
-    else if (!o.key.ends_with(".tail") && !o.key.ends_with(".data"))
-      records.push_back(o);
+    else if (o.key.substr(o.key.rfind('/') + 1).find('.') == std::string::npos)
+      records.push_back(o);  // not a session's tail or data
     return Status::Ok();
   });
   if (!listed.ok()) {

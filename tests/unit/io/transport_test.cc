@@ -24,8 +24,9 @@ namespace {
 using namespace std::chrono_literals;
 namespace s3 = io::s3;
 
-// Answers every GET "200 ok" on kept-alive connections; a GET of a path holding "hang" is
-// answered only once Release() is called (or, for "hang-<tag>", Release(tag)).
+// Answers every GET "200 ok" (Range or not) on kept-alive connections, a listing with a
+// truncated page that names the same continuation token every time; a GET of a path holding "hang"
+// is answered only once Release() is called (or, for "hang-<tag>", Release(tag)).
 class TinyHttp {
  public:
   TinyHttp() {
@@ -75,6 +76,10 @@ class TinyHttp {
     std::lock_guard lk(mu_);
     return hanging_;
   }
+  std::vector<std::string> lines() {  // the request lines seen
+    std::lock_guard lk(mu_);
+    return lines_;
+  }
   void Release() {
     std::lock_guard lk(mu_);
     released_ = true;
@@ -111,9 +116,20 @@ class TinyHttp {
         hanging_--;
         if (stopping_) return;
       }
-      static constexpr std::string_view kAnswer =
-          "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nETag: \"e\"\r\n\r\nok";
-      if (::send(fd, kAnswer.data(), kAnswer.size(), MSG_NOSIGNAL) < 0) return;
+      {
+        std::lock_guard lk(mu_);
+        lines_.push_back(line);
+      }
+      // A listing answers the same continuation token whatever it is asked with.
+      static constexpr std::string_view kList =
+          "<ListBucketResult><IsTruncated>true</IsTruncated><NextContinuationToken>same"
+          "</NextContinuationToken><Contents><Key>k</Key><Size>1</Size></Contents>"
+          "</ListBucketResult>";
+      const std::string body(line.find("list-type=2") != std::string::npos ? kList : "ok");
+      const std::string answer =
+          "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) +
+          "\r\nETag: \"e\"\r\n\r\n" + body;
+      if (::send(fd, answer.data(), answer.size(), MSG_NOSIGNAL) < 0) return;
     }
   }
 
@@ -123,7 +139,7 @@ class TinyHttp {
   std::condition_variable cv_;
   std::vector<int> conns_;
   std::vector<std::thread> workers_;
-  std::vector<std::string> released_tags_;
+  std::vector<std::string> released_tags_, lines_;
   int accepted_ = 0, hanging_ = 0;
   bool released_ = false, stopping_ = false;
 };
@@ -325,6 +341,47 @@ TEST(Transport, ControlRequestsPassDataThatFillsTheConnections) {
   stuck.join();
   EXPECT_EQ(server.accepted(), 2);
   EXPECT_EQ(t->stats().queue_timeouts, 1u);
+}
+
+}  // namespace
+}  // namespace sluice::test
+
+namespace sluice::test {
+namespace {
+
+// What a broken origin or proxy answers is caught: a range ignored (a 200 with more than was
+// asked for, from offset 0 too), a listing that does not advance. And a key's "." and ".."
+// segments are sent as signed, not resolved away by libcurl.
+TEST(S3Client, AnswersThatDoNotFitTheRequestAreRefused) {
+  TinyHttp server;
+  s3::S3Client c(Options(server, nullptr));
+  std::string got;
+  auto sink = [&](std::string_view p) {
+    got.append(p);
+    return Status::Ok();
+  };
+  auto one = c.Get("b", "obj", sink, std::make_pair(uint64_t{0}, uint64_t{1}));
+  EXPECT_ERROR(one, Code::kIoError);
+  EXPECT_NE(one.status().message().find("not the range asked for"), std::string::npos)
+      << one.status().ToString();
+  EXPECT_EQ(got, "");
+  got.clear();
+  ASSERT_OK(c.Get("b", "obj", sink, std::make_pair(uint64_t{0}, uint64_t{2})));  // all of it
+  EXPECT_EQ(got, "ok");
+
+  s3::ListRequest lr;
+  auto first = c.ListObjects("b", lr);
+  ASSERT_OK(first);
+  EXPECT_EQ(first->next_token, "same");
+  lr.continuation = first->next_token;
+  auto again = c.ListObjects("b", lr);
+  EXPECT_ERROR(again, Code::kUnavailable);
+  EXPECT_NE(again.status().message().find("does not advance"), std::string::npos);
+
+  EXPECT_EQ(Body(c, "a/../x/./y"), "ok");
+  bool seen = false;
+  for (const auto& line : server.lines()) seen |= line.starts_with("GET /b/a/../x/./y ");
+  EXPECT_TRUE(seen) << "the path was not sent as signed";
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "common/path.h"
 #include "common/secrets.h"
 #include "volume/listed_dir.h"
+#include "volume/posix_files.h"
 
 namespace sluice {
 
@@ -207,6 +208,18 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
       SLUICE_ASSIGN_OR_RETURN(size_t k, r->ReadAt(first + got, out.data() + got, out.size() - got));
       if (k == 0) return Status(Code::kConflict, fmt::format("'{}' shrank while being read", rel_));
       got += k;
+    }
+    // A local file rewritten in place (same inode and size: open with O_TRUNC, then write, as
+    // checkpoint writers do) changes under an open descriptor: bytes read now may be the new
+    // version's, never to be kept under this one's blocks. (A write updates the mtime before
+    // its bytes land, so bytes read before this stat are this version's if it is unchanged.)
+    // Origins with entity tags are read with If-Match instead.
+    if (int fd = r->native_fd(); fd >= 0) {
+      auto now = StatAt(fd, "");
+      if (!now.ok() || now->size != info_.size || now->modified != info_.modified) {
+        v_->Invalidate(vfid_);
+        return Status(Code::kConflict, fmt::format("'{}' changed while it was read", rel_));
+      }
     }
     v_->OriginAnswered();
     return out;
@@ -470,8 +483,10 @@ void CachedVolume::PublishStore() {
 
 std::string CachedVolume::BlockId(const VFolderId& vfid, const std::string& rel,
                                   const std::string& validator, uint64_t index) const {
-  return Sha256Hex(
-      fmt::format("{}\n{}\n{}\n{}\n{}", name(), vfid.ToString(), rel, validator, index));
+  // The block size too: after a restart with another one, block N holds other bytes (and
+  // a length that may pass for the new one's).
+  return Sha256Hex(fmt::format("{}\n{}\n{}\n{}\n{}\n{}", name(), vfid.ToString(), rel, validator,
+                               opts_.block_size, index));
 }
 
 Result<uint64_t> CachedVolume::Warm(const VFolderId& vfid, std::string_view relpath,
@@ -521,10 +536,11 @@ std::unique_ptr<Volume> CachedVolume::ReleaseOrigin() {
 }
 
 void CachedVolume::Shutdown() {
-  stopping_ = true;
-  if (ahead_) ahead_->Shutdown();
-  // Revalidations are not waited for: one stuck on a silent origin would hold the stop until
-  // its stall timeout, and what they would keep is attributes (the destructor joins them).
+  stopping_ = true;  // read-ahead not begun is dropped
+  // Neither running read-aheads nor revalidations are waited for: one stuck on an origin
+  // that answers nothing would hold the stop until its stall timeout, and a stop that takes
+  // that long is killed before it records a clean shutdown and the listings. The store
+  // refuses their blocks once closed; the destructor joins them.
   store_->Close();
   SaveListings();
   ForwardingVolume::Shutdown();

@@ -17,6 +17,7 @@
 #include "support/assert_status.h"
 #include "volume/cache/cached_volume.h"
 #include "volume/mem/mem_volume.h"
+#include "volume/registry.h"
 
 namespace sluice::test {
 namespace {
@@ -248,6 +249,88 @@ TEST_F(Cache, ConcurrentMissesMakeOneOriginReadPerBlock) {
   for (auto& t : ts) t.join();
   EXPECT_EQ(good, 64);
   EXPECT_EQ(origin_->reads, 4);
+}
+
+// A restart with another block size: block N of a file is other bytes now, and must not be
+// taken from the blocks of the old size (before: 2-4 MiB answered with the old 1-2 MiB block,
+// whose length passed for the new one's, and the first block failed on its length for good).
+TEST_F(Cache, ABlockSizeChangedAcrossARestartServesTheRightBytes) {
+  Start();
+  const std::string data = Bytes(3 * kMiB, 9);
+  Put("f", data);
+  EXPECT_EQ(ReadAll("f"), data);
+  opts_.block_size = 2 * kMiB;
+  Start();
+  auto f = cache_->OpenReader(vf_, "f");
+  ASSERT_OK(f);
+  std::string buf(kMiB, '\0');
+  auto n = (*f)->ReadAt(2 * kMiB, buf.data(), buf.size());
+  ASSERT_OK(n);
+  ASSERT_EQ(*n, buf.size());
+  EXPECT_TRUE(buf == data.substr(2 * kMiB)) << "bytes of another block";
+  Status st;
+  EXPECT_TRUE(ReadAll("f", &st) == data) << st.ToString();
+}
+
+// A cache in front of a shared file system (a vfs volume here): a file rewritten in place
+// (same inode, same size) while a reader has it open is not cached as the old version (before,
+// the reader's next block came from the new bytes and was kept under the old version's key,
+// so every later reader got the old first block and the new second one, a mix of the two).
+TEST(CacheOverFiles, AFileRewrittenInPlaceIsNeverMixedWithItsOldVersion) {
+  std::string tmpl = "/tmp/sluice-cache-files-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  const std::string dir = tmpl;
+  ThreadPool pool("scan", 2);
+  VolumeConfig cfg;
+  cfg.name = "files";
+  cfg.backend = "vfs";
+  cfg.path = dir + "/vol";
+  fs::create_directories(cfg.path);
+  auto made = VolumeRegistry::Builtin().Create(cfg, VolumeDeps{&pool});
+  ASSERT_OK(made);
+  ASSERT_OK((*made)->Init());
+  const auto vf = VFolderId::Parse(
+                      "user:11111111111111111111111111111111/abcdef0123456789abcdef0123456789")
+                      .value();
+  ASSERT_OK((*made)->CreateVFolder(vf, 0755, true, std::nullopt));
+  const std::string path = (*made)->MountPath(vf, "").value() + "/ckpt";
+  std::string v1(2 * kMiB, 'a'), v2(2 * kMiB, 'b');
+  std::ofstream(path, std::ios::binary) << v1;
+  CacheOptions opts;
+  opts.path = dir + "/blocks";
+  opts.block_size = kMiB;
+  opts.min_free = 0;
+  opts.read_ahead = 0;
+  opts.ttl = std::chrono::milliseconds(60000);
+  auto store = BlockStore::Open(opts.StoreOptions());
+  ASSERT_OK(store);
+  {
+    CachedVolume cache(std::move(made).value(), opts, std::move(store).value());
+    auto r = cache.OpenReader(vf, "ckpt");
+    ASSERT_OK(r);
+    std::string buf(kMiB, '\0');
+    ASSERT_OK((*r)->ReadAt(0, buf.data(), buf.size()));
+    EXPECT_TRUE(buf == v1.substr(0, kMiB));
+    {  // rewritten in place, its mtime moved on (a write's, however coarse the clock)
+      std::ofstream(path, std::ios::binary | std::ios::trunc) << v2;
+      struct timespec later[2] = {{0, UTIME_OMIT}, {::time(nullptr) + 10, 0}};
+      ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), later, 0), 0);
+    }
+    auto second = (*r)->ReadAt(kMiB, buf.data(), buf.size());
+    if (second.ok()) EXPECT_TRUE(buf == v1.substr(kMiB)) << "a block of the new version";
+    auto again = cache.OpenReader(vf, "ckpt");
+    ASSERT_OK(again);
+    std::string all(2 * kMiB, '\0');
+    size_t done = 0;
+    while (done < all.size()) {
+      auto n = (*again)->ReadAt(done, all.data() + done, all.size() - done);
+      ASSERT_OK(n);
+      ASSERT_GT(*n, 0u);
+      done += *n;
+    }
+    EXPECT_TRUE(all == v2) << "first byte " << all.front() << ", last " << all.back();
+  }
+  fs::remove_all(dir);
 }
 
 TEST_F(Cache, WarmAfterARestartAndTornBlocksAreDropped) {
@@ -646,6 +729,41 @@ TEST_F(Cache, SequentialReadersAreReadAhead) {
   EXPECT_EQ(buf, data.substr(7 * kMiB, kMiB));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(cache_->stats().store.blocks, before + 1);
+}
+
+// A stop while read-ahead fetches hang on the origin does not wait for them: the clean record
+// (and the listings) are written at once (before, the stop waited out the fetches, which a
+// silent origin holds until the s3 client's stall timeout).
+TEST_F(Cache, AStopDoesNotWaitForReadAheadHeldByTheOrigin) {
+  opts_.read_ahead = 4;
+  Start();
+  const std::string data = Bytes(16 * kMiB, 10);
+  Put("seq", data);
+  auto f = cache_->OpenReader(vf_, "seq");
+  ASSERT_OK(f);
+  std::string buf(kMiB, '\0');
+  ASSERT_OK((*f)->ReadAt(0, buf.data(), buf.size()));
+  for (int i = 0; i < 200 && cache_->stats().store.blocks < 5; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(cache_->stats().store.blocks, 5u);
+  origin_->HangReads(true);
+  for (uint64_t off = kMiB; off < 5 * kMiB; off += kMiB)
+    ASSERT_OK((*f)->ReadAt(off, buf.data(), buf.size()));  // hits; blocks 5-8 are read ahead
+  for (int i = 0; i < 200 && origin_->reads < 6; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_GE(origin_->reads, 6);  // at least one held in the origin
+  std::atomic<bool> stopped{false};
+  std::thread stop([&] {
+    cache_->Shutdown();
+    stopped = true;
+  });
+  for (int i = 0; i < 300 && !stopped; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const bool in_time = stopped;
+  origin_->HangReads(false);
+  stop.join();
+  EXPECT_TRUE(in_time) << "the stop waited for the held read-ahead";
+  EXPECT_TRUE(fs::exists(opts_.path + "/" + BlockStore::kCleanRecord));
 }
 
 // Blocks held and checked are sent straight from their files (LocalExtent); after a restart a

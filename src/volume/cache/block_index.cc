@@ -1,5 +1,7 @@
 #include "volume/cache/block_index.h"
 
+#include <algorithm>
+
 #include <cstring>
 
 namespace sluice {
@@ -134,7 +136,8 @@ void BlockIndex::Ghost(const Key& k, uint64_t size) {
   ghost_order_.push_back({fp, size, ghost_seq_});
   ghost_bytes_ += size;
   const uint64_t limit = capacity_ - capacity_ / 10;  // as much as the main queue holds
-  while (ghost_bytes_ > limit && !ghost_order_.empty()) {
+  const size_t entries = std::max<size_t>(map_.size(), 4096);
+  while ((ghost_bytes_ > limit || ghost_order_.size() > entries) && !ghost_order_.empty()) {
     const GhostEntry& g = ghost_order_.front();
     if (auto it = ghost_.find(g.fp); it != ghost_.end() && it->second == g.seq) ghost_.erase(it);
     ghost_bytes_ -= g.size;

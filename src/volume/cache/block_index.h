@@ -57,6 +57,7 @@ class BlockIndex {
 
   uint64_t bytes() const { return small_.bytes + main_.bytes; }
   uint64_t blocks() const { return map_.size(); }
+  size_t ghosts() const { return ghost_order_.size(); }
   EvictionPolicy policy() const { return policy_; }
 
  private:
@@ -89,7 +90,8 @@ class BlockIndex {
   std::unordered_map<Key, Node, KeyHash> map_;
   List small_, main_;  // LRU uses main_ alone, most recently used first
   // S3-FIFO's ghost list: 8-byte fingerprints of blocks evicted from the small queue, as many
-  // bytes' worth as the main queue may hold, oldest first out.
+  // bytes' worth as the main queue may hold and as many entries as the index holds (at least
+  // 4096), oldest first out: tiny objects would otherwise keep millions of ghosts.
   struct GhostEntry {
     uint64_t fp, size, seq;
   };

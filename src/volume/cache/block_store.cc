@@ -408,10 +408,13 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
     auto over = [&] { return index_.bytes() + reserved_ + data.size() > opts_.max_bytes; };
     auto low = [&] { return *free + freed < opts_.min_free + reserved_disk_ + need; };
     // Possible at all: within max-size with everything else evicted, and the floor kept with
-    // every block's disk space back.
+    // every block's disk space back, counted at least (each block takes its header and data
+    // rounded up to 4 KiB pages: at least one page, at least its bytes). An estimate above
+    // what eviction gives back evicted the whole cache and then refused the block anyway.
+    const uint64_t evictable =
+        std::max(index_.bytes() + index_.blocks() * kHeader, index_.blocks() * 4096);
     room = free && data.size() + reserved_ <= opts_.max_bytes &&
-           opts_.min_free + reserved_disk_ + need <=
-               *free + index_.bytes() + index_.blocks() * 4096 * 2;
+           opts_.min_free + reserved_disk_ + need <= *free + evictable;
     while (room && (over() || low())) {
       uint64_t size = 0;
       auto k = EvictOne(&size);

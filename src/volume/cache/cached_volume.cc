@@ -731,8 +731,10 @@ constexpr size_t kMaxKeptEntries = size_t{1} << 20;  // a few hundred MB of JSON
 void CachedVolume::SaveListings() {
   std::vector<std::pair<std::string, std::shared_ptr<const Listing>>> fresh;
   const auto steady = Steady::now();
+  uint64_t gen;
   {
     std::lock_guard lk(mu_);
+    gen = next_gen_;
     for (const auto& [k, l] : dirs_)
       if (steady - l->fetched < opts_.ttl) fresh.emplace_back(k, l);
   }
@@ -755,9 +757,14 @@ void CachedVolume::SaveListings() {
       // A name that is not UTF-8 cannot be written as JSON: that listing is asked again.
     }
   }
-  if (Status st = WriteFileAtomic(fmt::format("{}/{}", opts_.path, kListingsFile), out); !st.ok())
+  const std::string path = fmt::format("{}/{}", opts_.path, kListingsFile);
+  if (Status st = WriteFileAtomic(path, out); !st.ok())
     spdlog::warn("cache {}: its listings are not kept for the next start: {}", name(),
                  st.message());
+  // A write through the node since the snapshot (a task that outlived the drain) invalidated
+  // listings it may hold, and its unlink may have come before the file: the file goes.
+  std::lock_guard lk(mu_);
+  if (next_gen_ != gen) ::unlink(path.c_str());
 }
 
 void CachedVolume::LoadListings() {

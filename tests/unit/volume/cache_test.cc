@@ -289,9 +289,9 @@ TEST(CacheOverFiles, AFileRewrittenInPlaceIsNeverMixedWithItsOldVersion) {
   auto made = VolumeRegistry::Builtin().Create(cfg, VolumeDeps{&pool});
   ASSERT_OK(made);
   ASSERT_OK((*made)->Init());
-  const auto vf = VFolderId::Parse(
-                      "user:11111111111111111111111111111111/abcdef0123456789abcdef0123456789")
-                      .value();
+  const auto vf =
+      VFolderId::Parse("user:11111111111111111111111111111111/abcdef0123456789abcdef0123456789")
+          .value();
   ASSERT_OK((*made)->CreateVFolder(vf, 0755, true, std::nullopt));
   const std::string path = (*made)->MountPath(vf, "").value() + "/ckpt";
   std::string v1(2 * kMiB, 'a'), v2(2 * kMiB, 'b');
@@ -939,6 +939,42 @@ uint64_t FreeOn(const std::string& dir) {
 // An evicted block a reader still holds open keeps its disk space until the reader closes it:
 // Put does not count it as room, so the free-space floor holds (on a small tmpfs, whose free
 // space is exact). Once the readers close, the same block fits.
+// A block that cannot fit even with the whole cache evicted is refused with nothing evicted
+// (before, an estimate of what eviction gives back above what it does emptied a warm cache for
+// a block it then refused).
+TEST(BlockStore, ABlockThatCannotFitEvictsNothing) {
+  char tmpl[] = "/tmp/sluice-fit-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  ASSERT_EQ(::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=16m"), 0) << std::strerror(errno);
+  struct Unmount {
+    std::string d;
+    ~Unmount() {
+      ::umount2(d.c_str(), MNT_DETACH);
+      ::rmdir(d.c_str());
+    }
+  } unmount{dir};
+  BlockStoreOptions o;
+  o.dir = dir + "/blocks";
+  o.max_bytes = 1ULL << 30;
+  o.min_free = 0;
+  const std::string data(kMiB, 'x');
+  auto id = [](int i) { return BlockIndex::KeyHex(K(i)); };
+  {
+    auto first = BlockStore::Open(o);
+    ASSERT_OK(first);
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE((*first)->Put(id(i), data)) << i;
+    (*first)->Close();
+  }
+  // Evicting all three (1 MiB and a page each) gives back less than a fourth needs here.
+  o.min_free = FreeOn(dir) + 2 * (kMiB + 4096) + 4096;
+  auto opened = BlockStore::Open(o);
+  ASSERT_OK(opened);
+  ASSERT_EQ((*opened)->stats().blocks, 3u);
+  EXPECT_FALSE((*opened)->Put(id(9), data));
+  EXPECT_EQ((*opened)->stats().blocks, 3u);
+}
+
 TEST(BlockStore, BlocksHeldOpenAreNotCountedAsRoomWhenEvicted) {
   char tmpl[] = "/tmp/sluice-pins-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
@@ -1047,6 +1083,18 @@ TEST(BlockIndex, AGhostHitEntersTheMainQueue) {
   EXPECT_EQ(BlockIndex::ParseKey("xyz"), std::nullopt);
   EXPECT_EQ(BlockIndex::ParseKey(std::string(64, 'A')), std::nullopt);  // lower-case only
   EXPECT_EQ(BlockIndex::KeyHex(K(7)), fmt::format("{:064x}", 7 * 0x9e3779b97f4a7c15ULL));
+}
+
+// The ghost list of tiny blocks is bounded by entries too, not only by their bytes (before,
+// 100-byte objects under a 10 GiB limit kept one ghost per block ever evicted).
+TEST(BlockIndex, TheGhostListOfTinyBlocksIsBounded) {
+  BlockIndex idx(EvictionPolicy::kS3Fifo, 10ULL << 30);
+  for (int i = 0; i < 50000; ++i) {
+    idx.Insert(K(i), 1);
+    if (idx.blocks() > 1000) (void)idx.Evict();
+  }
+  EXPECT_LE(idx.ghosts(), 4096u);
+  EXPECT_GT(idx.ghosts(), 0u);
 }
 
 TEST(CacheOptions, ParsesAndRefuses) {

@@ -936,28 +936,39 @@ uint64_t FreeOn(const std::string& dir) {
   return static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
 }
 
-// An evicted block a reader still holds open keeps its disk space until the reader closes it:
-// Put does not count it as room, so the free-space floor holds (on a small tmpfs, whose free
-// space is exact). Once the readers close, the same block fits.
+// A 16 MiB tmpfs, whose free space is exact, for the block store's floor tests; unmounted and
+// removed at the end.
+struct SmallTmpfs {
+  SmallTmpfs() {
+    char tmpl[] = "/tmp/sluice-tmpfs-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) return;
+    dir = tmpl;
+    mounted = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=16m") == 0;
+  }
+  ~SmallTmpfs() {
+    if (mounted) ::umount2(dir.c_str(), MNT_DETACH);
+    if (!dir.empty()) ::rmdir(dir.c_str());
+  }
+  std::string dir;
+  bool mounted = false;
+};
+
+BlockStoreOptions StoreOn(const SmallTmpfs& t) {
+  BlockStoreOptions o;
+  o.dir = t.dir + "/blocks";
+  o.max_bytes = 1ULL << 30;
+  o.min_free = 0;
+  return o;
+}
+
 // A block that cannot fit even with the whole cache evicted is refused with nothing evicted
 // (before, an estimate of what eviction gives back above what it does emptied a warm cache for
 // a block it then refused).
 TEST(BlockStore, ABlockThatCannotFitEvictsNothing) {
-  char tmpl[] = "/tmp/sluice-fit-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  ASSERT_EQ(::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=16m"), 0) << std::strerror(errno);
-  struct Unmount {
-    std::string d;
-    ~Unmount() {
-      ::umount2(d.c_str(), MNT_DETACH);
-      ::rmdir(d.c_str());
-    }
-  } unmount{dir};
-  BlockStoreOptions o;
-  o.dir = dir + "/blocks";
-  o.max_bytes = 1ULL << 30;
-  o.min_free = 0;
+  SmallTmpfs tmpfs;
+  ASSERT_TRUE(tmpfs.mounted) << std::strerror(errno);
+  const std::string& dir = tmpfs.dir;
+  BlockStoreOptions o = StoreOn(tmpfs);
   const std::string data(kMiB, 'x');
   auto id = [](int i) { return BlockIndex::KeyHex(K(i)); };
   {
@@ -975,22 +986,14 @@ TEST(BlockStore, ABlockThatCannotFitEvictsNothing) {
   EXPECT_EQ((*opened)->stats().blocks, 3u);
 }
 
+// An evicted block a reader still holds open keeps its disk space until the reader closes it:
+// Put does not count it as room, so the free-space floor holds (on a small tmpfs, whose free
+// space is exact). Once the readers close, the same block fits.
 TEST(BlockStore, BlocksHeldOpenAreNotCountedAsRoomWhenEvicted) {
-  char tmpl[] = "/tmp/sluice-pins-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  ASSERT_EQ(::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=16m"), 0) << std::strerror(errno);
-  struct Unmount {
-    std::string d;
-    ~Unmount() {
-      ::umount2(d.c_str(), MNT_DETACH);
-      ::rmdir(d.c_str());
-    }
-  } unmount{dir};
-  BlockStoreOptions o;
-  o.dir = dir + "/blocks";
-  o.max_bytes = 1ULL << 30;
-  o.min_free = 0;
+  SmallTmpfs tmpfs;
+  ASSERT_TRUE(tmpfs.mounted) << std::strerror(errno);
+  const std::string& dir = tmpfs.dir;
+  BlockStoreOptions o = StoreOn(tmpfs);
   {
     auto probe = BlockStore::Open(o);  // makes the block directories before the floor is set
     ASSERT_OK(probe);

@@ -238,6 +238,25 @@ def test_a_resume_after_a_record_that_did_not_land_reads_the_recorded_tail(tmp_p
         assert staging_left(o) == []
 
 
+def test_a_commit_whose_last_record_fails_still_stands(tmp_path):
+    """The file of an upload is in place when its session's last record (the one saying it is
+    complete) fails: the PATCH is answered 204 and the session goes, instead of an error for a
+    file that was written and a session no resume could finish (its tail gone)."""
+    record = "*/staging/*/*/" + "[0-9a-f]" * 32
+    # The session's third record write: after its creation and the PATCH's sync.
+    rules = [{"op": "commit", "path": record, "error": "EIO", "skip": 2, "times": 1}]
+    with faulty_origin(tmp_path / "origin", rules) as o, running_daemon(
+            tmp_path / "proxy", extra_toml=s3_volume(o, **{"max-attempts": 1})) as d:
+        vfid = d.create_vfolder(volume="remote")
+        token = new_session(d, vfid, "small.txt", 5, volume="remote")
+        r = patch(d, token, 0, b"hello")
+        assert r.status_code == 204, (r.status_code, r.text)
+        got = o.boto.get_object(Bucket=BUCKET, Key=vfolder_prefix(vfid) + "small.txt")
+        assert got["Body"].read() == b"hello"
+        assert "its record was not updated" in d.log_path.read_text()
+        assert staging_left(o) == []
+
+
 def test_a_write_whose_copy_onto_its_target_fails_leaves_nothing_staged(tmp_path):
     """An S3 PUT of several parts through the proxy completes them into the session's `.data`
     on the origin, then copies that onto the target: when the copy fails (the origin refuses

@@ -1854,7 +1854,17 @@ class S3Volume::Writer : public StagingWriter {
     pending_.clear();
     rec_.upload.clear();
     buf_.clear();
-    return Record(std::max(total, rec_.durable), rec_.quota_checked, /*leased=*/false);
+    Status recorded = Record(std::max(total, rec_.durable), rec_.quota_checked, /*leased=*/false);
+    if (!recorded.ok()) {
+      // The file is in place: a record still saying the session is open (its tail gone) would
+      // fail every resume until the sweep. The session goes instead; the commit stands.
+      spdlog::warn(
+          "volume {}: upload {} committed '{}', but its record was not updated ({}); "
+          "the session is removed",
+          v_->cfg_.name, session_, rel, recorded.message());
+      (void)o.Note(o.Client()->Delete(o.bucket(), key_));
+    }
+    return Status::Ok();
   }
 
  private:

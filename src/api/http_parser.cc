@@ -101,6 +101,7 @@ void RequestParser::on_request_impl(http::verb method, boost::beast::string_view
     ec = ParseError::kTargetTooLong;
     return;
   }
+  header_bytes_ = method_str.size() + target.size() + 11;  // " ", " HTTP/1.1", CRLF
   header_.target(target);
   if (method != http::verb::unknown)
     header_.method(method);
@@ -117,8 +118,15 @@ void RequestParser::on_field_impl(http::field name, boost::beast::string_view na
       ec = ParseError::kTrailerTooLarge;
     return;
   }
-  // The header block as a whole is bounded by header_limit (so no value reaches the 64 KiB at
-  // which basic_fields throws).
+  // The header block as a whole is bounded here, counted across every put(): Beast's
+  // header_limit counts only the bytes of one put() not yet parsed, so a client whose segments
+  // each end just after a field had a fresh allowance per segment (hundreds of KiB held per
+  // connection). This also keeps every value under the 64 KiB at which basic_fields throws.
+  header_bytes_ += name_string.size() + value.size() + 4;  // ": ", CRLF
+  if (header_bytes_ > limits_.header_bytes) {
+    ec = http::error::header_limit;
+    return;
+  }
   if (++fields_ > limits_.header_fields) {
     ec = ParseError::kTooManyFields;
     return;
@@ -128,6 +136,7 @@ void RequestParser::on_field_impl(http::field name, boost::beast::string_view na
 
 void RequestParser::on_header_impl(boost::beast::error_code& ec) {
   fields_ = 0;
+  header_bytes_ = 0;
   // Only plain chunked framing is understood: "gzip, chunked" would hand a handler compressed
   // bytes as if they were the body.
   auto te = header_.find(http::field::transfer_encoding);

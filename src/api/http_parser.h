@@ -92,6 +92,7 @@ class RequestParser : public http::basic_parser<true> {
   ParserLimits limits_;
   http::request_header<> header_;
   size_t fields_ = 0;
+  size_t header_bytes_ = 0;  // of the request line and the fields parsed so far
   bool in_trailer_ = false;
   size_t trailer_bytes_ = 0;
   Mode mode_ = Mode::kUnset;

@@ -584,8 +584,9 @@ Result<ListPage> S3Client::ListObjects(std::string_view bucket, const ListReques
     // listed forever, every key kept meanwhile by callers that gather them.
     if (page.next_token == lr.continuation)
       return Status(Code::kUnavailable,
-                    req.what + ": the origin answered the continuation token it was asked with; "
-                               "its listing does not advance");
+                    req.what +
+                        ": the origin answered the continuation token it was asked with; "
+                        "its listing does not advance");
   }
   return page;
 }

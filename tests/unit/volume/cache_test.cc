@@ -195,6 +195,11 @@ class Cache : public ::testing::Test {
     }
     return out;
   }
+  // Waits up to 2 s for read-ahead to hold `n` blocks.
+  void WaitForBlocks(uint64_t n) {
+    for (int i = 0; i < 200 && cache_->stats().store.blocks < n; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   static std::string Bytes(size_t n, unsigned seed) {
     std::string s(n, '\0');
     for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 131 + seed * 7919) >> 3);
@@ -711,15 +716,13 @@ TEST_F(Cache, SequentialReadersAreReadAhead) {
   ASSERT_OK(f);
   std::string buf(kMiB, '\0');
   ASSERT_OK((*f)->ReadAt(0, buf.data(), buf.size()));
-  for (int i = 0; i < 200 && cache_->stats().store.blocks < 5; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  WaitForBlocks(5);
   EXPECT_EQ(cache_->stats().store.blocks, 5u);  // block 0 and the 4 after it
   for (uint64_t off = kMiB; off < 5 * kMiB; off += kMiB) {
     ASSERT_OK((*f)->ReadAt(off, buf.data(), buf.size()));
     EXPECT_EQ(buf, data.substr(off, kMiB));
   }
-  for (int i = 0; i < 200 && cache_->stats().store.blocks < 9; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  WaitForBlocks(9);
   EXPECT_EQ(cache_->stats().store.blocks, 9u);  // reading blocks 1-4 read blocks 5-8 ahead
   EXPECT_EQ(origin_->reads, 9);                 // each block once
   const uint64_t before = cache_->stats().store.blocks;
@@ -743,8 +746,7 @@ TEST_F(Cache, AStopDoesNotWaitForReadAheadHeldByTheOrigin) {
   ASSERT_OK(f);
   std::string buf(kMiB, '\0');
   ASSERT_OK((*f)->ReadAt(0, buf.data(), buf.size()));
-  for (int i = 0; i < 200 && cache_->stats().store.blocks < 5; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  WaitForBlocks(5);
   ASSERT_EQ(cache_->stats().store.blocks, 5u);
   origin_->HangReads(true);
   for (uint64_t off = kMiB; off < 5 * kMiB; off += kMiB)

@@ -692,14 +692,13 @@ std::string PartMetaName(int n) {
 }
 
 // The bytes of a small file (an upload record, a part's metadata), at most kMaxObjectMeta.
-Result<std::string> ReadSmall(Volume& v, const VFolderId& vfid, const std::string& rel) {
-  SLUICE_ASSIGN_OR_RETURN(auto f, v.OpenReader(vfid, rel));
-  if (f->size() > kMaxObjectMeta)
+Result<std::string> ReadSmall(FileReader& f, std::string_view rel) {
+  if (f.size() > kMaxObjectMeta)
     return Status(Code::kIoError, fmt::format("'{}' is too large for a record", rel), EIO);
-  std::string out(f->size(), '\0');
+  std::string out(f.size(), '\0');
   size_t got = 0;
   while (got < out.size()) {
-    SLUICE_ASSIGN_OR_RETURN(size_t n, f->ReadAt(got, out.data() + got, out.size() - got));
+    SLUICE_ASSIGN_OR_RETURN(size_t n, f.ReadAt(got, out.data() + got, out.size() - got));
     if (n == 0) break;
     got += n;
   }
@@ -816,9 +815,7 @@ Result<MultipartUpload> ObjectStore::GetMultipart(Volume& v, const VFolderId& vf
   if (!f.ok()) return IsObjectNotFound(f.status()) ? NoUpload(id) : f.status();
   SLUICE_ASSIGN_OR_RETURN(std::string blob, (*f)->ReadMeta());
   if (blob.empty()) {  // kept as content only (no user xattrs)
-    auto body = ReadSmall(v, vfid, UploadRel(id) + "/" + kUploadRecord);
-    if (!body.ok()) return IsObjectNotFound(body.status()) ? NoUpload(id) : body.status();
-    blob = std::move(body).value();
+    SLUICE_ASSIGN_OR_RETURN(blob, ReadSmall(**f, kUploadRecord));
   }
   auto u = DecodeUpload(blob, std::string(id), (*f)->info());
   if (!u) return Status(Code::kIoError, fmt::format("upload {} has a damaged record", id), EIO);
@@ -870,7 +867,10 @@ Result<std::vector<UploadedPart>> ObjectStore::ListParts(Volume& v, const VFolde
     if (!e.ok()) continue;
     auto blob = (*dir)->EntryMeta(n->name);
     if (blob.ok() && blob->empty())  // no user xattrs: the file next to it
-      blob = ReadSmall(v, vfid, UploadRel(u.id) + "/" + PartMetaName(num));
+      if (auto side = v.OpenReader(vfid, UploadRel(u.id) + "/" + PartMetaName(num)); side.ok())
+        blob = ReadSmall(**side, PartMetaName(num));
+      else
+        blob = side.status();
     auto meta = blob.ok() ? ObjectMeta::Decode(*blob, *e) : std::nullopt;
     if (!meta) continue;  // being replaced, or not written by Sluice
     auto raw = HexDecode(meta->etag);

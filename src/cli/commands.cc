@@ -1115,6 +1115,10 @@ void AddCacheCommands(CLI::App& app, Args& a, Action* run) {
         {"POLICY", fmt::format("{}, {}, block {}, ttl {} ms{}", Str(j, "eviction"),
                                Str(j, "admission"), size("block_size"), num("ttl_ms"),
                                j.value("serve_stale", false) ? ", serves stale" : "")},
+        {"LISTINGS", fmt::format("{} kept, {} entries (a directory of over {} is listed from "
+                                 "the origin: {} listings so far)",
+                                 num("listings"), num("listing_entries"), num("max_listing"),
+                                 num("listings_passed"))},
         {"INDEX MEMORY", "about " + size("index_bytes_estimate")}};
     PrintFields(stdout, f);
     return kExitOk;

@@ -77,6 +77,10 @@ nlohmann::json CacheStatsJson(CachedVolume& c) {
           {"torn_blocks", s.store.torn},
           {"stale_opens", s.stale_served},
           {"origin_silent", s.origin_silent},
+          {"max_listing", o.max_listing},
+          {"listings", s.listings},
+          {"listing_entries", s.listed_entries},
+          {"listings_passed", s.listings_passed},
           {"index_bytes_estimate", s.store.blocks * kIndexBytesPerBlock}};
 }
 

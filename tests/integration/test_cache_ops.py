@@ -84,6 +84,12 @@ def test_warm_stats_and_evict(tmp_path, origin):
         assert p["files_found"] == p["files_done"] == 4 and p["errors"] == 0 and p["listed"], p
         assert p["bytes_done"] == p["bytes_found"] == sum(map(len, files.values())), p
         assert stats(d)["origin_bytes"] == 6 * MiB + 101
+        # The warm's walk kept the listings it read (each directory's entries), as shown.
+        s = stats(d)
+        assert s["listings"] >= 3 and s["listing_entries"] >= 5 and s["listings_passed"] == 0, s
+        out = sluice(d, "cache", "stats", "remote").stdout
+        assert f"{s['listings']} kept, {s['listing_entries']} entries" in out, out
+        assert "over 100000 is listed from the origin" in out, out
 
         # Evict a directory: its files' blocks go, the others stay.
         out = json.loads(sluice(d, "--json", "cache", "evict", "remote", vfid, "train/deep")

@@ -531,11 +531,10 @@ def origin_listings(origin):
                                   'route="/{bucket}"'))
 
 
-def test_a_large_flat_directory_lists_page_by_page(proxy, origin):
-    """S3 listings through an s3 volume resume on the origin where their page starts (a
-    delimiter listing is in key order there too): each page of a flat directory of thousands
-    of keys costs an origin page, not a listing of the whole directory."""
-    d = proxy
+def list_a_large_flat_directory(d, origin):
+    """Lists a flat directory of 3,004 keys written on the origin through `d`'s volume
+    "remote", a page of 100 keys at a time, and checks what comes back: the origin listings
+    asked for all of it, the pages, and those asked for the first page."""
     vfid = d.create_vfolder(volume="remote")
     # Written straight into the origin's bucket (its objects are files): fast to make.
     b = next(b for b in origin.mgr("GET", "/s3/buckets").json()["buckets"]
@@ -551,17 +550,16 @@ def test_a_large_flat_directory_lists_page_by_page(proxy, origin):
     bucket = f"flat-{uuid.uuid4().hex[:8]}"
     sluice_admin(d, "s3", "bucket", "bind", bucket, "remote", vfid, "--owner", user)
     before = origin_listings(origin)
-    keys, pages = [], 0
+    keys, pages, first = [], 0, None
     for page in s3.get_paginator("list_objects_v2").paginate(
             Bucket=bucket, PaginationConfig={"PageSize": 100}):
         keys += [o["Key"] for o in page.get("Contents", [])]
         pages += 1
+        if first is None:
+            first = origin_listings(origin) - before
     asked = origin_listings(origin) - before
     assert keys == sorted(names)  # "n-a", "n.b", "n/y", "n0/x", "n0000", ...
     assert pages == 31
-    # One origin page per page (a thousand keys from where it resumes), and the lookup of
-    # the directory; the whole directory each time would be four listings a page.
-    assert asked <= 2 * pages, (asked, pages)
     top = s3.list_objects_v2(Bucket=bucket, Delimiter="/", MaxKeys=3)
     assert [o["Key"] for o in top["Contents"]] == ["n-a", "n.b"]
     assert [p["Prefix"] for p in top["CommonPrefixes"]] == ["n/"]
@@ -571,7 +569,40 @@ def test_a_large_flat_directory_lists_page_by_page(proxy, origin):
     top = s3.list_objects_v2(Bucket=bucket, Delimiter="/", StartAfter="n/", MaxKeys=2)
     assert [p["Prefix"] for p in top["CommonPrefixes"]] == ["n0/"]
     assert [o["Key"] for o in top["Contents"]] == ["n0000"]
+    # Its files are read as usual.
+    assert s3.get_object(Bucket=bucket, Key="n0/x")["Body"].read() == b"k"
     sluice_admin(d, "s3", "bucket", "unbind", bucket)
+    return asked, pages, first
+
+
+def test_a_large_flat_directory_lists_page_by_page(proxy, origin):
+    """S3 listings through an s3 volume resume on the origin where their page starts (a
+    delimiter listing is in key order there too): each page of a flat directory of thousands
+    of keys costs an origin page, not a listing of the whole directory."""
+    asked, pages, _ = list_a_large_flat_directory(proxy, origin)
+    # One origin page per page (a thousand keys from where it resumes), and the lookup of
+    # the directory; the whole directory each time would be four listings a page.
+    assert asked <= 2 * pages, (asked, pages)
+
+
+def test_a_directory_too_large_for_the_cache_lists_page_by_page(tmp_path, origin):
+    """Behind the SSD cache, a directory of more than `max-listing` entries is not kept as
+    one listing (held in memory for the TTL, fetched whole before the first page): it is
+    listed from the origin a page at a time, as without the cache."""
+    cache = toml_section("volume.remote.cache", {
+        "path": str(tmp_path / "cache"), "block-size": "1m", "ttl": "10m", "max-size": "64m",
+        "max-listing": 500})
+    with running_daemon(tmp_path / "proxy", s3={},
+                        extra_toml=s3_volume(origin) + cache) as d:
+        asked, pages, first = list_a_large_flat_directory(d, origin)
+        # The first page: the origin's first page of the directory (enough to find it too
+        # large), the page itself, and the lookups; the whole level would be four pages more.
+        assert first <= 4, (first, asked)
+        assert asked <= 2 * pages + 2, (asked, pages)
+        stats = d.mgr("GET", "/volume/cache", json={"volume": "remote"}).json()
+        assert stats["max_listing"] == 500
+        assert stats["listings_passed"] >= pages, stats
+        assert stats["listing_entries"] < 500, stats
 
 
 def test_a_virtual_hosted_origin(tmp_path):

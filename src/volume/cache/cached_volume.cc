@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 
@@ -287,6 +289,25 @@ Result<CacheOptions> CacheOptions::FromJson(const std::string& volume, const nlo
       o.revalidate_timeout = *d;
       continue;
     }
+    if (key == "max-listing" || key == "max_listing") {
+      // A TOML integer, or a string of digits as the other counts take.
+      uint64_t n = 0;
+      bool ok = value.is_number_integer() && value.get<int64_t>() >= 0;
+      if (ok) {
+        n = value.get<uint64_t>();
+      } else if (value.is_string()) {
+        const std::string v = value.get<std::string>();
+        char* end = nullptr;
+        errno = 0;
+        n = std::strtoull(v.c_str(), &end, 10);
+        ok = !v.empty() && std::isdigit(static_cast<unsigned char>(v[0])) && *end == '\0' &&
+             errno == 0;
+      }
+      if (!ok || n == 0 || n > (uint64_t{1} << 26))
+        return bad(key, "must be a number of entries, 1 to 67108864");
+      o.max_listing = n;
+      continue;
+    }
     if (!value.is_string()) return bad(key, "must be a string");
     const std::string v = value.get<std::string>();
     const std::string& name = key;  // a lambda may not capture a structured binding (clang 14)
@@ -330,7 +351,8 @@ Result<CacheOptions> CacheOptions::FromJson(const std::string& volume, const nlo
     } else {
       return bad(key,
                  "unknown key (known: path, max-size, min-free, block-size, ttl, admission, "
-                 "eviction, serve-stale, revalidate-timeout, read-ahead, fetch-threads)");
+                 "eviction, serve-stale, revalidate-timeout, read-ahead, fetch-threads, "
+                 "max-listing)");
     }
   }
   if (o.path.empty()) return bad("path", "is required (a directory on a local disk)");
@@ -515,6 +537,8 @@ uint64_t CachedVolume::EvictAll() {
     all_gen_ = ++next_gen_;
     meta_.clear();
     dirs_.clear();
+    listed_entries_ = 0;
+    large_dirs_.clear();
   });
   PublishStore();
   return n;
@@ -585,6 +609,10 @@ CachedVolume::Stats CachedVolume::stats() const {
   s.admission_rejects = n_.rejects;
   s.stale_served = n_.stale;
   s.store = store_->stats();
+  s.listings_passed = passed_;
+  std::lock_guard lk(mu_);
+  s.listings = dirs_.size();
+  s.listed_entries = listed_entries_;
   return s;
 }
 
@@ -800,7 +828,8 @@ void CachedVolume::LoadListings() {
                         [](const DirEntry& a, const DirEntry& b) { return a.name < b.name; }))
       continue;
     l->fetched = steady - std::chrono::duration_cast<Steady::duration>(age);
-    dirs_[j["k"].get<std::string>()] = std::move(l);
+    if (l->entries.size() > opts_.max_listing) continue;  // max-listing lowered since
+    KeepListingLocked(j["k"].get<std::string>(), std::move(l));
     ++kept;
   }
   if (kept) spdlog::info("cache {}: {} directory listings kept from the last run", name(), kept);
@@ -893,7 +922,10 @@ void CachedVolume::Invalidate(const VFolderId& vfid) {
     for (auto it = meta_.lower_bound(prefix); it != meta_.end() && it->first.starts_with(prefix);)
       it = meta_.erase(it);
     for (auto it = dirs_.lower_bound(prefix); it != dirs_.end() && it->first.starts_with(prefix);)
-      it = dirs_.erase(it);
+      DropListingLocked(it++);
+    for (auto it = large_dirs_.lower_bound(prefix);
+         it != large_dirs_.end() && it->first.starts_with(prefix);)
+      it = large_dirs_.erase(it);
   });
   // A write after Shutdown kept the listings (a background task that outlived the drain):
   // the kept file would serve the listing from before it at the next start.
@@ -944,6 +976,25 @@ Result<DirEntry> CachedVolume::Stat(const VFolderId& vfid, std::string_view relp
   return r;
 }
 
+void CachedVolume::KeepListingLocked(const std::string& key, std::shared_ptr<const Listing> l) {
+  if (auto it = dirs_.find(key); it != dirs_.end()) DropListingLocked(it);
+  listed_entries_ += l->entries.size();
+  dirs_.emplace(key, std::move(l));
+  // Bounded by count and by entries: the oldest listings go first.
+  while (dirs_.size() > (1u << 16) || listed_entries_ > opts_.ListedEntriesBound()) {
+    auto oldest = dirs_.begin();
+    for (auto it = dirs_.begin(); it != dirs_.end(); ++it)
+      if (it->second->fetched < oldest->second->fetched) oldest = it;
+    DropListingLocked(oldest);
+  }
+}
+
+void CachedVolume::DropListingLocked(
+    std::map<std::string, std::shared_ptr<const Listing>>::iterator it) {
+  listed_entries_ -= it->second->entries.size();
+  dirs_.erase(it);
+}
+
 Result<std::pair<std::shared_ptr<const CachedVolume::Listing>, std::string>> CachedVolume::Listed(
     const VFolderId& vfid, std::string_view relpath) {
   SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
@@ -954,17 +1005,32 @@ Result<std::pair<std::shared_ptr<const CachedVolume::Listing>, std::string>> Cac
     std::lock_guard lk(mu_);
     if (auto it = dirs_.find(key); it != dirs_.end())
       (Steady::now() - it->second->fetched < opts_.ttl ? l : stale) = it->second;
+    if (auto it = large_dirs_.find(key); !l && it != large_dirs_.end()) {
+      if (Steady::now() - it->second < opts_.ttl)
+        return std::pair<std::shared_ptr<const Listing>, std::string>(nullptr, rel);
+      large_dirs_.erase(it);
+    }
   }
   if (!l) {
     const uint64_t gen = Gen(vfid);
     auto list = [this, vfid, rel, key, gen]() -> Result<std::shared_ptr<const Listing>> {
       const auto asked = Steady::now();
-      SLUICE_ASSIGN_OR_RETURN(auto d, ForwardingVolume::OpenDir(vfid, rel));
+      // In key order where the origin lists so (an s3 volume, page by page): a directory
+      // found too large has cost max-listing entries, not the whole level.
+      SLUICE_ASSIGN_OR_RETURN(auto d, ForwardingVolume::OpenDirFrom(vfid, rel, ListFrom{}));
       auto fresh = std::make_shared<Listing>();
       fresh->info = d->info();
       for (;;) {
         SLUICE_ASSIGN_OR_RETURN(auto n, d->Next());
         if (!n) break;
+        if (fresh->entries.size() >= opts_.max_listing) {  // listed from the origin instead
+          OriginAnswered();
+          std::lock_guard lk(mu_);
+          if (auto it = dirs_.find(key); it != dirs_.end()) DropListingLocked(it);
+          if (large_dirs_.size() >= (1u << 16)) large_dirs_.clear();
+          large_dirs_[key] = asked;
+          return std::shared_ptr<const Listing>();
+        }
         auto e = d->StatEntry(n->name);
         if (!e.ok()) {
           if (e.status().code() == Code::kNotFound) continue;  // gone meanwhile
@@ -972,16 +1038,25 @@ Result<std::pair<std::shared_ptr<const CachedVolume::Listing>, std::string>> Cac
         }
         fresh->entries.push_back(std::move(e).value());
       }
-      std::sort(fresh->entries.begin(), fresh->entries.end(),
-                [](const DirEntry& a, const DirEntry& b) { return a.name < b.name; });
+      // By name; a name that is both a file and a directory (an origin's "x" and "x/...") is
+      // the directory, as the origin's own listing of the level has it.
+      auto& es = fresh->entries;
+      std::sort(es.begin(), es.end(), [](const DirEntry& a, const DirEntry& b) {
+        if (a.name != b.name) return a.name < b.name;
+        return a.type == EntryType::kDirectory && b.type != EntryType::kDirectory;
+      });
+      es.erase(std::unique(es.begin(), es.end(),
+                           [](const DirEntry& a, const DirEntry& b) { return a.name == b.name; }),
+               es.end());
       OriginAnswered();
       fresh->fetched = asked;  // as old as the question: a late answer is not made younger
       std::lock_guard lk(mu_);
-      auto& kept = dirs_[key];
+      auto kept = dirs_.find(key);
       // Not kept over a write since (it may predate it), nor over a younger answer.
-      if (GenLocked(vfid.ToString()) == gen && (!kept || kept->fetched <= asked)) kept = fresh;
-      if (!kept) dirs_.erase(key);
-      if (dirs_.size() > (1u << 16)) dirs_.clear();  // bounded: a full table starts over
+      if (GenLocked(vfid.ToString()) == gen &&
+          (kept == dirs_.end() || kept->second->fetched <= asked))
+        KeepListingLocked(key, fresh);
+      large_dirs_.erase(key);
       return std::shared_ptr<const Listing>(fresh);
     };
     // Keyed with the vfolder's generation: no caller after a write joins a round trip asked
@@ -1011,25 +1086,52 @@ std::shared_ptr<const KeyOrderedNames> CachedVolume::Listing::KeyOrder() const {
   return key_order;
 }
 
+namespace {
+
+// A directory too large to keep, read from the origin; its children open through the cache.
+class PassedDir : public ByPathDir {
+ public:
+  PassedDir(Volume* cache, VFolderId vfid, std::string rel, std::unique_ptr<DirHandle> origin)
+      : ByPathDir(cache, std::move(vfid), std::move(rel)), origin_(std::move(origin)) {}
+  const DirEntry& info() const override { return origin_->info(); }
+  Result<std::optional<Name>> Next() override { return origin_->Next(); }
+  Result<DirEntry> StatEntry(const std::string& name) override { return origin_->StatEntry(name); }
+  bool KeyOrdered() const override { return origin_->KeyOrdered(); }
+
+ private:
+  std::unique_ptr<DirHandle> origin_;
+};
+
+}  // namespace
+
 Result<std::unique_ptr<DirHandle>> CachedVolume::OpenDir(const VFolderId& vfid,
                                                          std::string_view relpath) {
-  SLUICE_ASSIGN_OR_RETURN(auto l, Listed(vfid, relpath));
-  // Children open through the cache, described from the listing.
-  auto& [listing, rel] = l;
-  return std::unique_ptr<DirHandle>(
-      new ListedDir(this, vfid, rel, listing, &listing->info, &listing->entries));
+  return OpenListed(vfid, relpath, nullptr);
 }
 
-// The kept listing in key order: a page of a listing of a large directory costs its entries.
 Result<std::unique_ptr<DirHandle>> CachedVolume::OpenDirFrom(const VFolderId& vfid,
                                                              std::string_view relpath,
                                                              const ListFrom& from) {
+  return OpenListed(vfid, relpath, &from);
+}
+
+Result<std::unique_ptr<DirHandle>> CachedVolume::OpenListed(const VFolderId& vfid,
+                                                            std::string_view relpath,
+                                                            const ListFrom* from) {
   SLUICE_ASSIGN_OR_RETURN(auto l, Listed(vfid, relpath));
   auto& [listing, rel] = l;
-  auto names = listing->KeyOrder();
-  return KeyOrderedView(std::unique_ptr<DirHandle>(new ListedDir(
-                            this, vfid, rel, listing, &listing->info, &listing->entries)),
-                        std::move(names), from);
+  if (!listing) {  // too large to keep: from the origin, in key order where it lists so
+    passed_++;
+    SLUICE_ASSIGN_OR_RETURN(auto d,
+                            ForwardingVolume::OpenDirFrom(vfid, rel, from ? *from : ListFrom{}));
+    return std::unique_ptr<DirHandle>(new PassedDir(this, vfid, rel, std::move(d)));
+  }
+  // Children open through the cache, described from the listing.
+  std::unique_ptr<DirHandle> dir(
+      new ListedDir(this, vfid, rel, listing, &listing->info, &listing->entries));
+  if (!from) return dir;
+  // The kept listing in key order: a page of a listing of a large directory costs its entries.
+  return KeyOrderedView(std::move(dir), listing->KeyOrder(), *from);
 }
 
 bool CachedVolume::Admit(const std::string& id) {

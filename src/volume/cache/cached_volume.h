@@ -52,10 +52,17 @@ struct CacheOptions {
   EvictionPolicy eviction = EvictionPolicy::kS3Fifo;
   uint32_t read_ahead = 4;      // blocks fetched ahead of a sequential reader (0: none)
   uint32_t fetch_threads = 16;  // origin fetches ahead of readers, at most, at once
+  // Entries of one directory kept as a listing, at most: a larger directory is listed from the
+  // origin page by page, as the caller reads on (what one page of a listing of a level of
+  // millions of keys costs at the origin is that page, not the level). All listings kept hold
+  // at most max(1 Mi, 2 x max-listing) entries, the oldest dropped first.
+  uint64_t max_listing = 100000;
+  uint64_t max_listed_entries = 1 << 20;  // not read from the config (tests lower it)
+  uint64_t ListedEntriesBound() const { return std::max(max_listed_entries, 2 * max_listing); }
 
   // From the volume's `cache` table: path (required), max-size, min-free, block-size, ttl,
   // admission ("first-miss" | "second-miss"), eviction ("s3-fifo" | "lru"), serve-stale,
-  // revalidate-timeout, read-ahead (blocks), fetch-threads.
+  // revalidate-timeout, read-ahead (blocks), fetch-threads, max-listing (entries).
   static Result<CacheOptions> FromJson(const std::string& volume, const nlohmann::json& j);
   BlockStoreOptions StoreOptions() const { return {path, max_size, min_free, eviction}; }
 };
@@ -99,10 +106,15 @@ class CachedVolume : public ForwardingVolume {
                                              std::string_view relpath) override;
   Result<std::unique_ptr<DirHandle>> OpenDirFrom(const VFolderId& vfid, std::string_view relpath,
                                                  const ListFrom& from) override;
+  // A directory of more than max-listing entries is not kept: it is listed from the origin
+  // (in key order, a page as the caller reads on, where the origin lists so), its children
+  // still opened through the cache.
 
   struct Stats {
     uint64_t hits = 0, misses = 0, origin_bytes = 0, admission_rejects = 0, stale_served = 0;
-    bool origin_silent = false;  // see Revalidate
+    bool origin_silent = false;                 // see Revalidate
+    uint64_t listings = 0, listed_entries = 0;  // directory listings kept, and their entries
+    uint64_t listings_passed = 0;               // listings too large to keep, sent to the origin
     BlockStore::Stats store;
   };
   Stats stats() const;
@@ -172,7 +184,7 @@ class CachedVolume : public ForwardingVolume {
 
   CacheOptions opts_;
   std::unique_ptr<BlockStore> store_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   struct Meta {
     DirEntry entry;
     std::string meta;  // FileReader::ReadMeta
@@ -213,10 +225,22 @@ class CachedVolume : public ForwardingVolume {
     mutable std::once_flag key_order_once;
     mutable std::shared_ptr<const KeyOrderedNames> key_order;
   };
-  // The directory's listing: kept, else read and kept. With its path.
+  // The directory's listing: kept, else read and kept. With its path. No listing (nullptr) for
+  // a directory of more than max-listing entries: those are listed from the origin.
   Result<std::pair<std::shared_ptr<const Listing>, std::string>> Listed(const VFolderId& vfid,
                                                                         std::string_view relpath);
-  std::map<std::string, std::shared_ptr<const Listing>> dirs_;  // "<vfid>\0<relpath>"
+  // Keeps `l` as the listing of `key`, within the table's bounds; mu_ held.
+  // OpenDir (`from` null) or OpenDirFrom.
+  Result<std::unique_ptr<DirHandle>> OpenListed(const VFolderId& vfid, std::string_view relpath,
+                                                const ListFrom* from);
+  void KeepListingLocked(const std::string& key, std::shared_ptr<const Listing> l);
+  void DropListingLocked(std::map<std::string, std::shared_ptr<const Listing>>::iterator it);
+  std::map<std::string, std::shared_ptr<const Listing>> dirs_;  // "<vfid>\0<relpath>"; mu_
+  uint64_t listed_entries_ = 0;                                 // in dirs_; mu_
+  // Directories found larger than max-listing, and when: listed from the origin within the
+  // TTL without being counted again; mu_.
+  std::map<std::string, std::chrono::steady_clock::time_point> large_dirs_;
+  std::atomic<uint64_t> passed_{0};
   std::map<std::string, std::shared_ptr<Flight>> flights_;
   uint64_t next_gen_ = 0, all_gen_ = 0;     // mu_
   std::map<std::string, uint64_t> vf_gen_;  // vfid -> the generation of its last write; mu_

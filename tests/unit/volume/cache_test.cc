@@ -47,6 +47,30 @@ class CountingReader : public ForwardingFileReader {
   std::function<void()> hold_;
 };
 
+// An origin's directory that counts the entries it yields.
+class CountingDir : public DirHandle {
+ public:
+  CountingDir(std::unique_ptr<DirHandle> inner, std::atomic<int>* yielded)
+      : inner_(std::move(inner)), yielded_(yielded) {}
+  const DirEntry& info() const override { return inner_->info(); }
+  Result<std::optional<Name>> Next() override {
+    auto n = inner_->Next();
+    if (n.ok() && *n) ++*yielded_;
+    return n;
+  }
+  Result<DirEntry> StatEntry(const std::string& name) override { return inner_->StatEntry(name); }
+  Result<std::shared_ptr<FileReader>> OpenFile(const std::string& name) override {
+    return Status(Code::kInternal, "opened past the cache");
+  }
+  Result<std::unique_ptr<DirHandle>> OpenSubdir(const std::string& name) override {
+    return Status(Code::kInternal, "opened past the cache");
+  }
+
+ private:
+  std::unique_ptr<DirHandle> inner_;
+  std::atomic<int>* yielded_;
+};
+
 // The origin: counts opens and block reads; `down` makes it unreachable; Hang(true) makes it
 // answer nothing (opens hold once they have read the file's attributes, listings before they
 // start) until Hang(false).
@@ -70,6 +94,12 @@ class Origin : public ForwardingVolume {
     ++lists;
     return ForwardingVolume::OpenDir(vfid, rel);
   }
+  // Counted as a listing too; the in-memory volume lists in no key order, so through OpenDir.
+  Result<std::unique_ptr<DirHandle>> OpenDirFrom(const VFolderId& vfid, std::string_view rel,
+                                                 const ListFrom& from) override {
+    SLUICE_ASSIGN_OR_RETURN(auto d, OpenDir(vfid, rel));
+    return std::unique_ptr<DirHandle>(new CountingDir(std::move(d), &listed));
+  }
   Result<DirEntry> Stat(const VFolderId& vfid, std::string_view rel) override {
     if (down) return Status(Code::kUnavailable, "the origin is down");
     Hold();
@@ -88,6 +118,7 @@ class Origin : public ForwardingVolume {
     hang_cv_.notify_all();
   }
   std::atomic<int> opens{0}, opened{0}, reads{0}, lists{0}, stats{0};
+  std::atomic<int> listed{0};  // entries the origin's listings yielded
   std::atomic<bool> down{false};
 
  private:
@@ -878,6 +909,83 @@ TEST_F(Cache, ListingsSurviveACleanShutdown) {
   EXPECT_EQ(origin_->lists, 3);
 }
 
+// A directory of more than max-listing entries is not kept: it is listed from the origin,
+// which is asked for no more than max-listing entries to find that out, and its files still
+// open through the cache. Smaller ones are kept, within a bound of all listings' entries.
+TEST_F(Cache, ADirectoryTooLargeToKeepIsListedFromTheOrigin) {
+  opts_.max_listing = 10;
+  Start();
+  for (int i = 0; i < 50; ++i) Put(fmt::format("big/f{:02}", i), fmt::format("{}", i));
+  Put("small/a", "1");
+  auto names = [&](const std::string& dir, const ListFrom* from) {
+    std::vector<std::string> out;
+    auto d = from ? cache_->OpenDirFrom(vf_, dir, *from) : cache_->OpenDir(vf_, dir);
+    if (!d.ok()) return std::vector<std::string>{d.status().ToString()};
+    for (;;) {
+      auto n = (*d)->Next();
+      if (!n.ok() || !*n) break;
+      out.push_back((*n)->name);
+      auto e = (*d)->StatEntry((*n)->name);
+      EXPECT_TRUE(e.ok() && e->size >= 1) << (*n)->name;
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  std::vector<std::string> all;
+  for (int i = 0; i < 50; ++i) all.push_back(fmt::format("f{:02}", i));
+  EXPECT_EQ(names("big", nullptr), all);
+  // Found too large after max-listing + 1 entries; then listed once more, in full.
+  EXPECT_EQ(origin_->listed, 11 + 50);
+  auto s = cache_->stats();
+  EXPECT_EQ(s.listings, 0u);
+  EXPECT_EQ(s.listed_entries, 0u);
+  EXPECT_EQ(s.listings_passed, 1u);
+  // Within the TTL it is not counted again: each listing asks the origin for what it reads.
+  const ListFrom from{"f4", ""};
+  EXPECT_EQ(names("big", &from), all);  // the in-memory origin does not select: the caller does
+  EXPECT_EQ(origin_->listed, 11 + 100);
+  EXPECT_EQ(cache_->stats().listings_passed, 2u);
+  // Its files open through the cache.
+  EXPECT_EQ(ReadAll("big/f07"), "7");
+  EXPECT_EQ(ReadAll("big/f07"), "7");
+  EXPECT_EQ(origin_->reads, 1);
+  // A small one is kept.
+  EXPECT_EQ(names("small", nullptr), std::vector<std::string>{"a"});
+  EXPECT_EQ(names("small", nullptr), std::vector<std::string>{"a"});
+  EXPECT_EQ(origin_->listed, 11 + 100 + 1);
+  s = cache_->stats();
+  EXPECT_EQ(s.listings, 1u);
+  EXPECT_EQ(s.listed_entries, 1u);
+  // A write through this node lets the directory be counted again.
+  ASSERT_OK(cache_->DeleteFiles(vf_, {"big/f00"}, false));
+  EXPECT_EQ(names("big", nullptr).size(), 49u);
+  EXPECT_EQ(origin_->listed, 11 + 100 + 1 + 11 + 49);
+}
+
+// All listings kept hold at most max(max_listed_entries, 2 x max-listing) entries: the oldest
+// are dropped first.
+TEST_F(Cache, ListingsKeptAreBoundedByTheirEntries) {
+  opts_.max_listing = 10;
+  opts_.max_listed_entries = 20;
+  Start();
+  for (int d = 0; d < 4; ++d)
+    for (int i = 0; i < 6; ++i) Put(fmt::format("d{}/{}", d, i), "");  // four do not fit
+  for (int d = 0; d < 4; ++d) {
+    ASSERT_OK(cache_->OpenDir(vf_, fmt::format("d{}", d)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // each younger than the last
+  }
+  auto s = cache_->stats();
+  EXPECT_EQ(s.listings, 3u);
+  EXPECT_EQ(s.listed_entries, 18u);
+  const int before = origin_->lists;
+  ASSERT_OK(cache_->OpenDir(vf_, "d3"));  // the youngest are kept
+  ASSERT_OK(cache_->OpenDir(vf_, "d1"));
+  EXPECT_EQ(origin_->lists, before);
+  ASSERT_OK(cache_->OpenDir(vf_, "d0"));  // the oldest was dropped
+  EXPECT_EQ(origin_->lists, before + 1);
+  EXPECT_EQ(cache_->stats().listed_entries, 18u);
+}
+
 // An operator's warm reads a tree in (whatever the admission policy), and evict drops it.
 TEST_F(Cache, WarmAndEvictATree) {
   opts_.second_miss = true;  // a warm keeps blocks anyway
@@ -1128,6 +1236,12 @@ TEST(CacheOptions, ParsesAndRefuses) {
                Code::kInvalidArgument);
   EXPECT_ERROR(CacheOptions::FromJson("v", {{"path", "/c"}, {"eviction", "arc"}}),
                Code::kInvalidArgument);
+  EXPECT_EQ(CacheOptions::FromJson("v", {{"path", "/c"}, {"max-listing", 500}})->max_listing, 500u);
+  EXPECT_EQ(CacheOptions::FromJson("v", {{"path", "/c"}, {"max-listing", "7"}})->max_listing, 7u);
+  for (const nlohmann::json& bad : {nlohmann::json(0), nlohmann::json(-3), nlohmann::json("1e3"),
+                                    nlohmann::json("-1"), nlohmann::json(1ULL << 40)})
+    EXPECT_ERROR(CacheOptions::FromJson("v", {{"path", "/c"}, {"max-listing", bad}}),
+                 Code::kInvalidArgument);
 }
 
 }  // namespace

@@ -2,13 +2,18 @@
 // check counts what the scope holds on disk plus what other sessions may still write, so
 // concurrent uploads cannot together overshoot a limit that each alone would fit. Kept in this
 // process's memory: sessions found after a restart are reserved again on their next PATCH.
+// A tus session can be finished or swept through another node sharing the volume: its
+// reservation here says how to find out (SetAlive), and goes once it is found finished (Prune).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace sluice {
 
@@ -46,8 +51,41 @@ class QuotaReservations {
     if (auto m = moved_.find(scope); m != moved_.end() && m->second > moved_before)
       others += m->second - moved_before;
     auto verdict = check(others);
-    if (verdict.ok()) by_session_[session] = {scope, bytes};
+    if (verdict.ok()) {
+      auto& r = by_session_[session];
+      r.scope = scope;
+      r.bytes = bytes;
+    }
     return verdict;
+  }
+  // `alive()` says whether the writer `session` still needs its reservation: false once it
+  // is finished elsewhere (a tus session committed or swept through another node). Asked
+  // without the lock held, by Prune. No-op for unknown sessions.
+  void SetAlive(const std::string& session, std::function<bool()> alive) {
+    std::lock_guard lk(mu_);
+    if (auto it = by_session_.find(session); it != by_session_.end())
+      it->second.alive = std::make_shared<const std::function<bool()>>(std::move(alive));
+  }
+  // Releases the reservations of `scope` (every scope when empty) whose writer is no longer
+  // alive (see SetAlive); how many went.
+  size_t Prune(const std::string& scope = {}) {
+    std::vector<std::pair<std::string, std::shared_ptr<const std::function<bool()>>>> asked;
+    {
+      std::lock_guard lk(mu_);
+      for (const auto& [key, r] : by_session_)
+        if (r.alive && (scope.empty() || r.scope == scope)) asked.emplace_back(key, r.alive);
+    }
+    size_t n = 0;
+    for (const auto& [key, alive] : asked) {
+      if ((*alive)()) continue;
+      std::lock_guard lk(mu_);
+      // Still the reservation asked about (not one made again since).
+      if (auto it = by_session_.find(key); it != by_session_.end() && it->second.alive == alive) {
+        Drop(it);
+        ++n;
+      }
+    }
+    return n;
   }
   // The session still needs this many bytes (it wrote some). No-op for unknown sessions.
   void Shrink(const std::string& session, uint64_t bytes) {
@@ -98,6 +136,7 @@ class QuotaReservations {
   struct Reservation {
     std::string scope;
     uint64_t bytes = 0;
+    std::shared_ptr<const std::function<bool()>> alive;  // see SetAlive; null: always
   };
   using Sessions = std::map<std::string, Reservation>;
   Sessions::iterator Drop(Sessions::iterator it) {  // mu_ held

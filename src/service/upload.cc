@@ -191,23 +191,29 @@ Status ReserveScopeQuota(QuotaReservations& reservations, Volume& volume, const 
   SLUICE_ASSIGN_OR_RETURN(auto has_limit, volume.quota().ScopeLimit(*vfid.scope));
   if (!has_limit) return Status::Ok();
   const std::string scope = QuotaReservations::ScopeKey(volume.name(), vfid.scope->hex);
-  const uint64_t moved = reservations.Moved(scope);  // before the usage figure is read
-  SLUICE_ASSIGN_OR_RETURN(QuotaUsage q, volume.quota().DescribeScope(*vfid.scope));
-  if (!q.limit_bytes) return Status::Ok();
-  uint64_t limit = *q.limit_bytes;
-  Status st = reservations.Reserve(scope, key, more_bytes, moved, [&](uint64_t others) -> Status {
-    uint64_t committed = q.used_bytes + others;
-    uint64_t room = limit > committed ? limit - committed : 0;
-    if (more_bytes <= room) return Status::Ok();
-    std::string pending =
-        others ? fmt::format(", {} more promised to other uploads in progress", others) : "";
-    return Status(
-        Code::kQuotaExceeded,
-        fmt::format("{} needs {} more bytes but quota scope {} has {} left "
-                    "({} of {} bytes used{})",
-                    what, more_bytes, vfid.scope->ToString(), room, q.used_bytes, limit, pending),
-        EDQUOT);
-  });
+  auto attempt = [&]() -> Status {
+    const uint64_t moved = reservations.Moved(scope);  // before the usage figure is read
+    SLUICE_ASSIGN_OR_RETURN(QuotaUsage q, volume.quota().DescribeScope(*vfid.scope));
+    if (!q.limit_bytes) return Status::Ok();
+    const uint64_t limit = *q.limit_bytes;
+    return reservations.Reserve(scope, key, more_bytes, moved, [&](uint64_t others) -> Status {
+      uint64_t committed = q.used_bytes + others;
+      uint64_t room = limit > committed ? limit - committed : 0;
+      if (more_bytes <= room) return Status::Ok();
+      std::string pending =
+          others ? fmt::format(", {} more promised to other uploads in progress", others) : "";
+      return Status(
+          Code::kQuotaExceeded,
+          fmt::format("{} needs {} more bytes but quota scope {} has {} left "
+                      "({} of {} bytes used{})",
+                      what, more_bytes, vfid.scope->ToString(), room, q.used_bytes, limit, pending),
+          EDQUOT);
+    });
+  };
+  Status st = attempt();
+  // Before refusing for what other writers were promised: those finished through another
+  // node stop counting, and the scope is asked again (its usage holds their bytes now).
+  if (st.code() == Code::kQuotaExceeded && reservations.Prune(scope) > 0) st = attempt();
   if (!st.ok()) return st;
   // Deleting a vfolder detaches it, then releases its reservations: one made after that
   // release (its caller checked the vfolder before the delete) finds it gone here, and goes.
@@ -219,7 +225,17 @@ Status ReserveScopeQuota(QuotaReservations& reservations, Volume& volume, const 
 }
 
 Status UploadService::ReserveQuota(const UploadTarget& t, uint64_t more_bytes) const {
-  return ReserveScopeQuota(svc_->reservations(), *t.volume, t.vfid, ReservationKey(t), more_bytes);
+  const std::string key = ReservationKey(t);
+  SLUICE_RETURN_IF_ERROR(
+      ReserveScopeQuota(svc_->reservations(), *t.volume, t.vfid, key, more_bytes));
+  // The session may be finished or swept through another node sharing the volume, which
+  // cannot release what this one reserved: it is finished once its staging file is gone.
+  svc_->reservations().SetAlive(key, [v = t.volume, vfid = t.vfid, session = t.session] {
+    auto s = v->InspectStaging(vfid, session);
+    if (s.ok()) return s->staged;
+    return s.status().code() != Code::kNotFound;  // unsure: kept
+  });
+  return Status::Ok();
 }
 
 Result<std::string> UploadService::CreateSession(Volume& volume, const VFolderId& vfid,
@@ -391,6 +407,12 @@ UploadService::SweepStats UploadService::SweepAll() {
   }
   if (total.removed)
     spdlog::info("upload sweep: removed {} files of abandoned upload sessions", total.removed);
+  // Sessions this node reserved for that were finished or swept through another node.
+  if (size_t n = svc_->reservations().Prune())
+    spdlog::info(
+        "upload sweep: released the quota reservations of {} upload sessions "
+        "finished through another node",
+        n);
   return total;
 }
 

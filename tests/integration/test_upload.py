@@ -679,6 +679,46 @@ def test_two_daemons_on_one_volume_share_the_lock(make_daemon, tmp_path):
         d2.kill()
 
 
+def test_a_session_finished_through_another_daemon_releases_its_reservation(make_daemon,
+                                                                            tmp_path):
+    """A session made through one node and finished through another: the node that made it
+    reserved its bytes in its own memory, and must not go on counting them once the file is
+    in place (the usage figure holds them then), or it refuses uploads that fit."""
+    d1 = make_daemon(storage_proxy={"session-expire": "8s"})  # a sweep every 2 s
+    d2 = Daemon(tmp_path / "second")
+    d2.volumes["local"] = d2.vol = d1.vol
+    d2.config_path.write_text(d2._config({}, {}, ""))
+    d2.start()
+    try:
+        qsid = new_qsid()
+        r = d1.mgr("POST", "/quota-scope",
+                   json={"volume": "local", "qsid": qsid, "options": {"limit_bytes": 4 * MiB}})
+        assert r.status_code == 204, r.text
+        vfid = d1.create_vfolder(new_vfid(qsid))
+        data = os.urandom(3 * MiB)
+        token = new_session(d1, vfid, "first.bin", len(data))  # 3 MiB reserved on d1
+        assert patch(d2, token, 0, data).status_code == 204  # finished through d2
+        assert (d1.vfolder_path(vfid) / "first.bin").read_bytes() == data
+        # 3 MiB used: half a MiB fits, 2 MiB do not (the reservation is not counted twice).
+        r = d1.mgr("POST", "/folder/file/upload",
+                   json={"volume": "local", "vfid": vfid, "relpath": "x", "size": 2 * MiB})
+        assert r.status_code == 413, r.text
+        assert "promised" not in problem(r)["msg"], problem(r)
+        token = new_session(d1, vfid, "second.bin", MiB // 2)
+        assert patch(d1, token, 0, b"s" * (MiB // 2)).status_code == 204
+        # The same found by d1's sweep, before any refusal.
+        (d1.vfolder_path(vfid) / "first.bin").unlink()
+        data = os.urandom(MiB)
+        token = new_session(d1, vfid, "again.bin", len(data))
+        assert patch(d2, token, 0, data).status_code == 204
+        wait_for(lambda: "reservations of 1 upload" in d1.log(), what="d1's sweep")
+        token = new_session(d1, vfid, "third.bin", 2 * MiB)
+        assert patch(d1, token, 0, b"t" * 2 * MiB).status_code == 204
+        d2.stop()
+    finally:
+        d2.kill()
+
+
 def test_interrupted_patch_keeps_what_arrived(daemon, vfid):
     data = os.urandom(4 * MiB)
     token = new_session(daemon, vfid, "cut.bin", len(data))

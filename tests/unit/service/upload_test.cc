@@ -299,6 +299,39 @@ TEST(QuotaReservations, BytesThatMovedSinceTheUsageWasReadStillCount) {
   EXPECT_EQ(r.Moved(scope), before + 110u);
 }
 
+// Reservations of writers found finished (a tus session finished through another node) go;
+// those without a way to tell, or still alive, stay, in every scope or in the one asked.
+TEST(QuotaReservations, PruneReleasesWritersNoLongerAlive) {
+  QuotaReservations r;
+  const std::string s1 = QuotaReservations::ScopeKey("local", "s1");
+  const std::string s2 = QuotaReservations::ScopeKey("local", "s2");
+  auto fits = [](uint64_t) { return Status::Ok(); };
+  bool c_alive = true;
+  int asked = 0;
+  ASSERT_TRUE(r.Reserve(s1, "a", 100, 0, fits).ok());
+  ASSERT_TRUE(r.Reserve(s1, "b", 50, 0, fits).ok());  // no SetAlive: never pruned
+  ASSERT_TRUE(r.Reserve(s2, "c", 7, 0, fits).ok());
+  r.SetAlive("a", [&] { return ++asked, false; });
+  r.SetAlive("c", [&] { return ++asked, c_alive; });
+  r.SetAlive("nobody", [] { return false; });  // no such reservation: nothing kept
+  EXPECT_EQ(r.Prune(s1), 1u);                  // only s1's are asked about: a
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(r.Reserved(s1), 50u);
+  EXPECT_EQ(r.Moved(s1), 100u);
+  EXPECT_EQ(r.Prune(), 0u);  // c is alive
+  EXPECT_EQ(asked, 2);
+  c_alive = false;
+  EXPECT_EQ(r.Prune(s1), 0u);
+  EXPECT_EQ(r.Reserved(s2), 7u);
+  EXPECT_EQ(r.Prune(), 1u);
+  EXPECT_EQ(r.Reserved(s2), 0u);
+  // A reservation made again keeps the way to tell it has; one made anew has none.
+  ASSERT_TRUE(r.Reserve(s1, "b", 20, 0, fits).ok());
+  ASSERT_TRUE(r.Reserve(s1, "a", 30, 0, fits).ok());
+  EXPECT_EQ(r.Prune(), 0u);
+  EXPECT_EQ(r.Reserved(s1), 50u);
+}
+
 TEST_F(UploadTest, SweepRemovesOldUnlockedSessionsOnly) {
   UploadTarget old_t = Session("old", 10);
   UploadTarget held_t = Session("held", 10);

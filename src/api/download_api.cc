@@ -394,6 +394,7 @@ std::optional<HttpResponse> Download(StorageService* svc, const HttpRequest& req
   m.info = dir->info();
   m.dir = std::move(dir);
   sources[0].member = std::move(m);
+  sources[0].rel = JoinComponents(*g.parts, g.parts->size());
   sources[0].skip_upload_dir = is_root;
   const std::string name = g.parts->empty() ? vfid.hex : g.parts->back();
   return ServeArchive(volume, vfid, std::move(sources), name + ".zip",

@@ -89,9 +89,15 @@ Result<ArchiveMember> OpenArchiveMember(Volume& volume, const VFolderId& vfid,
 }
 
 struct ZipStream::Frame {
-  std::unique_ptr<DirHandle> dir;
+  std::unique_ptr<DirHandle> dir;  // null once closed (CloseAShallowerDir) until reopened
   std::string prefix;  // archive name of this directory plus '/', or "" at the archive's top
+  std::string rel;     // its path in the vfolder, to open it again
+  uint64_t ino = 0;    // what it was when first opened (0: the backend has no inodes)
   bool skip_upload_dir = false;
+  bool closed = false;                // its names left are in `left`
+  std::vector<DirHandle::Name> left;  // in the order the directory gave them
+  size_t next_left = 0;
+  uint64_t left_bytes = 0;
 };
 
 ZipStream::ZipStream(Volume* volume, VFolderId vfid, std::vector<ZipSource> sources,
@@ -150,7 +156,8 @@ Status ZipStream::BeginFile(std::string arcname, ArchiveMember m) {
   return Status::Ok();
 }
 
-Status ZipStream::BeginDir(std::string arcname, ArchiveMember m, bool skip_upload_dir) {
+Status ZipStream::BeginDir(std::string arcname, std::string rel, ArchiveMember m,
+                           bool skip_upload_dir) {
   if (stack_.size() >= kMaxZipDepth)
     return Status(Code::kTooLarge, fmt::format("archive {}: '{}' is nested deeper than {} levels",
                                                label_, arcname, kMaxZipDepth));
@@ -158,9 +165,54 @@ Status ZipStream::BeginDir(std::string arcname, ArchiveMember m, bool skip_uploa
   Frame f;
   f.dir = std::move(m.dir);
   f.prefix = arcname.empty() ? std::string() : arcname + "/";
+  f.rel = std::move(rel);
+  f.ino = m.info.ino;
   f.skip_upload_dir = skip_upload_dir;
   stack_.push_back(std::move(f));
+  if (++open_dirs_ > kMaxOpenZipDirs) return CloseAShallowerDir();
   return Status::Ok();
+}
+
+// The shallowest open directory below the top: what it has left is read now, and it closes.
+Status ZipStream::CloseAShallowerDir() {
+  for (size_t i = 0; i + 1 < stack_.size(); ++i) {
+    Frame& f = stack_[i];
+    if (!f.dir) continue;
+    for (;;) {
+      auto next = f.dir->Next();
+      if (!next.ok())
+        return next.status().WithContext(fmt::format("archive {}: list '{}'", label_, f.prefix));
+      if (!*next) break;
+      // Names waiting count against the names' limit, as the entries written do.
+      const uint64_t n = f.prefix.size() + (*next)->name.size();
+      f.left_bytes += n;
+      held_name_bytes_ += n;
+      if (name_bytes_ + held_name_bytes_ > limits_.name_bytes)
+        return Status(Code::kTooLarge,
+                      fmt::format("archive {}: its entries' names add up to more than {} bytes",
+                                  label_, limits_.name_bytes));
+      f.left.push_back(std::move(**next));
+    }
+    f.dir.reset();
+    f.closed = true;
+    --open_dirs_;
+    return Status::Ok();
+  }
+  return Status::Ok();
+}
+
+// A directory closed by CloseAShallowerDir, opened again by its path to go on with what it had
+// left; kConflict if what is there now is another directory.
+Status ZipStream::Reopen(Frame& f) {
+  auto d = volume_->OpenDir(vfid_, f.rel);
+  if (!d.ok())
+    return d.status().WithContext(fmt::format("archive {}: open '{}' again", label_, f.prefix));
+  if (f.ino != 0 && (*d)->info().ino != f.ino)
+    return Status(Code::kConflict, fmt::format("archive {}: '{}' was replaced while being archived",
+                                               label_, f.prefix));
+  f.dir = std::move(d).value();
+  ++open_dirs_;
+  return CloseAShallowerDir();  // none is: this one is on top
 }
 
 Status ZipStream::FileData() {
@@ -193,20 +245,29 @@ Status ZipStream::NextFromSource() {
     if (!r.ok()) return r.status().WithContext(fmt::format("archive {}", label_));
     m = std::move(r).value();
   }
-  if (m.is_dir()) return BeginDir(src.arcname, std::move(m), src.skip_upload_dir);
+  if (m.is_dir()) return BeginDir(src.arcname, src.rel, std::move(m), src.skip_upload_dir);
   return BeginFile(src.arcname, std::move(m));
 }
 
 Status ZipStream::NextFromDir() {
   Frame& f = stack_.back();
-  auto next = f.dir->Next();
-  if (!next.ok())
-    return next.status().WithContext(fmt::format("archive {}: list '{}'", label_, f.prefix));
-  if (!*next) {
+  if (f.closed && !f.dir) SLUICE_RETURN_IF_ERROR(Reopen(f));
+  std::optional<DirHandle::Name> next;
+  if (f.closed) {
+    if (f.next_left < f.left.size()) next = std::move(f.left[f.next_left++]);
+  } else {
+    auto got = f.dir->Next();
+    if (!got.ok())
+      return got.status().WithContext(fmt::format("archive {}: list '{}'", label_, f.prefix));
+    next = std::move(got).value();
+  }
+  if (!next) {
+    held_name_bytes_ -= f.left_bytes;
+    if (f.dir) --open_dirs_;
     stack_.pop_back();
     return Status::Ok();
   }
-  const std::string& name = (*next)->name;
+  const std::string& name = next->name;
   if (f.skip_upload_dir && name == kStagingDirName) return Status::Ok();  // partial uploads
   std::string arcname = f.prefix + name;
   auto skip = [&](const std::string& why) {
@@ -214,7 +275,7 @@ Status ZipStream::NextFromDir() {
       spdlog::info("archive {}: skipped '{}': {}", label_, arcname, why);
     return Status::Ok();
   };
-  EntryType type = (*next)->type;
+  EntryType type = next->type;
   if (type == EntryType::kSymlink) return skip("a symbolic link");
   if (type == EntryType::kOther) return skip("a special file");
   auto info = f.dir->StatEntry(name);
@@ -232,7 +293,10 @@ Status ZipStream::NextFromDir() {
       return skip(m.status().message());
     return m.status();
   }
-  if (m->is_dir()) return BeginDir(std::move(arcname), std::move(m).value(), false);
+  if (m->is_dir()) {
+    std::string rel = f.rel.empty() ? name : f.rel + "/" + name;
+    return BeginDir(std::move(arcname), std::move(rel), std::move(m).value(), false);
+  }
   return BeginFile(std::move(arcname), std::move(m).value());
 }
 

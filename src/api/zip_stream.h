@@ -2,7 +2,8 @@
 // client reads it (libarchive writing into a small buffer), never built in memory or on disk.
 //
 // Memory does not grow with the data: one read chunk of file data, its compressed form, one
-// open directory per level of the walk (at most kMaxZipDepth levels), and the central
+// open directory per level of the walk (at most kMaxOpenZipDirs; the names left in
+// shallower ones, within the names' limit below), and the central
 // directory that ZIP needs at the end (about 100 bytes per entry and its name: ZipLimits).
 // Inside walked directories, symbolic links and special files are skipped (with a log line).
 // Everything is read through the Volume interface (directory handles, file readers): any
@@ -24,6 +25,11 @@ class ArchiveWriter;
 
 // Deepest directory nesting a walk descends into; deeper trees fail the stream.
 inline constexpr size_t kMaxZipDepth = 256;
+// Directories a walk keeps open at once, at most: past them, the shallowest open one (not the
+// one being read) has the names it has left read into memory and its handle closed, and is
+// opened again by its path when the walk comes back up to it. A slow client of an archive of
+// a deep tree holds that many descriptors, not one per level.
+inline constexpr size_t kMaxOpenZipDirs = 16;
 // ZIP keeps a central directory at the end, so the writer remembers every entry's name, CRC
 // and offset until then (about 100 bytes per entry, and the name): these bound that memory
 // (to about 100 MiB for the entries and 64 MiB for their names; names of deep trees are long).
@@ -52,7 +58,8 @@ Result<ArchiveMember> OpenArchiveMember(Volume& volume, const VFolderId& vfid,
 struct ZipSource {
   // Name in the archive: "" puts a directory's contents at the top of the archive.
   std::string arcname;
-  // Either an open member or a path of the vfolder to open when its turn comes.
+  // Either an open member or a path of the vfolder to open when its turn comes. `rel` is
+  // set with an open member too: a directory is opened again by its path (kMaxOpenZipDirs).
   std::optional<ArchiveMember> member;
   std::string rel;
   // Skip the upload staging directory (".upload") directly inside this directory: set when the
@@ -85,7 +92,9 @@ class ZipStream {
   Status NextFromSource();
   Status NextFromDir();
   Status BeginFile(std::string arcname, ArchiveMember m);
-  Status BeginDir(std::string arcname, ArchiveMember m, bool skip_upload_dir);
+  Status BeginDir(std::string arcname, std::string rel, ArchiveMember m, bool skip_upload_dir);
+  Status CloseAShallowerDir();  // past kMaxOpenZipDirs open
+  Status Reopen(Frame& f);
   Status WriteHeader(const std::string& arcname, const DirEntry& info);
   Status FileData();
   Status Context(Status st) const;
@@ -104,6 +113,8 @@ class ZipStream {
   std::vector<char> in_;
   bool started_ = false, finished_ = false, failed_ = false;
   uint64_t files_ = 0, skipped_ = 0, entries_ = 0, name_bytes_ = 0, bytes_read_ = 0;
+  uint64_t held_name_bytes_ = 0;  // names kept in memory for closed directories
+  size_t open_dirs_ = 0;
 };
 
 }  // namespace sluice::api

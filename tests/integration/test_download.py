@@ -599,6 +599,39 @@ def test_big_archive_streams_with_bounded_memory(daemon, vfid, tmp_path):
     assert z.getinfo("zeros.bin").file_size == 64 << 20
 
 
+def test_a_deep_tree_held_by_a_slow_client_keeps_few_directories_open(daemon, vfid, tmp_path):
+    """An archive of a tree 40 levels deep, its client reading nothing while the walk is at
+    the bottom: the walk keeps at most 16 directories open (and one file), not one a level;
+    the archive is whole once the client reads on."""
+    root = daemon.vfolder_path(vfid)
+    d = root / "deep"
+    for level in range(40):
+        (d / "m").mkdir(parents=True)
+        (d / "a.txt").write_text(str(level))
+        (d / "z.txt").write_text(str(level))
+        d = d / "m"
+    (d / "bottom.bin").write_bytes(os.urandom(64 << 20))  # more than the sockets buffer
+
+    def fds():
+        return len(os.listdir(f"/proc/{daemon.proc.pid}/fd"))
+
+    base = fds()
+    with requests.get(url(daemon, download_token(daemon, vfid, "deep", archive=True)),
+                      stream=True, timeout=120) as r:
+        assert r.status_code == 200
+        body = r.raw.read(1 << 16)  # then nothing for a while: the server's send blocks
+        time.sleep(1)
+        held = fds() - base
+        body += r.raw.read()
+    # The connection and the file being sent, beside the directories.
+    assert held <= 16 + 4, held
+    z = zip_of(body)
+    names = set(z.namelist())
+    assert len([n for n in names if n.endswith(".txt")]) == 80, len(names)
+    assert z.read("m/" * 39 + "z.txt") == b"39"
+    assert z.read("m/" * 40 + "bottom.bin") == (d / "bottom.bin").read_bytes()
+
+
 def test_download_archive_of_named_files(daemon, files, tmp_path):
     vfid, root, _ = files
     token = archive_token(daemon, vfid, ["small.txt", "tree/sub", "tree/sub/b.bin", "./small.txt"],

@@ -1,6 +1,7 @@
 // The ZIP stream's memory bounds: an archive whose central directory would grow past its
 // entry count or the summed length of its entries' names fails with kTooLarge instead of
-// holding them all; within both it is a ZIP that libarchive reads back whole.
+// holding them all; within both it is a ZIP that libarchive reads back whole. A deep tree
+// keeps at most kMaxOpenZipDirs directories open.
 #include "api/zip_stream.h"
 
 #include <archive.h>
@@ -12,6 +13,7 @@
 
 #include "support/assert_status.h"
 #include "support/volume_backends.h"
+#include "volume/forwarding_volume.h"
 #include "volume/mem/mem_volume.h"
 
 namespace sluice::api {
@@ -83,6 +85,85 @@ TEST_F(ZipStreamTest, NamesPastTheirBoundFailTheStream) {
   EXPECT_EQ(zip.status().code(), Code::kTooLarge);
   EXPECT_NE(zip.status().message().find("names add up to more than"), std::string::npos)
       << zip.status().message();
+}
+
+// Directory handles of a volume that count how many are open at once.
+struct OpenCount {
+  int now = 0, most = 0;
+  void Add(int d) { most = std::max(most, now += d); }
+};
+
+class CountedDir : public DirHandle {
+ public:
+  CountedDir(std::unique_ptr<DirHandle> d, OpenCount* c) : d_(std::move(d)), c_(c) { c_->Add(1); }
+  ~CountedDir() override { c_->Add(-1); }
+  const DirEntry& info() const override { return d_->info(); }
+  Result<std::optional<Name>> Next() override { return d_->Next(); }
+  Result<DirEntry> StatEntry(const std::string& n) override { return d_->StatEntry(n); }
+  Result<std::shared_ptr<FileReader>> OpenFile(const std::string& n) override {
+    return d_->OpenFile(n);
+  }
+  Result<std::unique_ptr<DirHandle>> OpenSubdir(const std::string& n) override {
+    SLUICE_ASSIGN_OR_RETURN(auto d, d_->OpenSubdir(n));
+    return std::unique_ptr<DirHandle>(new CountedDir(std::move(d), c_));
+  }
+
+ private:
+  std::unique_ptr<DirHandle> d_;
+  OpenCount* c_;
+};
+
+class CountingVolume : public ForwardingVolume {
+ public:
+  using ForwardingVolume::ForwardingVolume;
+  Result<std::unique_ptr<DirHandle>> OpenDir(const VFolderId& vfid, std::string_view rel) override {
+    SLUICE_ASSIGN_OR_RETURN(auto d, ForwardingVolume::OpenDir(vfid, rel));
+    return std::unique_ptr<DirHandle>(new CountedDir(std::move(d), &open));
+  }
+  OpenCount open;
+};
+
+// 40 levels, each with files before and after its subdirectory: at most kMaxOpenZipDirs
+// directories are open at once (one more while one is opened again), and the archive holds
+// every file of every level.
+TEST_F(ZipStreamTest, ADeepTreeKeepsFewDirectoriesOpen) {
+  std::string dir = "deep";
+  std::set<std::string> want = {"deep"};
+  for (int level = 0; level < 40; ++level) {
+    for (const char* f : {"a.txt", "z.txt"}) {
+      ASSERT_OK(vol_->PutFile(vf_, dir + "/" + f, dir));
+      want.insert(dir + "/" + f);
+    }
+    dir += "/m";
+    want.insert(dir);
+  }
+  ASSERT_OK(vol_->PutFile(vf_, dir + "/last", "x"));
+  want.insert(dir + "/last");
+  CountingVolume counted(std::move(vol_));
+  std::vector<ZipSource> src(1);
+  src[0].arcname = "deep";
+  src[0].rel = "deep";
+  std::string zip;
+  {
+    ZipStream z(&counted, vf_, std::move(src), "test");
+    char buf[4096];
+    for (;;) {
+      auto n = z.Read(buf, sizeof buf);
+      ASSERT_OK(n);
+      if (*n == 0) break;
+      zip.append(buf, *n);
+    }
+  }
+  EXPECT_EQ(counted.open.now, 0);
+  static_assert(kMaxOpenZipDirs + 1 < 40);
+  EXPECT_LE(counted.open.most, static_cast<int>(kMaxOpenZipDirs) + 1);
+  EXPECT_GT(counted.open.most, 1);
+  std::set<std::string> got;
+  for (auto n : Names(zip)) {
+    if (n.ends_with("/")) n.pop_back();
+    got.insert(n);
+  }
+  EXPECT_EQ(got, want);
 }
 
 }  // namespace

@@ -288,6 +288,9 @@ Result<UploadProgress> UploadService::Query(const UploadTarget& t) {
         p.complete = true;
         return p;
       }
+      // Or the record was read before the last PATCH recorded its bytes, and the file looked
+      // for after that PATCH committed it: the record, read again, says complete.
+      if (attempt < 3) continue;
       return NoSession(t.session);
     }
     if (p.offset > t.size)

@@ -706,6 +706,19 @@ Result<std::string> ReadSmall(FileReader& f, std::string_view rel) {
   return out;
 }
 
+// Part `num`'s metadata: `blob` (its attribute), or the file beside it on volumes without
+// user xattrs. nullopt when neither describes `e` (being replaced, or not written by Sluice).
+std::optional<ObjectMeta> PartMetaOf(Volume& v, const VFolderId& vfid, std::string_view id, int num,
+                                     Result<std::string> blob, const DirEntry& e) {
+  if (blob.ok() && blob->empty()) {
+    if (auto side = v.OpenReader(vfid, UploadRel(id) + "/" + PartMetaName(num)); side.ok())
+      blob = ReadSmall(**side, PartMetaName(num));
+    else
+      blob = side.status();
+  }
+  return blob.ok() ? ObjectMeta::Decode(*blob, e) : std::nullopt;
+}
+
 Status NoUpload(std::string_view id) {
   return Status(Code::kNotFound,
                 "the specified upload does not exist: it may have been aborted or completed",
@@ -865,13 +878,7 @@ Result<std::vector<UploadedPart>> ObjectStore::ListParts(Volume& v, const VFolde
     if (num < 1 || num > kMaxPartNumber || PartName(num) != n->name) continue;
     auto e = (*dir)->StatEntry(n->name);
     if (!e.ok()) continue;
-    auto blob = (*dir)->EntryMeta(n->name);
-    if (blob.ok() && blob->empty())  // no user xattrs: the file next to it
-      if (auto side = v.OpenReader(vfid, UploadRel(u.id) + "/" + PartMetaName(num)); side.ok())
-        blob = ReadSmall(**side, PartMetaName(num));
-      else
-        blob = side.status();
-    auto meta = blob.ok() ? ObjectMeta::Decode(*blob, *e) : std::nullopt;
+    auto meta = PartMetaOf(v, vfid, u.id, num, (*dir)->EntryMeta(n->name), *e);
     if (!meta) continue;  // being replaced, or not written by Sluice
     auto raw = HexDecode(meta->etag);
     if (!raw.ok()) continue;
@@ -906,7 +913,11 @@ Result<std::string> ObjectStore::CompleteMultipart(Volume& v, const VFolderId& v
     for (const auto& p : parts) {
       SLUICE_ASSIGN_OR_RETURN(auto f,
                               v.OpenReader(vfid, UploadRel(u.id) + "/" + PartName(p.number)));
-      if (f->size() != p.size)
+      // The part opened is the one listed: one replaced since (an UploadPart that began
+      // before the Complete) has another MD5, which the ETag would not be made of.
+      auto meta = PartMetaOf(v, vfid, u.id, p.number, f->ReadMeta(), f->info());
+      auto md5 = meta ? HexDecode(meta->etag) : Result<std::string>(Status(Code::kNotFound, ""));
+      if (f->size() != p.size || !md5.ok() || *md5 != p.md5)
         return Status(Code::kConflict, fmt::format("part {} changed while completing", p.number));
       SLUICE_RETURN_IF_ERROR(w->CopyFrom(*f, p.size));
       md5s.push_back(p.md5);

@@ -380,6 +380,43 @@ TEST_F(VfsObjects, WrittenBytesAreNotReservedTwice) {
 // On a volume that copies parts (vfs), Complete holds them twice until they go: the copy is
 // reserved, refused where the scope has no room for it (the upload is given back), and the
 // reservation is gone once the object is published.
+// A part replaced between the listing Complete was given and its read (an UploadPart that
+// began before the Complete, of the same size): the Complete refuses (kConflict, the upload
+// given back) rather than publish the new bytes under an ETag made of the old part's MD5.
+TEST_F(VfsObjects, APartReplacedWhileCompletingIsRefused) {
+  auto& vol = *vol_;
+  QuotaReservations reservations;
+  ObjectStore store(&reservations);
+  auto u = store.CreateMultipart(vol, vf, "obj", {});
+  ASSERT_OK(u);
+  auto part = [&](int n, const std::string& data) {
+    auto w = store.BeginPart(vol, vf, *u, n, data.size(), false);
+    ASSERT_OK(w);
+    ASSERT_OK((*w)->Write(data.data(), data.size()));
+    ASSERT_OK((*w)->Publish(ObjectMeta{}, false));
+  };
+  part(1, std::string(5 << 20, 'a'));
+  part(2, "tail");
+  auto listed = store.ListParts(vol, vf, *u);
+  ASSERT_OK(listed);
+  part(1, std::string(5 << 20, 'b'));  // same size, other bytes
+  EXPECT_ERROR(store.CompleteMultipart(vol, vf, *u, *listed, {}, false), Code::kConflict);
+  EXPECT_ERROR(store.Open(vol, vf, "obj"), Code::kNotFound);
+  ASSERT_OK(store.GetMultipart(vol, vf, u->id));  // given back: listed again, it completes
+  auto again = store.ListParts(vol, vf, *u);
+  ASSERT_OK(again);
+  auto etag = store.CompleteMultipart(vol, vf, *u, *again, {}, false);
+  ASSERT_OK(etag);
+  std::vector<std::string> md5s;
+  for (const auto& p : *again) md5s.push_back(p.md5);
+  EXPECT_EQ(*etag, MultipartETag(md5s));
+  auto o = store.Open(vol, vf, "obj");
+  ASSERT_OK(o);
+  char c = 0;
+  ASSERT_OK(o->file->ReadAt(0, &c, 1));
+  EXPECT_EQ(c, 'b');
+}
+
 TEST_F(VfsObjects, CompleteReservesTheCopyOfItsParts) {
   auto& vol = *vol_;
   QuotaReservations reservations;

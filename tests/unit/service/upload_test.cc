@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -13,6 +14,7 @@
 
 #include "common/jwt.h"
 #include "service/storage_service.h"
+#include "volume/forwarding_volume.h"
 #include "volume/registry.h"
 
 namespace sluice {
@@ -121,6 +123,58 @@ TEST_F(UploadTest, WritesResumesAndRenamesIntoPlace) {
   ASSERT_TRUE(q.ok());
   EXPECT_TRUE(q->complete);
   EXPECT_EQ(q->offset, 10u);
+}
+
+// A volume whose first InspectStaging runs `between` after reading the session's record and
+// before looking for its staging file, as a HEAD racing the last PATCH would.
+class RacedInspect : public ForwardingVolume {
+ public:
+  RacedInspect(std::unique_ptr<Volume> inner, std::function<void()> between)
+      : ForwardingVolume(std::move(inner)), between_(std::move(between)) {}
+  Result<StagingState> InspectStaging(const VFolderId& vfid, const std::string& session) override {
+    auto st = ForwardingVolume::InspectStaging(vfid, session);
+    if (!between_ || !st.ok()) return st;
+    std::exchange(between_, nullptr)();
+    auto now = ForwardingVolume::InspectStaging(vfid, session);  // the staging file's part
+    if (!now.ok()) return now;
+    st->staged = now->staged;
+    st->staged_size = now->staged_size;
+    return st;
+  }
+
+ private:
+  std::function<void()> between_;
+};
+
+TEST_F(UploadTest, AQueryRacingTheLastWriteAnswersComplete) {
+  UploadTarget t = Session("raced.bin", 10);
+  uint64_t cur = 0;
+  {
+    auto w = up_->BeginWrite(t, 0, &cur);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->Write("01234", 5).ok());
+    ASSERT_TRUE((*w)->Finish().ok());
+  }
+  VolumeConfig vc;
+  vc.name = "local";
+  vc.backend = "vfs";
+  vc.path = base_ + "/vol";
+  auto same = VolumeRegistry::Builtin().Create(vc, VolumeDeps{&scan_});
+  ASSERT_TRUE(same.ok());
+  ASSERT_TRUE((*same)->Init().ok());
+  RacedInspect raced(std::move(same).value(), [&] {
+    auto w = up_->BeginWrite(t, 5, &cur);  // the last PATCH, committed in between
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->Write("56789", 5).ok());
+    ASSERT_TRUE((*w)->Finish().ok());
+  });
+  UploadTarget through = t;
+  through.volume = &raced;
+  auto q = up_->Query(through);
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_TRUE(q->complete);
+  EXPECT_EQ(q->offset, 10u);
+  EXPECT_EQ(ReadAll(vf() / "raced.bin"), "0123456789");
 }
 
 TEST_F(UploadTest, OneWriterAtATime) {

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -148,13 +149,14 @@ class RacedInspect : public ForwardingVolume {
 
 TEST_F(UploadTest, AQueryRacingTheLastWriteAnswersComplete) {
   UploadTarget t = Session("raced.bin", 10);
-  uint64_t cur = 0;
-  {
-    auto w = up_->BeginWrite(t, 0, &cur);
+  auto patch = [&](uint64_t at, const char* data) {  // one whole PATCH
+    uint64_t cur = 0;
+    auto w = up_->BeginWrite(t, at, &cur);
     ASSERT_TRUE(w.ok());
-    ASSERT_TRUE((*w)->Write("01234", 5).ok());
+    ASSERT_TRUE((*w)->Write(data, std::strlen(data)).ok());
     ASSERT_TRUE((*w)->Finish().ok());
-  }
+  };
+  patch(0, "01234");
   VolumeConfig vc;
   vc.name = "local";
   vc.backend = "vfs";
@@ -162,12 +164,8 @@ TEST_F(UploadTest, AQueryRacingTheLastWriteAnswersComplete) {
   auto same = VolumeRegistry::Builtin().Create(vc, VolumeDeps{&scan_});
   ASSERT_TRUE(same.ok());
   ASSERT_TRUE((*same)->Init().ok());
-  RacedInspect raced(std::move(same).value(), [&] {
-    auto w = up_->BeginWrite(t, 5, &cur);  // the last PATCH, committed in between
-    ASSERT_TRUE(w.ok());
-    ASSERT_TRUE((*w)->Write("56789", 5).ok());
-    ASSERT_TRUE((*w)->Finish().ok());
-  });
+  // The last PATCH, committed in between.
+  RacedInspect raced(std::move(same).value(), [&] { patch(5, "56789"); });
   UploadTarget through = t;
   through.volume = &raced;
   auto q = up_->Query(through);

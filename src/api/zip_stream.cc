@@ -178,6 +178,11 @@ Status ZipStream::CloseAShallowerDir() {
   for (size_t i = 0; i + 1 < stack_.size(); ++i) {
     Frame& f = stack_[i];
     if (!f.dir) continue;
+    if (f.closed) {  // reopened: its names left are read already
+      f.dir.reset();
+      --open_dirs_;
+      return Status::Ok();
+    }
     for (;;) {
       auto next = f.dir->Next();
       if (!next.ok())
@@ -251,10 +256,16 @@ Status ZipStream::NextFromSource() {
 
 Status ZipStream::NextFromDir() {
   Frame& f = stack_.back();
-  if (f.closed && !f.dir) SLUICE_RETURN_IF_ERROR(Reopen(f));
+  // (One with nothing left is not opened again: it may be gone by now.)
+  if (f.closed && !f.dir && f.next_left < f.left.size()) SLUICE_RETURN_IF_ERROR(Reopen(f));
   std::optional<DirHandle::Name> next;
   if (f.closed) {
-    if (f.next_left < f.left.size()) next = std::move(f.left[f.next_left++]);
+    if (f.next_left < f.left.size()) {
+      next = std::move(f.left[f.next_left++]);
+      const uint64_t n = f.prefix.size() + next->name.size();  // counted as written from now
+      f.left_bytes -= n;
+      held_name_bytes_ -= n;
+    }
   } else {
     auto got = f.dir->Next();
     if (!got.ok())

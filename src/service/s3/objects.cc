@@ -915,7 +915,9 @@ Result<std::string> ObjectStore::CompleteMultipart(Volume& v, const VFolderId& v
                               v.OpenReader(vfid, UploadRel(u.id) + "/" + PartName(p.number)));
       // The part opened is the one listed: one replaced since (an UploadPart that began
       // before the Complete) has another MD5, which the ETag would not be made of.
-      auto meta = PartMetaOf(v, vfid, u.id, p.number, f->ReadMeta(), f->info());
+      auto blob = f->ReadMeta();
+      if (!blob.ok() && !IsObjectNotFound(blob.status())) return blob.status();  // not a change
+      auto meta = PartMetaOf(v, vfid, u.id, p.number, std::move(blob), f->info());
       auto md5 = meta ? HexDecode(meta->etag) : Result<std::string>(Status(Code::kNotFound, ""));
       if (f->size() != p.size || !md5.ok() || *md5 != p.md5)
         return Status(Code::kConflict, fmt::format("part {} changed while completing", p.number));

@@ -166,5 +166,53 @@ TEST_F(ZipStreamTest, ADeepTreeKeepsFewDirectoriesOpen) {
   EXPECT_EQ(got, want);
 }
 
+// Two deep chains side by side, then a file: the top directory is closed, opened again, and
+// closed again below the second chain; each entry is in the archive once.
+TEST_F(ZipStreamTest, ADirectoryClosedTwiceListsEachNameOnce) {
+  std::set<std::string> want = {"two"};
+  for (const char* top : {"p", "q"}) {
+    std::string dir = std::string("two/") + top;
+    want.insert(dir);
+    for (int level = 0; level < 20; ++level) {
+      ASSERT_OK(vol_->PutFile(vf_, dir + "/f", "x"));
+      want.insert(dir + "/f");
+      dir += "/m";
+      want.insert(dir);
+    }
+    ASSERT_OK(vol_->PutFile(vf_, dir + "/f", "x"));
+    want.insert(dir + "/f");
+  }
+  ASSERT_OK(vol_->PutFile(vf_, "two/z", "z"));
+  want.insert("two/z");
+  CountingVolume counted(std::move(vol_));
+  std::vector<ZipSource> src(1);
+  src[0].arcname = "two";
+  src[0].rel = "two";
+  std::string zip;
+  {
+    ZipStream z(&counted, vf_, std::move(src), "test");
+    char buf[4096];
+    for (;;) {
+      auto n = z.Read(buf, sizeof buf);
+      ASSERT_OK(n);
+      if (*n == 0) break;
+      zip.append(buf, *n);
+    }
+  }
+  EXPECT_LE(counted.open.most, static_cast<int>(kMaxOpenZipDirs) + 1);
+  std::multiset<std::string> got;
+  struct archive* a = archive_read_new();
+  archive_read_support_format_zip(a);
+  ASSERT_EQ(archive_read_open_memory(a, zip.data(), zip.size()), ARCHIVE_OK);
+  struct archive_entry* e;
+  while (archive_read_next_header(a, &e) == ARCHIVE_OK) {
+    std::string n = archive_entry_pathname(e);
+    if (n.ends_with("/")) n.pop_back();
+    got.insert(n);
+  }
+  archive_read_free(a);
+  EXPECT_EQ(got, std::multiset<std::string>(want.begin(), want.end()));
+}
+
 }  // namespace
 }  // namespace sluice::api

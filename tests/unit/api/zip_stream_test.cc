@@ -123,6 +123,25 @@ class CountingVolume : public ForwardingVolume {
   OpenCount open;
 };
 
+// The archive of directory `rel` of `v`'s vfolder, or the status that ended it.
+Result<std::string> ArchiveOf(Volume& v, const std::string& rel) {
+  std::vector<ZipSource> src(1);
+  src[0].arcname = rel;
+  src[0].rel = rel;
+  ZipStream z(&v,
+              VFolderId::Parse("user:11111111111111111111111111111111/"
+                               "abcdef0123456789abcdef0123456789")
+                  .value(),
+              std::move(src), "test");
+  std::string zip;
+  char buf[4096];
+  for (;;) {
+    SLUICE_ASSIGN_OR_RETURN(size_t n, z.Read(buf, sizeof buf));
+    if (n == 0) return zip;
+    zip.append(buf, n);
+  }
+}
+
 // 40 levels, each with files before and after its subdirectory: at most kMaxOpenZipDirs
 // directories are open at once (one more while one is opened again), and the archive holds
 // every file of every level.
@@ -140,20 +159,9 @@ TEST_F(ZipStreamTest, ADeepTreeKeepsFewDirectoriesOpen) {
   ASSERT_OK(vol_->PutFile(vf_, dir + "/last", "x"));
   want.insert(dir + "/last");
   CountingVolume counted(std::move(vol_));
-  std::vector<ZipSource> src(1);
-  src[0].arcname = "deep";
-  src[0].rel = "deep";
-  std::string zip;
-  {
-    ZipStream z(&counted, vf_, std::move(src), "test");
-    char buf[4096];
-    for (;;) {
-      auto n = z.Read(buf, sizeof buf);
-      ASSERT_OK(n);
-      if (*n == 0) break;
-      zip.append(buf, *n);
-    }
-  }
+  auto zipped = ArchiveOf(counted, "deep");
+  ASSERT_OK(zipped);
+  const std::string& zip = *zipped;
   EXPECT_EQ(counted.open.now, 0);
   static_assert(kMaxOpenZipDirs + 1 < 40);
   EXPECT_LE(counted.open.most, static_cast<int>(kMaxOpenZipDirs) + 1);
@@ -185,20 +193,9 @@ TEST_F(ZipStreamTest, ADirectoryClosedTwiceListsEachNameOnce) {
   ASSERT_OK(vol_->PutFile(vf_, "two/z", "z"));
   want.insert("two/z");
   CountingVolume counted(std::move(vol_));
-  std::vector<ZipSource> src(1);
-  src[0].arcname = "two";
-  src[0].rel = "two";
-  std::string zip;
-  {
-    ZipStream z(&counted, vf_, std::move(src), "test");
-    char buf[4096];
-    for (;;) {
-      auto n = z.Read(buf, sizeof buf);
-      ASSERT_OK(n);
-      if (*n == 0) break;
-      zip.append(buf, *n);
-    }
-  }
+  auto zipped = ArchiveOf(counted, "two");
+  ASSERT_OK(zipped);
+  const std::string& zip = *zipped;
   EXPECT_LE(counted.open.most, static_cast<int>(kMaxOpenZipDirs) + 1);
   std::multiset<std::string> got;
   struct archive* a = archive_read_new();

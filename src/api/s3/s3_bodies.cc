@@ -70,6 +70,30 @@ Status CheckCreateBucketConfiguration(std::string_view body) {
   return LoadXml(doc, body) && doc.child("CreateBucketConfiguration") ? Status::Ok() : Malformed();
 }
 
+namespace {
+
+// "bytes=" and one range spec: first-last, first- or -suffix (digits only). A batch item sends
+// what its range names or fails: a spec a GET would ignore (a list, a typo) would send the
+// whole object.
+bool OneByteRange(std::string_view r) {
+  if (!r.starts_with("bytes=")) return false;
+  r.remove_prefix(6);
+  const size_t dash = r.find('-');
+  if (dash == std::string_view::npos) return false;
+  auto digits = [](std::string_view d) {
+    return d.size() <= 19 &&
+           std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  std::string_view a = r.substr(0, dash), b = r.substr(dash + 1);
+  if (a.empty() && b.empty()) return false;
+  if (!digits(a) || !digits(b)) return false;
+  if (!a.empty() && !b.empty() && std::stoull(std::string(a)) > std::stoull(std::string(b)))
+    return false;
+  return true;
+}
+
+}  // namespace
+
 Result<BatchRequest> ParseBatchRequest(std::string_view body, std::string_view default_bucket) {
   auto bad = [](std::string msg) { return Status(Code::kInvalidArgument, std::move(msg)); };
   SLUICE_ASSIGN_OR_RETURN(auto j, ParseJson(body, "the batch-get request"));
@@ -111,8 +135,9 @@ Result<BatchRequest> ParseBatchRequest(std::string_view body, std::string_view d
           fmt::format("item {} names no bucket (POST /bucket?batch-get gives a default)", i));
     if (it.opaque.size() > kMaxBatchOpaque)
       return bad(fmt::format("item {}: opaque is over {} bytes", i, kMaxBatchOpaque));
-    if (!it.range.empty() && !it.range.starts_with("bytes="))
-      return bad(fmt::format("item {}: range must be 'bytes=first-last'", i));
+    if (!it.range.empty() && !OneByteRange(it.range))
+      return bad(fmt::format(
+          "item {}: range must be one 'bytes=first-last', 'bytes=first-' or 'bytes=-suffix'", i));
     r.items.push_back(std::move(it));
   }
   return r;

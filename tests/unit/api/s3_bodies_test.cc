@@ -84,6 +84,10 @@ TEST(S3Bodies, BatchRequest) {
       {R"({"items": [{"key": "a", "size": "1"}]})", "item 0: unknown field 'size'"},
       {R"({"items": [{"bucket": "b"}]})", "item 0 has no key"},
       {R"({"items": [{"key": "a", "range": "0-9"}]})", "range must be"},
+      {R"({"items": [{"key": "a", "range": "bytes=0-1,4-5"}]})", "range must be one"},
+      {R"({"items": [{"key": "a", "range": "bytes=x-y"}]})", "range must be one"},
+      {R"({"items": [{"key": "a", "range": "bytes=9-2"}]})", "range must be one"},
+      {R"({"items": [{"key": "a", "range": "bytes=-"}]})", "range must be one"},
   };
   for (const auto& [body, why] : refused) {
     auto bad = ParseBatchRequest(body, "b1");

@@ -93,23 +93,19 @@ struct OpenCount {
   void Add(int d) { most = std::max(most, now += d); }
 };
 
-class CountedDir : public DirHandle {
+class CountedDir : public ForwardingDirHandle {
  public:
-  CountedDir(std::unique_ptr<DirHandle> d, OpenCount* c) : d_(std::move(d)), c_(c) { c_->Add(1); }
-  ~CountedDir() override { c_->Add(-1); }
-  const DirEntry& info() const override { return d_->info(); }
-  Result<std::optional<Name>> Next() override { return d_->Next(); }
-  Result<DirEntry> StatEntry(const std::string& n) override { return d_->StatEntry(n); }
-  Result<std::shared_ptr<FileReader>> OpenFile(const std::string& n) override {
-    return d_->OpenFile(n);
+  CountedDir(std::unique_ptr<DirHandle> d, OpenCount* c)
+      : ForwardingDirHandle(std::move(d)), c_(c) {
+    c_->Add(1);
   }
+  ~CountedDir() override { c_->Add(-1); }
   Result<std::unique_ptr<DirHandle>> OpenSubdir(const std::string& n) override {
-    SLUICE_ASSIGN_OR_RETURN(auto d, d_->OpenSubdir(n));
+    SLUICE_ASSIGN_OR_RETURN(auto d, inner_->OpenSubdir(n));
     return std::unique_ptr<DirHandle>(new CountedDir(std::move(d), c_));
   }
 
  private:
-  std::unique_ptr<DirHandle> d_;
   OpenCount* c_;
 };
 

@@ -48,17 +48,15 @@ class CountingReader : public ForwardingFileReader {
 };
 
 // An origin's directory that counts the entries it yields.
-class CountingDir : public DirHandle {
+class CountingDir : public ForwardingDirHandle {
  public:
   CountingDir(std::unique_ptr<DirHandle> inner, std::atomic<int>* yielded)
-      : inner_(std::move(inner)), yielded_(yielded) {}
-  const DirEntry& info() const override { return inner_->info(); }
+      : ForwardingDirHandle(std::move(inner)), yielded_(yielded) {}
   Result<std::optional<Name>> Next() override {
     auto n = inner_->Next();
     if (n.ok() && *n) ++*yielded_;
     return n;
   }
-  Result<DirEntry> StatEntry(const std::string& name) override { return inner_->StatEntry(name); }
   Result<std::shared_ptr<FileReader>> OpenFile(const std::string& name) override {
     return Status(Code::kInternal, "opened past the cache");
   }
@@ -67,7 +65,6 @@ class CountingDir : public DirHandle {
   }
 
  private:
-  std::unique_ptr<DirHandle> inner_;
   std::atomic<int>* yielded_;
 };
 

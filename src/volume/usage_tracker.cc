@@ -118,6 +118,14 @@ void UsageTracker::Add(const std::string& path, int64_t bytes, int64_t entries) 
   }
 }
 
+void UsageTracker::Remeasure(const std::string& path) {
+  std::lock_guard lk(mu_);
+  auto it = entries_.find(path);
+  if (it == entries_.end() || !it->second.valid) return;
+  it->second.measured = {};  // old: a read or write before the walk ends asks for one too
+  QueueLocked(path, it->second);
+}
+
 void UsageTracker::Set(const std::string& path, TreeUsage u) {
   std::lock_guard lk(mu_);
   Entry& e = entries_[path];

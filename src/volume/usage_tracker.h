@@ -47,6 +47,10 @@ class UsageTracker {
   // A write through Sluice changed the tree by these amounts. Ignored while no figure is known
   // (the first walk will see the write).
   void Add(const std::string& path, int64_t bytes, int64_t entries);
+  // A write through Sluice failed part way and changed the tree by an amount not known (a
+  // directory copied in part): the figure is walked again in the background, and is treated
+  // as old until then.
+  void Remeasure(const std::string& path);
   // The tree is new with this known content (an empty vfolder, a clone of a measured one).
   void Set(const std::string& path, TreeUsage u);
   // The tree is gone (deleted, detached): drop its figure; a walk in flight is discarded.

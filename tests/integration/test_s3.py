@@ -454,6 +454,24 @@ def signed(s3d, ak, sk, method, path, body=b"", headers=None, when=None, payload
     return requests.request(method, p.url, headers=dict(p.headers), data=body)
 
 
+def test_create_bucket_with_a_trailing_slash_reads_its_body(s3d, user):
+    """"PUT /bucket/" is CreateBucket too (some clients send it so); its signed body is read
+    and checked. Before, that path was taken as an object PUT of an empty key, the body never
+    read, and the signature's payload hash failed."""
+    ak, sk = s3d.s3_key(user)
+    body = (b"<CreateBucketConfiguration><LocationConstraint>us-east-1</LocationConstraint>"
+            b"</CreateBucketConfiguration>")
+    name = f"b-{uuid.uuid4().hex[:12]}"
+    r = signed(s3d, ak, sk, "PUT", f"/{name}/", body=body)
+    assert r.status_code == 200, r.text
+    assert r.headers.get("x-amz-request-id")
+    assert signed(s3d, ak, sk, "HEAD", f"/{name}").status_code == 200
+    r = signed(s3d, ak, sk, "PUT", f"/b-{uuid.uuid4().hex[:12]}/", body=b"<NotAConfiguration/>")
+    assert r.status_code == 400 and "MalformedXML" in r.text, r.text
+    r = signed(s3d, ak, sk, "PUT", f"/b-{uuid.uuid4().hex[:12]}/", body=b"x" * (70 << 10))
+    assert r.status_code in (400, 413) and "<Error>" in r.text, (r.status_code, r.text[:300])
+
+
 def test_skew_and_replay(s3d, user):
     ak, sk = s3d.s3_key(user)
     skewed = datetime.datetime.utcnow() - datetime.timedelta(minutes=20)
@@ -1209,6 +1227,17 @@ def test_copy_object(s3d, s3):
     with pytest.raises(ClientError) as e:
         s3.copy_object(Bucket=dst, Key="c3", CopySource={"Bucket": src, "Key": "missing"})
     assert code_of(e) == "NoSuchKey"
+    # A key holding "?versionId=" (sent encoded) is a key, not a version: before, it was cut
+    # there after decoding and refused as a version id.
+    s3.put_object(Bucket=src, Key="odd?versionId=7", Body=b"odd")
+    s3.copy_object(Bucket=dst, Key="odd-copy", CopySource={"Bucket": src, "Key": "odd?versionId=7"})
+    assert s3.get_object(Bucket=dst, Key="odd-copy")["Body"].read() == b"odd"
+    s3.copy_object(Bucket=dst, Key="c4",
+                   CopySource={"Bucket": src, "Key": "a/src.bin", "VersionId": "null"})
+    with pytest.raises(ClientError) as e:
+        s3.copy_object(Bucket=dst, Key="c4",
+                       CopySource={"Bucket": src, "Key": "a/src.bin", "VersionId": "v2"})
+    assert code_of(e) == "InvalidArgument"
     assert staging_leftovers(bucket_dir(s3d, dst)) == []
 
 

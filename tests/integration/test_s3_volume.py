@@ -1234,3 +1234,116 @@ def test_a_clone_from_the_s3_volume_onto_a_local_one(proxy, origin):
     assert h["ContentType"] == "application/x-w" and h["Metadata"] == {"shard": "9"}, h
     usage = d.mgr("GET", "/folder/usage", json={"volume": "local", "vfid": dst}).json()
     assert usage["used_bytes"] == len(big) + 5
+
+
+@contextlib.contextmanager
+def etag_stripping_gateway(o):
+    """A stand-in for an S3 gateway that sends no ETags (no real one runs here): forwards every
+    request to origin `o` as it came (its Host header too, so signatures hold) and drops the
+    ETag header and <ETag> elements from what comes back."""
+    import http.client
+    import http.server
+    import re
+
+    port = o.s3_port
+
+    class Gateway(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def forward(self):
+            n = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(n) if n else None
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            c.request(self.command, self.path, body=body,
+                      headers={k: v for k, v in self.headers.items()})
+            r = c.getresponse()
+            data = r.read()
+            if r.getheader("Content-Type", "").endswith("xml"):
+                data = re.sub(rb"<ETag>[^<]*</ETag>", b"", data)
+            self.send_response(r.status)
+            for k, v in r.getheaders():
+                if k.lower() not in ("etag", "content-length", "transfer-encoding", "connection"):
+                    self.send_header(k, v)
+            length = r.getheader("Content-Length") if self.command == "HEAD" else len(data)
+            self.send_header("Content-Length", str(length or 0))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+            c.close()
+
+        do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = forward
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_an_origin_without_etags_is_validated_by_size_and_mtime(tmp_path, origin):
+    """An origin that sends no ETag: an object replaced by one of the same size is read anew
+    once the cache's TTL has passed. Before, every version had the validator "" and the cache
+    served the old version's blocks."""
+    with etag_stripping_gateway(origin) as gateway:
+        cache = toml_section("volume.remote.cache", {
+            "path": str(tmp_path / "cache"), "block-size": "1m", "ttl": "1s", "max-size": "64m"})
+        volume = s3_volume(origin, prefix="no-etags").replace(origin.s3_url(), gateway)
+        with running_daemon(tmp_path / "proxy", extra_toml=volume + cache) as d:
+            vfid = d.create_vfolder(volume="remote")
+            key = vfolder_prefix(vfid, prefix="no-etags") + "w.bin"
+            one, two = os.urandom(2 * MiB + 5), os.urandom(2 * MiB + 5)
+            origin.boto.put_object(Bucket=BUCKET, Key=key, Body=one)
+            url = d.client_url("/download")
+            token = {"token": download_token(d, vfid, "w.bin", volume="remote")}
+            r = requests.get(url, params=token, timeout=60)
+            assert r.status_code == 200 and r.content == one, r.status_code
+            time.sleep(1.1)  # Last-Modified has whole seconds
+            origin.boto.put_object(Bucket=BUCKET, Key=key, Body=two)
+            time.sleep(1.2)  # past the TTL
+            r = requests.get(url, params=token, timeout=60)
+            assert r.status_code == 200 and r.content == two, "the old version's blocks"
+
+
+def test_a_move_whose_delete_fails_counts_both_copies(tmp_path):
+    """A move on an s3 volume copies, then deletes the source: when the delete fails, both
+    are on the origin and the scope's maintained usage counts both (before, it counted one
+    until the next reconcile, so the quota let the scope past its limit). A directory moved in
+    part is measured again."""
+    rules = [{"op": "delete", "path": "*/mv-src.bin", "error": "EIO"},
+             {"op": "delete", "path": "*/dir-src/*", "error": "EIO"}]
+    options = {"max-attempts": 1, "usage-walk-budget": "0s", "usage-reconcile-interval": "10m"}
+    with faulty_origin(tmp_path / "origin", rules) as o, running_daemon(
+            tmp_path / "proxy", extra_toml=s3_volume(o, **options)) as d:
+        qsid = new_qsid()
+        r = d.mgr("POST", "/quota-scope",
+                  json={"volume": "remote", "qsid": qsid, "options": {"limit_bytes": 64 * MiB}})
+        assert r.status_code == 204, r.text
+        vfid = d.create_vfolder(vfid=new_vfid(qsid), volume="remote")
+
+        def used():
+            return d.mgr("GET", "/quota-scope", json={"volume": "remote", "qsid": qsid}
+                         ).json()["used_bytes"]
+
+        for name in ("mv-src.bin", "dir-src/a.bin", "dir-src/b.bin"):
+            token = new_session(d, vfid, name, 100 * KiB, volume="remote")
+            assert patch(d, token, 0, b"m" * (100 * KiB)).status_code == 204
+        assert used() == 300 * KiB
+        r = d.file_op("remote", "move", vfid=vfid, src_relpath="mv-src.bin",
+                      dst_relpath="mv-dst.bin")
+        assert r.status_code >= 500, (r.status_code, r.text)
+        keys = {k["Key"][len(vfolder_prefix(vfid)):] for k in o.boto.list_objects_v2(
+            Bucket=BUCKET, Prefix=vfolder_prefix(vfid))["Contents"]}
+        assert {"mv-src.bin", "mv-dst.bin"} <= keys, keys
+        assert used() == 400 * KiB
+        r = d.file_op("remote", "move", vfid=vfid, src_relpath="dir-src",
+                      dst_relpath="dir-dst")
+        assert r.status_code >= 500, (r.status_code, r.text)
+        deadline = time.monotonic() + 30
+        while used() != 600 * KiB and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert used() == 600 * KiB

@@ -774,6 +774,29 @@ std::variant<PutBody, S3Error> BodyOf(S3Ctx& ctx, const HttpRequest& req) {
   return b;
 }
 
+// A body of at most `limit` bytes read whole, then `handler` called with it in the request (for
+// a buffered route reached through a streaming one's pattern).
+class BufferedBody : public BodySink {
+ public:
+  BufferedBody(const HttpRequest& req, size_t limit,
+               std::function<HttpResponse(const HttpRequest&)> handler)
+      : req_(req), limit_(limit), handler_(std::move(handler)) {}
+  Status Write(const char* data, size_t n) override {
+    if (req_.msg.body().size() + n > limit_)
+      return Status(Code::kTooLarge, fmt::format("the request body is over {} bytes", limit_));
+    req_.msg.body().append(data, n);
+    return Status::Ok();
+  }
+  HttpResponse Finish() override { return handler_(req_); }
+  void Abort(const Status&) override {}
+  HttpResponse Fail(const Status& error) override { return ErrorXml(FromStatus(error), req_.path); }
+
+ private:
+  HttpRequest req_;
+  size_t limit_;
+  std::function<HttpResponse(const HttpRequest&)> handler_;
+};
+
 // Streams a PUT body (decoding aws-chunked on the way) into an ObjectWriter, checks it, and
 // publishes the object.
 class PutSink : public BodySink {
@@ -910,11 +933,14 @@ struct CopySource {
 };
 
 std::variant<CopySource, S3Error> OpenCopySource(S3Ctx& ctx, const HttpRequest& req) {
-  std::string v = PercentDecode(Header(req, "x-amz-copy-source"), false);
-  if (size_t q = v.find("?versionId="); q != std::string::npos) {
-    if (v.substr(q + 11) != "null") return kInvalidVersion;  // as for the object itself
-    v.resize(q);
+  // The version is found before decoding: a key may hold "?versionId=" itself (encoded).
+  std::string_view raw = Header(req, "x-amz-copy-source");
+  if (size_t q = raw.find("?versionId="); q != std::string_view::npos) {
+    if (PercentDecode(raw.substr(q + 11), false) != "null")
+      return kInvalidVersion;  // as for the object itself
+    raw = raw.substr(0, q);
   }
+  std::string v = PercentDecode(raw, false);
   if (!v.empty() && v.front() == '/') v.erase(0, 1);
   size_t slash = v.find('/');
   if (slash == std::string::npos || slash == 0 || slash + 1 == v.size())
@@ -1834,9 +1860,12 @@ std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, Th
   Route put;
   put.stream = [ctx](const HttpRequest& req) -> StreamStart {
     if (!req.Param("key").empty()) return PutObject(*ctx, req);
-    HttpResponse r = CreateBucket(*ctx, req);
-    if (r.status < 300) r.headers.emplace_back("x-amz-request-id", RequestId());
-    return r;
+    // "PUT /bucket/": CreateBucket, its body (a CreateBucketConfiguration) read first.
+    return std::make_unique<BufferedBody>(req, 64 << 10, [ctx](const HttpRequest& whole) {
+      HttpResponse r = CreateBucket(*ctx, whole);
+      if (r.status < 300) r.headers.emplace_back("x-amz-request-id", RequestId());
+      return r;
+    });
   };
   g.Add(V::put, "/{bucket}/{key+}", std::move(put));
   return router;

@@ -72,10 +72,16 @@ std::string Child(const pugi::xml_node& n, const char* name) {
   return n.child(name).text().get();
 }
 
-Result<pugi::xml_document> ParseXml(const std::string& body, std::string_view what) {
+// A 2xx answer's document, which must be a `root` (a gateway may answer 200 with another one;
+// read as a listing or a delete, it would be an empty page or a delete that failed nothing).
+Result<pugi::xml_document> ParseXml(const std::string& body, std::string_view what,
+                                    std::string_view root) {
   pugi::xml_document doc;
   if (!doc.load_buffer(body.data(), body.size()))
     return Status(Code::kUnavailable, fmt::format("{}: the answer is not XML", what));
+  if (std::string_view name = doc.document_element().name(); name != root)
+    return Status(Code::kUnavailable,
+                  fmt::format("{}: the answer is a <{}> document, not <{}>", what, name, root));
   return doc;
 }
 
@@ -179,7 +185,10 @@ struct S3Client::Answer {
       if (k == name) return v;
     return {};
   }
-  bool ok() const { return status >= 200 && status < 300; }
+  // A 2xx whose body is an S3 <Error> (S3 answers a copy or a Complete that fails after its
+  // 200 went out so): an error like any other, retried when its code says so.
+  bool error_in_body = false;
+  bool ok() const { return status >= 200 && status < 300 && !error_in_body; }
 };
 
 Status S3Client::Validate(const ClientOptions& o) {
@@ -424,7 +433,8 @@ Result<S3Client::Answer> S3Client::SendOnce(Request& req) {
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnBody);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &t);
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(opts_.connect_timeout.count()));
-  curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT,
+                   static_cast<long>(std::clamp<uint64_t>(opts_.min_speed, 1, 1u << 30)));
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME,
                    std::max(1L, static_cast<long>(opts_.stall_timeout.count() / 1000)));
   curl_easy_setopt(c, CURLOPT_TCP_NODELAY, 1L);
@@ -489,11 +499,14 @@ Result<S3Client::Answer> S3Client::SendOnce(Request& req) {
   a.status = t.status;
   a.headers = std::move(t.headers);
   a.body = std::move(t.body);
-  if (!a.ok() && a.status != 304) {
+  const bool two = a.ok();
+  if ((!two && a.status != 304) || (two && !req.sink)) {
     pugi::xml_document doc;
-    if (!a.body.empty() && doc.load_buffer(a.body.data(), a.body.size())) {
+    if (!a.body.empty() && doc.load_buffer(a.body.data(), a.body.size()) &&
+        (!two || std::string_view(doc.document_element().name()) == "Error")) {
       a.s3code = Child(doc.child("Error"), "Code");
       a.message = Child(doc.child("Error"), "Message");
+      a.error_in_body = two;
     }
   }
   return a;
@@ -527,9 +540,10 @@ Result<S3Client::Answer> S3Client::Send(Request& req) {
       if (!r->ok() && r->status != 304) {
         std::string msg = r->message.empty() ? std::string(r->s3code) : r->message;
         if (msg.empty()) msg = r->status == 404 ? "not found" : "request refused";
-        return Status(CodeOf(r->status, r->s3code),
-                      fmt::format("{}: {}{}{} (HTTP {})", req.what, r->s3code,
-                                  r->s3code.empty() ? "" : ": ", msg, r->status));
+        return Status(CodeOf(r->error_in_body ? 500 : r->status, r->s3code),
+                      fmt::format("{}: {}{}{} (HTTP {}{})", req.what, r->s3code,
+                                  r->s3code.empty() ? "" : ": ", msg, r->status,
+                                  r->error_in_body ? ", the error in its body" : ""));
       }
       return r;
     }
@@ -543,7 +557,7 @@ Result<std::vector<BucketInfo>> S3Client::ListBuckets() {
   Address(req, "", "");
   req.what = "ListBuckets";
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
-  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));
+  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what, "ListAllMyBucketsResult"));
   std::vector<BucketInfo> out;
   for (auto b : doc.child("ListAllMyBucketsResult").child("Buckets").children("Bucket"))
     out.push_back({Child(b, "Name"), ParseIso8601(Child(b, "CreationDate"))});
@@ -564,7 +578,7 @@ Result<ListPage> S3Client::ListObjects(std::string_view bucket, const ListReques
   add("start-after", lr.start_after);
   add("end-key", lr.end_key);
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
-  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));
+  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what, "ListBucketResult"));
   auto root = doc.child("ListBucketResult");
   ListPage page;
   for (auto c : root.children("Contents")) {
@@ -599,7 +613,7 @@ Result<std::vector<KeyRange>> S3Client::ListSplit(std::string_view bucket, std::
   req.query = {{"list-split", ""}, {"parts", std::to_string(parts)}};
   if (!prefix.empty()) req.query.emplace_back("prefix", std::string(prefix));
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
-  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));
+  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what, "ListSplitResult"));
   std::vector<KeyRange> out;
   for (auto r : doc.child("ListSplitResult").children("Range"))
     out.push_back({Child(r, "StartAfter"), Child(r, "EndKey"),
@@ -728,13 +742,10 @@ Result<std::string> S3Client::PutIfAbsent(std::string_view bucket, std::string_v
 
 namespace {
 
-// A copy can fail after its 200 has gone out: the error is then the body (as AWS documents).
+// (A copy that fails after its 200 has gone out answers an <Error> body: SendOnce.)
 Result<std::string> CopiedETag(const std::string& body, const std::string& what,
                                const char* result) {
-  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(body, what));
-  if (auto e = doc.child("Error"))
-    return Status(CodeOf(500, Child(e, "Code")),
-                  fmt::format("{}: {}: {}", what, Child(e, "Code"), Child(e, "Message")));
+  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(body, what, result));
   std::string etag = StripQuotes(Child(doc.child(result), "ETag"));
   if (etag.empty()) return Status(Code::kUnavailable, what + ": no ETag in the answer");
   return etag;
@@ -772,7 +783,8 @@ Result<std::string> S3Client::CopyPart(std::string_view bucket, std::string_view
   req.headers.emplace_back("x-amz-copy-source",
                            UriEncode(fmt::format("/{}/{}", src_bucket, src_key), true));
   req.headers.emplace_back("x-amz-copy-source-range", fmt::format("bytes={}-{}", first, last));
-  req.headers.emplace_back("x-amz-copy-source-if-match", fmt::format("\"{}\"", if_match));
+  if (!if_match.empty())  // (an origin that sends no ETags has no version to pin)
+    req.headers.emplace_back("x-amz-copy-source-if-match", fmt::format("\"{}\"", if_match));
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
   return CopiedETag(a.body, req.what, "CopyPartResult");
 }
@@ -799,7 +811,7 @@ Result<std::vector<std::string>> S3Client::DeleteMany(std::string_view bucket,
   req.body.data = xml;
   req.headers = {{"Content-Type", "application/xml"}, {"Content-MD5", Base64Encode(Md5(xml))}};
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
-  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));
+  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what, "DeleteResult"));
   std::vector<std::string> failed;
   for (auto e : doc.child("DeleteResult").children("Error"))
     failed.push_back(
@@ -818,7 +830,7 @@ Result<std::string> S3Client::CreateMultipart(std::string_view bucket, std::stri
   for (const auto& [k, v] : meta) req.headers.emplace_back("x-amz-meta-" + k, v);
   if (opts_.checksums) req.headers.emplace_back("x-amz-checksum-algorithm", "CRC32C");
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
-  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));
+  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what, "InitiateMultipartUploadResult"));
   std::string id = Child(doc.child("InitiateMultipartUploadResult"), "UploadId");
   if (id.empty()) return Status(Code::kUnavailable, req.what + ": no UploadId in the answer");
   return id;
@@ -855,7 +867,7 @@ Result<std::vector<PartInfo>> S3Client::ListParts(std::string_view bucket, std::
     if (!marker.empty()) req.query.emplace_back("part-number-marker", marker);
     req.what = fmt::format("ListParts of s3://{}/{}", bucket, key);
     SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
-    SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));
+    SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what, "ListPartsResult"));
     auto root = doc.child("ListPartsResult");
     for (auto p : root.children("Part"))
       out.push_back({std::atoi(Child(p, "PartNumber").c_str()),
@@ -888,11 +900,8 @@ Result<std::string> S3Client::CompleteMultipart(std::string_view bucket, std::st
   req.body.data = xml;
   req.headers = {{"Content-Type", "application/xml"}};
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
-  // S3 may answer 200 with an error document once the body has begun.
-  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));
-  if (auto e = doc.child("Error"))
-    return Status(CodeOf(500, Child(e, "Code")),
-                  fmt::format("{}: {}: {}", req.what, Child(e, "Code"), Child(e, "Message")));
+  // (S3 may answer 200 with an <Error> body once the answer has begun: SendOnce.)
+  SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what, "CompleteMultipartUploadResult"));
   return StripQuotes(Child(doc.child("CompleteMultipartUploadResult"), "ETag"));
 }
 
@@ -919,7 +928,7 @@ Result<std::vector<MultipartInfo>> S3Client::ListMultipartUploads(std::string_vi
     if (!id_marker.empty()) req.query.emplace_back("upload-id-marker", id_marker);
     req.what = fmt::format("ListMultipartUploads of s3://{}", bucket);
     SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
-    SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what));
+    SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what, "ListMultipartUploadsResult"));
     auto root = doc.child("ListMultipartUploadsResult");
     for (auto u : root.children("Upload"))
       out.push_back({Child(u, "Key"), Child(u, "UploadId"), ParseIso8601(Child(u, "Initiated"))});

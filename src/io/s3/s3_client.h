@@ -32,8 +32,11 @@ struct ClientOptions {
   bool insecure = false;  // https: skip certificate and host name checks
   std::string ca_file;    // https: trust these certificates (PEM) instead of the system's
   std::chrono::milliseconds connect_timeout{10000};
-  // A transfer that moves no byte for this long is abandoned (and retried).
+  // A transfer that moves fewer than min_speed bytes a second for this long is abandoned (and
+  // retried, or resumed where it stopped): one that stalls, and one an origin trickles, which
+  // would otherwise hold its caller (and the cache readers joined to its block) for hours.
   std::chrono::milliseconds stall_timeout{60000};
+  uint64_t min_speed = 64 << 10;
   int max_attempts = 5;  // per request, the first included
   // A request's deadline for retries: no attempt starts later than this after its first one
   // (each attempt is bounded by stall_timeout while it moves bytes).

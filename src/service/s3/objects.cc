@@ -1,8 +1,10 @@
 #include "service/s3/objects.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <mutex>
+#include <random>
 #include <tuple>
 #include <unordered_map>
 
@@ -347,10 +349,11 @@ Result<ListPage> ObjectStore::List(Volume& v, const VFolderId& vfid, const ListQ
 namespace {
 
 // A run of keys in key order: one key (a file, an empty directory's marker), or everything
-// below a directory not read ("d/", its count estimated).
+// below a directory not read ("d/", its count estimated). A key sampled from a large directory
+// stands for several (`count` is then not whole).
 struct KeyUnit {
   std::string key;
-  uint64_t count = 1;
+  double count = 1;
   bool subtree = false;
 };
 
@@ -361,6 +364,33 @@ std::string AfterSubtree(const std::string& dir) {
   s.back() = static_cast<char>('/' + 1);
   return s;
 }
+
+// A uniform sample of at most `cap` of the names offered (reservoir sampling), and how many
+// were offered: a directory of millions of names is counted exactly and cut by its sample,
+// holding `cap` names, whatever order its backend lists them in (hash, creation or key order).
+class Reservoir {
+ public:
+  Reservoir(size_t cap, std::mt19937_64& rng) : cap_(std::max<size_t>(cap, 1)), rng_(rng) {}
+  void Offer(std::string name) {
+    ++seen_;
+    if (kept_.size() < cap_) {
+      kept_.push_back(std::move(name));
+      return;
+    }
+    const uint64_t j = std::uniform_int_distribution<uint64_t>(0, seen_ - 1)(rng_);
+    if (j < cap_) kept_[j] = std::move(name);
+  }
+  uint64_t seen() const { return seen_; }
+  std::vector<std::string>& kept() { return kept_; }
+  // What each name kept stands for.
+  double weight() const { return kept_.empty() ? 0 : double(seen_) / double(kept_.size()); }
+
+ private:
+  size_t cap_;
+  std::mt19937_64& rng_;
+  uint64_t seen_ = 0;
+  std::vector<std::string> kept_;
+};
 
 }  // namespace
 
@@ -379,24 +409,37 @@ Result<SplitResult> SplitKeys(Volume& v, const VFolderId& vfid, const SplitQuery
   }
   // Breadth first from the prefix's directory, reading names only, until the budget is spent.
   // Directories wait by key (reopened beneath the vfolder when their turn comes), so the queue
-  // holds no descriptors.
-  std::deque<std::string> queue{base};
+  // holds no descriptors. A directory read is read whole (its names counted), but at most
+  // `budget` of its files and of its subdirectories are kept, each standing for its share.
+  struct Queued {
+    std::string key;
+    double stands_for = 1;  // directories like it that it was sampled for
+  };
+  std::deque<Queued> queue{{base, 1}};
   std::vector<KeyUnit> units;
-  std::vector<std::string> unread;  // directories left for the estimate
+  std::vector<Queued> unread;  // directories left for the estimate
   size_t read = 0;
+  std::mt19937_64 rng(0x51u);  // the same sample (and cuts) for the same tree
   // What the directories read at each depth held, for the estimate of those not read.
   struct Level {
-    uint64_t dirs = 0, keys = 0, subdirs = 0;
+    double dirs = 0, keys = 0, subdirs = 0;
+    size_t read = 0;  // directories read at this depth
   };
   std::vector<Level> levels;
   auto depth = [](const std::string& key) {
     return static_cast<size_t>(std::count(key.begin(), key.end(), '/'));
   };
+  // Past the budget, a few directories of each depth are still read, so that those not read
+  // are estimated from their own depth (breadth first, a depth's first ones are its sample).
+  constexpr size_t kSampleDirs = 8;
   while (!queue.empty()) {
-    std::string key = std::move(queue.front());
+    Queued at = std::move(queue.front());
     queue.pop_front();
-    if (read >= budget && !levels.empty()) {  // the prefix's own directory is always read
-      unread.push_back(std::move(key));
+    const std::string& key = at.key;
+    const size_t l = depth(key);
+    const bool sampled = l < levels.size() && levels[l].read >= kSampleDirs;
+    if (read >= budget && sampled) {  // the prefix's own directory is always read
+      unread.push_back(std::move(at));
       continue;
     }
     auto dir = v.OpenDir(vfid, key.empty() ? "" : key.substr(0, key.size() - 1));
@@ -406,7 +449,7 @@ Result<SplitResult> SplitKeys(Volume& v, const VFolderId& vfid, const SplitQuery
       return dir.status();
     }
     bool any = false;
-    uint64_t keys = 0, subdirs = 0;
+    Reservoir files(budget, rng), subdirs(budget, rng);
     for (;;) {
       SLUICE_ASSIGN_OR_RETURN(auto n, (*dir)->Next());
       if (!n) break;
@@ -417,24 +460,24 @@ Result<SplitResult> SplitKeys(Volume& v, const VFolderId& vfid, const SplitQuery
       const bool d = n->type == EntryType::kDirectory;
       std::string child = key + n->name + (d ? "/" : "");
       if (!StartsWith(child, q.prefix)) continue;
-      if (d) {
-        queue.push_back(std::move(child));
-        ++subdirs;
-      } else {
-        units.push_back({std::move(child), 1, false});
-        ++keys;
-      }
+      (d ? subdirs : files).Offer(std::move(child));
     }
+    if (files.seen() > files.kept().size() || subdirs.seen() > subdirs.kept().size())
+      out.exact = false;
+    const double fw = files.weight() * at.stands_for, dw = subdirs.weight() * at.stands_for;
+    for (auto& f : files.kept()) units.push_back({std::move(f), fw, false});
+    for (auto& d : subdirs.kept()) queue.push_back({std::move(d), dw});
+    double keys = double(files.seen());
     // An empty directory is one key (its marker), when the prefix covers it.
     if (!any && !key.empty() && StartsWith(key, q.prefix)) {
-      units.push_back({key, 1, false});
-      ++keys;
+      units.push_back({key, at.stands_for, false});
+      keys = 1;
     }
-    size_t l = depth(key);
     if (levels.size() <= l) levels.resize(l + 1);
-    levels[l].dirs++;
-    levels[l].keys += keys;
-    levels[l].subdirs += subdirs;
+    levels[l].read++;
+    levels[l].dirs += at.stands_for;
+    levels[l].keys += keys * at.stands_for;
+    levels[l].subdirs += double(subdirs.seen()) * at.stands_for;
   }
   // A directory not read holds what the average directory read at its depth held: its keys,
   // and its subdirectories' estimates (one level further down); below the deepest level read,
@@ -447,41 +490,50 @@ Result<SplitResult> SplitKeys(Volume& v, const VFolderId& vfid, const SplitQuery
       if (lv.dirs == 0) continue;
       double below = l + 1 < levels.size() && levels[l + 1].dirs > 0
                          ? est[l + 1]
-                         : std::max(1.0, double(lv.keys) / double(lv.dirs));
-      est[l] = (double(lv.keys) + double(lv.subdirs) * below) / double(lv.dirs);
+                         : std::max(1.0, lv.keys / lv.dirs);
+      est[l] = (lv.keys + lv.subdirs * below) / lv.dirs;
     }
-    for (auto& k : unread) {
+    for (auto& u : unread) {
+      const std::string& k = u.key;
       double e = 1;
       for (size_t l = std::min(depth(k), levels.size() - 1);; --l) {  // the nearest level read
         if (levels[l].dirs > 0) {
-          e = l == depth(k) ? est[l] : std::max(1.0, double(levels[l].keys) / levels[l].dirs);
+          e = l == depth(k) ? est[l] : std::max(1.0, levels[l].keys / levels[l].dirs);
           break;
         }
         if (l == 0) break;
       }
-      units.push_back({std::move(k), static_cast<uint64_t>(std::max(1.0, e + 0.5)), true});
+      units.push_back({std::move(u.key), std::max(1.0, std::round(e)) * u.stands_for, true});
     }
   }
   std::sort(units.begin(), units.end(),
             [](const KeyUnit& a, const KeyUnit& b) { return a.key < b.key; });
-  for (const auto& u : units) out.estimated += u.count;
+  out.names_kept = units.size();
+  double total = 0;
+  for (const auto& u : units) total += u.count;
+  out.estimated = static_cast<uint64_t>(std::llround(total));
   // Cut where the running count passes each share.
   const size_t parts = std::max<size_t>(1, q.parts);
   KeyRange cur;
-  uint64_t seen = 0;
+  double seen = 0, in_cur = 0;
   size_t next_cut = 1;
+  // (A tolerance, so that sums of fractional weights that should meet a share do.)
+  auto passed = [&] { return seen * double(parts) >= total * double(next_cut) - 1e-6 * total; };
   for (const auto& u : units) {
     seen += u.count;
-    cur.estimated += u.count;
-    if (next_cut < parts && seen * parts >= out.estimated * next_cut) {
+    in_cur += u.count;
+    if (next_cut < parts && passed()) {
       std::string end = u.subtree ? AfterSubtree(u.key) : u.key;
       cur.end_key = end;
+      cur.estimated = static_cast<uint64_t>(std::llround(in_cur));
       out.ranges.push_back(std::move(cur));
       cur = KeyRange();
+      in_cur = 0;
       cur.start_after = std::move(end);
-      while (next_cut < parts && seen * parts >= out.estimated * next_cut) ++next_cut;
+      while (next_cut < parts && passed()) ++next_cut;
     }
   }
+  cur.estimated = static_cast<uint64_t>(std::llround(in_cur));
   out.ranges.push_back(std::move(cur));
   return out;
 }

@@ -61,7 +61,10 @@ DirEntry FileEntry(std::string name, const s3c::ObjectInfo& o) {
   if (auto it = o.meta.find(kMtimeMeta); it != o.meta.end())
     e.modified = e.changed = Clock::time_point(std::chrono::duration_cast<Clock::duration>(
         std::chrono::nanoseconds(std::strtoll(it->second.c_str(), nullptr, 10))));
-  e.etag = "\"" + o.etag + "\"";  // as HTTP sends it: the APIs pass it on as the validator
+  // As HTTP sends it: the APIs pass it on as the validator. An origin that sends none leaves
+  // it empty, so that the validator is made from size and mtime (a `""` would be the same
+  // validator for every version, and the cache would serve a replaced object's old blocks).
+  if (!o.etag.empty()) e.etag = "\"" + o.etag + "\"";
   // An object has no inode: one from its key, so that what is cached by inode (object
   // metadata) never takes one object for another.
   e.ino = std::hash<std::string>{}(o.key) | 1;
@@ -167,6 +170,11 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
       if (*size < (5u << 20) || *size > (5ULL << 30))
         return bad(key, "must be 5 MiB to 5 GiB (S3's part sizes)");
       o.part_size = *size;
+    } else if (key == "min-speed") {
+      auto size = ParseBinarySize(str);
+      if (!size.ok()) return bad(key, size.status().message());
+      if (*size < 1 || *size > (1u << 30)) return bad(key, "must be 1 byte to 1 GiB a second");
+      o.client.min_speed = *size;
     } else if (key == "upload-lock-ttl") {
       auto d = ParseDurationMillis(str);
       if (!d.ok()) return bad(key, d.status().message());
@@ -223,7 +231,8 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
                  "unknown key for the s3 backend (known: endpoint, bucket, prefix, region, "
                  "access-key, secret-key, credentials-file, ca-file, insecure, read-only, "
                  "addressing, capacity, vfolder-ttl, part-size, connect-timeout, "
-                 "stall-timeout, retry-deadline, max-attempts, usage-reconcile-interval, "
+                 "stall-timeout, min-speed, retry-deadline, max-attempts, "
+                 "usage-reconcile-interval, "
                  "usage-walk-budget, max-copy-size, upload-lock-ttl, max-connections, "
                  "queue-timeout, transport-threads)");
     }
@@ -1546,14 +1555,25 @@ Status S3Volume::MoveEntry(const VFolderId& vfid, const std::vector<std::string>
   const std::string dkey = LayoutKey(vfid, Join(dst, dst.size()));
   if (e.type != EntryType::kDirectory) {
     SLUICE_RETURN_IF_ERROR(origin_->CopyObject({}, skey, dkey, e.size));
-    return origin_->Note(origin_->Client()->Delete(opts_.bucket, skey));
+    Status st = origin_->Note(origin_->Client()->Delete(opts_.bucket, skey));
+    // Both are there now: the copy counts.
+    if (!st.ok()) Account(vfid, static_cast<int64_t>(e.size), 1);
+    return st;
   }
   // A directory: every key copied, then every key deleted (not atomic: a crash in between
-  // leaves both, never neither).
-  SLUICE_RETURN_IF_ERROR(origin_->CopyPrefix(skey + "/", dkey + "/", false));
-  SLUICE_ASSIGN_OR_RETURN(auto marker, origin_->HeadOpt(dkey + "/"));
-  if (!marker) SLUICE_RETURN_IF_ERROR(origin_->PutMarker(dkey + "/"));
-  return origin_->DeletePrefix(skey + "/");
+  // leaves both, never neither). Stopped part way, it leaves some keys twice: how many is
+  // not known here, so the usage figures are measured again.
+  Status st = origin_->CopyPrefix(skey + "/", dkey + "/", false);
+  if (st.ok()) {
+    auto marker = origin_->HeadOpt(dkey + "/");
+    st = !marker.ok() ? marker.status() : *marker ? Status::Ok() : origin_->PutMarker(dkey + "/");
+  }
+  if (st.ok()) st = origin_->DeletePrefix(skey + "/");
+  if (!st.ok()) {
+    usage_->Remeasure(VFolderPath(vfid));
+    if (vfid.scope) usage_->Remeasure(quota_->ScopePath(*vfid.scope));
+  }
+  return st;
 }
 
 Status S3Volume::Rename(const VFolderId& vfid, std::string_view relpath,

@@ -65,7 +65,7 @@ struct S3VolumeOptions {
 
   // From [volume.NAME.options]: endpoint, bucket, prefix, region, access-key, secret-key or
   // credentials-file, ca-file, insecure, read-only, addressing ("path" or "virtual"),
-  // capacity, vfolder-ttl, part-size, connect-timeout, stall-timeout, retry-deadline,
+  // capacity, vfolder-ttl, part-size, connect-timeout, stall-timeout, min-speed, retry-deadline,
   // max-attempts, usage-reconcile-interval, usage-walk-budget, max-copy-size, upload-lock-ttl,
   // max-connections, queue-timeout, transport-threads.
   static Result<S3VolumeOptions> FromConfig(const VolumeConfig& cfg);

@@ -7,11 +7,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "io/s3/s3_client.h"
@@ -26,9 +29,20 @@ namespace s3 = io::s3;
 
 // Answers every GET "200 ok" (Range or not) on kept-alive connections, a listing with a
 // truncated page that names the same continuation token every time; a GET of a path holding "hang"
-// is answered only once Release() is called (or, for "hang-<tag>", Release(tag)).
+// is answered only once Release() is called (or, for "hang-<tag>", Release(tag)). A handler set
+// with Handle() answers first: it writes its answer to the connection and returns true.
 class TinyHttp {
  public:
+  using Handler =
+      std::function<bool(const std::string& head, int fd)>;  // head: request and headers
+  void Handle(Handler h) {
+    std::lock_guard lk(mu_);
+    handler_ = std::move(h);
+  }
+  bool stopping() {
+    std::lock_guard lk(mu_);
+    return stopping_;
+  }
   TinyHttp() {
     listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in a{};
@@ -105,6 +119,23 @@ class TinyHttp {
       const std::string head = in.substr(0, end);
       in.erase(0, end + 4);
       const std::string line = head.substr(0, head.find('\n'));
+      std::string lower = head;
+      for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      if (size_t cl = lower.find("content-length:"); cl != std::string::npos) {
+        const size_t len = std::strtoul(lower.c_str() + cl + 15, nullptr, 10);
+        while (in.size() < len) {  // the body, unread
+          ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+          if (n <= 0) return;
+          in.append(buf, static_cast<size_t>(n));
+        }
+        in.erase(0, len);
+      }
+      Handler handler;
+      {
+        std::lock_guard lk(mu_);
+        handler = handler_;
+      }
+      if (handler && handler(head, fd)) continue;
       if (line.find("hang") != std::string::npos) {
         std::unique_lock lk(mu_);
         hanging_++;
@@ -140,6 +171,7 @@ class TinyHttp {
   std::vector<int> conns_;
   std::vector<std::thread> workers_;
   std::vector<std::string> released_tags_, lines_;
+  Handler handler_;
   int accepted_ = 0, hanging_ = 0;
   bool released_ = false, stopping_ = false;
 };
@@ -382,6 +414,106 @@ TEST(S3Client, AnswersThatDoNotFitTheRequestAreRefused) {
   bool seen = false;
   for (const auto& line : server.lines()) seen |= line.starts_with("GET /b/a/../x/./y ");
   EXPECT_TRUE(seen) << "the path was not sent as signed";
+}
+
+// Sends `body` as a 200 answer with an ETag.
+bool Answer200(int fd, std::string_view body) {
+  const std::string a = "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) +
+                        "\r\nETag: \"e\"\r\n\r\n" + std::string(body);
+  ::send(fd, a.data(), a.size(), MSG_NOSIGNAL);
+  return true;
+}
+
+// S3 answers a copy or a Complete that fails after its 200 went out with an <Error> body, and a
+// gateway may answer 200 with an error page of its own: neither is a result. Before, such a
+// listing read as an empty, complete one and such a delete as one that failed nothing.
+TEST(S3Client, A200WhoseBodyIsNotTheResultIsAnError) {
+  TinyHttp server;
+  std::atomic<int> lists{0}, copies{0};
+  constexpr std::string_view kInternal =
+      "<Error><Code>InternalError</Code><Message>try again</Message></Error>";
+  server.Handle([&](const std::string& line, int fd) {  // line: the head, request line first
+    if (line.find("prefix=foreign") != std::string::npos)
+      return Answer200(fd, "<ListAllMyBucketsResult></ListAllMyBucketsResult>");
+    if (line.find("list-type=2") != std::string::npos)
+      return Answer200(fd, ++lists <= 2 ? kInternal
+                                        : "<ListBucketResult><Contents><Key>k</Key><Size>1"
+                                          "</Size></Contents></ListBucketResult>");
+    if (line.find("?delete") != std::string::npos)
+      return Answer200(fd, "<Error><Code>AccessDenied</Code><Message>no</Message></Error>");
+    if (line.starts_with("PUT /b/dst"))
+      return Answer200(fd, ++copies == 1 ? kInternal
+                                         : "<CopyObjectResult><ETag>\"abc\"</ETag>"
+                                           "</CopyObjectResult>");
+    return false;
+  });
+  s3::S3Client c(Options(server, nullptr));
+  auto page = c.ListObjects("b", {});  // retried past the two InternalErrors
+  ASSERT_OK(page);
+  ASSERT_EQ(page->objects.size(), 1u);
+  EXPECT_EQ(page->objects[0].key, "k");
+  EXPECT_EQ(lists.load(), 3);
+
+  s3::ListRequest foreign;
+  foreign.prefix = "foreign";
+  auto other = c.ListObjects("b", foreign);
+  EXPECT_ERROR(other, Code::kUnavailable);
+  EXPECT_NE(other.status().message().find("not <ListBucketResult>"), std::string::npos)
+      << other.status().ToString();
+
+  auto del = c.DeleteMany("b", {"k"});
+  ASSERT_FALSE(del.ok()) << "an error answer read as a delete that failed nothing";
+  EXPECT_NE(del.status().message().find("AccessDenied"), std::string::npos)
+      << del.status().ToString();
+
+  auto copied = c.Copy("b", "src", "dst", nullptr);
+  ASSERT_OK(copied);
+  EXPECT_EQ(*copied, "abc");
+  EXPECT_EQ(copies.load(), 2);
+}
+
+// An origin that sends a byte now and then never stalls outright; it is abandoned once it moves
+// fewer than min_speed bytes a second for the stall timeout, and each resume likewise.
+TEST(S3Client, AnOriginThatTricklesIsAbandoned) {
+  TinyHttp server;
+  std::atomic<int> trickles{0}, cut{0};
+  server.Handle([&](const std::string& req, int fd) {
+    if (req.find("trickle") == std::string::npos) return false;
+    ++trickles;
+    constexpr size_t kSize = 100000;
+    size_t from = 0;  // a resume asks "Range: bytes=N-"
+    if (size_t r = req.find("Range: bytes="); r != std::string::npos)
+      from = std::strtoul(req.c_str() + r + 13, nullptr, 10);
+    const std::string head =
+        from == 0
+            ? fmt::format("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nETag: \"e\"\r\n\r\n", kSize)
+            : fmt::format(
+                  "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {}-{}/{}\r\n"
+                  "Content-Length: {}\r\nETag: \"e\"\r\n\r\n",
+                  from, kSize - 1, kSize, kSize - from);
+    ::send(fd, head.data(), head.size(), MSG_NOSIGNAL);
+    // 160 bytes a second, for at most 15 s (then the connection ends short).
+    for (int i = 0; i < 150 && !server.stopping(); ++i) {
+      if (::send(fd, "0123456789abcdef", 16, MSG_NOSIGNAL) < 0) {
+        ++cut;
+        return true;
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+    ::shutdown(fd, SHUT_RDWR);
+    return true;
+  });
+  auto o = Options(server, nullptr);
+  o.stall_timeout = 1s;
+  o.min_speed = 4096;
+  o.max_attempts = 2;
+  s3::S3Client c(o);
+  auto r = Fetch(c, "trickle");
+  EXPECT_ERROR(r, Code::kUnavailable);
+  // Every answer was cut by the client, not ended by the origin.
+  EXPECT_TRUE(WaitFor([&] { return cut.load() == trickles.load(); }, 5s))
+      << cut.load() << " of " << trickles.load() << " trickles cut by the client";
+  EXPECT_GE(trickles.load(), 2);  // resumed where it stopped, then given up
 }
 
 }  // namespace

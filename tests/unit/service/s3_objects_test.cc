@@ -59,7 +59,8 @@ class SplitTest : public ::testing::Test {
 
   // Asserts that the ranges of `s` cover `prefix`'s keys once each, in order; returns the
   // number of keys in each range.
-  std::vector<size_t> CheckPartition(const SplitResult& s, const std::string& prefix) {
+  std::vector<size_t> CheckPartition(const SplitResult& s, const std::string& prefix,
+                                     size_t page = 7) {
     std::vector<std::string> joined;
     std::vector<size_t> counts;
     for (size_t i = 0; i < s.ranges.size(); ++i) {
@@ -69,7 +70,7 @@ class SplitTest : public ::testing::Test {
       if (i > 0) {
         EXPECT_EQ(*r.start_after, *s.ranges[i - 1].end_key);
       }
-      auto keys = ListRange(r, prefix, 7);
+      auto keys = ListRange(r, prefix, page);
       counts.push_back(keys.size());
       joined.insert(joined.end(), keys.begin(), keys.end());
     }
@@ -122,11 +123,11 @@ TEST_F(SplitTest, PastTheBudgetDirectoriesAreEstimatedNotWalked) {
     for (int f = 0; f < 50; ++f) Put(fmt::format("c{:02d}/f{:02d}", d, f));
   SplitQuery q;
   q.parts = 4;
-  q.budget = 20 + 5 * 50;  // the root and five class directories
+  q.budget = 20 + 5 * 50;  // spent after five class directories; a depth reads eight
   auto s = SplitKeys(*vol_, vf_, q);
   ASSERT_OK(s);
   EXPECT_FALSE(s->exact);
-  EXPECT_EQ(s->estimated, 1000u);  // the fifteen not read hold what the five read did
+  EXPECT_EQ(s->estimated, 1000u);  // the twelve not read hold what the eight read did
   auto counts = CheckPartition(*s, "");
   ASSERT_EQ(counts.size(), 4u);
   for (size_t c : counts) EXPECT_NEAR(static_cast<double>(c), 250.0, 50.0);
@@ -154,6 +155,50 @@ TEST_F(SplitTest, TheDefaultBudgetGrowsWithTheParts) {
   ASSERT_OK(s);
   EXPECT_TRUE(s->exact);
   EXPECT_EQ(CheckPartition(*s, "").size(), 100u);
+}
+
+// A flat directory larger than the budget is counted whole but held as a sample: the split
+// keeps about the budget's names, not one per key (before, all 40,000), and its cuts still
+// balance, whatever order the backend lists names in (key order here, the worst for a split
+// that kept only the first names it read).
+TEST_F(SplitTest, AFlatDirectoryPastTheBudgetIsSampled) {
+  for (int i = 0; i < 40000; ++i) Put(fmt::format("flat/k{:05d}", i));
+  SplitQuery q;
+  q.prefix = "flat/";
+  q.parts = 4;
+  q.budget = 2000;
+  auto s = SplitKeys(*vol_, vf_, q);
+  ASSERT_OK(s);
+  EXPECT_FALSE(s->exact);
+  EXPECT_EQ(s->estimated, 40000u);  // every name counted
+  EXPECT_LE(s->names_kept, 2 * q.budget);
+  auto counts = CheckPartition(*s, "flat/", 1000);
+  ASSERT_EQ(counts.size(), 4u);
+  uint64_t sum = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    EXPECT_NEAR(static_cast<double>(counts[i]), 10000.0, 1500.0) << "range " << i;
+    EXPECT_NEAR(static_cast<double>(s->ranges[i].estimated), double(counts[i]), 1500.0);
+    sum += s->ranges[i].estimated;
+  }
+  EXPECT_NEAR(double(sum), 40000.0, 4.0);
+}
+
+// The same for a directory of many directories: a sample of them is read or estimated, each
+// standing for its share.
+TEST_F(SplitTest, ADirectoryOfManyDirectoriesIsSampled) {
+  for (int d = 0; d < 3000; ++d)
+    for (int f = 0; f < 3; ++f) Put(fmt::format("d{:04d}/f{}", d, f));
+  SplitQuery q;
+  q.parts = 3;
+  q.budget = 1000;
+  auto s = SplitKeys(*vol_, vf_, q);
+  ASSERT_OK(s);
+  EXPECT_FALSE(s->exact);
+  EXPECT_NEAR(double(s->estimated), 9000.0, 900.0);
+  EXPECT_LE(s->names_kept, 2 * q.budget);
+  auto counts = CheckPartition(*s, "", 1000);
+  ASSERT_EQ(counts.size(), 3u);
+  for (size_t c : counts) EXPECT_NEAR(static_cast<double>(c), 3000.0, 600.0);
 }
 
 TEST_F(SplitTest, FewerKeysThanPartsAndNoKeys) {

@@ -24,6 +24,7 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
                   {"retry-deadline", "3s"},
                   {"connect-timeout", "4s"},
                   {"stall-timeout", "5s"},
+                  {"min-speed", "1m"},
                   {"part-size", "8m"},
                   {"usage-reconcile-interval", "2m"},
                   {"usage-walk-budget", "250ms"},
@@ -44,6 +45,7 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
   EXPECT_EQ(o->client.retry_deadline, std::chrono::seconds(3));
   EXPECT_EQ(o->client.connect_timeout, std::chrono::seconds(4));
   EXPECT_EQ(o->client.stall_timeout, std::chrono::seconds(5));
+  EXPECT_EQ(o->client.min_speed, 1u << 20);
   EXPECT_EQ(o->part_size, 8u << 20);
   auto d = Parse({});
   ASSERT_OK(d);
@@ -52,6 +54,7 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
   EXPECT_TRUE(Parse({{"addressing", "virtual"}})->client.virtual_hosted);
   EXPECT_FALSE(Parse({{"addressing", "path"}})->client.virtual_hosted);
   EXPECT_EQ(d->client.retry_deadline, std::chrono::seconds(30));
+  EXPECT_EQ(d->client.min_speed, 64u << 10);
   EXPECT_EQ(d->usage_reconcile, std::chrono::seconds(60));
   EXPECT_EQ(d->usage_walk_budget, std::chrono::milliseconds(10));
   EXPECT_EQ(d->max_copy_size, 5ULL << 30);  // AWS's CopyObject limit
@@ -67,6 +70,9 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
                                                         {"connect-timeout", "0s"},
                                                         {"retry-deadline", "soon"},
                                                         {"stall-timeout", "1000000000000d"},
+                                                        {"min-speed", "0"},
+                                                        {"min-speed", "2g"},
+                                                        {"min-speed", "fast"},
                                                         {"part-size", "1m"},
                                                         {"addressing", "dns"},
                                                         {"usage-reconcile-interval", "0s"},

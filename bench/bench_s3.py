@@ -556,6 +556,8 @@ def main():
     ap.add_argument("--big", type=parse_size, default=parse_size("1g"))
     ap.add_argument("--part", type=parse_size, default=parse_size("8m"))
     ap.add_argument("--workdir", default=None, help="where to put data (default: a temp dir)")
+    ap.add_argument("--sluice", default="",
+                    help="extra TOML lines for sluiced's [sluice] section (io-threads = 64, ...)")
     ap.add_argument("--rgw", action="store_true",
                     help="also measure a Ceph RGW started with tests/tools/ceph-cluster.sh")
     args = ap.parse_args()
@@ -565,7 +567,7 @@ def main():
             sys.exit(f"{tool} is not installed (scripts/install-deps.sh installs it)")
     root = tempfile.mkdtemp(prefix="sluice-bench-s3-", dir=args.workdir)
     os.chmod(root, 0o755)
-    s = S3Sluiced(root)
+    s = S3Sluiced(root, sluice=args.sluice.replace(";", "\n"))
     state = {}
     try:
         if args.rgw:

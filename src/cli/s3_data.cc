@@ -295,6 +295,12 @@ int RunTransfer(DataArgs& a, const DataGlobals& g, const char* verb,
   });
   auto r = body(t);
   progress.Stop();
+  // `cp s3://b/k - | head`: the reader went away, which ends a pipeline's writer by SIGPIPE
+  // (ignored by the s3 commands, so raised here), not by an error message.
+  if (t.stats().stdout_closed) {
+    ::signal(SIGPIPE, SIG_DFL);
+    ::raise(SIGPIPE);
+  }
   if (!r.ok()) return Fail(r.status());
   auto& s = t.stats();
   if (!a.quiet && !a.dry_run) {
@@ -309,7 +315,11 @@ int RunTransfer(DataArgs& a, const DataGlobals& g, const char* verb,
     if (s.files_failed) line += fmt::format(", {} FAILED", s.files_failed.load());
     std::fprintf(stderr, "%s\n", line.c_str());
   }
-  return r->ok() ? kExitOk : kExitFailed;
+  // Failures that agree say why by the exit status, as a failure before any transfer does
+  // (3: not found, 5: refused credentials, 6: unreachable); mixed ones exit 1.
+  if (r->ok()) return kExitOk;
+  const Code shared = r->SharedCode();
+  return shared == Code::kInternal ? kExitFailed : ExitFor(Status(shared, ""));
 }
 
 }  // namespace

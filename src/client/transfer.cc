@@ -168,6 +168,7 @@ struct Transfer::Job {
   std::time_t mtime = 0;  // the source's
   std::string etag;       // a download's object version
   std::vector<std::string> delete_keys;
+  bool some_deleted = false;  // the delete was answered, key by key
   // In parts (multipart upload, or parallel ranged GETs), else one unit.
   bool in_parts = false;
   uint64_t part_size = 0;
@@ -185,6 +186,7 @@ struct Transfer::Job {
   std::atomic<int> left{1};
   std::atomic<bool> failed{false};
   std::string error;
+  Code code = Code::kOk;  // the failure's
 
   std::string Remote() const { return "s3://" + bucket + "/" + key; }
 };
@@ -354,8 +356,10 @@ Result<std::pair<int, std::string>> OpenTemp(const std::string& dst, bool in_pla
 Status Transfer::RunUnit(S3Client& c, Job& j, const Unit& u) {
   if (j.kind == Job::kDelete) {
     SLUICE_ASSIGN_OR_RETURN(auto failed, c.DeleteMany(j.bucket, j.delete_keys));
+    j.some_deleted = true;  // each key's failure, if any, is said here
     for (const auto& f : failed) Say("delete failed: " + f);
     stats_.files_done += j.delete_keys.size() - failed.size();
+    stats_.files_failed += failed.size();
     if (!failed.empty())
       return Status(Code::kIoError, fmt::format("{} keys not deleted", failed.size()));
     return Status::Ok();
@@ -377,7 +381,9 @@ Status Transfer::RunUnit(S3Client& c, Job& j, const Unit& u) {
     j.tmp = tf.second;
     auto r = c.Get(j.bucket, j.key, [&](std::string_view d) {
       stats_.bytes_done += d.size();
-      return WriteAll(j.fd, d, nullptr);
+      Status st = WriteAll(j.fd, d, nullptr);
+      if (st.sys_errno() == EPIPE && IsStdout(j.local)) stats_.stdout_closed = true;
+      return st;
     });
     if (!r.ok()) return r.status();
     j.mtime = r->mtime;
@@ -458,7 +464,10 @@ void Transfer::Work(std::deque<Job>& jobs, std::vector<Unit>& units, std::atomic
     }
     if (!st.ok()) {
       std::lock_guard<std::mutex> g(j.mu);
-      if (!j.failed.exchange(true)) j.error = st.message();
+      if (!j.failed.exchange(true)) {
+        j.error = st.message();
+        j.code = st.code();
+      }
     }
     if (j.left.fetch_sub(1) != 1) continue;
     // The last unit of its job: finish it.
@@ -467,6 +476,7 @@ void Transfer::Work(std::deque<Job>& jobs, std::vector<Unit>& units, std::atomic
       if (!fin.ok()) {
         j.failed = true;
         j.error = fin.message();
+        j.code = fin.code();
       }
     }
     if (j.fd >= 0) {
@@ -475,13 +485,22 @@ void Transfer::Work(std::deque<Job>& jobs, std::vector<Unit>& units, std::atomic
     }
     if (!j.tmp.empty()) DropTemp(j.tmp);  // a download that failed
     if (j.kind == Job::kDelete) {
-      if (!j.failed)
+      if (!j.failed) {
         for (const auto& k : j.delete_keys) Say(fmt::format("delete: s3://{}/{}", j.bucket, k));
+      } else if (!j.some_deleted) {  // the request failed whole: no key was deleted
+        stats_.files_failed += j.delete_keys.size();
+        Say(fmt::format("failed: delete of {} key{} in s3://{} (s3://{}/{}{}): {}",
+                        j.delete_keys.size(), j.delete_keys.size() == 1 ? "" : "s", j.bucket,
+                        j.bucket, j.delete_keys.front(), j.delete_keys.size() > 1 ? ", ..." : "",
+                        j.error));
+      }
       continue;
     }
     if (j.failed && j.kind == Job::kUpload && j.in_parts && !j.upload_id.empty() && !opts_.resume)
       (void)c.AbortMultipart(j.bucket, j.key, j.upload_id);  // no resuming: its parts go
-    if (j.failed) {
+    if (j.failed && stats_.stdout_closed && IsStdout(j.local)) {
+      stats_.files_failed++;  // its reader went away: nothing to say to it (see stdout_closed)
+    } else if (j.failed) {
       stats_.files_failed++;
       std::string line = fmt::format("failed: {} {} {}: {}", j.local,
                                      j.kind == Job::kUpload ? "->" : "<-", j.Remote(), j.error);
@@ -495,6 +514,14 @@ void Transfer::Work(std::deque<Job>& jobs, std::vector<Unit>& units, std::atomic
     }
   }
   stats_.retries += c.retries();
+}
+
+Code TransferResult::SharedCode() const {
+  if (errors.empty()) return Code::kOk;
+  if (codes.size() != errors.size()) return Code::kInternal;
+  for (Code c : codes)
+    if (c != codes.front()) return Code::kInternal;
+  return codes.front();
 }
 
 Result<TransferResult> Transfer::Run(std::deque<Job>& jobs, int workers) {
@@ -538,10 +565,12 @@ Result<TransferResult> Transfer::Run(std::deque<Job>& jobs, int workers) {
   for (int w = 0; w < n; ++w) threads.emplace_back([&] { Work(jobs, units, next); });
   for (auto& t : threads) t.join();
   for (auto& j : jobs)
-    if (j.failed)
+    if (j.failed) {
       res.errors.push_back(j.kind == Job::kDelete
                                ? fmt::format("delete in s3://{}: {}", j.bucket, j.error)
                                : fmt::format("{}: {}", j.Remote(), j.error));
+      res.codes.push_back(j.code);
+    }
   return res;
 }
 
@@ -702,6 +731,15 @@ Result<TransferResult> Transfer::Copy(std::string_view src, std::string_view dst
   return Run(jobs);
 }
 
+namespace {
+// Whether `rel` is one of `names` or below one ("a/b/c" is below "a/b").
+bool Under(const std::set<std::string>& names, const std::string& rel) {
+  for (size_t slash = rel.find('/'); slash != std::string::npos; slash = rel.find('/', slash + 1))
+    if (names.count(rel.substr(0, slash))) return true;
+  return names.count(rel) > 0;
+}
+}  // namespace
+
 Result<TransferResult> Transfer::Sync(std::string_view src, std::string_view dst) {
   bool src_s3 = S3Url::Is(src), dst_s3 = S3Url::Is(dst);
   if (src_s3 == dst_s3)
@@ -750,8 +788,8 @@ Result<TransferResult> Transfer::Sync(std::string_view src, std::string_view dst
     if (opts_.delete_extra) {
       Job* batch = nullptr;
       for (const auto& [rel, o] : objects) {
-        // A local symlink is skipped, not absent: the object of its name stays.
-        if (by_rel.count(rel) || skipped.count(rel)) continue;
+        // A local symlink is skipped, not absent: the objects of its name and below it stay.
+        if (by_rel.count(rel) || Under(skipped, rel)) continue;
         if (!batch || batch->delete_keys.size() >= kDeleteBatch) {
           batch = &jobs.emplace_back();
           batch->kind = Job::kDelete;
@@ -766,6 +804,15 @@ Result<TransferResult> Transfer::Sync(std::string_view src, std::string_view dst
     auto safe = SafeRelative(rel);
     if (!safe.ok()) {
       Say(fmt::format("skip: s3://{}/{}: {}", remote.bucket, o.key, safe.status().message()));
+      stats_.files_skipped++;
+      continue;
+    }
+    // Not written through a local symlink (to a directory elsewhere, say): never followed.
+    if (Under(skipped, rel)) {
+      Say(
+          fmt::format("skip: s3://{}/{}: a local name on its path is not a directory (a "
+                      "symlink is not followed)",
+                      remote.bucket, o.key));
       stats_.files_skipped++;
       continue;
     }
@@ -793,7 +840,10 @@ Result<TransferResult> Transfer::Sync(std::string_view src, std::string_view dst
     }
   }
   SLUICE_ASSIGN_OR_RETURN(TransferResult res, Run(jobs));
-  for (auto& e : undeleted) res.errors.push_back(std::move(e));
+  for (auto& e : undeleted) {
+    res.errors.push_back(std::move(e));
+    res.codes.push_back(Code::kIoError);
+  }
   return res;
 }
 
@@ -973,9 +1023,18 @@ Status ReadBatchTar(int fd, const std::string& dir, BatchGetResult* res, std::st
       res->entries++;
       continue;
     }
-    if (!SafeRelative(name.back() == '/' ? name.substr(0, name.size() - 1) : name).ok())
+    if (name.empty() ||
+        !SafeRelative(name.back() == '/' ? name.substr(0, name.size() - 1) : name).ok())
       return Status(Code::kInvalidPath,
                     fmt::format("batch get: entry '{}' would leave '{}'", name, dir));
+    // Objects are files (and directories): a link or a device in the stream comes from a
+    // server that is not Sluice's batch get, and a hard link's target could name any file
+    // (libarchive would link it in, then write the entry's data into it).
+    const auto type = archive_entry_filetype(e);
+    if (archive_entry_hardlink(e) || (type != AE_IFREG && type != AE_IFDIR))
+      return Status(Code::kInvalidArgument,
+                    fmt::format("batch get: entry '{}' is {}, not an object; not extracted", name,
+                                archive_entry_hardlink(e) ? "a hard link" : "not a regular file"));
     std::string path = dir + "/" + name;
     archive_entry_set_pathname(e, path.c_str());
     if (archive_write_header(out.get(), e) != ARCHIVE_OK)

@@ -49,12 +49,16 @@ struct TransferStats {
   std::atomic<uint64_t> bytes_total{0}, bytes_done{0};
   std::atomic<uint64_t> files_total{0}, files_done{0}, files_failed{0}, files_skipped{0};
   std::atomic<uint64_t> parts_reused{0}, retries{0};
-  std::atomic<bool> planning{true};  // still listing / walking
+  std::atomic<bool> planning{true};        // still listing / walking
+  std::atomic<bool> stdout_closed{false};  // a write to stdout found its reader gone (EPIPE)
 };
 
 struct TransferResult {
   std::vector<std::string> errors;  // one per failed file
+  std::vector<Code> codes;          // each failure's code, where known (not for local deletes)
   bool ok() const { return errors.empty(); }
+  // The code every failure shares (kOk when none failed, kInternal when they differ).
+  Code SharedCode() const;
 };
 
 class Transfer {

@@ -326,6 +326,21 @@ def test_ls_into_a_reader_that_goes_away(s3d, bucket):
         assert p.returncode == -signal.SIGPIPE, p.stderr.read()
 
 
+def test_cp_to_a_reader_that_goes_away(s3d, bucket):
+    # `sluice s3 cp s3://b/k - | head -c 100`: ended by SIGPIPE, as cat is, not by an error
+    # message and exit status 1 (which fails a `set -o pipefail` script).
+    s3d.boto.put_object(Bucket=bucket, Key="big", Body=os.urandom(16 * MiB))
+    env = {"PATH": os.environ["PATH"], "HOME": str(s3d.root), "AWS_ACCESS_KEY_ID": s3d.ak,
+           "AWS_SECRET_ACCESS_KEY": s3d.sk}
+    p = subprocess.Popen([str(SLUICE), "s3", "cp", f"s3://{bucket}/big", "-", "--s3-endpoint",
+                          s3d.s3_url()], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert len(p.stdout.read(100)) == 100
+    p.stdout.close()
+    p.wait(timeout=60)
+    err = p.stderr.read()
+    assert p.returncode == -signal.SIGPIPE and b"failed" not in err, (p.returncode, err)
+
+
 def test_local_symlinks_are_skipped_loudly_and_keep_their_objects(s3d, bucket, tmp_path):
     # Symlinks are not followed: each is named on stderr and counted as skipped, and with
     # sync --delete the object of a symlink's name stays (skipped is not absent).
@@ -342,6 +357,18 @@ def test_local_symlinks_are_skipped_loudly_and_keep_their_objects(s3d, bucket, t
     assert keys_of(s3d, bucket, "s/") == ["s/link", "s/real"]
     p = cli(s3d, "cp", "-r", str(src), f"s3://{bucket}/c")
     assert b"a symlink (not followed)" in p.stderr and keys_of(s3d, bucket, "c/") == ["c/real"]
+    # A symlink to a directory (moved to another disk, say): the objects below its name stay
+    # too (before, sync --delete deleted every one of them).
+    elsewhere = tmp_path / "other-disk"
+    elsewhere.mkdir()
+    s3d.boto.put_object(Bucket=bucket, Key="s/shards/0001", Body=b"shard")
+    (src / "shards").symlink_to(elsewhere, target_is_directory=True)
+    p = cli(s3d, "sync", "--delete", str(src), f"s3://{bucket}/s")
+    assert keys_of(s3d, bucket, "s/shards/") == ["s/shards/0001"], p.stdout
+    # The other way, nothing is written through it (before: into other-disk/).
+    p = cli(s3d, "sync", f"s3://{bucket}/s", str(src))
+    assert list(elsewhere.iterdir()) == [], p.stderr
+    assert b"s/shards/0001: a local name on its path is not a directory" in p.stderr, p.stderr
 
 
 def test_rm(s3d, bucket):
@@ -363,6 +390,13 @@ def test_rm(s3d, bucket):
     assert not (root / "r" / "0001").exists()
     p = cli(s3d, "rm", f"s3://{bucket}", check=False)
     assert p.returncode == 2 and b"--recursive" in p.stderr
+    # A delete refused whole says so and exits by why (5: credentials refused), as a copy does;
+    # before, it printed "0 files" and exited 1 (with -q, nothing at all).
+    p = cli(s3d, "rm", f"s3://{bucket}/keep/y", sk="wrong", check=False)
+    assert p.returncode == 5 and b"failed: delete of 1 key" in p.stderr, (p.returncode, p.stderr)
+    assert b"SignatureDoesNotMatch" in p.stderr and b"1 FAILED" in p.stderr, p.stderr
+    p = cli(s3d, "cp", __file__, "s3://no-such-bucket-here/x", check=False)
+    assert p.returncode == 3, (p.returncode, p.stderr)
 
 
 def test_get_batch(s3d, bucket, tmp_path):
@@ -730,6 +764,53 @@ def test_what_an_origin_answers_is_checked(tmp_path):
             assert p.returncode != 0 and not dst.exists(), (mode, p.stderr)
             assert (b"not the range asked for" if mode == "ignore-range"
                     else b"changed while it was read") in p.stderr, p.stderr
+
+
+def test_get_batch_extracts_only_files(tmp_path):
+    """A batch stream from a server that is not Sluice's (hostile, or a proxy) may hold a hard
+    link naming any file: `get-batch -x` refuses it instead of linking that file in and
+    writing the entry's data into it."""
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"precious")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+        ok = tarfile.TarInfo("b/first")
+        ok.size = 2
+        t.addfile(ok, io.BytesIO(b"ok"))
+        link = tarfile.TarInfo("b/x")
+        link.type = tarfile.LNKTYPE
+        link.linkname = str(victim)
+        t.addfile(link)
+    stream = buf.getvalue()
+
+    class Batch(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-tar")
+            self.send_header("Content-Length", str(len(stream)))
+            self.end_headers()
+            self.wfile.write(stream)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Batch)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "AWS_ACCESS_KEY_ID": "AK",
+           "AWS_SECRET_ACCESS_KEY": "SK"}
+    try:
+        p = subprocess.run([str(SLUICE), "s3", "get-batch", "s3://b", "first", "x", "-x",
+                            str(tmp_path / "out"), "--s3-endpoint",
+                            f"http://127.0.0.1:{srv.server_address[1]}"],
+                           env=env, capture_output=True, timeout=60)
+    finally:
+        srv.shutdown()
+    assert p.returncode != 0 and b"is a hard link, not an object" in p.stderr, p.stderr
+    assert victim.read_bytes() == b"precious" and victim.stat().st_nlink == 1
+    assert (tmp_path / "out" / "b" / "first").read_bytes() == b"ok"
 
 
 def test_virtual_hosted_addressing(tmp_path):

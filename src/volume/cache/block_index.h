@@ -41,6 +41,12 @@ class BlockIndex {
   // Counts an access to a block; false when it is not indexed.
   bool Touch(const Key& k);
   bool Contains(const Key& k) const { return map_.count(k) != 0; }
+  // The block's size; nullopt when it is not indexed.
+  std::optional<uint64_t> SizeOf(const Key& k) const {
+    auto it = map_.find(k);
+    if (it == map_.end()) return std::nullopt;
+    return it->second.size;
+  }
   // Indexes a block that is not there. `warm`: one found on disk at start, already admitted
   // once (S3-FIFO puts it in the main queue).
   void Insert(const Key& k, uint64_t size, bool warm = false, bool verified = false);

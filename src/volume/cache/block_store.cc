@@ -250,6 +250,14 @@ bool BlockPins::Held(const BlockIndex::Key& k) const {
   return held_.count(k) != 0;
 }
 
+std::vector<BlockIndex::Key> BlockPins::HeldKeys() const {
+  std::lock_guard lk(mu_);
+  std::vector<BlockIndex::Key> out;
+  out.reserve(held_.size());
+  for (const auto& [k, n] : held_) out.push_back(k);
+  return out;
+}
+
 BlockStore::OpenBlock& BlockStore::OpenBlock::operator=(OpenBlock&& o) noexcept {
   if (this != &o) {
     Close();
@@ -411,8 +419,16 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
     // every block's disk space back, counted at least (each block takes its header and data
     // rounded up to 4 KiB pages: at least one page, at least its bytes). An estimate above
     // what eviction gives back evicted the whole cache and then refused the block anyway.
+    // Blocks readers hold open give nothing back when evicted (until they close): not room.
+    uint64_t held_bytes = 0, held_blocks = 0;
+    for (const auto& k : pins_->HeldKeys())
+      if (auto size = index_.SizeOf(k)) {
+        held_bytes += *size;
+        held_blocks++;
+      }
+    const uint64_t blocks = index_.blocks() - held_blocks;
     const uint64_t evictable =
-        std::max(index_.bytes() + index_.blocks() * kHeader, index_.blocks() * 4096);
+        std::max(index_.bytes() - held_bytes + blocks * kHeader, blocks * 4096);
     room = free && data.size() + reserved_ <= opts_.max_bytes &&
            opts_.min_free + reserved_disk_ + need <= *free + evictable;
     while (room && (over() || low())) {

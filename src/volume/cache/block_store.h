@@ -38,6 +38,7 @@ struct BlockPins {
   void Pin(const BlockIndex::Key& k);
   void Unpin(const BlockIndex::Key& k);
   bool Held(const BlockIndex::Key& k) const;
+  std::vector<BlockIndex::Key> HeldKeys() const;
 
  private:
   mutable std::mutex mu_;

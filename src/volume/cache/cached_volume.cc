@@ -171,7 +171,11 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
       std::string id = Id(i);
       if (v_->store().Has(id)) continue;
       const uint64_t first = i * bs, len = std::min(bs, info_.size - first);
-      v_->Ahead([self = shared_from_this(), id = std::move(id), first, len] {
+      // A queued fetch does not keep its reader (and the block it holds) alive: one gone by
+      // the time the fetch's turn comes (a one-byte read, say) has nothing to read ahead for.
+      v_->Ahead([weak = weak_from_this(), id = std::move(id), first, len] {
+        auto self = weak.lock();
+        if (!self) return;
         (void)self->v_->Block(
             id, [&] { return self->Fetch(first, len); }, /*admit=*/true);
       });
@@ -706,14 +710,26 @@ void CachedVolume::JournalIf(const nlohmann::json& record, const std::function<b
   if (!apply()) return;
   if (journal_.get() < 0) return;
   if (journal_bytes_ > std::max(kJournalCompactAt, 2 * journal_compacted_)) CompactJournal();
-  // One append per record: a crash tears at most the last line, which replay skips; a short
-  // write (a full disk) is cut off, so the next line starts clean.
+  // One append per record: a crash tears at most the last line, which replay skips.
   const ssize_t n = ::write(journal_.get(), line.data(), line.size());
-  if (n == static_cast<ssize_t>(line.size()))
+  if (n == static_cast<ssize_t>(line.size())) {
     journal_bytes_ += line.size();
-  else if (n > 0 && ::ftruncate(journal_.get(), static_cast<off_t>(journal_bytes_)) != 0)
-    spdlog::warn("cache {}: the attributes journal could not be cut back: {}", name(),
-                 std::strerror(errno));
+    return;
+  }
+  // A line that did not land (a full disk): the journal no longer says what memory does, and
+  // replay would bring back what this line dropped (a file deleted or replaced through this
+  // node, served from its old attributes after a restart). It starts over empty, which frees
+  // its space; what it held is asked of the origin again after a restart.
+  const int err = n < 0 ? errno : ENOSPC;
+  if (::ftruncate(journal_.get(), 0) != 0) {
+    ::unlink((opts_.path + "/attributes.log").c_str());  // then not kept across restarts
+    journal_.reset();
+  }
+  journal_bytes_ = journal_compacted_ = 0;
+  spdlog::warn(
+      "cache {}: a line of the attributes journal was not written ({}); it starts over "
+      "empty",
+      name(), std::strerror(err));
 }
 
 uint64_t CachedVolume::GenLocked(const std::string& vfid) const {
@@ -878,16 +894,35 @@ void CachedVolume::LoadJournal() {
   CompactJournal();  // what replay kept, and nothing else
 }
 
+namespace {
+// All of `data` to `fd` (a single write stops short of 2 GiB).
+bool WriteFully(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+}  // namespace
+
 void CachedVolume::CompactJournal() {
   // journal_mu_ held. The live records, written aside and renamed over the log.
   const std::string path = opts_.path + "/attributes.log";
   const std::string tmp = fmt::format("{}/tmp/attributes-{}", opts_.path, RandomHexString(8));
   std::string out;
-  {
+  // In pieces, each under mu_ (which opens on the event loops wait for), resumed by key: the
+  // journal's writers wait on journal_mu_, and what changes meta_ without them (an attribute
+  // kept in memory only) may or may not be in the copy, as it is not in the journal.
+  const auto steady = Steady::now();
+  const int64_t now = WallNs();
+  std::string last;
+  for (bool first = true, more = true; more; first = false) {
     std::lock_guard lk(mu_);
-    const auto steady = Steady::now();
-    const int64_t now = WallNs();
-    for (const auto& [key, m] : meta_) {
+    auto it = first ? meta_.begin() : meta_.upper_bound(last);
+    for (int n = 0; it != meta_.end() && n < 4096; ++it, ++n) {
+      const auto& [key, m] = *it;
       const int64_t fetched =
           now - std::chrono::duration_cast<std::chrono::nanoseconds>(steady - m.fetched).count();
       out +=
@@ -895,15 +930,25 @@ void CachedVolume::CompactJournal() {
               {"k", key}, {"f", fetched}, {"e", EntryJson(m.entry)}, {"m", Base64Encode(m.meta)}}
               .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
       out += '\n';
+      last = key;
     }
+    more = it != meta_.end();
   }
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-  if (fd.get() < 0 ||
-      ::write(fd.get(), out.data(), out.size()) != static_cast<ssize_t>(out.size()) ||
-      ::rename(tmp.c_str(), path.c_str()) != 0) {
+  // The copy lies beside the log until it replaces it: not below the disk's floor. A
+  // compaction that cannot be made is tried again once the log has doubled, not at every line.
+  auto failed = [&] {
     ::unlink(tmp.c_str());
-    return;
-  }
+    journal_compacted_ = journal_bytes_;
+    spdlog::warn(
+        "cache {}: the attributes journal ({} bytes) could not be compacted into {} "
+        "bytes ({}); tried again at twice its size",
+        name(), journal_bytes_, out.size(),
+        store_->HasRoom(out.size()) ? std::strerror(errno) : "no room above min-free");
+  };
+  if (!store_->HasRoom(out.size())) return failed();
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (fd.get() < 0 || !WriteFully(fd.get(), out) || ::rename(tmp.c_str(), path.c_str()) != 0)
+    return failed();
   UniqueFd appended(::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC));
   if (appended.get() < 0) return;
   journal_ = std::move(appended);

@@ -148,14 +148,20 @@ class ProgressLine {
     if (st_->planning) {
       line = fmt::format("{}: listing... ({:.0f}s)", verb_, secs);
     } else {
-      int pct = total ? static_cast<int>(100.0 * static_cast<double>(done) / total) : 100;
+      // By bytes when their total is known; else by files (a batch get, a delete: their
+      // sizes are not known ahead), the bytes then without a total.
+      const uint64_t files = st_->files_done + st_->files_failed, nfiles = st_->files_total;
+      const double part = total    ? static_cast<double>(done) / static_cast<double>(total)
+                          : nfiles ? static_cast<double>(files) / static_cast<double>(nfiles)
+                                   : 1.0;
+      int pct = static_cast<int>(100.0 * std::min(part, 1.0));
       constexpr int kBar = 20;
       int fill = pct * kBar / 100;
       double rate = secs > 0 ? static_cast<double>(done) / secs : 0;
-      line = fmt::format("[{}{}] {:3d}% {} / {}  {}/s  {}/{} files", std::string(fill, '#'),
-                         std::string(kBar - fill, '.'), pct, FormatSize(done), FormatSize(total),
-                         FormatSize(static_cast<uint64_t>(rate)),
-                         st_->files_done + st_->files_failed, st_->files_total.load());
+      line = fmt::format("[{}{}] {:3d}% {}{}  {}/s  {}/{} files", std::string(fill, '#'),
+                         std::string(kBar - fill, '.'), pct, FormatSize(done),
+                         total ? " / " + FormatSize(total) : std::string(),
+                         FormatSize(static_cast<uint64_t>(rate)), files, nfiles);
       if (st_->files_failed) line += fmt::format(", {} failed", st_->files_failed.load());
       if (rate > 0 && total > done)
         line += fmt::format("  ETA {:.0f}s", static_cast<double>(total - done) / rate);

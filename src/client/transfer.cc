@@ -39,6 +39,8 @@ namespace {
 
 constexpr int kMaxParts = 10000;
 constexpr size_t kDeleteBatch = 1000;
+// Listing pages a range listed in parallel holds before its turn to be printed comes.
+constexpr size_t kPagesAhead = 4;
 
 Status Errno(std::string_view what, const std::string& path) {
   return Status::FromErrno(errno, fmt::format("{} '{}'", what, path));
@@ -946,7 +948,10 @@ Status ListKeys(const io::s3::ClientOptions& opts, const S3Url& url, bool recurs
     S3Client cl(opts);
     for (size_t i; !stop && (i = next.fetch_add(1)) < ranges.size();) {
       Status st = list_range(cl, ranges[i], [&](Page&& page) {
-        std::lock_guard<std::mutex> g(mu);
+        std::unique_lock<std::mutex> g(mu);
+        // A range ahead of the one printed holds a few pages, then waits for its turn: memory
+        // stays a few pages a worker, not the bucket (before, 7/8 of it with 8 workers).
+        cv.wait(g, [&] { return stop || state[i].pages.size() < kPagesAhead; });
         state[i].pages.push_back(std::move(page));
         cv.notify_all();
       });
@@ -970,10 +975,15 @@ Status ListKeys(const io::s3::ClientOptions& opts, const S3Url& url, bool recurs
     }
     Page page = std::move(state[i].pages.front());
     state[i].pages.pop_front();
+    cv.notify_all();  // room for its worker
     g.unlock();
     print(std::move(page));
   }
-  stop = !st.ok();
+  {
+    std::lock_guard<std::mutex> g(mu);
+    stop = !st.ok();
+    cv.notify_all();
+  }
   for (auto& t : threads) t.join();
   return st;
 }
@@ -983,7 +993,8 @@ namespace {
 // Reads a batch get's TAR stream from `fd` to its end: extracts the entries below `dir`
 // (refusing names that would leave it), or with `dir` empty only walks them; counts the
 // objects received whole and keeps the manifest's text.
-Status ReadBatchTar(int fd, const std::string& dir, BatchGetResult* res, std::string* manifest) {
+Status ReadBatchTar(int fd, const std::string& dir, BatchGetResult* res, std::string* manifest,
+                    TransferStats* stats) {
   std::unique_ptr<archive, decltype(&archive_read_free)> in(archive_read_new(), archive_read_free);
   std::unique_ptr<archive, decltype(&archive_write_free)> out(
       dir.empty() ? nullptr : archive_write_disk_new(), archive_write_free);
@@ -1015,12 +1026,14 @@ Status ReadBatchTar(int fd, const std::string& dir, BatchGetResult* res, std::st
     }
     if (name.rfind("__404__/", 0) == 0 || name.rfind("__error__/", 0) == 0) {
       res->placeholders++;
+      if (stats) stats->files_failed++;  // the progress line's (the summary counts again)
       continue;
     }
     if (!out) {
       if (archive_read_data_skip(in.get()) != ARCHIVE_OK)
         return broke(fmt::format(" in '{}'", name));
       res->entries++;
+      if (stats) stats->files_done++;
       continue;
     }
     if (name.empty() ||
@@ -1052,6 +1065,7 @@ Status ReadBatchTar(int fd, const std::string& dir, BatchGetResult* res, std::st
       return Status(Code::kIoError,
                     fmt::format("extract '{}': {}", path, archive_error_string(out.get())));
     res->entries++;
+    if (stats) stats->files_done++;
   }
   // What follows the archive's end (padding) is read too, so that the sender never meets a
   // closed pipe, and a TAR file written alongside gets every byte.
@@ -1174,7 +1188,7 @@ Result<BatchGetResult> BatchGet(const io::s3::ClientOptions& opts, const std::st
     ::close(p[1]);
   });
   std::string manifest;
-  Status scan = ReadBatchTar(p[0], extract_dir, &res, &manifest);
+  Status scan = ReadBatchTar(p[0], extract_dir, &res, &manifest, stats);
   ::close(p[0]);  // a failed walk stops the fetch (EPIPE)
   reader.join();
   // A fetch stopped by the walk (a malformed stream, a name that would leave the directory, a
@@ -1194,7 +1208,10 @@ Result<BatchGetResult> BatchGet(const io::s3::ClientOptions& opts, const std::st
     if (!bo.extract_dir.empty())
       std::ofstream(bo.extract_dir + "/__manifest__.json", std::ios::trunc) << manifest;
   }
-  if (stats) stats->files_done = res.ok;
+  if (stats) {
+    stats->files_done = res.ok;
+    stats->files_failed = res.errors;
+  }
   return res;
 }
 

@@ -406,7 +406,10 @@ def test_get_batch(s3d, bucket, tmp_path):
     keys = list(objs)
     # To a TAR file, in request order.
     out = tmp_path / "batch.tar"
-    cli(s3d, "get-batch", f"s3://{bucket}", *keys[:10], "-o", str(out))
+    p = cli(s3d, "get-batch", "--progress", f"s3://{bucket}", *keys[:10], "-o", str(out))
+    # Progress by items (a batch's bytes are not known ahead): before, "100% ... / 0 B" from
+    # the start, and "0/10 files" until the end.
+    assert b" 10/10 files" in p.stderr and b" / 0 B" not in p.stderr, p.stderr
     with tarfile.open(out) as t:
         names = [m.name for m in t.getmembers()]
         assert names == [f"{bucket}/{k}" for k in keys[:10]] + ["__manifest__.json"]

@@ -142,12 +142,18 @@ void BlockStore::Drop(const BlockIndex::Key& k) {
 
 std::optional<BlockIndex::Key> BlockStore::EvictOne(uint64_t* size) {
   auto k = index_.Evict(size);
-  if (k) stats_.evictions += 1;
+  if (k) {
+    stats_.evictions += 1;
+    unlinking_.insert(*k);
+  }
   return k;
 }
 
-void BlockStore::Unlink(const std::vector<BlockIndex::Key>& keys) const {
+void BlockStore::Unlink(const std::vector<BlockIndex::Key>& keys) {
+  if (keys.empty()) return;
   for (const auto& k : keys) ::unlink(PathOf(k).c_str());
+  std::lock_guard lk(mu_);
+  for (const auto& k : keys) unlinking_.erase(k);
 }
 
 bool BlockStore::Evict(const std::string& id) {
@@ -157,6 +163,7 @@ bool BlockStore::Evict(const std::string& id) {
     std::lock_guard lk(mu_);
     if (!index_.Remove(*k)) return false;
     stats_.evictions += 1;
+    unlinking_.insert(*k);
   }
   Unlink({*k});
   return true;
@@ -189,6 +196,16 @@ std::optional<std::string> BlockStore::Get(const std::string& id) {
   if (fd.get() < 0 && errno != ENOENT) {
     // Out of descriptors, say: a miss this time, not a torn block.
     spdlog::warn("cache {}: block {}: {}", opts_.dir, id, std::strerror(errno));
+    return std::nullopt;
+  }
+  if (fd.get() < 0) {
+    // Evicted since it was looked up (or removed behind the store's back): a miss, not a torn
+    // block; dropped only while still indexed, never a newer copy's entry.
+    std::lock_guard lk(mu_);
+    if (!unlinking_.count(*key) && index_.Contains(*key)) {
+      struct stat st;
+      if (::stat(PathOf(id).c_str(), &st) != 0) index_.Remove(*key);
+    }
     return std::nullopt;
   }
   std::string data;
@@ -409,6 +426,11 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
       *free = *free > since ? *free - since : 0;
     }
     if (index_.Touch(*key)) return true;
+    // Its old file is being unlinked: not stored this time (the reader has the bytes).
+    if (unlinking_.count(*key)) {
+      stats_.rejected += 1;
+      return false;
+    }
     // Room first: within the size limit, and never the disk below its free-space floor,
     // counting the blocks other writers are writing now. Nothing is evicted for a block that
     // can never fit, or when the disk's free space is unknown.

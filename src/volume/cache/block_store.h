@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -107,7 +108,8 @@ class BlockStore {
   std::string PathOf(const BlockIndex::Key& k) const { return PathOf(BlockIndex::KeyHex(k)); }
   // The policy's victim, out of the index (its size in `*size`); mu_ held. Unlink() it after.
   std::optional<BlockIndex::Key> EvictOne(uint64_t* size = nullptr);
-  void Unlink(const std::vector<BlockIndex::Key>& keys) const;
+  // Removes evicted blocks' files (mu_ not held), then lets their keys be stored again.
+  void Unlink(const std::vector<BlockIndex::Key>& keys);
   void Drop(const BlockIndex::Key& k);           // from the index and the disk; mu_ held
   std::optional<uint64_t> FreeBytes() const;     // nullopt when statvfs fails
   enum class Written { kFailed, kNew, kThere };  // kThere: another writer's file was there
@@ -124,6 +126,9 @@ class BlockStore {
   std::atomic<uint64_t> written_disk_{0};
   bool closed_ = false;
   std::shared_ptr<BlockPins> pins_;  // blocks readers hold open (OpenBlock)
+  // Blocks evicted whose files are not unlinked yet (mu_): a Put of one meanwhile would find
+  // the old file there, index it, and then lose it to the unlink.
+  std::set<BlockIndex::Key> unlinking_;
   UniqueFd dir_fd_;  // the store's directory, open since Open (syncfs reports what failed since)
   // What `n` bytes take on a disk: whole 4 KiB blocks.
   static uint64_t DiskBytes(uint64_t n) { return (n + 4095) / 4096 * 4096; }

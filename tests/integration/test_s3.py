@@ -227,6 +227,48 @@ def test_put_if_none_match(s3):
     assert s3.get_object(Bucket=name, Key="once")["Body"].read() == b"first"
 
 
+def test_complete_multipart_if_none_match(s3):
+    # CompleteMultipartUpload takes If-None-Match: * as PUT does (AWS supports it): 412 when
+    # the key is there, the upload kept for a retry or an abort; before, the header was
+    # ignored and the object replaced. If-Match is refused (501), not ignored.
+    name = new_bucket(s3)
+    s3.put_object(Bucket=name, Key="k", Body=b"first")
+    header = {}
+
+    def add_header(request, **kw):
+        for k, v in header.items():
+            request.headers[k] = v
+    s3.meta.events.register("before-sign.s3.CompleteMultipartUpload", add_header)
+    try:
+        for key, want in (("k", 412), ("fresh", 200)):
+            up = s3.create_multipart_upload(Bucket=name, Key=key)["UploadId"]
+            etag = s3.upload_part(Bucket=name, Key=key, UploadId=up, PartNumber=1,
+                                  Body=b"second")["ETag"]
+            parts = {"Parts": [{"PartNumber": 1, "ETag": etag}]}
+            header.clear()
+            header["If-Match"] = etag
+            with pytest.raises(ClientError) as e:
+                s3.complete_multipart_upload(Bucket=name, Key=key, UploadId=up,
+                                             MultipartUpload=parts)
+            assert status_of(e) == 501
+            header.clear()
+            header["If-None-Match"] = "*"
+            if want == 412:
+                with pytest.raises(ClientError) as e:
+                    s3.complete_multipart_upload(Bucket=name, Key=key, UploadId=up,
+                                                 MultipartUpload=parts)
+                assert status_of(e) == 412 and code_of(e) == "PreconditionFailed"
+                assert s3.list_parts(Bucket=name, Key=key, UploadId=up)["Parts"]  # kept
+                s3.abort_multipart_upload(Bucket=name, Key=key, UploadId=up)
+            else:
+                s3.complete_multipart_upload(Bucket=name, Key=key, UploadId=up,
+                                             MultipartUpload=parts)
+    finally:
+        s3.meta.events.unregister("before-sign.s3.CompleteMultipartUpload", add_header)
+    assert s3.get_object(Bucket=name, Key="k")["Body"].read() == b"first"
+    assert s3.get_object(Bucket=name, Key="fresh")["Body"].read() == b"second"
+
+
 def test_put_if_none_match_has_one_winner(s3d, user):
     # Writers racing to create one key with If-None-Match: * (a lock-style commit, as Delta
     # Lake's): exactly one gets 200, every other 412, and the object is the winner's. The
@@ -429,7 +471,8 @@ def test_bad_credentials(s3d, user):
     assert r.status_code == 400 and "AuthorizationHeaderMalformed" in r.text
 
 
-def signed(s3d, ak, sk, method, path, body=b"", headers=None, when=None, payload_hash=None):
+def signed(s3d, ak, sk, method, path, body=b"", headers=None, when=None, payload_hash=None,
+           stream=False):
     """A request signed by botocore's signer, optionally at another time."""
     req = AWSRequest(method=method, url=s3d.s3_url(path), data=body, headers=dict(headers or {}))
     req.headers["x-amz-content-sha256"] = payload_hash or hashlib.sha256(body).hexdigest()
@@ -451,7 +494,7 @@ def signed(s3d, ak, sk, method, path, body=b"", headers=None, when=None, payload
     else:
         signer.add_auth(req)
     p = req.prepare()
-    return requests.request(method, p.url, headers=dict(p.headers), data=body)
+    return requests.request(method, p.url, headers=dict(p.headers), data=body, stream=stream)
 
 
 def test_create_bucket_with_a_trailing_slash_reads_its_body(s3d, user):
@@ -1419,10 +1462,10 @@ def test_split_listing_in_parallel(s3d, s3, user):
 # ----------------------------------------------------------------------------------- batch get
 
 
-def batch_get(s3d, ak, sk, path, body):
+def batch_get(s3d, ak, sk, path, body, stream=False):
     import json as _json
 
-    return signed(s3d, ak, sk, "POST", path, body=_json.dumps(body).encode())
+    return signed(s3d, ak, sk, "POST", path, body=_json.dumps(body).encode(), stream=stream)
 
 
 def untar(data):
@@ -1562,6 +1605,9 @@ def test_batch_get_errors(s3d, s3, user):
         (200, None), (404, "NoSuchKey"), (403, "AccessDenied"), (416, "InvalidRange"),
         (400, "InvalidArgument"), (400, "InvalidArgument"), (200, None)]
     assert m["items"][1]["opaque"] == "m"
+    # The manifest names each placeholder as its entry is named (before, a NUL key's name
+    # kept its NUL there, and matched no entry).
+    assert [x["name"] for x in m["items"]] == [n for n, _, _ in entries[:-1]]
     # Without it: an error known before streaming is the answer...
     r = batch_get(s3d, ak, sk, f"/{name}?batch-get", {"items": [{"key": "missing"}, {"key": "a"}]})
     assert r.status_code == 404 and "<Code>NoSuchKey</Code>" in r.text
@@ -1574,6 +1620,21 @@ def test_batch_get_errors(s3d, s3, user):
         batch_get(s3d, ak, sk, f"/{name}?batch-get",
                   {"items": [{"key": "a"}, {"key": "missing"}, {"key": "c"}]})
     assert time.monotonic() - t0 < 10, "the cut came late"
+    # What came before the cut does not read as a whole archive, also without the manifest
+    # and the HTTP framing (`curl | tar x`): the failed item's header goes out promising data
+    # that never comes. Before, the stream ended after the last whole entry, which a TAR
+    # reader takes for a complete (if unterminated) archive.
+    import tarfile
+    r = batch_get(s3d, ak, sk, f"/{name}?batch-get",
+                  {"items": [{"key": "a"}, {"key": "missing"}, {"key": "c"}], "manifest": False},
+                  stream=True)
+    got = bytearray()
+    with pytest.raises(requests.exceptions.ChunkedEncodingError):
+        for chunk in r.iter_content(65536):
+            got += chunk
+    assert got, "nothing came before the cut"
+    with pytest.raises(tarfile.ReadError):
+        untar(bytes(got))
     # Malformed requests.
     for body, why in [({"items": []}, "1 to"), ({"item": [{"key": "a"}]}, "items"),
                       ({"items": [{"key": "a", "size": 1}]}, "unknown field 'size'"),

@@ -56,22 +56,43 @@ std::optional<S3Error> BatchGetStream::Prepare() {
   return std::nullopt;
 }
 
+namespace {
+// The entry standing in for a failed item: "__404__/" or "__error__/" and the item's name
+// without its trailing slash, with a hostile key's NUL bytes (no TAR name holds one) written
+// "%00" and its "%" as "%25", so that no two keys give one name. The manifest names it so too.
+std::string PlaceholderName(unsigned status, std::string_view name) {
+  if (!name.empty() && name.back() == '/') name.remove_suffix(1);
+  std::string out = status == 404 ? "__404__/" : "__error__/";
+  for (char c : name) {
+    if (c == '\0')
+      out += "%00";
+    else if (c == '%')
+      out += "%25";
+    else
+      out += c;
+  }
+  return out;
+}
+}  // namespace
+
 Status BatchGetStream::Failed(const S3Error& e) {
   ++errors_;
   const BatchItem& it = items_[next_ - 1];
+  ArchiveWriter::Entry ph;
+  ph.name = PlaceholderName(e.status, it.name);
+  SetMtime(ph, std::chrono::system_clock::now());
   if (!continue_on_error_) {
     stop_ = e;
+    // The cut must show in the bytes themselves: a stream that ends after a whole entry reads
+    // as a complete archive to TAR readers (tar, tarfile, libarchive stop there without the
+    // end-of-archive blocks), so `curl | tar x` would take a partial batch for all of it. The
+    // failed item's header goes out promising a byte that never comes.
+    ph.size = 1;
+    (void)tar_.Header(ph);
     return Status(Code::kUnavailable, fmt::format("item {} ('{}' in {}): {}: {}", next_ - 1, it.key,
                                                   it.bucket, e.code, e.message));
   }
   // A placeholder in the item's place, so that the archive's order still matches the request.
-  ArchiveWriter::Entry ph;
-  ph.name = (e.status == 404 ? "__404__/" : "__error__/") + it.name;
-  if (!ph.name.empty() && ph.name.back() == '/') ph.name.pop_back();
-  // A hostile key's NUL bytes (no TAR name holds one) are written as "%00".
-  for (size_t at = ph.name.find('\0'); at != std::string::npos; at = ph.name.find('\0', at))
-    ph.name.replace(at, 1, "%00");
-  SetMtime(ph, std::chrono::system_clock::now());
   if (Outcome* o = Record()) {
     o->status = e.status;
     o->code = e.code;
@@ -222,10 +243,7 @@ Status BatchGetStream::WriteManifest() {
         fmt::format_to(out, ",\"range\":\"bytes {}-{}/{}\"", o.range_first,
                        o.range_first + o.size - 1, o.range_total);
     } else {
-      std::string_view name = it.name;
-      if (name.back() == '/') name.remove_suffix(1);
-      AppendJsonString(
-          text, std::string(o.status == 404 ? "__404__/" : "__error__/") + std::string(name));
+      AppendJsonString(text, PlaceholderName(o.status, it.name));
       text += ",\"code\":";
       AppendJsonString(text, o.code);
       text += ",\"message\":";

@@ -1494,6 +1494,12 @@ HttpResponse CompleteMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
       return result(want, o->meta->checksums);
     return ErrorXml(*e, req.path);
   }
+  // Conditional writes as on PUT: If-None-Match: * (the key must be absent), nothing else.
+  const std::string_view inm = Header(req, "If-None-Match");
+  if (!inm.empty() && inm != "*")
+    return ErrorXml({501, "NotImplemented", "If-None-Match on a write takes only '*'"}, req.path);
+  if (!Header(req, "If-Match").empty())
+    return ErrorXml({501, "NotImplemented", "If-Match on a write is not implemented"}, req.path);
   const MultipartUpload& u = std::get<MultipartUpload>(uv);
   auto have = ctx.objects.ListParts(*ref.volume, ref.vfid, u);
   if (!have.ok()) return ErrorXml(FromStatus(have.status()), req.path);
@@ -1546,7 +1552,12 @@ HttpResponse CompleteMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
     }
     sums[ChecksumKey(*algo)] = *sum;
   }
-  auto etag = ctx.objects.CompleteMultipart(*ref.volume, ref.vfid, u, use, sums, ctx.opts.durable);
+  auto etag = ctx.objects.CompleteMultipart(*ref.volume, ref.vfid, u, use, sums, ctx.opts.durable,
+                                            inm == "*");
+  if (!etag.ok() && inm == "*" && etag.status().code() == Code::kAlreadyExists)
+    return ErrorXml({412, "PreconditionFailed",
+                     "at least one of the pre-conditions you specified did not hold"},
+                    req.path);
   if (!etag.ok()) return ErrorXml(FromStatus(etag.status()), req.path);
   return result(*etag, sums);
 }

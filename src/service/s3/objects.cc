@@ -945,8 +945,10 @@ Result<std::string> ObjectStore::CompleteMultipart(Volume& v, const VFolderId& v
                                                    const MultipartUpload& u,
                                                    const std::vector<UploadedPart>& parts,
                                                    std::map<std::string, std::string> checksums,
-                                                   bool durable) {
+                                                   bool durable, bool refuse_replace) {
   SLUICE_ASSIGN_OR_RETURN(auto key_parts, KeyParts(u.key));
+  if (refuse_replace && Open(v, vfid, u.key).ok())
+    return Status(Code::kAlreadyExists, fmt::format("'{}' exists", u.key), EEXIST);
   SLUICE_RETURN_IF_ERROR(ClaimUpload(v, vfid, u.id));
   // Until the object is published, a failure gives the upload back to its client.
   auto build = [&]() -> Result<std::string> {
@@ -979,6 +981,7 @@ Result<std::string> ObjectStore::CompleteMultipart(Volume& v, const VFolderId& v
     ObjectMeta meta = u.meta;
     meta.etag = MultipartETag(md5s);
     meta.checksums = std::move(checksums);
+    if (refuse_replace) w->RefuseReplace();
     SLUICE_RETURN_IF_ERROR(w->Publish(meta, durable));
     return meta.etag;
   };

@@ -258,9 +258,13 @@ class ObjectStore {
   // (freeing them is what a Complete spends its time on where they were reflinked), by the
   // sweep when a crash comes between.
   // `checksums` (the object's, from MultipartChecksum) replace those of the upload's metadata.
+  // `refuse_replace` (If-None-Match: *): kAlreadyExists, the upload given back, when the key
+  // is there (checked by the publish itself where the volume can: of two racing writers, one
+  // wins).
   Result<std::string> CompleteMultipart(Volume& v, const VFolderId& vfid, const MultipartUpload& u,
                                         const std::vector<UploadedPart>& parts,
-                                        std::map<std::string, std::string> checksums, bool durable);
+                                        std::map<std::string, std::string> checksums, bool durable,
+                                        bool refuse_replace = false);
   Status AbortMultipart(Volume& v, const VFolderId& vfid, const MultipartUpload& u);
   // Every upload in progress in the vfolder, by key then initiation.
   Result<std::vector<MultipartUpload>> ListMultipart(Volume& v, const VFolderId& vfid);

@@ -251,6 +251,8 @@ void ParseApi(const toml::value& api, Config& c) {
         if (e->count() < 1) throw ConfigError("api.s3.multipart-expiry must be at least 1s");
         c.s3.multipart_expiry = *e;
       }
+      if (auto n = s.Int("max-multipart-uploads", 1, 1000000))
+        c.s3.max_multipart_uploads = static_cast<size_t>(*n);
       if (auto d = s.String("domain")) {
         std::string dom = *d;
         std::transform(dom.begin(), dom.end(), dom.begin(), ::tolower);
@@ -632,6 +634,9 @@ refresh-interval = "1s"
 # Multipart uploads neither completed nor aborted this long after they began are removed, parts
 # and all (checked by the janitor, on every node).
 multipart-expiry = "7d"
+# Multipart uploads in progress a bucket may hold (more are refused until some complete or
+# are aborted): listing them reads every one's record.
+max-multipart-uploads = 10000
 # Virtual-hosted addressing: with a domain, a Host of "<bucket>.<domain>" names the bucket
 # (point a wildcard DNS record at the nodes). Path style always works. Empty: path style only.
 # domain = "s3.example.com"

@@ -90,6 +90,9 @@ struct S3Config {
   std::chrono::milliseconds refresh{1000};  // how often other nodes' changes are looked for
   // Multipart uploads initiated longer ago are removed with their parts (by the janitor).
   std::chrono::seconds multipart_expiry{7 * 86400};
+  // Multipart uploads in progress a bucket may hold: listing them reads each one's record,
+  // so without a bound one user could make every listing (and the sweep) read millions.
+  size_t max_multipart_uploads = 10000;
   // Virtual-hosted addressing: "<bucket>.<domain>" in Host names the bucket. Empty: path style
   // only.
   std::string domain;

@@ -750,6 +750,26 @@ def test_list_multipart_uploads_pages_through_one_key(s3):
         s3.abort_multipart_upload(Bucket=name, Key="same", UploadId=i)
 
 
+def test_uploads_in_progress_are_bounded_per_bucket(tmp_path):
+    # Listing uploads reads every upload's record: a bucket holds at most
+    # max-multipart-uploads in progress (before, any number: one user could make every listing
+    # and the janitor's sweep read millions). The refusal says what to do.
+    with running_daemon(tmp_path / "d", s3={"max-multipart-uploads": 3}) as d:
+        s3 = d.s3_client(*d.s3_key(d.s3_user()["id"]))
+        name = new_bucket(s3)
+        ids = [s3.create_multipart_upload(Bucket=name, Key=f"k{i}")["UploadId"]
+               for i in range(3)]
+        with pytest.raises(ClientError) as e:
+            s3.create_multipart_upload(Bucket=name, Key="k3")
+        assert status_of(e) == 400 and code_of(e) == "InvalidRequest"
+        assert "max-multipart-uploads" in e.value.response["Error"]["Message"]
+        other = new_bucket(s3)  # per bucket
+        s3.create_multipart_upload(Bucket=other, Key="k")
+        s3.abort_multipart_upload(Bucket=name, Key="k0", UploadId=ids[0])
+        s3.create_multipart_upload(Bucket=name, Key="k3")
+        assert len(s3.list_multipart_uploads(Bucket=name)["Uploads"]) == 3
+
+
 def test_key_scopes_and_revocation(s3d, s3, user):
     name = new_bucket(s3)
     s3.put_object(Bucket=name, Key="k", Body=b"v")

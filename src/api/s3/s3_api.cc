@@ -1441,6 +1441,15 @@ HttpResponse CreateMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
     return ErrorXml({400, "InvalidRequest", "x-amz-checksum-type needs x-amz-checksum-algorithm"},
                     req.path);
   }
+  // (Concurrent creates may pass the bound by as many as race: it bounds the listings' cost.)
+  auto in_progress = ctx.objects.CountMultipart(*ref.volume, ref.vfid);
+  if (!in_progress.ok()) return ErrorXml(FromStatus(in_progress.status()), req.path);
+  if (*in_progress >= ctx.opts.max_multipart_uploads)
+    return ErrorXml({400, "InvalidRequest",
+                     fmt::format("the bucket has {} multipart uploads in progress, the most "
+                                 "[api.s3] max-multipart-uploads allows; complete or abort some",
+                                 *in_progress)},
+                    req.path);
   auto u = ctx.objects.CreateMultipart(*ref.volume, ref.vfid, key,
                                        std::move(std::get<ObjectMeta>(meta)), algo, type);
   if (!u.ok()) return ErrorXml(FromStatus(u.status()), req.path);

@@ -19,6 +19,7 @@ struct S3Options {
   std::string region = "us-east-1";
   bool durable = true;  // fsync objects before answering a write
   std::string domain;   // virtual-hosted buckets: "<bucket>.<domain>" in Host; "" for none
+  size_t max_multipart_uploads = 10000;  // in progress, per bucket
 };
 
 std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, ThreadPool* io_pool,

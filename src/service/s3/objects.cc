@@ -1033,12 +1033,25 @@ Result<std::vector<MultipartUpload>> ObjectStore::ListMultipart(Volume& v, const
     if (n->type != EntryType::kDirectory || n->name.size() != 35 || n->name.substr(0, 3) != "mp-")
       continue;
     auto u = GetMultipart(v, vfid, n->name.substr(3));
-    if (u.ok()) out.push_back(std::move(u).value());
+    if (!u.ok()) continue;
+    u->meta = {};
+    out.push_back(std::move(u).value());
   }
   std::sort(out.begin(), out.end(), [](const MultipartUpload& a, const MultipartUpload& b) {
     return std::tie(a.key, a.initiated, a.id) < std::tie(b.key, b.initiated, b.id);
   });
   return out;
+}
+
+Result<size_t> ObjectStore::CountMultipart(Volume& v, const VFolderId& vfid) {
+  auto dir = v.OpenDir(vfid, kStagingDirName);
+  if (!dir.ok()) return IsObjectNotFound(dir.status()) ? Result<size_t>(size_t{0}) : dir.status();
+  size_t n = 0;
+  for (;;) {
+    SLUICE_ASSIGN_OR_RETURN(auto e, (*dir)->Next());
+    if (!e) return n;
+    if (e->type == EntryType::kDirectory && e->name.size() == 35 && e->name.starts_with("mp-")) ++n;
+  }
 }
 
 size_t ObjectStore::SweepMultipart(Volume& v, const VFolderId& vfid, std::chrono::seconds age) {

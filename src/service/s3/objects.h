@@ -266,8 +266,11 @@ class ObjectStore {
                                         std::map<std::string, std::string> checksums, bool durable,
                                         bool refuse_replace = false);
   Status AbortMultipart(Volume& v, const VFolderId& vfid, const MultipartUpload& u);
-  // Every upload in progress in the vfolder, by key then initiation.
+  // Every upload in progress in the vfolder, by key then initiation (without their object
+  // metadata, which listing them does not need).
   Result<std::vector<MultipartUpload>> ListMultipart(Volume& v, const VFolderId& vfid);
+  // How many uploads the vfolder holds in progress (names only: no record read).
+  Result<size_t> CountMultipart(Volume& v, const VFolderId& vfid);
   // Uploads initiated longer than `age` ago, removed; returns how many. Also removes what
   // completed uploads left (parts without a record) once older than `age` or an hour.
   size_t SweepMultipart(Volume& v, const VFolderId& vfid, std::chrono::seconds age);

@@ -142,9 +142,15 @@ def test_bind_existing_vfolder(s3d, user):
     etag = got["ETag"].strip('"')
     assert len(etag) != 32 and "-" in etag
     s3.delete_object(Bucket=name, Key="data/a.txt")
+    # An upload in progress goes with the bucket: the vfolder stays, its parts do not (before,
+    # they stayed, counted against its quota, until the vfolder was bound again).
+    up = s3.create_multipart_upload(Bucket=name, Key="big")["UploadId"]
+    s3.upload_part(Bucket=name, Key="big", UploadId=up, PartNumber=1, Body=b"p" * 1000)
+    assert list((root / ".upload").glob("mp-*"))
     s3.delete_bucket(Bucket=name)
     time.sleep(0.3)
     assert root.is_dir()
+    assert not list((root / ".upload").glob("mp-*"))
     r = s3d.mgr("POST", "/s3/buckets",
                 json={"name": name, "volume": "local", "vfid": vfid, "owner": "nobody-here"})
     assert r.status_code == 404

@@ -394,7 +394,10 @@ HttpResponse DeleteBucket(S3Ctx& ctx, const HttpRequest& req) {
                     req.path);
   Status st = ctx.store->UnbindBucket(ref.bucket.name, ref.bucket.vfid);
   if (!st.ok()) return ErrorXml(FromStatus(st, "NoSuchBucket"), req.path);
-  // A bucket bound to an existing vfolder leaves it be; one S3 made goes with its vfolder.
+  // A bucket bound to an existing vfolder leaves it be, less its uploads in progress (which
+  // went with the bucket: no sweep would find them); one S3 made goes with its vfolder.
+  if (!ref.bucket.owns_vfolder && empty.ok())
+    (void)ctx.objects.SweepMultipart(*ref.volume, ref.vfid, std::chrono::seconds(0));
   if (ref.bucket.owns_vfolder && empty.ok()) {
     auto task = ctx.svc->DeleteVFolder(ref.bucket.volume, ref.vfid);
     if (!task.ok())

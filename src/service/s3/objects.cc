@@ -900,6 +900,12 @@ Result<std::unique_ptr<ObjectWriter>> ObjectStore::BeginPart(Volume& v, const VF
     const std::string rel = UploadRel(id) + "/" + PartName(part);
     auto still = GetMultipart(v, vfid, id);
     if (!still.ok() && still.status().code() == Code::kNotFound) {
+      // Being ended (a Complete or an Abort holds the record as "ending"): the part stays. A
+      // Complete that read the part it replaced refuses (changed while completing) and gives
+      // the upload back with this one in it; an Abort removes it with the rest. (Before, it
+      // went: the client heard NoSuchUpload, and a Complete that failed gave back an upload
+      // without the part its client had just listed.)
+      if (v.Stat(vfid, UploadRel(id) + "/" + kEndingRecord).ok()) return Status::Ok();
       (void)v.DeleteFiles(vfid, {rel}, false);
       (void)v.DeleteFiles(vfid, {UploadRel(id)}, false);  // only while empty
       return NoUpload(id);
@@ -965,8 +971,10 @@ Result<std::string> ObjectStore::CompleteMultipart(Volume& v, const VFolderId& v
     }
     std::vector<std::string> md5s;
     for (const auto& p : parts) {
-      SLUICE_ASSIGN_OR_RETURN(auto f,
-                              v.OpenReader(vfid, UploadRel(u.id) + "/" + PartName(p.number)));
+      auto opened = v.OpenReader(vfid, UploadRel(u.id) + "/" + PartName(p.number));
+      if (!opened.ok() && IsObjectNotFound(opened.status()))  // listed, gone since: not a 404
+        return Status(Code::kConflict, fmt::format("part {} changed while completing", p.number));
+      SLUICE_ASSIGN_OR_RETURN(auto f, std::move(opened));
       // The part opened is the one listed: one replaced since (an UploadPart that began
       // before the Complete) has another MD5, which the ETag would not be made of.
       auto blob = f->ReadMeta();

@@ -367,6 +367,23 @@ TEST_F(VfsObjects, CompletedUploadsEndAtOnceAndTheSweepTakesWhatTheyLeave) {
   ASSERT_OK(store.AbortMultipart(vol, vf, *raced));
   EXPECT_ERROR(store.GetMultipart(vol, vf, raced->id), Code::kNotFound);
 
+  // A part that lands while another request ends the upload (its record "ending") stays:
+  // the upload may be given back (a Complete that fails), and then holds the part its client
+  // was told it has. Before, the part removed itself and its client heard NoSuchUpload.
+  auto during = store.CreateMultipart(vol, vf, "during", {});
+  ASSERT_OK(during);
+  part(*during, 1, "one");
+  auto dw = store.BeginPart(vol, vf, *during, 2, 3, false);
+  ASSERT_OK(dw);
+  ASSERT_OK((*dw)->Write("two", 3));
+  ASSERT_OK(vol.Rename(vf, dir_of(*during) + "/upload", "ending"));  // a Complete's claim
+  ASSERT_OK((*dw)->Publish(ObjectMeta{}, false));
+  ASSERT_OK(vol.Rename(vf, dir_of(*during) + "/ending", "upload"));  // it gave the upload back
+  auto during_parts = store.ListParts(vol, vf, *during);
+  ASSERT_OK(during_parts);
+  EXPECT_EQ(during_parts->size(), 2u);
+  ASSERT_OK(store.AbortMultipart(vol, vf, *during));
+
   // A part that lands after its upload ended is taken back (it made the upload's directory
   // again, where its bytes counted until the hourly sweep).
   auto late = store.CreateMultipart(vol, vf, "late", {});

@@ -236,6 +236,7 @@ Result<io::s3::ClientOptions> Connection(const DataArgs& a, const DataGlobals& g
   o.stall_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(std::max(1.0, g.timeout) * 1000));
   o.connect_timeout = std::min(o.connect_timeout, o.stall_timeout);
+  o.min_speed = 1;  // a person's link may be slow: only a transfer that stops is abandoned
   o.checksums = !a.no_checksum;
   o.virtual_hosted = a.addressing == "virtual";
   Status st = io::s3::S3Client::Validate(o);
@@ -324,8 +325,17 @@ int RunTransfer(DataArgs& a, const DataGlobals& g, const char* verb,
   // Failures that agree say why by the exit status, as a failure before any transfer does
   // (3: not found, 5: refused credentials, 6: unreachable); mixed ones exit 1.
   if (r->ok()) return kExitOk;
-  const Code shared = r->SharedCode();
-  return shared == Code::kInternal ? kExitFailed : ExitFor(Status(shared, ""));
+  switch (r->SharedCode()) {
+    case Code::kNotFound:
+      return kExitNotFound;
+    case Code::kPermissionDenied:
+    case Code::kUnauthenticated:
+      return kExitAuth;
+    case Code::kUnavailable:
+      return kExitUnavailable;
+    default:
+      return kExitFailed;
+  }
 }
 
 }  // namespace

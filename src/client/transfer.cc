@@ -39,8 +39,9 @@ namespace {
 
 constexpr int kMaxParts = 10000;
 constexpr size_t kDeleteBatch = 1000;
-// Listing pages a range listed in parallel holds before its turn to be printed comes.
-constexpr size_t kPagesAhead = 4;
+// Listing pages the ranges listed in parallel hold together before their turn to be printed
+// comes (a page of 1,000 keys is about 250 KB).
+constexpr size_t kPagesAhead = 128;
 
 Status Errno(std::string_view what, const std::string& path) {
   return Status::FromErrno(errno, fmt::format("{} '{}'", what, path));
@@ -83,6 +84,12 @@ std::string BaseName(std::string_view key) {
 std::string RandomSuffix() {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   return fmt::format("{:016x}", rng());
+}
+
+// A failure's code as the exit status tells it: the server's or the connection's; a local
+// file's error (an errno: EACCES on a directory is not refused credentials) is an I/O error.
+Code CauseOf(const Status& st) {
+  return st.has_sys_errno() && st.code() != Code::kUnavailable ? Code::kIoError : st.code();
 }
 
 Status WriteAll(int fd, std::string_view data, uint64_t* off) {
@@ -468,7 +475,7 @@ void Transfer::Work(std::deque<Job>& jobs, std::vector<Unit>& units, std::atomic
       std::lock_guard<std::mutex> g(j.mu);
       if (!j.failed.exchange(true)) {
         j.error = st.message();
-        j.code = st.code();
+        j.code = CauseOf(st);
       }
     }
     if (j.left.fetch_sub(1) != 1) continue;
@@ -478,7 +485,7 @@ void Transfer::Work(std::deque<Job>& jobs, std::vector<Unit>& units, std::atomic
       if (!fin.ok()) {
         j.failed = true;
         j.error = fin.message();
-        j.code = fin.code();
+        j.code = CauseOf(fin);
       }
     }
     if (j.fd >= 0) {
@@ -944,15 +951,18 @@ Status ListKeys(const io::s3::ClientOptions& opts, const S3Url& url, bool recurs
   std::condition_variable cv;
   std::atomic<size_t> next{0};
   std::atomic<bool> stop{false};
+  size_t printing = 0, buffered = 0;  // under mu: the range printed, the pages held
   auto worker = [&] {
     S3Client cl(opts);
     for (size_t i; !stop && (i = next.fetch_add(1)) < ranges.size();) {
       Status st = list_range(cl, ranges[i], [&](Page&& page) {
         std::unique_lock<std::mutex> g(mu);
-        // A range ahead of the one printed holds a few pages, then waits for its turn: memory
-        // stays a few pages a worker, not the bucket (before, 7/8 of it with 8 workers).
-        cv.wait(g, [&] { return stop || state[i].pages.size() < kPagesAhead; });
+        // Ranges ahead of the one printed hold at most kPagesAhead pages together, then wait
+        // for their turn: memory stays bounded, not the bucket (before, 7/8 of it with 8
+        // workers); the range printed never waits.
+        cv.wait(g, [&] { return stop || i == printing || buffered < kPagesAhead; });
         state[i].pages.push_back(std::move(page));
+        ++buffered;
         cv.notify_all();
       });
       std::lock_guard<std::mutex> g(mu);
@@ -970,12 +980,14 @@ Status ListKeys(const io::s3::ClientOptions& opts, const S3Url& url, bool recurs
     cv.wait(g, [&] { return !state[i].pages.empty() || state[i].done; });
     if (state[i].pages.empty()) {  // done, and every page printed
       st = state[i].status;
-      ++i;
+      printing = ++i;
+      cv.notify_all();  // its worker, if it waits, goes on
       continue;
     }
     Page page = std::move(state[i].pages.front());
     state[i].pages.pop_front();
-    cv.notify_all();  // room for its worker
+    --buffered;
+    cv.notify_all();  // room for the workers
     g.unlock();
     print(std::move(page));
   }

@@ -54,7 +54,10 @@ Result<TreeUsage> UsageTracker::RunScan(const std::string& path,
       if (r.ok()) {
         e.figure.used_bytes = Apply(r->used_bytes, e.during_bytes);
         e.figure.file_count = Apply(r->file_count, e.during_entries);
-        e.measured = started;
+        // Asked to measure again while this walk ran (it may have missed what changed): the
+        // figure stays old, and the next read or write walks again.
+        e.measured = e.remeasure ? Clock::time_point{} : started;
+        e.remeasure = false;
         e.walk_cost = Clock::now() - started;
         e.measured_wall =
             std::chrono::system_clock::now() -
@@ -123,6 +126,7 @@ void UsageTracker::Remeasure(const std::string& path) {
   auto it = entries_.find(path);
   if (it == entries_.end() || !it->second.valid) return;
   it->second.measured = {};  // old: a read or write before the walk ends asks for one too
+  if (it->second.scanning) it->second.remeasure = true;  // that walk may have begun before
   QueueLocked(path, it->second);
 }
 

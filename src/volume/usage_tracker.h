@@ -73,6 +73,7 @@ class UsageTracker {
     int64_t during_entries = 0;
     uint64_t generation = 0;      // bumped by Forget/Set: a walk started before is stale
     bool touched = false;         // read or written since the last walk (the sweep re-walks those)
+    bool remeasure = false;       // Remeasure() while a walk ran: that walk's figure is old
     Clock::duration walk_cost{};  // how long the last walk took
   };
 

@@ -433,8 +433,12 @@ Result<S3Client::Answer> S3Client::SendOnce(Request& req) {
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnBody);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &t);
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(opts_.connect_timeout.count()));
-  curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT,
-                   static_cast<long>(std::clamp<uint64_t>(opts_.min_speed, 1, 1u << 30)));
+  // The speed floor holds for object data coming to a sink; other requests (uploads, and
+  // answers a server may keep alive a few bytes at a time, as AWS does a long CopyObject or
+  // Complete) only must not stall outright.
+  curl_easy_setopt(
+      c, CURLOPT_LOW_SPEED_LIMIT,
+      static_cast<long>(req.sink ? std::clamp<uint64_t>(opts_.min_speed, 1, 1u << 30) : 1));
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME,
                    std::max(1L, static_cast<long>(opts_.stall_timeout.count() / 1000)));
   curl_easy_setopt(c, CURLOPT_TCP_NODELAY, 1L);

@@ -32,9 +32,10 @@ struct ClientOptions {
   bool insecure = false;  // https: skip certificate and host name checks
   std::string ca_file;    // https: trust these certificates (PEM) instead of the system's
   std::chrono::milliseconds connect_timeout{10000};
-  // A transfer that moves fewer than min_speed bytes a second for this long is abandoned (and
-  // retried, or resumed where it stopped): one that stalls, and one an origin trickles, which
-  // would otherwise hold its caller (and the cache readers joined to its block) for hours.
+  // A transfer that moves no byte for this long is abandoned (and retried, or resumed where
+  // it stopped); one bringing object data to a sink (a GET), once it moves fewer than
+  // min_speed bytes a second for this long: an origin that trickles would otherwise hold its
+  // caller (and the cache readers joined to its block) for hours.
   std::chrono::milliseconds stall_timeout{60000};
   uint64_t min_speed = 64 << 10;
   int max_attempts = 5;  // per request, the first included

@@ -430,7 +430,8 @@ Result<SplitResult> SplitKeys(Volume& v, const VFolderId& vfid, const SplitQuery
     return static_cast<size_t>(std::count(key.begin(), key.end(), '/'));
   };
   // Past the budget, a few directories of each depth are still read, so that those not read
-  // are estimated from their own depth (breadth first, a depth's first ones are its sample).
+  // are estimated from their own depth (breadth first, a depth's first ones are its sample),
+  // while the names read stay under four budgets.
   constexpr size_t kSampleDirs = 8;
   while (!queue.empty()) {
     Queued at = std::move(queue.front());
@@ -438,7 +439,7 @@ Result<SplitResult> SplitKeys(Volume& v, const VFolderId& vfid, const SplitQuery
     const std::string& key = at.key;
     const size_t l = depth(key);
     const bool sampled = l < levels.size() && levels[l].read >= kSampleDirs;
-    if (read >= budget && sampled) {  // the prefix's own directory is always read
+    if (read >= budget && (sampled || read >= 4 * budget)) {  // the prefix's own: always read
       unread.push_back(std::move(at));
       continue;
     }
@@ -902,7 +903,9 @@ Result<std::unique_ptr<ObjectWriter>> ObjectStore::BeginPart(Volume& v, const VF
     if (!still.ok() && still.status().code() == Code::kNotFound) {
       // Being ended (a Complete or an Abort holds the record as "ending"): the part stays. A
       // Complete that read the part it replaced refuses (changed while completing) and gives
-      // the upload back with this one in it; an Abort removes it with the rest. (Before, it
+      // the upload back with this one in it; an Abort removes it with the rest (its tree
+      // removal tried again when the part made it not empty; one landing after that is a
+      // leftover for the sweep). (Before, it
       // went: the client heard NoSuchUpload, and a Complete that failed gave back an upload
       // without the part its client had just listed.)
       if (v.Stat(vfid, UploadRel(id) + "/" + kEndingRecord).ok()) return Status::Ok();
@@ -1026,6 +1029,10 @@ Status ObjectStore::ClaimUpload(Volume& v, const VFolderId& vfid, const std::str
 Status ObjectStore::AbortMultipart(Volume& v, const VFolderId& vfid, const MultipartUpload& u) {
   SLUICE_RETURN_IF_ERROR(ClaimUpload(v, vfid, u.id));
   Status st = v.DeleteFiles(vfid, {UploadRel(u.id)}, true);
+  // A part that landed while the tree was removed stays (it saw the upload being ended) and
+  // leaves the directory not empty: removed again.
+  for (int i = 0; i < 3 && (st.code() == Code::kNotEmpty || st.sys_errno() == ENOTEMPTY); ++i)
+    st = v.DeleteFiles(vfid, {UploadRel(u.id)}, true);
   return IsObjectNotFound(st) ? NoUpload(u.id) : st;
 }
 

@@ -126,7 +126,7 @@ struct SplitResult {
   std::vector<KeyRange> ranges;
   uint64_t estimated = 0;  // keys below the prefix
   bool exact = true;       // every name was read and kept: the counts are exact
-  size_t names_kept = 0;   // keys held to make the cuts (bounded by about twice the budget)
+  size_t names_kept = 0;   // keys held to make the cuts (a few budgets at most)
 };
 
 Result<SplitResult> SplitKeys(Volume& v, const VFolderId& vfid, const SplitQuery& q);

@@ -488,6 +488,12 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
     stats_.rejected += 1;
     return false;
   }
+  // The file found there (another Put's) may be one evicted meanwhile, about to be unlinked.
+  if (w == Written::kThere && unlinking_.count(*key)) {
+    stats_.rejected += 1;
+    return false;
+  }
+  if (index_.Contains(*key)) return true;  // the other Put indexed it
   index_.Insert(*key, data.size(), /*warm=*/false, /*verified=*/w == Written::kNew);
   stats_.filled_bytes += data.size();
   return true;

@@ -325,17 +325,10 @@ int RunTransfer(DataArgs& a, const DataGlobals& g, const char* verb,
   // Failures that agree say why by the exit status, as a failure before any transfer does
   // (3: not found, 5: refused credentials, 6: unreachable); mixed ones exit 1.
   if (r->ok()) return kExitOk;
-  switch (r->SharedCode()) {
-    case Code::kNotFound:
-      return kExitNotFound;
-    case Code::kPermissionDenied:
-    case Code::kUnauthenticated:
-      return kExitAuth;
-    case Code::kUnavailable:
-      return kExitUnavailable;
-    default:
-      return kExitFailed;
-  }
+  const Code shared = r->SharedCode();
+  const bool told = shared == Code::kNotFound || shared == Code::kPermissionDenied ||
+                    shared == Code::kUnauthenticated || shared == Code::kUnavailable;
+  return told ? ExitFor(Status(shared, "")) : kExitFailed;
 }
 
 }  // namespace

@@ -55,7 +55,7 @@ struct TransferStats {
 
 struct TransferResult {
   std::vector<std::string> errors;  // one per failed file
-  std::vector<Code> codes;          // each failure's code, where known (not for local deletes)
+  std::vector<Code> codes;          // each failure's cause (kIoError for a local one)
   bool ok() const { return errors.empty(); }
   // The code every failure shares (kOk when none failed, kInternal when they differ).
   Code SharedCode() const;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstring>
 #include <mutex>
@@ -83,6 +84,18 @@ Result<pugi::xml_document> ParseXml(const std::string& body, std::string_view wh
     return Status(Code::kUnavailable,
                   fmt::format("{}: the answer is a <{}> document, not <{}>", what, name, root));
   return doc;
+}
+
+// Whether the document's first element is named Error (past the declaration, comments and
+// whitespace), without parsing it.
+bool RootIsError(std::string_view b) {
+  for (size_t i = b.find('<'); i != std::string_view::npos; i = b.find('<', i + 1)) {
+    if (i + 1 < b.size() && (b[i + 1] == '?' || b[i + 1] == '!')) continue;
+    std::string_view rest = b.substr(i + 1);
+    return rest.starts_with("Error") && (rest.size() == 5 || rest[5] == '>' || rest[5] == '/' ||
+                                         std::isspace(static_cast<unsigned char>(rest[5])));
+  }
+  return false;
 }
 
 std::string XmlEscape(std::string_view s) {
@@ -503,8 +516,10 @@ Result<S3Client::Answer> S3Client::SendOnce(Request& req) {
   a.status = t.status;
   a.headers = std::move(t.headers);
   a.body = std::move(t.body);
+  // (A 2xx answer is parsed here only when its root looks like <Error>: its caller parses
+  // the result, a listing of a thousand keys, once.)
   const bool two = a.ok();
-  if ((!two && a.status != 304) || (two && !req.sink)) {
+  if ((!two && a.status != 304) || (two && !req.sink && RootIsError(a.body))) {
     pugi::xml_document doc;
     if (!a.body.empty() && doc.load_buffer(a.body.data(), a.body.size()) &&
         (!two || std::string_view(doc.document_element().name()) == "Error")) {

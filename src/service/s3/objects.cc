@@ -905,9 +905,8 @@ Result<std::unique_ptr<ObjectWriter>> ObjectStore::BeginPart(Volume& v, const VF
       // Complete that read the part it replaced refuses (changed while completing) and gives
       // the upload back with this one in it; an Abort removes it with the rest (its tree
       // removal tried again when the part made it not empty; one landing after that is a
-      // leftover for the sweep). (Before, it
-      // went: the client heard NoSuchUpload, and a Complete that failed gave back an upload
-      // without the part its client had just listed.)
+      // leftover for the sweep). Before, it went: the client heard NoSuchUpload, and a
+      // Complete that failed gave back an upload without the part its client had listed.
       if (v.Stat(vfid, UploadRel(id) + "/" + kEndingRecord).ok()) return Status::Ok();
       (void)v.DeleteFiles(vfid, {rel}, false);
       (void)v.DeleteFiles(vfid, {UploadRel(id)}, false);  // only while empty

@@ -200,12 +200,11 @@ std::optional<std::string> BlockStore::Get(const std::string& id) {
   }
   if (fd.get() < 0) {
     // Evicted since it was looked up (or removed behind the store's back): a miss, not a torn
-    // block; dropped only while still indexed, never a newer copy's entry.
+    // block; dropped only while still indexed with no file, never a newer copy's entry.
+    struct stat st;
+    const bool gone = ::stat(PathOf(id).c_str(), &st) != 0;  // (not under the lock)
     std::lock_guard lk(mu_);
-    if (!unlinking_.count(*key) && index_.Contains(*key)) {
-      struct stat st;
-      if (::stat(PathOf(id).c_str(), &st) != 0) index_.Remove(*key);
-    }
+    if (gone && !unlinking_.count(*key) && index_.Contains(*key)) index_.Remove(*key);
     return std::nullopt;
   }
   std::string data;

@@ -377,7 +377,14 @@ void AddS3DataCommands(CLI::App* s3, const std::function<void(DataAction)>& set_
     }
     auto url = S3Url::Parse(a.url);
     if (!url.ok()) return Fail(url.status());
-    json out = json::array();
+    // --json prints the array as the listing comes, one element a line, so its memory does not
+    // grow with the bucket. A listing that fails midway leaves the array unclosed: a parser
+    // refuses it rather than take a part for the whole.
+    size_t elements = 0;
+    auto element = [&elements](const json& j) {
+      std::printf("%s%s", elements++ ? ",\n  " : "[\n  ",
+                  j.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
+    };
     // A reader that went away (`| head`) ends the listing as it ends coreutils' ls: by
     // SIGPIPE (ignored by the s3 commands, so raised here), not after every page was fetched.
     auto printed = [] {
@@ -388,28 +395,29 @@ void AddS3DataCommands(CLI::App* s3, const std::function<void(DataAction)>& set_
     Status st = client::ListKeys(
         *conn, *url, a.recursive, a.jobs,
         [&](const io::s3::ObjectInfo& o) {
-          if (g.json) {
-            out.push_back({{"key", o.key},
-                           {"size", o.size},
-                           {"etag", o.etag},
-                           {"last_modified", Date(o.mtime)}});
-            return;
-          }
-          std::printf("%s %10llu %s\n", Date(o.mtime).c_str(),
-                      static_cast<unsigned long long>(o.size), Printable(o.key).c_str());
+          if (g.json)
+            element({{"key", o.key},
+                     {"size", o.size},
+                     {"etag", o.etag},
+                     {"last_modified", Date(o.mtime)}});
+          else
+            std::printf("%s %10llu %s\n", Date(o.mtime).c_str(),
+                        static_cast<unsigned long long>(o.size), Printable(o.key).c_str());
           printed();
         },
         [&](const std::string& p) {
-          if (g.json) {
-            out.push_back({{"prefix", p}});
-            return;
-          }
-          std::printf("%30s %s\n", "PRE", Printable(p).c_str());
+          if (g.json)
+            element({{"prefix", p}});
+          else
+            std::printf("%30s %s\n", "PRE", Printable(p).c_str());
           printed();
         });
-    if (!st.ok()) return Fail(st);
-    if (g.json)
-      std::printf("%s\n", out.dump(2, ' ', false, json::error_handler_t::replace).c_str());
+    if (!st.ok()) {
+      if (elements) std::printf("\n");
+      std::fflush(stdout);
+      return Fail(st);
+    }
+    if (g.json) std::printf(elements ? "\n]\n" : "[]\n");
     if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
       printed();
       return Fail(Status::FromErrno(errno, "cannot write the listing to stdout"));

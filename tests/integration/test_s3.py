@@ -1103,6 +1103,16 @@ def test_cli_admin(s3d):
     sluice("s3", "bucket", "bind", name, "local", vfid, "--owner", uid)
     assert name in sluice("s3", "bucket", "list")
     assert s3.get_object(Bucket=name, Key="weights.bin")["Body"].read() == b"w" * 10
+    # Uploads in progress go with the last name bound to the vfolder (before, an unbind left
+    # them where nothing lists or sweeps them, their parts counted against the quota).
+    up = s3.create_multipart_upload(Bucket=name, Key="half.bin")["UploadId"]
+    s3.upload_part(Bucket=name, Key="half.bin", UploadId=up, PartNumber=1, Body=b"p" * 100)
+    staged = s3d.vfolder_path(vfid) / ".upload"
+    alias = f"cli-{uuid.uuid4().hex[:8]}"
+    sluice("s3", "bucket", "bind", alias, "local", vfid, "--owner", uid)
+    sluice("s3", "bucket", "unbind", alias)  # the other name serves them still
+    assert [u["UploadId"] for u in s3.list_multipart_uploads(Bucket=name)["Uploads"]] == [up]
+    assert list(staged.glob("mp-*"))
     sluice("s3", "user", "delete", uid, rc=4)  # keys and a bucket remain
     sluice("s3", "key", "revoke", key["access_key"])
     sluice("s3", "key", "revoke", key["access_key"], rc=3)
@@ -1111,6 +1121,9 @@ def test_cli_admin(s3d):
     sluice("s3", "key", "revoke", "CLIIMPORTED1")
     sluice("s3", "bucket", "unbind", name)
     assert s3d.vfolder_path(vfid).is_dir()
+    assert (s3d.vfolder_path(vfid) / "weights.bin").read_bytes() == b"w" * 10
+    assert not list(staged.glob("mp-*"))
+    sluice("s3", "bucket", "unbind", name, rc=3)
     sluice("s3", "user", "delete", uid)
     assert uid not in sluice("s3", "user", "list")
 

@@ -16,6 +16,7 @@ import time
 import uuid
 
 import pytest
+import requests
 
 from conftest import BIN_DIR, running_daemon, through_fifo, toml_section
 
@@ -324,6 +325,30 @@ def test_ls_into_a_reader_that_goes_away(s3d, bucket):
         p.stdout.close()
         p.wait(timeout=60)
         assert p.returncode == -signal.SIGPIPE, p.stderr.read()
+    # --json streams its array too (before, it held every key in memory and printed the
+    # array once all 6 pages had come): the reader's leaving ends it within the first pages.
+    pages = s3_gets(s3d)
+    p = subprocess.Popen([str(SLUICE), "s3", "--json", "ls", "-r", "-j", "1", f"s3://{bucket}/",
+                          "--s3-endpoint", s3d.s3_url()], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    assert p.stdout.readline() == b"[\n"
+    assert json.loads(p.stdout.readline().rstrip(b",\n"))["key"] == "d0/key-with-a-longer-name-0000"
+    p.stdout.close()
+    p.wait(timeout=60)
+    assert p.returncode == -signal.SIGPIPE, p.stderr.read()
+    assert s3_gets(s3d) - pages < 6
+    # and what it prints whole is one JSON array
+    out = json.loads(cli(s3d, "--json", "ls", "-r", f"s3://{bucket}/d5/").stdout)
+    assert len(out) == 1000 and out[-1]["key"] == "d5/key-with-a-longer-name-0999"
+    assert json.loads(cli(s3d, "--json", "ls", "-r", f"s3://{bucket}/none/").stdout) == []
+
+
+def s3_gets(d):
+    """GET requests the S3 listener has answered so far (from /metrics)."""
+    text = requests.get(d.internal_url("/metrics"), timeout=10).text
+    return sum(float(line.rpartition(" ")[2]) for line in text.splitlines()
+               if line.startswith("sluice_http_requests_total{") and 'method="GET"' in line
+               and 'listener="s3"' in line)
 
 
 def test_cp_to_a_reader_that_goes_away(s3d, bucket):

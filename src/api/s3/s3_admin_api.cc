@@ -1,8 +1,10 @@
 #include "api/s3/s3_admin_api.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "common/crypto.h"
+#include "service/s3/objects.h"
 #include "service/s3/s3_store.h"
 #include "service/storage_service.h"
 
@@ -105,8 +107,21 @@ void AddS3AdminRoutes(RouteGroup& g, StorageService* svc, S3Store* store) {
           for (const auto& b : store->Buckets()) a.push_back(b.ToJson());
           return HttpResponse::Json(200, {{"buckets", a}});
         }});
-  g.Add(V::delete_, "/s3/buckets/{name}", Route{.handler = [store](const HttpRequest& req) {
-          API_RETURN_IF_ERROR(store->UnbindBucket(std::string(req.Param("name"))));
+  g.Add(V::delete_, "/s3/buckets/{name}", Route{.handler = [svc, store](const HttpRequest& req) {
+          std::string name(req.Param("name"));
+          API_ASSIGN_OR_RESPOND(S3Bucket b, store->FindBucket(name));
+          API_RETURN_IF_ERROR(store->UnbindBucket(name, b.vfid));  // the vfolder swept below
+          // The bucket's multipart uploads in progress go with its name, as they do with an
+          // S3 DeleteBucket: nothing else would list or sweep them (the janitor sweeps the
+          // vfolders that buckets serve), and their parts count against the quota. Another
+          // name bound to the same vfolder serves them still.
+          auto v = svc->GetVolume(b.volume);
+          auto id = VFolderId::Parse(b.vfid);
+          if (!store->Serves(b.volume, b.vfid) && v.ok() && id.ok()) {
+            ObjectStore objects(&svc->reservations());
+            size_t n = objects.SweepMultipart(**v, *id, std::chrono::seconds(0));
+            if (n) spdlog::info("s3: bucket {} unbound with {} uploads in progress", name, n);
+          }
           return HttpResponse::NoContent();
         }});
 }

@@ -396,12 +396,10 @@ HttpResponse DeleteBucket(S3Ctx& ctx, const HttpRequest& req) {
   if (!st.ok()) return ErrorXml(FromStatus(st, "NoSuchBucket"), req.path);
   // A bucket bound to an existing vfolder leaves it be, less its uploads in progress (which
   // went with the bucket: no sweep would find them); one S3 made goes with its vfolder.
-  if (!ref.bucket.owns_vfolder && empty.ok()) {
-    bool shared = false;  // another name bound to the same vfolder: its uploads are its own
-    for (const auto& b : ctx.store->Buckets())
-      shared |= b.vfid == ref.bucket.vfid && b.volume == ref.bucket.volume;
-    if (!shared) (void)ctx.objects.SweepMultipart(*ref.volume, ref.vfid, std::chrono::seconds(0));
-  }
+  // (Another name bound to the same vfolder: the uploads are its own.)
+  if (!ref.bucket.owns_vfolder && empty.ok() &&
+      !ctx.store->Serves(ref.bucket.volume, ref.bucket.vfid))
+    (void)ctx.objects.SweepMultipart(*ref.volume, ref.vfid, std::chrono::seconds(0));
   if (ref.bucket.owns_vfolder && empty.ok()) {
     auto task = ctx.svc->DeleteVFolder(ref.bucket.volume, ref.vfid);
     if (!task.ok())

@@ -498,4 +498,10 @@ std::vector<S3Bucket> S3Store::Buckets() const {
   return out;
 }
 
+bool S3Store::Serves(const std::string& volume, const std::string& vfid) const {
+  for (const auto& [n, b] : snap()->buckets)
+    if (b.vfid == vfid && b.volume == volume) return true;
+  return false;
+}
+
 }  // namespace sluice

@@ -101,6 +101,8 @@ class S3Store {
   // to another vfolder now.
   Status UnbindBucket(const std::string& name, const std::string& expected_vfid = {});
   std::vector<S3Bucket> Buckets() const;
+  // Whether some bucket name is bound to this vfolder (as loaded here).
+  bool Serves(const std::string& volume, const std::string& vfid) const;
 
   // Reloads what changed on disk since the last look.
   void Refresh();

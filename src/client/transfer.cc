@@ -915,10 +915,10 @@ Status ListKeys(const io::s3::ClientOptions& opts, const S3Url& url, bool recurs
                       : std::find_if(page.objects.begin(), page.objects.end(),
                                      [&](const ObjectInfo& o) { return o.key > r.end_key; });
       const bool ended = past != page.objects.end();
+      SLUICE_ASSIGN_OR_RETURN(bool more, req.Advance(page));
       page.objects.erase(past, page.objects.end());
       if (!page.objects.empty()) each(std::move(page.objects));
-      if (ended || page.next_token.empty()) return Status::Ok();
-      req.continuation = page.next_token;
+      if (ended || !more) return Status::Ok();
       req.start_after.clear();
     }
   };

@@ -1309,13 +1309,10 @@ def test_an_origin_without_etags_is_validated_by_size_and_mtime(tmp_path, origin
             assert r.status_code == 200 and r.content == two, "the old version's blocks"
 
 
-def test_a_move_whose_delete_fails_counts_both_copies(tmp_path):
-    """A move on an s3 volume copies, then deletes the source: when the delete fails, both
-    are on the origin and the scope's maintained usage counts both (before, it counted one
-    until the next reconcile, so the quota let the scope past its limit). A directory moved in
-    part is measured again."""
-    rules = [{"op": "delete", "path": "*/mv-src.bin", "error": "EIO"},
-             {"op": "delete", "path": "*/dir-src/*", "error": "EIO"}]
+@contextlib.contextmanager
+def maintained_scope(tmp_path, rules):
+    """A proxy on a faulty origin (`rules`) whose usage figures are maintained, not walked: the
+    origin, the proxy, a vfolder in a new 64 MiB scope and the scope's used_bytes()."""
     options = {"max-attempts": 1, "usage-walk-budget": "0s", "usage-reconcile-interval": "10m"}
     with faulty_origin(tmp_path / "origin", rules) as o, running_daemon(
             tmp_path / "proxy", extra_toml=s3_volume(o, **options)) as d:
@@ -1323,11 +1320,60 @@ def test_a_move_whose_delete_fails_counts_both_copies(tmp_path):
         r = d.mgr("POST", "/quota-scope",
                   json={"volume": "remote", "qsid": qsid, "options": {"limit_bytes": 64 * MiB}})
         assert r.status_code == 204, r.text
-        vfid = d.create_vfolder(vfid=new_vfid(qsid), volume="remote")
 
         def used():
             return d.mgr("GET", "/quota-scope", json={"volume": "remote", "qsid": qsid}
                          ).json()["used_bytes"]
+
+        yield o, d, d.create_vfolder(vfid=new_vfid(qsid), volume="remote"), used
+
+
+def test_deletes_take_only_what_they_name(tmp_path):
+    """A non-recursive delete of an empty directory deletes its marker alone: before, it
+    listed the directory again after finding it empty and deleted every key below, so an
+    object written there in between was lost (here the origin holds that second listing for
+    2 s while one is written). A delete naming a path twice, or a file below a directory it
+    also deletes, takes it once: before, the maintained usage lost its size each time, and
+    the child's delete brought the directory's marker back."""
+    rules = [{"op": "list", "path": "*gate", "latency": "2s", "skip": 2, "times": 1}]
+    with maintained_scope(tmp_path, rules) as (o, d, vfid, used):
+        prefix = vfolder_prefix(vfid)
+
+        def keys():
+            return sorted(k["Key"][len(prefix):] for k in o.boto.list_objects_v2(
+                Bucket=BUCKET, Prefix=prefix).get("Contents", []))
+
+        assert d.file_op("remote", "mkdir", vfid=vfid, relpath="gate").status_code < 300
+        assert "gate/" in keys()
+        late = threading.Timer(0.5, lambda: o.boto.put_object(
+            Bucket=BUCKET, Key=prefix + "gate/late.bin", Body=b"written meanwhile"))
+        late.start()
+        r = d.file_op("remote", "delete", vfid=vfid, relpaths=["gate"])
+        late.join()
+        assert r.status_code == 200, (r.status_code, r.text)
+        got = o.boto.get_object(Bucket=BUCKET, Key=prefix + "gate/late.bin")["Body"].read()
+        assert got == b"written meanwhile"
+
+        base = used()  # late.bin, once the figure has seen it
+        for name in ("keep.bin", "d2/f.bin"):
+            token = new_session(d, vfid, name, 100 * KiB, volume="remote")
+            assert patch(d, token, 0, b"k" * (100 * KiB)).status_code == 204
+        assert used() == base + 200 * KiB
+        r = d.file_op("remote", "delete", vfid=vfid, relpaths=["d2", "d2/f.bin", "d2"],
+                      recursive=True)
+        assert r.status_code == 200, (r.status_code, r.text)
+        assert used() == base + 100 * KiB
+        assert [k for k in keys() if k.startswith("d2")] == []
+
+
+def test_a_move_whose_delete_fails_counts_both_copies(tmp_path):
+    """A move on an s3 volume copies, then deletes the source: when the delete fails, both
+    are on the origin and the scope's maintained usage counts both (before, it counted one
+    until the next reconcile, so the quota let the scope past its limit). A directory moved in
+    part is measured again."""
+    rules = [{"op": "delete", "path": "*/mv-src.bin", "error": "EIO"},
+             {"op": "delete", "path": "*/dir-src/*", "error": "EIO"}]
+    with maintained_scope(tmp_path, rules) as (o, d, vfid, used):
 
         for name in ("mv-src.bin", "dir-src/a.bin", "dir-src/b.bin"):
             token = new_session(d, vfid, name, 100 * KiB, volume="remote")

@@ -609,6 +609,29 @@ Result<ListPage> S3Client::ListObjects(std::string_view bucket, const ListReques
     page.objects.push_back(std::move(o));
   }
   for (auto p : root.children("CommonPrefixes")) page.prefixes.push_back(Child(p, "Prefix"));
+  // What callers do with the names (cut the prefix off, copy, delete, loop until the end)
+  // needs them below the prefix and advancing; a page that is not is the origin's fault.
+  const std::string& floor = std::max(lr.after, lr.start_after);
+  // (A common prefix may sort before start-after and still hold keys after it: "a/" for
+  // "a/b".)
+  auto check = [&](const std::string& name, const std::string* before, bool common) -> Status {
+    if (!name.starts_with(lr.prefix))
+      return Status(
+          Code::kUnavailable,
+          fmt::format("{}: the origin listed '{}', which is not below the prefix", req.what, name));
+    const bool behind =
+        common ? name == floor || (name < floor && !floor.starts_with(name)) : name <= floor;
+    if ((before && name <= *before) || (!floor.empty() && behind))
+      return Status(Code::kUnavailable,
+                    fmt::format("{}: the origin listed '{}' out of order (after '{}')", req.what,
+                                name, before && *before > floor ? *before : floor));
+    return Status::Ok();
+  };
+  for (size_t i = 0; i < page.objects.size(); ++i)
+    SLUICE_RETURN_IF_ERROR(
+        check(page.objects[i].key, i ? &page.objects[i - 1].key : nullptr, false));
+  for (size_t i = 0; i < page.prefixes.size(); ++i)
+    SLUICE_RETURN_IF_ERROR(check(page.prefixes[i], i ? &page.prefixes[i - 1] : nullptr, true));
   if (Child(root, "IsTruncated") == "true") {
     page.next_token = Child(root, "NextContinuationToken");
     if (page.next_token.empty())
@@ -622,6 +645,37 @@ Result<ListPage> S3Client::ListObjects(std::string_view bucket, const ListReques
                         "its listing does not advance");
   }
   return page;
+}
+
+Result<bool> ListRequest::Advance(const ListPage& page) {
+  // Pages that list nothing and still say "more" (allowed, and rare) cannot show progress;
+  // a run of them this long is an origin going round in circles.
+  constexpr int kMaxEmptyPages = 1000;
+  const std::string* last_key = page.objects.empty() ? nullptr : &page.objects.back().key;
+  const std::string* last_prefix = page.prefixes.empty() ? nullptr : &page.prefixes.back();
+  if (last_key || last_prefix) {
+    empty_pages = 0;
+    after =
+        std::max(last_key ? *last_key : std::string(), last_prefix ? *last_prefix : std::string());
+  } else if (!page.next_token.empty() && ++empty_pages > kMaxEmptyPages) {
+    return Status(Code::kUnavailable,
+                  fmt::format("listing '{}': {} pages in a row listed nothing; the origin's "
+                              "listing does not advance",
+                              prefix, kMaxEmptyPages));
+  }
+  if (page.next_token.empty()) return false;
+  continuation = page.next_token;
+  return true;
+}
+
+Status S3Client::ForEachPage(std::string_view bucket, ListRequest req,
+                             const std::function<Status(ListPage&)>& fn) {
+  for (;;) {
+    SLUICE_ASSIGN_OR_RETURN(ListPage page, ListObjects(bucket, req));
+    SLUICE_ASSIGN_OR_RETURN(bool more, req.Advance(page));
+    SLUICE_RETURN_IF_ERROR(fn(page));
+    if (!more) return Status::Ok();
+  }
 }
 
 Result<std::vector<KeyRange>> S3Client::ListSplit(std::string_view bucket, std::string_view prefix,

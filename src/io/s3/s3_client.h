@@ -81,7 +81,16 @@ struct ListPage {
 struct ListRequest {
   std::string prefix, delimiter, continuation, start_after;
   std::string end_key;  // Sluice extension: nothing after it
+  // Not sent: the greatest name (key or common prefix) of the pages before. ListObjects
+  // refuses a page that lists one not after it, or after start_after, or outside the prefix,
+  // or out of order: an origin's listing must advance, or a loop over it would not end.
+  std::string after;
+  int empty_pages = 0;  // not sent: pages in a row that listed nothing
   int max_keys = 1000;
+
+  // Readies the request for the page after `page`: false when that was the last. An error
+  // when the origin's pages go on listing nothing (a loop of tokens would never end).
+  Result<bool> Advance(const ListPage& page);
 };
 
 // One range of a split listing (Sluice extension): keys in (start_after, end_key]; empty
@@ -129,6 +138,9 @@ class S3Client {
 
   Result<std::vector<BucketInfo>> ListBuckets();
   Result<ListPage> ListObjects(std::string_view bucket, const ListRequest& req);
+  // Every page of a listing, in order, to `fn` (its error ends the listing and is the answer).
+  Status ForEachPage(std::string_view bucket, ListRequest req,
+                     const std::function<Status(ListPage&)>& fn);
   Result<std::vector<KeyRange>> ListSplit(std::string_view bucket, std::string_view prefix,
                                           int parts);
   Result<ObjectInfo> Head(std::string_view bucket, std::string_view key);

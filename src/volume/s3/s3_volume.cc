@@ -409,13 +409,10 @@ struct S3Volume::Origin {
                     std::string_view in = {}) {
     s3c::ListRequest lr;
     lr.prefix = prefix;
-    for (;;) {
-      auto page = Note(Client()->ListObjects(Bucket(in), lr));
-      if (!page.ok()) return page.status();
-      for (const auto& o : page->objects) SLUICE_RETURN_IF_ERROR(fn(o));
-      if (page->next_token.empty()) return Status::Ok();
-      lr.continuation = page->next_token;
-    }
+    return Note(Client()->ForEachPage(Bucket(in), lr, [&](s3c::ListPage& page) {
+      for (const auto& o : page.objects) SLUICE_RETURN_IF_ERROR(fn(o));
+      return Status::Ok();
+    }));
   }
 
   // What the keys below `root` (ending in '/') hold: their bytes, and the files and the
@@ -479,6 +476,11 @@ struct S3Volume::Origin {
       return Status::Ok();
     }));
     if (bytes) *bytes = held;
+    return DeleteKeys(keys);
+  }
+
+  // Deletes `keys` (DeleteObjects batches of 1000, 4 at once); refusals are errors.
+  Status DeleteKeys(const std::vector<std::string>& keys) {
     return ParallelFor((keys.size() + 999) / 1000, 4, [&](size_t b) {
       std::vector<std::string> batch(keys.begin() + b * 1000,
                                      keys.begin() + std::min(keys.size(), b * 1000 + 1000));
@@ -494,22 +496,24 @@ struct S3Volume::Origin {
   // Server-side copies of every key below `from` (in bucket `from_bucket`, "" for the
   // volume's) to the same name below `to` in the volume's bucket, 16 at once (`skip_from`: not
   // the key `from` itself, a marker the target has its own of).
+  // `copied` (optional): the keys copied, with their sizes.
   Status CopyPrefix(const std::string& from, const std::string& to, bool skip_from,
-                    std::string_view from_bucket = {}) {
+                    std::string_view from_bucket = {},
+                    std::vector<std::pair<std::string, uint64_t>>* copied = nullptr) {
     s3c::ListRequest lr;
     lr.prefix = from;
-    for (;;) {
-      auto page = Note(Client()->ListObjects(Bucket(from_bucket), lr));
-      if (!page.ok()) return page.status();
-      const auto& objs = page->objects;
+    return Note(Client()->ForEachPage(Bucket(from_bucket), lr, [&](s3c::ListPage& page) {
+      const auto& objs = page.objects;
       SLUICE_RETURN_IF_ERROR(ParallelFor(objs.size(), 16, [&](size_t i) {
         if (skip_from && objs[i].key == from) return Status::Ok();
         return CopyObject(from_bucket, objs[i].key, to + objs[i].key.substr(from.size()),
                           objs[i].size);
       }));
-      if (page->next_token.empty()) return Status::Ok();
-      lr.continuation = page->next_token;
-    }
+      if (copied)
+        for (const auto& o : objs)
+          if (!skip_from || o.key != from) copied->emplace_back(o.key, o.size);
+      return Status::Ok();
+    }));
   }
 
   // A server-side copy of `src_key` (`size` bytes, in bucket `from`: "" for the volume's) to
@@ -570,16 +574,13 @@ struct S3Volume::Origin {
     s3c::ListRequest lr;
     lr.prefix = dir;
     lr.delimiter = "/";
-    for (;;) {
-      auto page = Note(Client()->ListObjects(Bucket(in), lr));
-      if (!page.ok()) return page.status();
-      for (const auto& o : page->objects)
+    SLUICE_RETURN_IF_ERROR(Note(Client()->ForEachPage(Bucket(in), lr, [&](s3c::ListPage& page) {
+      for (const auto& o : page.objects)
         if (auto name = ListedName(o.key, dir, false)) out.emplace(*name, FileEntry(*name, o));
-      for (const auto& p : page->prefixes)
+      for (const auto& p : page.prefixes)
         if (auto name = ListedName(p, dir, true)) out.insert_or_assign(*name, DirEntryOf(*name));
-      if (page->next_token.empty()) break;
-      lr.continuation = page->next_token;
-    }
+      return Status::Ok();
+    })));
     std::vector<DirEntry> v;
     v.reserve(out.size());
     for (auto& [n, e] : out) v.push_back(std::move(e));
@@ -769,10 +770,8 @@ class S3OrderedDir : public ByPathDir {
       else
         ++pre;
     }
-    if (p.next_token.empty())
-      done_ = true;
-    else
-      lr_.continuation = std::move(p.next_token);
+    SLUICE_ASSIGN_OR_RETURN(bool more, lr_.Advance(p));
+    done_ = !more;
     return Status::Ok();
   }
 
@@ -1560,15 +1559,21 @@ Status S3Volume::MoveEntry(const VFolderId& vfid, const std::vector<std::string>
     if (!st.ok()) Account(vfid, static_cast<int64_t>(e.size), 1);
     return st;
   }
-  // A directory: every key copied, then every key deleted (not atomic: a crash in between
-  // leaves both, never neither). Stopped part way, it leaves some keys twice: how many is
-  // not known here, so the usage figures are measured again.
-  Status st = origin_->CopyPrefix(skey + "/", dkey + "/", false);
+  // A directory: every key copied, then the keys copied deleted (not atomic: a crash in
+  // between leaves both, never neither). Only those: a key written below the source meanwhile
+  // stays there rather than go uncopied. Stopped part way, it leaves some keys twice: how
+  // many is not known here, so the usage figures are measured again.
+  std::vector<std::pair<std::string, uint64_t>> copied;
+  Status st = origin_->CopyPrefix(skey + "/", dkey + "/", false, {}, &copied);
   if (st.ok()) {
     auto marker = origin_->HeadOpt(dkey + "/");
     st = !marker.ok() ? marker.status() : *marker ? Status::Ok() : origin_->PutMarker(dkey + "/");
   }
-  if (st.ok()) st = origin_->DeletePrefix(skey + "/");
+  if (st.ok()) {
+    std::vector<std::string> keys;
+    for (auto& [k, size] : copied) keys.push_back(std::move(k));
+    st = origin_->DeleteKeys(keys);
+  }
   if (!st.ok()) {
     usage_->Remeasure(VFolderPath(vfid));
     if (vfid.scope) usage_->Remeasure(quota_->ScopePath(*vfid.scope));
@@ -1628,6 +1633,20 @@ Status S3Volume::DeleteFiles(const VFolderId& vfid, const std::vector<std::strin
     if (parts.empty()) return Status(Code::kInvalidPath, "the vfolder root cannot be deleted");
     all.push_back(std::move(parts));
   }
+  // Each path once, and none below another (a recursive delete takes it): a delete of the
+  // origin's keys cannot say whether they were there, so a path deleted twice would leave
+  // the usage figure short by its size twice, and a child deleted after its directory would
+  // bring the directory's marker back (KeepParent).
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  if (recursive) {  // sorted, what lies below a path comes right after it
+    std::vector<std::vector<std::string>> top;
+    for (auto& p : all)
+      if (top.empty() || top.back().size() >= p.size() ||
+          !std::equal(top.back().begin(), top.back().end(), p.begin()))
+        top.push_back(std::move(p));
+    all = std::move(top);
+  }
   SLUICE_RETURN_IF_ERROR(WritableVFolder(vfid));
   std::vector<DirEntry> what;
   for (size_t i = 0; i < all.size(); ++i) {
@@ -1653,7 +1672,12 @@ Status S3Volume::DeleteFiles(const VFolderId& vfid, const std::vector<std::strin
     const auto& parts = all[i];
     SLUICE_RETURN_IF_ERROR(KeepParent(vfid, parts));
     const std::string key = LayoutKey(vfid, Join(parts, parts.size()));
-    if (what[i].type == EntryType::kDirectory) {
+    if (what[i].type == EntryType::kDirectory && !recursive) {
+      // Found empty above: its marker alone. (Listing again and deleting what is below, as a
+      // recursive delete does, would take a key written there since, where rmdir would fail.)
+      SLUICE_RETURN_IF_ERROR(origin_->Note(origin_->Client()->Delete(opts_.bucket, key + "/")));
+      Account(vfid, 0, -1);
+    } else if (what[i].type == EntryType::kDirectory) {
       // Its bytes are known from the listing that deleted them; the entries below it (some
       // only implied by keys) are left to the next measure.
       uint64_t bytes = 0;

@@ -472,6 +472,76 @@ TEST(S3Client, A200WhoseBodyIsNotTheResultIsAnError) {
   EXPECT_EQ(copies.load(), 2);
 }
 
+// What a listing's callers do with its names (cut the prefix off, copy, delete, page on until
+// the end) needs them below the prefix and advancing. Before, a key shorter than the prefix
+// threw std::out_of_range on an s3 volume's threads (the process ended), and tokens that go
+// round (A, B, A) were followed forever, the keys kept meanwhile.
+TEST(S3Client, AListingThatDoesNotAdvanceIsAnError) {
+  TinyHttp server;
+  std::atomic<int> empties{0};
+  server.Handle([&](const std::string& head, int fd) {
+    const std::string line = head.substr(0, head.find('\n'));
+    if (line.find("list-type=2") == std::string::npos) return false;
+    auto page = [&](std::string_view inner, std::string_view token = {}) {
+      std::string body = "<ListBucketResult>";
+      if (!token.empty())
+        body += fmt::format(
+            "<IsTruncated>true</IsTruncated><NextContinuationToken>{}"
+            "</NextContinuationToken>",
+            token);
+      return Answer200(fd, body + std::string(inner) + "</ListBucketResult>");
+    };
+    auto key = [](std::string_view k) {
+      return fmt::format("<Contents><Key>{}</Key><Size>1</Size></Contents>", k);
+    };
+    const bool at_a = line.find("continuation-token=A") != std::string::npos;
+    if (line.find("prefix=pre") != std::string::npos) return page(key("p"));
+    if (line.find("prefix=ord") != std::string::npos) return page(key("ordb") + key("orda"));
+    if (line.find("prefix=cyc") != std::string::npos)  // A, B, A...: the same keys again
+      return at_a ? page(key("cyc2"), "B") : page(key("cyc1"), "A");
+    if (line.find("prefix=emp") != std::string::npos) {
+      ++empties;
+      return page("", at_a ? "B" : "A");
+    }
+    // A common prefix may sort before start-after and hold keys after it.
+    return page("<CommonPrefixes><Prefix>a/</Prefix></CommonPrefixes>" + key("c"));
+  });
+  s3::S3Client c(Options(server, nullptr));
+  auto all = [&](std::string prefix) {
+    s3::ListRequest lr;
+    lr.prefix = std::move(prefix);
+    int pages = 0;
+    Status st = c.ForEachPage("b", lr, [&](s3::ListPage&) {
+      ++pages;
+      return Status::Ok();
+    });
+    return std::pair{st, pages};
+  };
+  auto [outside, n1] = all("pre");
+  EXPECT_ERROR(outside, Code::kUnavailable);
+  EXPECT_NE(outside.message().find("not below the prefix"), std::string::npos)
+      << outside.ToString();
+  auto [unordered, n2] = all("ord");
+  EXPECT_ERROR(unordered, Code::kUnavailable);
+  EXPECT_NE(unordered.message().find("out of order"), std::string::npos) << unordered.ToString();
+  auto [cycle, n3] = all("cyc");
+  EXPECT_ERROR(cycle, Code::kUnavailable);
+  EXPECT_EQ(n3, 2) << "the third page (the first again) was taken";
+  auto [empty, n4] = all("emp");
+  EXPECT_ERROR(empty, Code::kUnavailable);
+  EXPECT_NE(empty.message().find("does not advance"), std::string::npos) << empty.ToString();
+  EXPECT_LE(empties.load(), 1002);
+
+  s3::ListRequest lr;
+  lr.delimiter = "/";
+  lr.start_after = "a/b";
+  auto page = c.ListObjects("b", lr);
+  ASSERT_OK(page);
+  EXPECT_EQ(page->prefixes, std::vector<std::string>{"a/"});
+  lr.start_after = "b";  // now "a/" cannot hold anything after it
+  EXPECT_ERROR(c.ListObjects("b", lr), Code::kUnavailable);
+}
+
 // An origin that sends a byte now and then never stalls outright; it is abandoned once it moves
 // fewer than min_speed bytes a second for the stall timeout, and each resume likewise.
 TEST(S3Client, AnOriginThatTricklesIsAbandoned) {

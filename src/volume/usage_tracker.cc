@@ -33,6 +33,12 @@ size_t UsageTracker::tracked() const {
   return entries_.size();
 }
 
+UsageTracker::Entry& UsageTracker::EntryLocked(const std::string& path) {
+  auto [it, made] = entries_.try_emplace(path);
+  if (made) it->second.generation = ++next_generation_;
+  return it->second;
+}
+
 TreeUsage UsageTracker::WithTime(const Entry& e) const {
   TreeUsage u = e.figure;
   u.measured_at = e.measured_wall;
@@ -76,7 +82,7 @@ Result<TreeUsage> UsageTracker::RunScan(const std::string& path,
 }
 
 Result<TreeUsage> UsageTracker::WalkNow(const std::string& path, std::unique_lock<std::mutex>& lk) {
-  Entry& e = entries_[path];
+  Entry& e = EntryLocked(path);
   if (e.scanning && e.scan.valid()) {
     auto f = e.scan;
     lk.unlock();
@@ -93,7 +99,7 @@ Result<TreeUsage> UsageTracker::WalkNow(const std::string& path, std::unique_loc
 
 Result<TreeUsage> UsageTracker::Get(const std::string& path) {
   std::unique_lock lk(mu_);
-  Entry& e = entries_[path];
+  Entry& e = EntryLocked(path);
   if (e.valid) {
     e.touched = true;
     // Small trees: a walk costs less than keeping track, and is exact.
@@ -132,8 +138,8 @@ void UsageTracker::Remeasure(const std::string& path) {
 
 void UsageTracker::Set(const std::string& path, TreeUsage u) {
   std::lock_guard lk(mu_);
-  Entry& e = entries_[path];
-  ++e.generation;
+  Entry& e = EntryLocked(path);
+  e.generation = ++next_generation_;
   e.scanning = false;
   e.scan = {};
   e.valid = true;
@@ -152,7 +158,7 @@ void UsageTracker::Forget(const std::string& path) {
 
 Result<TreeUsage> UsageTracker::Reconcile(const std::string& path) {
   std::unique_lock lk(mu_);
-  Entry& e = entries_[path];
+  Entry& e = EntryLocked(path);
   if (e.scanning && e.scan.valid()) {
     auto f = e.scan;
     lk.unlock();

@@ -71,7 +71,7 @@ class UsageTracker {
     std::shared_future<Result<TreeUsage>> scan;  // set while scanning
     int64_t during_bytes = 0;                    // writes seen while scanning
     int64_t during_entries = 0;
-    uint64_t generation = 0;      // bumped by Forget/Set: a walk started before is stale
+    uint64_t generation = 0;      // new with each entry and Set: a walk started before is stale
     bool touched = false;         // read or written since the last walk (the sweep re-walks those)
     bool remeasure = false;       // Remeasure() while a walk ran: that walk's figure is old
     Clock::duration walk_cost{};  // how long the last walk took
@@ -86,6 +86,8 @@ class UsageTracker {
   // Starts a background walk of `path` unless one runs. `mu_` held.
   void QueueLocked(const std::string& path, Entry& e);
   TreeUsage WithTime(const Entry& e) const;
+  // The entry for `path`, made with a generation of its own when there is none. `mu_` held.
+  Entry& EntryLocked(const std::string& path);
   void ReconcilerLoop();
 
   ScanFn scan_;
@@ -93,6 +95,9 @@ class UsageTracker {
   std::chrono::microseconds walk_budget_;
   mutable std::mutex mu_;
   std::map<std::string, Entry> entries_;
+  // Generations are never reused, across entries too: an entry made after Forget must not
+  // take the figure of a walk that began before it.
+  uint64_t next_generation_ = 0;
   std::deque<std::string> queue_;  // background walks to run
   std::condition_variable cv_;
   bool stop_ = false;

@@ -1137,10 +1137,11 @@ def _hmac(key, msg):
 
 
 def chunked_put(d, ak, sk, path, data, *, mode="STREAMING-AWS4-HMAC-SHA256-PAYLOAD", chunk=65536,
-                trailer=None, declared=None, tamper=None, cut=None):
+                trailer=None, declared=None, tamper=None, cut=None, announce=True, extra=None):
     """A PUT with an aws-chunked body, encoded and signed here as the SDKs do. `trailer`:
-    (name, value) sent after the last chunk; `tamper(i, piece)` changes chunk i's data after it
-    was signed; `cut`: bytes of the encoded body actually sent."""
+    (name, value) sent after the last chunk, announced by x-amz-trailer unless not `announce`;
+    `tamper(i, piece)` changes chunk i's data after it was signed; `cut`: bytes of the encoded
+    body actually sent; `extra`: more headers, signed."""
     signed = mode.startswith("STREAMING-AWS4-HMAC")
     pieces = [data[i:i + chunk] for i in range(0, len(data), chunk)] + [b""]
     trailer_text = f"{trailer[0]}:{trailer[1]}" if trailer else None
@@ -1157,8 +1158,9 @@ def chunked_put(d, ak, sk, path, data, *, mode="STREAMING-AWS4-HMAC-SHA256-PAYLO
     headers = {"x-amz-content-sha256": mode, "Content-Encoding": "aws-chunked",
                "x-amz-decoded-content-length": str(len(data) if declared is None else declared),
                "Content-Length": str(length if cut is None else cut)}
-    if trailer:
+    if trailer and announce:
         headers["x-amz-trailer"] = trailer[0]
+    headers.update(extra or {})
     req = AWSRequest(method="PUT", url=d.s3_url(path), headers=headers)
     SigV4Auth(Credentials(ak, sk), "s3", "us-east-1").add_auth(req)
     amz_date = req.headers["X-Amz-Date"]
@@ -1246,6 +1248,79 @@ def test_aws_chunked_trailers(s3d, s3, user):
     part = s3.get_object(Bucket=name, Key="t", ChecksumMode="ENABLED", Range="bytes=0-9")
     assert "ChecksumCRC32" not in part
     assert staging_leftovers(root) == []
+    # Checksums that would go unchecked are refused (before, each was stored unread): a
+    # trailer x-amz-trailer did not announce, or a field besides the one announced; an empty
+    # trailer value; a header and a trailer of the same algorithm (the trailer's won unread).
+    bad = base64.b64encode((zlib.crc32(data) ^ 1).to_bytes(4, "big")).decode()
+    mode = "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+    cases = [dict(trailer=("x-amz-checksum-crc32", bad), announce=False,
+                  extra={"x-amz-sdk-checksum-algorithm": "CRC32"}),
+             dict(trailer=("x-amz-checksum-crc32", bad), announce=False),
+             dict(trailer=("x-amz-checksum-crc32", "")),
+             dict(trailer=("x-amz-checksum-crc32", crc), extra={"x-amz-checksum-crc32": bad})]
+    for case in cases:
+        r = chunked_put(s3d, ak, sk, f"/{name}/unchecked", data, mode=mode, **case)
+        assert r.status_code == 400, (case, r.status_code, r.text)
+        assert not (root / "unchecked").exists()
+    r = chunked_put(s3d, ak, sk, f"/{name}/unchecked", data, mode=mode,
+                    trailer=("x-amz-checksum-crc32", crc), announce=False,
+                    extra={"x-amz-trailer": "x-amz-checksum-sha256"})
+    assert r.status_code == 400, r.text
+    assert not (root / "unchecked").exists() and staging_leftovers(root) == []
+
+
+def test_signed_chunks_under_8k_are_refused_but_the_last(s3d, s3, user):
+    """As AWS: each signed chunk costs the server a hash and two HMACs, so only the last may be
+    smaller than 8 KiB (before, a stream of 1-byte chunks was taken)."""
+    ak, sk = s3d.s3_key(user)
+    name = new_bucket(s3)
+    data = os.urandom(20_000)
+    r = chunked_put(s3d, ak, sk, f"/{name}/small", data, chunk=1000)
+    assert r.status_code == 403 and "InvalidChunkSizeError" in r.text, (r.status_code, r.text)
+    assert not (bucket_dir(s3d, name) / "small").exists()
+    r = chunked_put(s3d, ak, sk, f"/{name}/fine", data, chunk=8192)  # 8192, 8192, 3616
+    assert r.status_code == 200, r.text
+    assert s3.get_object(Bucket=name, Key="fine")["Body"].read() == data
+
+
+def test_buffered_bodies_are_checked_whole(s3d, s3, user):
+    """The routes that read their body whole (DeleteObjects, Complete, CreateBucket, batch get)
+    check its SHA-256 or take UNSIGNED-PAYLOAD. Before, an aws-chunked mode there was read as
+    the XML itself, none of its chunk signatures checked (a signed DeleteObjects whose body
+    was swapped deleted what the new body named), and any other value passed."""
+    ak, sk = s3d.s3_key(user)
+    name = new_bucket(s3)
+    s3.put_object(Bucket=name, Key="victim", Body=b"v")
+    body = b"<Delete><Object><Key>victim</Key></Object></Delete>"
+    md5 = base64.b64encode(hashlib.md5(body).digest()).decode()
+    for mode, code in [("STREAMING-AWS4-HMAC-SHA256-PAYLOAD", "InvalidRequest"),
+                       ("STREAMING-UNSIGNED-PAYLOAD-TRAILER", "InvalidRequest"),
+                       ("x", "InvalidArgument")]:
+        r = signed(s3d, ak, sk, "POST", f"/{name}?delete", body=body, payload_hash=mode,
+                   headers={"Content-MD5": md5})
+        assert r.status_code == 400 and code in r.text, (mode, r.status_code, r.text)
+    assert s3.get_object(Bucket=name, Key="victim")["Body"].read() == b"v"
+    r = signed(s3d, ak, sk, "POST", f"/{name}?delete", body=body, payload_hash="UNSIGNED-PAYLOAD",
+               headers={"Content-MD5": md5})
+    assert r.status_code == 200, r.text
+    assert not (bucket_dir(s3d, name) / "victim").exists()
+
+
+def test_a_credential_date_not_the_requests_is_malformed(s3d, user):
+    """As AWS answers it: 400 AuthorizationHeaderMalformed (a presigned URL's:
+    AuthorizationQueryParametersError), not 403 SignatureDoesNotMatch."""
+    ak, sk = s3d.s3_key(user)
+    req = AWSRequest(method="GET", url=s3d.s3_url("/"),
+                     headers={"x-amz-content-sha256": hashlib.sha256(b"").hexdigest()})
+    SigV4Auth(Credentials(ak, sk), "s3", "us-east-1").add_auth(req)
+    headers = dict(req.headers)
+    day = headers["X-Amz-Date"][:8]
+    headers["Authorization"] = headers["Authorization"].replace(f"/{day}/", "/20200101/")
+    r = requests.get(s3d.s3_url("/"), headers=headers)
+    assert r.status_code == 400 and "AuthorizationHeaderMalformed" in r.text, r.text
+    url = s3d.s3_client(ak, sk).generate_presigned_url("list_buckets")
+    r = requests.get(url.replace(f"%2F{day}%2F", "%2F20200101%2F"))
+    assert r.status_code == 400 and "AuthorizationQueryParametersError" in r.text, r.text
 
 
 @pytest.mark.parametrize("algo", ["CRC32", "CRC32C", "SHA1", "SHA256"])

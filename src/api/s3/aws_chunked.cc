@@ -46,6 +46,12 @@ std::optional<S3Error> AwsChunkedDecoder::OnSizeLine() {
   }
   if (o_.signed_chunks && chunk_sig_.size() != 64)
     return Malformed("a chunk lacks its chunk-signature");
+  // As AWS: every signed chunk but the last is at least 8 KiB. Each chunk costs a hash and two
+  // HMACs, so one-byte chunks would cost a client little and the server much.
+  if (o_.signed_chunks && chunk_size_ > 0 && short_chunk_)
+    return S3Error{403, "InvalidChunkSizeError",
+                   fmt::format("only the last chunk may be smaller than {} bytes", kMinChunk)};
+  short_chunk_ = chunk_size_ < kMinChunk;
   // Compared as what is left, never as a sum: a size line of 16 hex digits would wrap one.
   if (o_.decoded_length &&
       chunk_size_ > *o_.decoded_length - std::min(decoded_, *o_.decoded_length))
@@ -99,7 +105,9 @@ std::optional<S3Error> AwsChunkedDecoder::OnTrailerLine() {
   if (name == "x-amz-trailer-signature") {
     trailer_sig_ = value;
   } else {
-    if (!o_.trailer) return Malformed("a trailer came that x-amz-trailer did not announce");
+    // (A field not announced would go unchecked: a checksum in it was never compared.)
+    if (!o_.trailer || name != o_.announced)
+      return Malformed(fmt::format("the trailer {} was not announced by x-amz-trailer", name));
     if (trailers_.size() >= 8) return Malformed("too many trailer fields");
     trailer_text_ += name + ":" + value + "\n";
     trailers_[name] = value;

@@ -23,10 +23,11 @@ namespace sluice::api::s3 {
 class AwsChunkedDecoder {
  public:
   struct Options {
-    bool signed_chunks = false;              // chunk signatures present and checked
-    bool trailer = false;                    // a trailer section follows the last chunk
-    SigV4Auth auth;                          // scope, date and seed signature (signed modes)
-    std::string signing_key;                 // raw (signed modes)
+    bool signed_chunks = false;  // chunk signatures present and checked
+    bool trailer = false;        // a trailer section follows the last chunk
+    std::string announced;       // the field x-amz-trailer named (lower case): no other is taken
+    SigV4Auth auth;              // scope, date and seed signature (signed modes)
+    std::string signing_key;     // raw (signed modes)
     std::optional<uint64_t> decoded_length;  // x-amz-decoded-content-length
   };
   using Out = std::function<Status(const char* data, size_t n)>;
@@ -43,6 +44,7 @@ class AwsChunkedDecoder {
   uint64_t decoded() const { return decoded_; }
 
   static constexpr size_t kMaxLine = 512;
+  static constexpr uint64_t kMinChunk = 8192;  // signed chunks, but the last
   static constexpr size_t kMaxTrailer = 4096;
 
  private:
@@ -56,8 +58,9 @@ class AwsChunkedDecoder {
   std::string line_;
   uint64_t left_ = 0;  // data bytes left in this chunk
   uint64_t chunk_size_ = 0;
-  std::string chunk_sig_;  // declared signature of this chunk
-  std::string prev_sig_;   // the chain
+  bool short_chunk_ = false;  // the last data chunk was under kMinChunk
+  std::string chunk_sig_;     // declared signature of this chunk
+  std::string prev_sig_;      // the chain
   Digest chunk_sha_{Digest::Algo::kSha256};
   uint64_t decoded_ = 0;
   size_t trailer_bytes_ = 0;

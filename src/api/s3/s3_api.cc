@@ -235,9 +235,22 @@ S3Error MalformedXml(const Status& st) {
   return {400, "MalformedXML", st.message()};
 }
 
+S3Error BadPayloadHash() {
+  return {400, "InvalidArgument",
+          "x-amz-content-sha256 must be UNSIGNED-PAYLOAD, STREAMING-... or a SHA-256 in hex"};
+}
+
 std::optional<S3Error> CheckBody(const HttpRequest& req, bool checksum_headers = true) {
   const auto& a = GrantOf(req).auth;
   const std::string& body = req.msg.body();
+  // A body read whole is checked whole: its SHA-256, or none. Taken as XML, an aws-chunked
+  // one would have had none of its chunk signatures checked.
+  if (a.payload_hash.starts_with("STREAMING-"))
+    return S3Error{400, "InvalidRequest",
+                   fmt::format("payload mode {} is accepted on PutObject and UploadPart only",
+                               a.payload_hash)};
+  if (a.payload_hash != s3::kUnsignedPayload && a.payload_hash.size() != 64)
+    return BadPayloadHash();
   if (a.payload_hash.size() == 64 && a.payload_hash != s3::kUnsignedPayload &&
       HexEncode(Sha256(body)) != a.payload_hash)
     return S3Error{400, "XAmzContentSHA256Mismatch",
@@ -718,9 +731,7 @@ std::variant<PutBody, S3Error> BodyOf(S3Ctx& ctx, const HttpRequest& req) {
     }
     b.chunked = std::move(o);
   } else if (b.payload != s3::kUnsignedPayload && b.payload.size() != 64) {
-    return S3Error{400, "InvalidArgument",
-                   "x-amz-content-sha256 must be UNSIGNED-PAYLOAD, STREAMING-... or a SHA-256 in "
-                   "hex"};
+    return BadPayloadHash();
   } else {
     auto cl = ParseCount(Header(req, "Content-Length"));
     if (!cl)
@@ -758,10 +769,12 @@ std::variant<PutBody, S3Error> BodyOf(S3Ctx& ctx, const HttpRequest& req) {
     if (!a || !b.chunked || !b.chunked->trailer)
       return S3Error{400, "InvalidRequest",
                      fmt::format("the trailer {} is not supported with payload {}", t, b.payload)};
-    if (b.checksum && *b.checksum != *a)
+    // (Even of the same algorithm: the trailer's value would replace the header's unread.)
+    if (b.checksum)
       return S3Error{400, "InvalidRequest", "expecting a single x-amz-checksum- header"};
     b.checksum = a;
     b.checksum_trailer = true;
+    b.chunked->announced = name;
   }
   for (auto h : {"x-amz-sdk-checksum-algorithm", "x-amz-checksum-algorithm"}) {
     auto v = Header(req, h);
@@ -860,6 +873,11 @@ class PutSink : public BodySink {
                          fmt::format("the trailer {} was announced but not sent",
                                      ChecksumHeader(*b_.checksum))});
         want = it->second;
+        auto raw = Base64Decode(want);  // as a header's value is checked
+        if (!raw.ok() || raw->size() != ChecksumSize(*b_.checksum))
+          return Refuse(
+              {400, "InvalidRequest",
+               fmt::format("value for {} trailer is invalid", ChecksumHeader(*b_.checksum))});
       }
       if (!want.empty() && want != checksum)
         return Refuse({400, "BadDigest",

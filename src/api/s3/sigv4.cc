@@ -231,9 +231,11 @@ std::optional<SigV4Auth> ParseSigV4(const http::request_header<>& h, std::string
     return std::nullopt;  // anonymous
   }
   if (a.amz_date.substr(0, 8) != a.date) {
-    *err = Err(403, "SignatureDoesNotMatch",
-               fmt::format("the credential date {} is not the date of the request ({})", a.date,
-                           a.amz_date.substr(0, 8)));
+    // As AWS answers it: the request is malformed, not its signature wrong.
+    *err =
+        Err(400, a.presigned ? "AuthorizationQueryParametersError" : "AuthorizationHeaderMalformed",
+            fmt::format("invalid credential date: {} is not the date of X-Amz-Date ({})", a.date,
+                        a.amz_date.substr(0, 8)));
     return std::nullopt;
   }
   if (a.service != "s3") {

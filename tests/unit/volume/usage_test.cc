@@ -4,6 +4,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -164,6 +165,33 @@ TEST(UsageTracker, SetAndForget) {
   EXPECT_EQ(t.tracked(), 0u);
   EXPECT_EQ(t.Get("/t")->used_bytes, 10u);
   EXPECT_EQ(tree.walks, 1);
+}
+
+// A walk begun before Forget is stale for the entry made after it. Before, that entry began
+// again at generation 0, the walk's own, so its older figure replaced the fresh one.
+TEST(UsageTracker, AWalkFromBeforeForgetIsDiscarded) {
+  std::promise<void> gate;
+  std::shared_future<void> open = gate.get_future().share();
+  std::atomic<int> walks{0};
+  std::atomic<bool> first_in{false};
+  UsageTracker t(
+      [&](const std::string&) -> Result<TreeUsage> {
+        if (++walks == 1) {
+          first_in = true;
+          open.wait();
+          return TreeUsage{1, 100, std::nullopt};  // what the tree held before
+        }
+        return TreeUsage{2, 200, std::nullopt};
+      },
+      1h);
+  std::thread old([&] { (void)t.Reconcile("/t"); });
+  ASSERT_TRUE(WaitFor([&] { return first_in.load(); }));
+  t.Forget("/t");
+  EXPECT_EQ(t.Get("/t")->used_bytes, 200u);
+  gate.set_value();
+  old.join();
+  EXPECT_EQ(t.Get("/t")->used_bytes, 200u);
+  EXPECT_EQ(walks.load(), 2);
 }
 
 class VfsUsageTest : public ::testing::Test {

@@ -52,7 +52,8 @@ Status UploadWriter::Sync() {
     return failed_;
   }
   durable_ = written_;
-  if (reservations_) reservations_->Shrink(reservation_key_, target_.size - durable_);
+  if (reservations_ && target_.volume->StagingCounted())
+    reservations_->Shrink(reservation_key_, target_.size - durable_);
   writeback_from_ = std::max(writeback_from_, durable_);
   last_sync_ = std::chrono::steady_clock::now();
   return Status::Ok();
@@ -361,7 +362,7 @@ Result<std::unique_ptr<UploadWriter>> UploadService::BeginWrite(const UploadTarg
   w->reservation_key_ = ReservationKey(t);
   w->quota_checked_ = state.quota_checked;
   if (durable < t.size && (!w->quota_checked_ || !w->reservations_->Has(w->reservation_key_))) {
-    SLUICE_RETURN_IF_ERROR(ReserveQuota(t, t.size - durable));
+    SLUICE_RETURN_IF_ERROR(ReserveQuota(t, t.size - (t.volume->StagingCounted() ? durable : 0)));
     w->quota_checked_ = true;
   }
   // Refuse early what the commit would refuse anyway.

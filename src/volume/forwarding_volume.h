@@ -110,6 +110,7 @@ class ForwardingVolume : public Volume {
     return inner_->ListSorted(vfid, relpath, start_after, max);
   }
 
+  bool StagingCounted() const override { return inner_->StagingCounted(); }
   Result<std::string> CreateStaging(const VFolderId& vfid) override {
     return inner_->CreateStaging(vfid);
   }

@@ -374,6 +374,11 @@ class Volume {
                                                    std::string_view start_after, size_t max) = 0;
 
   // --- uploads: staging files with a durable offset, one writer at a time, atomic commit ---
+  // Whether the bytes a session writes count in its vfolder's (and scope's) usage as they
+  // land, so that its quota reservation can shrink by them. Where they do not (s3: sessions
+  // live outside the vfolder's keys until their commit), a reservation holds a session's
+  // whole length until the commit.
+  virtual bool StagingCounted() const { return true; }
   // Creates an empty staging file for a new session; returns the session id.
   virtual Result<std::string> CreateStaging(const VFolderId& vfid) = 0;
   // Removes a session's staging file (a session refused right after creation).

@@ -601,12 +601,13 @@ Status ObjectWriter::Write(const char* data, size_t n) {
   if (written_ + n > reserved_) {
     // Bodies of unknown length (chunked) reserve as they grow, 8 MiB at a time.
     // Near the limit, just this piece.
+    // (What was written counts in the usage already, unless the volume's staging does not.)
+    const uint64_t counted = volume_->StagingCounted() ? written_ : 0;
     uint64_t want = std::max<uint64_t>(written_ + n, reserved_ + (8 << 20));
-    Status q =
-        ReserveScopeQuota(*reservations_, *volume_, vfid_, reservation_key_, want - written_);
+    Status q = ReserveScopeQuota(*reservations_, *volume_, vfid_, reservation_key_, want - counted);
     if (q.code() == Code::kQuotaExceeded && want > written_ + n) {
       want = written_ + n;
-      q = ReserveScopeQuota(*reservations_, *volume_, vfid_, reservation_key_, n);
+      q = ReserveScopeQuota(*reservations_, *volume_, vfid_, reservation_key_, want - counted);
     }
     SLUICE_RETURN_IF_ERROR(q);
     reserved_ = want;
@@ -616,7 +617,7 @@ Status ObjectWriter::Write(const char* data, size_t n) {
   md5_.Update(data, done);
   if (sha256_) sha256_->Update(data, done);
   written_ += done;
-  reservations_->Shrink(reservation_key_, reserved_ - written_);
+  if (volume_->StagingCounted()) reservations_->Shrink(reservation_key_, reserved_ - written_);
   return st;
 }
 
@@ -629,7 +630,7 @@ Status ObjectWriter::CopyFrom(FileReader& src, uint64_t n) {
   Status st = staging_->CopyFrom(src, 0, n, written_);
   if (st.ok()) written_ += n;
   copied_ = true;
-  if (reserved_ > 0)
+  if (reserved_ > 0 && volume_->StagingCounted())
     reservations_->Shrink(reservation_key_, reserved_ - std::min(reserved_, written_));
   return st;
 }

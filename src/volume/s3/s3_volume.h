@@ -81,6 +81,8 @@ class S3Volume : public Volume {
   const std::string& path() const override { return cfg_.path; }
   const std::string& fsprefix() const override { return cfg_.fsprefix; }
   std::set<std::string> capabilities() const override;
+  // Sessions are staged under the volume's own records, outside every vfolder's keys.
+  bool StagingCounted() const override { return false; }
   Status Init() override;
   Status EmptyTrash() override;
   void Shutdown() override;

@@ -257,6 +257,26 @@ def test_a_commit_whose_last_record_fails_still_stands(tmp_path):
         assert staging_left(o) == []
 
 
+def test_a_commit_whose_copy_failed_completes_when_retried(tmp_path):
+    """A tus upload of several parts whose copy onto its target fails once (the origin refuses
+    it) is completed by the client's next HEAD. Before, the retry sent the last part again to
+    the multipart upload the failed commit had completed, was answered NoSuchUpload every time,
+    and the session's bytes went with the sweep."""
+    rules = [{"op": "commit", "path": "*/retried.bin", "error": "EIO", "times": 1}]
+    with faulty_origin(tmp_path / "origin", rules) as o, running_daemon(
+            tmp_path / "proxy", extra_toml=s3_volume(o, **{"part-size": "5m",
+                                                           "max-attempts": 1})) as d:
+        vfid = d.create_vfolder(volume="remote")
+        data = os.urandom(12 * MiB)  # two parts and a tail
+        token = new_session(d, vfid, "retried.bin", len(data), volume="remote")
+        r = patch(d, token, 0, data)
+        assert r.status_code >= 500, (r.status_code, r.text)
+        assert offset_of(d, token) == len(data)
+        got = o.boto.get_object(Bucket=BUCKET, Key=vfolder_prefix(vfid) + "retried.bin")
+        assert got["Body"].read() == data
+        assert staging_left(o) == []
+
+
 def test_a_write_whose_copy_onto_its_target_fails_leaves_nothing_staged(tmp_path):
     """An S3 PUT of several parts through the proxy completes them into the session's `.data`
     on the origin, then copies that onto the target: when the copy fails (the origin refuses

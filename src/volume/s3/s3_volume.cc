@@ -1882,7 +1882,18 @@ class S3Volume::Writer : public StagingWriter {
       if (!rec_.upload.empty())
         (void)o.Note(o.Client()->AbortMultipart(o.bucket(), key_ + ".data", rec_.upload));
     } else {
-      if (!buf_.empty()) SLUICE_RETURN_IF_ERROR(SendFront(buf_.size()));
+      if (!buf_.empty()) {
+        Status sent = SendFront(buf_.size());
+        // A Publish retried after its copy onto the target failed: the last part went out
+        // and the upload was completed into `.data`, but the record still names the tail (a
+        // new writer, rebuilt from it, sends it again). The upload is gone; `.data` with every
+        // byte is what it made.
+        if (sent.code() == Code::kNotFound) {
+          auto data = o.HeadOpt(key_ + ".data");
+          if (data.ok() && *data && (*data)->size == total) data_complete_ = true;
+        }
+        if (!sent.ok() && !data_complete_) return sent;
+      }
       std::vector<s3c::PartInfo> all = rec_.parts;
       all.insert(all.end(), pending_.begin(), pending_.end());
       SLUICE_RETURN_IF_ERROR(CompleteData(all));

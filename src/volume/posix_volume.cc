@@ -130,12 +130,22 @@ Status PosixVolume::CheckScopeEmpty(const QuotaScopeId& qsid, std::string_view b
   if (fd < 0) return Status::FromErrno(errno, fmt::format("open quota scope {}", qsid.ToString()));
   UniqueFd scope(fd);
   SLUICE_ASSIGN_OR_RETURN(auto entries, ReadDirEntries(scope.get(), ScopeDir(qsid)));
-  // The bookkeeping file, and a temporary one of it a crash left (WriteFileAtomic).
+  // The bookkeeping file, and temporary ones of it a crash left (WriteFileAtomic), which go
+  // now: the caller's rmdir would fail on them, and the scope could never be deleted.
   const std::string tmp = std::string(bookkeeping) + ".tmp";
   size_t others = 0;
-  for (const auto& e : entries)
-    if (e.name != bookkeeping && e.name.rfind(tmp, 0) != 0) ++others;
+  std::vector<std::string> leftovers;
+  for (const auto& e : entries) {
+    if (e.name.rfind(tmp, 0) == 0)
+      leftovers.push_back(e.name);
+    else if (e.name != bookkeeping)
+      ++others;
+  }
   if (others) return QuotaScopeNotEmpty(qsid);
+  for (const auto& name : leftovers)
+    if (::unlinkat(scope.get(), name.c_str(), 0) != 0 && errno != ENOENT)
+      return Status::FromErrno(errno,
+                               fmt::format("quota scope {}: remove '{}'", qsid.ToString(), name));
   return Status::Ok();
 }
 
@@ -555,6 +565,18 @@ Status PosixVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::st
         return Status::FromErrno(errno, fmt::format("delete '{}'", relpaths[i]));
       }
       AccountWrite(vfid, 0, -1);
+      continue;
+    }
+    if (!recursive) {
+      // A file when checked: unlinked as one, so that a directory put in its place since
+      // fails (EISDIR) instead of going whole, as recursive=false promised.
+      struct stat sb;
+      const bool seen = ::fstatat(t.dir.get(), t.name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) == 0;
+      if (::unlinkat(t.dir.get(), t.name.c_str(), 0) != 0) {
+        if (errno == ENOENT) continue;  // gone already, as RemoveTreeAt takes it
+        return Status::FromErrno(errno, fmt::format("delete '{}'", relpaths[i]));
+      }
+      AccountWrite(vfid, seen && !S_ISDIR(sb.st_mode) ? -static_cast<int64_t>(sb.st_size) : 0, -1);
       continue;
     }
     TreeCount removed;

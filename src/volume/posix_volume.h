@@ -93,7 +93,7 @@ class PosixVolume : public Volume {
   // Makes the scope's directory; kAlreadyExists when it is there.
   Status MakeScopeDir(const QuotaScopeId& qsid) const;
   // kNotEmpty unless the scope directory holds nothing but the file `bookkeeping` (the backend's
-  // own record, e.g. a stored limit).
+  // own record, e.g. a stored limit); temporary copies of it a crash left are removed.
   Status CheckScopeEmpty(const QuotaScopeId& qsid, std::string_view bookkeeping) const;
   // A quota scope's small bookkeeping file `name` (a stored limit, a qgroup id, a project id):
   // its text (at most 4 KiB), or nullopt when there is none. Written atomically: a crash leaves

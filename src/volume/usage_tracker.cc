@@ -1,5 +1,7 @@
 #include "volume/usage_tracker.h"
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 namespace sluice {
@@ -117,8 +119,12 @@ void UsageTracker::Add(const std::string& path, int64_t bytes, int64_t entries) 
   if (it == entries_.end()) return;
   Entry& e = it->second;
   if (e.scanning) {
-    e.during_bytes += bytes;
-    e.during_entries += entries;
+    // Folded into the walk's result, which may or may not have seen the write. Growth is
+    // added (high, the safe side, when it had); what went is not subtracted again: the walk
+    // either counted it (high by that) or never reached it (its result already lacks it, and
+    // subtracting made the figure low, letting writes past the quota).
+    e.during_bytes += std::max<int64_t>(bytes, 0);
+    e.during_entries += std::max<int64_t>(entries, 0);
   }
   if (e.valid) {
     e.figure.used_bytes = Apply(e.figure.used_bytes, bytes);

@@ -49,6 +49,7 @@ def new_bucket(s3):
 
 def bucket_dir(d, name):
     r = d.mgr("GET", "/s3/buckets")
+    assert r.status_code == 200, (r.status_code, r.text)
     b = next(b for b in r.json()["buckets"] if b["name"] == name)
     return d.vfolder_path(b["vfid"], b["volume"])
 

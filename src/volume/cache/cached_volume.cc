@@ -536,13 +536,18 @@ Result<uint64_t> CachedVolume::Evict(const VFolderId& vfid, std::string_view rel
 
 uint64_t CachedVolume::EvictAll() {
   const uint64_t n = store_->EvictAll();
+  // Emptied by a swap: the entries are freed after the lock is let go, so that opens on the
+  // event loops, which take it, do not wait for millions of frees.
+  decltype(meta_) meta;
+  decltype(dirs_) dirs;
+  decltype(large_dirs_) large;
   Journal({{"all", true}}, [&] {
     std::lock_guard lk(mu_);
     all_gen_ = ++next_gen_;
-    meta_.clear();
-    dirs_.clear();
+    meta.swap(meta_);
+    dirs.swap(dirs_);
     listed_entries_ = 0;
-    large_dirs_.clear();
+    large.swap(large_dirs_);
   });
   PublishStore();
   return n;
@@ -957,6 +962,7 @@ void CachedVolume::CompactJournal() {
 
 void CachedVolume::Invalidate(const VFolderId& vfid) {
   const std::string prefix = vfid.ToString() + '\0';
+  std::vector<decltype(meta_)::node_type> gone;
   Journal({{"p", prefix}}, [&] {
     std::lock_guard lk(mu_);
     if (vf_gen_.size() > (1u << 16)) {  // bounded: every vfolder counts as written
@@ -964,8 +970,9 @@ void CachedVolume::Invalidate(const VFolderId& vfid) {
       all_gen_ = ++next_gen_;
     }
     vf_gen_[vfid.ToString()] = ++next_gen_;
+    // Unlinked here, freed after the lock is let go (as in EvictAll).
     for (auto it = meta_.lower_bound(prefix); it != meta_.end() && it->first.starts_with(prefix);)
-      it = meta_.erase(it);
+      gone.push_back(meta_.extract(it++));
     for (auto it = dirs_.lower_bound(prefix); it != dirs_.end() && it->first.starts_with(prefix);)
       DropListingLocked(it++);
     // (Directories found too large stay so: what is listed from the origin is always fresh.)

@@ -117,6 +117,23 @@ TEST_P(PosixLayout, ScopesAreDirectories) {
   }
 }
 
+// A temporary copy of a scope's bookkeeping file that a crash left behind (WriteFileAtomic)
+// does not keep the scope from being deleted. Before, the emptiness check passed over it and
+// the rmdir then failed on it: every delete of that empty scope was 409.
+TEST_P(PosixLayout, ACrashedBookkeepingWriteDoesNotKeepTheScope) {
+  std::optional<uint64_t> limit;
+  if (GetParam().limits) limit = 1 << 20;
+  ASSERT_TRUE(vol_->quota().CreateScope(qs_, limit).ok());
+  const std::string dir = vol_->quota().ScopePath(qs_);
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file()) files.push_back(e.path().string());
+  for (const auto& f : files) std::ofstream(f + ".tmp.12.0") << "half";
+  Status st = vol_->quota().DeleteScope(qs_);
+  EXPECT_TRUE(st.ok()) << st.ToString() << " (" << files.size() << " bookkeeping files)";
+  EXPECT_FALSE(fs::exists(dir));
+}
+
 // A FIFO is refused at once instead of blocking the reader until a writer appears.
 TEST_P(PosixLayout, FifosAreRefusedWithoutWaiting) {
   MakeVFolder();

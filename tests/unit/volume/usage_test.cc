@@ -194,6 +194,31 @@ TEST(UsageTracker, AWalkFromBeforeForgetIsDiscarded) {
   EXPECT_EQ(walks.load(), 2);
 }
 
+// A delete during a walk, in a part of the tree the walk reaches later: the walk's result lacks
+// it already. Before, it was subtracted again, and the figure ran low (the quota let writes
+// past its limit until the next walk); a figure may run high, never low.
+TEST(UsageTracker, ADeleteDuringAWalkDoesNotMakeTheFigureLow) {
+  std::atomic<uint64_t> bytes{1000};
+  std::atomic<bool> hold{false}, in_walk{false};
+  UsageTracker t(
+      [&](const std::string&) -> Result<TreeUsage> {
+        in_walk = true;
+        while (hold) std::this_thread::sleep_for(1ms);
+        in_walk = false;
+        return TreeUsage{1, bytes.load(), std::nullopt};  // read at the walk's end
+      },
+      1h);
+  ASSERT_EQ(t.Get("/t")->used_bytes, 1000u);
+  hold = true;
+  std::thread walk([&] { (void)t.Reconcile("/t"); });
+  ASSERT_TRUE(WaitFor([&] { return in_walk.load(); }));
+  bytes = 700;
+  t.Add("/t", -300, 0);
+  hold = false;
+  walk.join();
+  EXPECT_GE(t.Get("/t")->used_bytes, 700u);
+}
+
 class VfsUsageTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -53,6 +53,15 @@ HttpResponse Problem(unsigned status, std::string_view title, std::string msg) {
   return r;
 }
 
+// 412 for a Tus-Resumable that is not ours (empty: none sent), naming the one we speak.
+HttpResponse WrongTusVersion(std::string_view sent) {
+  HttpResponse r = Problem(412, "PreconditionFailed",
+                           sent.empty() ? std::string("the Tus-Resumable header is required")
+                                        : fmt::format("Tus-Resumable {} is not supported", sent));
+  r.headers.emplace_back("Tus-Version", kTusVersion);
+  return r;
+}
+
 std::optional<std::string> DstDir(const HttpRequest& req) {
   auto it = req.query.find("dst_dir");
   if (it == req.query.end()) return std::nullopt;
@@ -151,6 +160,13 @@ void AddUploadRoutes(Router& router, StorageService* service) {
   tus.Add(http::verb::head, "/upload",
           Route{.handler =
                     [uploads](const HttpRequest& req) {
+                      // A version named and not ours is refused before anything is done (a
+                      // HEAD may commit a complete upload). None named is taken, as clients of
+                      // Backend.AI's storage proxy may send none.
+                      auto resumable = SingleHeader(req, "Tus-Resumable");
+                      if (!resumable.ok()) return TusError(resumable.status());
+                      if (*resumable && **resumable != kTusVersion)
+                        return WrongTusVersion(**resumable);
                       Resolved r = Resolve(req, *uploads);
                       if (r.refusal) return std::move(*r.refusal);
                       auto p = uploads->Query(r.target);
@@ -171,14 +187,8 @@ void AddUploadRoutes(Router& router, StorageService* service) {
         // Protocol checks first: they need no disk access.
         auto resumable = SingleHeader(req, "Tus-Resumable");
         if (!resumable.ok()) return TusError(resumable.status());
-        if (!*resumable || **resumable != kTusVersion) {
-          HttpResponse r =
-              Problem(412, "PreconditionFailed",
-                      *resumable ? fmt::format("Tus-Resumable {} is not supported", **resumable)
-                                 : std::string("the Tus-Resumable header is required"));
-          r.headers.emplace_back("Tus-Version", kTusVersion);
-          return r;
-        }
+        if (!*resumable || **resumable != kTusVersion)
+          return WrongTusVersion(*resumable ? **resumable : std::string_view());
         auto ctype = SingleHeader(req, "Content-Type");
         if (!ctype.ok()) return TusError(ctype.status());
         std::string_view media =
@@ -215,7 +225,9 @@ void AddUploadRoutes(Router& router, StorageService* service) {
                        fmt::format("Upload-Length {} differs from the session's length {}", *len,
                                    t.size)));
         }
-        if (*offset > t.size || (body_len && *body_len > t.size - *offset))
+        // (An offset past the length is a mismatch with the session's offset, which BeginWrite
+        // answers with 409 and that offset, as tus requires.)
+        if (*offset <= t.size && body_len && *body_len > t.size - *offset)
           return TusError(Status(
               Code::kTooLarge, fmt::format("{} bytes at offset {} run past the upload's length {}",
                                            body_len.value_or(0), *offset, t.size)));

@@ -36,15 +36,32 @@ struct Record {
   bool quota_checked = false;
 };
 
+// Opens a record file only if it is a regular one. `.upload` lies in the vfolder, which its
+// users write: a FIFO made there would hold a plain open until someone opened its other end
+// (a thread of the pool per request, and the janitor's sweep, for good). O_NONBLOCK makes
+// such an open return at once; it changes nothing for a regular file.
+Result<UniqueFd> OpenRecordFile(int updir, const std::string& name, int flags,
+                                std::string_view what) {
+  int fd = ::openat(updir, name.c_str(), flags | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::FromErrno(errno, std::string(what));
+  UniqueFd f(fd);
+  struct stat sb;
+  if (::fstat(f.get(), &sb) != 0) return Status::FromErrno(errno, std::string(what));
+  if (!S_ISREG(sb.st_mode))
+    return Status(Code::kIoError, fmt::format("{}: '{}' is not a regular file", what, name));
+  return f;
+}
+
 // The record of `session`, or nullopt when there is none.
 Result<std::optional<Record>> ReadRecord(int updir, const std::string& session) {
   std::string name = session + kRecordSuffix;
-  int fd = ::openat(updir, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return std::optional<Record>();
-    return Status::FromErrno(errno, fmt::format("read upload offset of session {}", session));
+  auto opened = OpenRecordFile(updir, name, O_RDONLY,
+                               fmt::format("read upload offset of session {}", session));
+  if (!opened.ok()) {
+    if (opened.status().sys_errno() == ENOENT) return std::optional<Record>();
+    return opened.status();
   }
-  UniqueFd f(fd);
+  UniqueFd f = std::move(opened).value();
   char buf[512];
   size_t got = 0;
   for (;;) {
@@ -73,9 +90,8 @@ Result<std::optional<Record>> ReadRecord(int updir, const std::string& session) 
 // and syncs it. Overwriting the same bytes of an existing file allocates nothing on filesystems
 // that write in place, so it still works when the quota or the disk is full.
 Status WriteRecordFile(int updir, const std::string& name, const std::string& body) {
-  int fd = ::openat(updir, name.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::FromErrno(errno, "write upload offset");
-  UniqueFd f(fd);
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd f,
+                          OpenRecordFile(updir, name, O_WRONLY | O_CREAT, "write upload offset"));
   size_t done = 0;
   while (done < body.size()) {
     ssize_t n = ::pwrite(f.get(), body.data() + done, body.size() - done, static_cast<off_t>(done));

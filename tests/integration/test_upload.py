@@ -255,7 +255,9 @@ def test_wrong_offsets_are_409_and_change_nothing(daemon, vfid):
     token = new_session(daemon, vfid, "f.bin", len(data))
     assert patch(daemon, token, 0, data[:40_000]).status_code == 204
     before = tree_state(daemon.vfolder_path(vfid))
-    for off in (0, 1, 39_999, 40_001, 99_999, 100_000):
+    # (An offset past the length too: 409 with the session's offset, as tus requires; before,
+    # 413 without it.)
+    for off in (0, 1, 39_999, 40_001, 99_999, 100_000, 100_001):
         r = patch(daemon, token, off, data[off : off + 10])
         assert r.status_code == 409, (off, r.status_code, r.text)
         assert r.headers["Upload-Offset"] == "40000"
@@ -304,6 +306,34 @@ def test_malformed_headers(daemon, vfid, headers, status):
     # The session is still usable.
     assert patch(daemon, token, 0, data).status_code == 204
     assert (daemon.vfolder_path(vfid) / "m.bin").read_bytes() == data
+
+
+def test_head_refuses_another_tus_version(daemon, vfid):
+    """A HEAD naming another Tus-Resumable is 412 with Tus-Version, before anything is done (a
+    HEAD may commit a complete upload); before, it was answered. One naming none is answered,
+    as clients of Backend.AI's storage proxy may send none."""
+    token = new_session(daemon, vfid, "v.bin", 3)
+    r = requests.head(upload_url(daemon), params={"token": token},
+                      headers={"Tus-Resumable": "0.2.2"}, timeout=30)
+    assert r.status_code == 412 and r.headers["Tus-Version"] == "1.0.0", r.status_code
+    assert offset_of(daemon, token) == 0
+
+
+def test_a_fifo_for_a_record_is_an_error_not_a_hang(daemon, vfid):
+    """`.upload` lies in the vfolder, which its users write: a FIFO made where a session's
+    offset record goes made every open of it wait for a writer (a HEAD held a pool thread for
+    good, and so did the janitor's sweep). Now it is an error at once."""
+    token = new_session(daemon, vfid, "fifo.bin", 10)
+    record = Path(str(staging(daemon, vfid, token)) + ".offset")
+    if record.exists():
+        record.unlink()
+    os.mkfifo(record)
+    try:
+        assert head(daemon, token).status_code >= 500  # (a HEAD's answer has no body)
+        r = patch(daemon, token, 0, b"0123456789", timeout=15)
+        assert r.status_code >= 500 and "not a regular file" in r.text, (r.status_code, r.text)
+    finally:
+        record.unlink()
 
 
 def test_duplicate_offset_header_is_400(daemon, vfid):
@@ -521,7 +551,9 @@ def test_oversize_bodies_are_413(daemon, vfid):
     r = patch(daemon, token, 6000, data[6000:] + b"extra")
     assert r.status_code == 413
     assert offset_of(daemon, token) == 6000
-    assert patch(daemon, token, 10_001, b"").status_code == 413
+    # An offset past the length is a mismatch (tus: 409 with the offset; before, 413).
+    r = patch(daemon, token, 10_001, b"")
+    assert r.status_code == 409 and r.headers["Upload-Offset"] == "6000", r.status_code
 
     # Unknown length (chunked): refused when the body runs past the end, and void as a whole.
     def gen():

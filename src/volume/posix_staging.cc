@@ -284,11 +284,13 @@ class PosixStagingWriter : public StagingWriter {
   template <typename OpenDir>
   Status Place(const std::vector<std::string>& parts, const std::string& final_rel,
                OpenDir& open_dir) {
+    std::vector<size_t> made;  // levels that got a new directory (their entries need syncing)
     for (size_t i = 0; i + 1 < parts.size(); ++i) {
       SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, open_dir(i, O_PATH));
-      if (::mkdirat(dir.get(), parts[i].c_str(), 0755) == 0)
+      if (::mkdirat(dir.get(), parts[i].c_str(), 0755) == 0) {
         Account(0, 1);
-      else if (errno != EEXIST)
+        made.push_back(i);
+      } else if (errno != EEXIST)
         return Status::FromErrno(
             errno, fmt::format("create directory '{}'", JoinComponents(parts, i + 1)));
     }
@@ -318,6 +320,14 @@ class PosixStagingWriter : public StagingWriter {
     for (int d : {parent.get(), updir_.get()})
       if (::fsync(d) != 0 && errno != EINVAL)
         return Status::FromErrno(errno, fmt::format("sync the directory of '{}'", final_rel));
+    // So do the directories made on the way: each new one's entry in the level above (before
+    // 2026-12-03 only the last parent was synced, and a file answered as complete could lose
+    // the directories leading to it).
+    for (size_t i : made) {
+      SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, open_dir(i, O_RDONLY));
+      if (::fsync(dir.get()) != 0 && errno != EINVAL)
+        return Status::FromErrno(errno, fmt::format("sync the directory of '{}'", final_rel));
+    }
     return Status::Ok();
   }
 

@@ -188,17 +188,21 @@ Status PosixVolume::Init() {
 }
 
 Status PosixVolume::EmptyTrash() {
+  return EmptyTrashDir(TrashDir());
+}
+
+Status PosixVolume::EmptyTrashDir(const std::string& dir) {
   // Each detached vfolder separately: one that cannot go does not keep the others.
-  int fd = ::open(TrashDir().c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return Status::Ok();
-    return Status::FromErrno(errno, fmt::format("open trash '{}'", TrashDir()));
+    return Status::FromErrno(errno, fmt::format("open trash '{}'", dir));
   }
   UniqueFd trash(fd);
-  SLUICE_ASSIGN_OR_RETURN(auto entries, ReadDirEntries(trash.get(), TrashDir()));
+  SLUICE_ASSIGN_OR_RETURN(auto entries, ReadDirEntries(trash.get(), dir));
   Status first;
   for (const auto& e : entries) {
-    Status st = fsop().DeleteTree(TrashDir() + "/" + e.name);
+    Status st = fsop().DeleteTree(dir + "/" + e.name);
     if (!st.ok() && first.ok()) first = st;
   }
   return first;
@@ -270,9 +274,14 @@ Status PosixVolume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_
 }
 
 Result<std::string> PosixVolume::DetachVFolder(const VFolderId& vfid) {
+  return DetachVFolderInto(vfid, TrashDir());
+}
+
+Result<std::string> PosixVolume::DetachVFolderInto(const VFolderId& vfid,
+                                                   const std::string& trash) {
   std::string p = VFolderPath(vfid);
-  SLUICE_RETURN_IF_ERROR(EnsureDir(TrashDir(), 0700));
-  std::string dst = fmt::format("{}/{}-{}", TrashDir(), vfid.hex, RandomHex(8));
+  SLUICE_RETURN_IF_ERROR(EnsureDir(trash, 0700));
+  std::string dst = fmt::format("{}/{}-{}", trash, vfid.hex, RandomHex(8));
   if (RenameNoReplace(AT_FDCWD, p.c_str(), AT_FDCWD, dst.c_str()) != 0) {
     if (errno == ENOENT) return MissingVFolder(vfid, cfg_.name);
     return Status::FromErrno(errno, fmt::format("detach vfolder {}", vfid.ToString()));

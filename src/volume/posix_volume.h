@@ -85,6 +85,9 @@ class PosixVolume : public Volume {
 
   // Where detached vfolders wait for deletion: <mount>/.sluice-trash.
   std::string TrashDir() const;
+  // DetachVFolder into another trash directory (made when missing), and EmptyTrash of one.
+  Result<std::string> DetachVFolderInto(const VFolderId& vfid, const std::string& trash);
+  Status EmptyTrashDir(const std::string& dir);
 
   // Quota scopes are directories <mount>/<scope hex> on every backend of this kind.
   std::string ScopeDir(const QuotaScopeId& qsid) const;

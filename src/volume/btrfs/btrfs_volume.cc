@@ -320,9 +320,14 @@ Status BtrfsQuotaModel::DeleteScope(const QuotaScopeId& qsid) {
   int mfd = vol_->mount_fd_.get();
   SLUICE_ASSIGN_OR_RETURN(UniqueFd scope, OpenDirAt(mfd, qsid.hex, ScopePath(qsid)));
   SLUICE_ASSIGN_OR_RETURN(auto names, ListNames(scope.get(), ScopePath(qsid)));
-  // The qgroup file, and a temporary one a crash left (WriteFileAtomic: "<file>.tmp...").
+  // The qgroup file, and a temporary one a crash left (WriteFileAtomic: "<file>.tmp..."), and
+  // the scope's trash once emptied (removed here; one not empty yet keeps the scope).
   const std::string tmp_prefix = std::string(kQgroupFile) + ".tmp";
   for (const auto& n : names) {
+    if (n == kScopeTrash) {
+      if (::unlinkat(scope.get(), n.c_str(), AT_REMOVEDIR) != 0) return QuotaScopeNotEmpty(qsid);
+      continue;
+    }
     if (n != kQgroupFile && n.rfind(tmp_prefix, 0) != 0) return QuotaScopeNotEmpty(qsid);
   }
   struct stat sb;
@@ -560,8 +565,28 @@ Result<TreeUsage> BtrfsVolume::GetFreshUsage(const VFolderId& vfid) {
 
 Result<std::string> BtrfsVolume::DetachVFolder(const VFolderId& vfid) {
   auto r = PosixVolume::DetachVFolder(vfid);
+  // (Before 2026-12-03 such a vfolder could not be deleted at all: every delete was 400.)
+  if (!r.ok() && r.status().sys_errno() == EXDEV && vfid.scope)
+    r = DetachVFolderInto(vfid,
+                          quota().ScopePath(*vfid.scope) + "/" + BtrfsQuotaModel::kScopeTrash);
   inode_counts_.Forget(VFolderPath(vfid));
   return r;
+}
+
+Status BtrfsVolume::EmptyTrash() {
+  Status first = PosixVolume::EmptyTrash();
+  // The scopes' own trash directories.
+  auto names = ListNames(mount_fd_.get(), path());
+  if (!names.ok()) return first.ok() ? names.status() : first;
+  for (const auto& n : *names) {
+    if (!IsLowerHex(n, 32, 32)) continue;
+    struct stat sb;
+    const std::string trash = fmt::format("{}/{}/{}", path(), n, BtrfsQuotaModel::kScopeTrash);
+    if (::lstat(trash.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
+    Status st = EmptyTrashDir(trash);
+    if (!st.ok() && first.ok()) first = st;
+  }
+  return first;
 }
 
 void BtrfsVolume::AccountWrite(const VFolderId& vfid, int64_t /*bytes*/, int64_t entries) {

@@ -61,6 +61,8 @@ class BtrfsQuotaModel : public QuotaModel {
 
   // The file in the scope directory that holds the scope's qgroup id ("1/257").
   static constexpr const char* kQgroupFile = ".sluice-qgroup";
+  // A scope's own trash: vfolders that are plain directories in its subvolume wait there.
+  static constexpr const char* kScopeTrash = ".sluice-trash";
 
   // Held shared by every vfolder create from its scope check to its rename into place, and
   // exclusively by DeleteScope from its emptiness check to the (recursive) subvolume delete:
@@ -107,7 +109,11 @@ class BtrfsVolume : public PosixVolume {
   Result<TreeUsage> GetUsage(const VFolderId& vfid) override;
   Result<TreeUsage> GetFreshUsage(const VFolderId& vfid) override;
   Result<uint64_t> GetUsedBytes(const VFolderId& vfid) override;
+  // A vfolder that is a plain directory inside its scope's subvolume (made elsewhere) cannot be
+  // renamed out of that subvolume (EXDEV): it waits in the scope's own trash,
+  // <scope>/.sluice-trash, which EmptyTrash empties too.
   Result<std::string> DetachVFolder(const VFolderId& vfid) override;
+  Status EmptyTrash() override;
   void AccountWrite(const VFolderId& vfid, int64_t bytes, int64_t entries) override;
   HwInfo GetHwInfo() override;
   Status CloneVFolderInto(const VFolderId& src, const VFolderId& dst) override;

@@ -505,6 +505,27 @@ TEST_F(BtrfsVolumeTest, AdoptsAScopeSubvolumeMadeWithoutALevel1Qgroup) {
   EXPECT_FALSE(sysfs_.Inconsistent());
 }
 
+// A vfolder that is a plain directory in its scope's subvolume (made elsewhere) cannot be
+// renamed out of it into <mount>/.sluice-trash (EXDEV): it waits in the scope's own trash,
+// which EmptyTrash empties, and the scope then deletes. Before, every delete of it failed.
+TEST_F(BtrfsVolumeTest, APlainDirectoryVFolderInAScopeDeletes) {
+  auto qs = Scope('7');
+  ASSERT_TRUE(vol_->quota().CreateScope(qs, std::nullopt).ok());
+  auto vf = VF(qs, '2');
+  fs::create_directories(P(vf) + "/sub");
+  std::ofstream(P(vf) + "/sub/f") << "data";
+  ASSERT_TRUE(vol_->CheckVFolder(vf).ok());
+  auto trash = vol_->DetachVFolder(vf);
+  ASSERT_TRUE(trash.ok()) << trash.status().ToString();
+  EXPECT_EQ(vol_->CheckVFolder(vf).code(), Code::kNotFound);
+  EXPECT_TRUE(fs::exists(*trash + "/sub/f"));
+  ASSERT_TRUE(vol_->EmptyTrash().ok());
+  EXPECT_FALSE(fs::exists(*trash));
+  Status del = vol_->quota().DeleteScope(qs);
+  EXPECT_TRUE(del.ok()) << del.ToString();
+  EXPECT_FALSE(fs::exists(vol_->quota().ScopePath(qs)));
+}
+
 TEST_F(BtrfsVolumeTest, RefusesAPathNotOnBtrfs) {
   char tmpl[] = "/tmp/sluice-notbtrfs-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);

@@ -313,6 +313,13 @@ Result<UploadProgress> UploadService::Query(const UploadTarget& t) {
                                   t.session));
       return w.status();
     }
+    // The writer that held the session rolled back (an over-long body after the last sync
+    // reached the length): the session goes on from its offset now. (Before 2026-12-03 this
+    // answered 404, which a tus client takes for an upload gone, and starts over.)
+    if ((*w)->state().durable < t.size) {
+      p.offset = (*w)->state().durable;
+      return p;
+    }
     if ((*w)->state().durable != t.size) return NoSession(t.session);  // cannot happen
     if (!(*w)->state().recorded)  // an empty file: recorded complete before it is committed
       SLUICE_RETURN_IF_ERROR((*w)->Sync(t.size, (*w)->state().quota_checked));

@@ -93,6 +93,13 @@ Result<std::string> BgTaskManager::Start(std::string kind, nlohmann::json params
 }
 
 Result<std::string> BgTaskManager::Start(std::string kind, nlohmann::json params, ReportingFn fn) {
+  return Start(
+      std::move(kind), std::move(params),
+      CheckpointingFn([fn = std::move(fn)](const Report& r, const Checkpoint&) { return fn(r); }));
+}
+
+Result<std::string> BgTaskManager::Start(std::string kind, nlohmann::json params,
+                                         CheckpointingFn fn) {
   std::string hex = RandomHexString(16);
   std::string id = hex.substr(0, 8) + "-" + hex.substr(8, 4) + "-" + hex.substr(12, 4) + "-" +
                    hex.substr(16, 4) + "-" + hex.substr(20, 12);
@@ -122,8 +129,17 @@ Result<std::string> BgTaskManager::Start(std::string kind, nlohmann::json params
       std::lock_guard lk(mu_);
       tasks_[id].progress = std::move(p);
     };
+    const Checkpoint checkpoint = [this, &id](nlohmann::json p) -> Status {
+      BgTaskInfo now;
+      {
+        std::lock_guard lk(mu_);
+        tasks_[id].params = std::move(p);
+        now = tasks_[id];
+      }
+      return store_ ? store_->Put(now, /*durable=*/true) : Status::Ok();
+    };
     try {
-      st = fn(report);
+      st = fn(report, checkpoint);
     } catch (const std::exception& e) {
       st = Status(Code::kInternal, std::string("unexpected exception: ") + e.what());
     }

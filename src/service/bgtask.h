@@ -43,6 +43,11 @@ class BgTaskManager {
   // A task that reports how far it got: `report` replaces the task's `progress`.
   using Report = std::function<void(nlohmann::json)>;
   using ReportingFn = std::function<Status(const Report& report)>;
+  // A task that records a step it must not lose: `checkpoint` replaces the task's params and
+  // writes them durably (fsync) to the task history before returning, so that what resumes
+  // the task after a crash (TakeInterrupted) knows the step was taken.
+  using Checkpoint = std::function<Status(nlohmann::json params)>;
+  using CheckpointingFn = std::function<Status(const Report& report, const Checkpoint& checkpoint)>;
 
   explicit BgTaskManager(ThreadPool* pool, size_t keep_finished = 10000);
   ~BgTaskManager();
@@ -57,6 +62,7 @@ class BgTaskManager {
   // Queues `fn`; kUnavailable when the pool refuses it (shutting down or overloaded).
   Result<std::string> Start(std::string kind, nlohmann::json params, Fn fn);
   Result<std::string> Start(std::string kind, nlohmann::json params, ReportingFn fn);
+  Result<std::string> Start(std::string kind, nlohmann::json params, CheckpointingFn fn);
   // A task of this process, else (with a store) one from the shared history.
   std::optional<BgTaskInfo> Get(const std::string& id) const;
   std::vector<BgTaskInfo> List() const;

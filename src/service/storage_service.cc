@@ -110,7 +110,9 @@ Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
                            {"src_vfid", src.ToString()},
                            {"dst_volume", dst_volume},
                            {"dst_vfid", dst.ToString()}};
-  auto task = [this, sv, dv, src, dst]() -> Status {
+  auto task = [this, sv, dv, src, dst, task_params = params](
+                  const BgTaskManager::Report&,
+                  const BgTaskManager::Checkpoint& checkpoint) -> Status {
     auto copy = [&]() -> Status {
       // Unmanaged vfolders are not copied, whatever the destination (as the reference).
       if (sv == noop_.get())
@@ -138,7 +140,17 @@ Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
       return st;
     };
     Status st = copy();
-    if (st.ok()) Announce(VFolderCloneSuccess(src.ToString(), dst.ToString()));
+    if (st.ok()) {
+      // Recorded before it is announced: a restart that finds the task cut short after this
+      // keeps the clone (and announces it again) instead of removing one the manager may have
+      // heard succeed. A record that cannot be written is announced all the same.
+      nlohmann::json done = task_params;
+      done["copied"] = true;
+      if (Status cp = checkpoint(std::move(done)); !cp.ok())
+        spdlog::warn("clone {} -> {}: its completion is not recorded: {}", src.ToString(),
+                     dst.ToString(), cp.ToString());
+      Announce(VFolderCloneSuccess(src.ToString(), dst.ToString()));
+    }
     if (!st.ok()) {
       RemoveCloneDestination(dv, dst);  // nothing half-copied stays visible
       st = st.WithContext(fmt::format("clone {} -> {}", src.ToString(), dst.ToString()));
@@ -147,7 +159,8 @@ Result<std::string> StorageService::CloneVFolder(const std::string& src_volume,
     }
     return Status::Ok();
   };
-  auto id = tasks_.Start("vfolder-clone", std::move(params), std::move(task));
+  auto id = tasks_.Start("vfolder-clone", std::move(params),
+                         BgTaskManager::CheckpointingFn(std::move(task)));
   if (!id.ok()) RemoveCloneDestination(dv, dst);
   return id;
 }
@@ -192,16 +205,29 @@ void StorageService::ResumeInterrupted(const std::vector<BgTaskInfo>& tasks) {
       auto src = VFolderId::Parse(str("src_vfid"));
       auto dst = VFolderId::Parse(str("dst_vfid"));
       if (!dv.ok() || !src.ok() || !dst.ok()) continue;
-      spdlog::info(
-          "bgtask {}: the clone {} -> {} was cut short by the last stop; its "
-          "destination is removed",
-          t.id, src->ToString(), dst->ToString());
-      id = tasks_.Start("vfolder-clone", t.params, [this, dv = *dv, src = *src, dst = *dst] {
-        RemoveCloneDestination(dv, dst);
-        const std::string why = "interrupted: sluiced stopped before the clone finished";
-        Announce(VFolderCloneFailure(src.ToString(), dst.ToString(), why));
-        return Status(Code::kUnavailable, why, EINTR);
-      });
+      if (t.params.value("copied", false)) {
+        // Its copy had ended (and was recorded so) when the stop came: the clone stands, and
+        // its success is announced again (it may not have gone out).
+        spdlog::info(
+            "bgtask {}: the clone {} -> {} had finished copying before the last stop; "
+            "it stands",
+            t.id, src->ToString(), dst->ToString());
+        id = tasks_.Start("vfolder-clone", t.params, [this, src = *src, dst = *dst] {
+          Announce(VFolderCloneSuccess(src.ToString(), dst.ToString()));
+          return Status::Ok();
+        });
+      } else {
+        spdlog::info(
+            "bgtask {}: the clone {} -> {} was cut short by the last stop; its "
+            "destination is removed",
+            t.id, src->ToString(), dst->ToString());
+        id = tasks_.Start("vfolder-clone", t.params, [this, dv = *dv, src = *src, dst = *dst] {
+          RemoveCloneDestination(dv, dst);
+          const std::string why = "interrupted: sluiced stopped before the clone finished";
+          Announce(VFolderCloneFailure(src.ToString(), dst.ToString(), why));
+          return Status(Code::kUnavailable, why, EINTR);
+        });
+      }
     }
     if (!id.ok()) spdlog::error("bgtask {}: cannot be resumed: {}", t.id, id.status().ToString());
   }

@@ -154,8 +154,17 @@ Status TaskStore::MarkInterrupted(const std::string& owner, std::vector<std::str
   return Status::Ok();
 }
 
-Status TaskStore::Put(const BgTaskInfo& t) {
+Status TaskStore::Put(const BgTaskInfo& t, bool durable) {
   std::lock_guard lk(mu_);
+  if (durable) SLUICE_RETURN_IF_ERROR(Exec("PRAGMA synchronous=FULL"));
+  // (Back to NORMAL whatever the insert did.)
+  struct Normal {
+    TaskStore* s;
+    bool on;
+    ~Normal() {
+      if (on) (void)s->Exec("PRAGMA synchronous=NORMAL");
+    }
+  } normal{this, durable};
   Stmt q;
   SLUICE_RETURN_IF_ERROR(
       Prepare(q,

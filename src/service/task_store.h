@@ -35,8 +35,9 @@ class TaskStore {
   TaskStore(const TaskStore&) = delete;
   TaskStore& operator=(const TaskStore&) = delete;
 
-  // Inserts or replaces the task's row.
-  Status Put(const BgTaskInfo& task);
+  // Inserts or replaces the task's row; `durable`: synced before it returns (else a power loss
+  // may forget the last rows, see Open).
+  Status Put(const BgTaskInfo& task, bool durable = false);
   Status Erase(const std::string& id);
   // Every task, oldest first (by creation). Pending and running ones of owners that are gone are
   // first marked failed (interrupted); `interrupted`, when given, receives their ids.

@@ -146,6 +146,41 @@ def test_a_clone_and_a_delete_cut_short_are_finished_and_announced(tmp_path):
             assert not trash.exists() or not any(trash.iterdir())
 
 
+def test_a_clone_that_finished_copying_stands_after_a_restart(tmp_path):
+    """A clone records that its copy ended (durably) before it announces success. A restart
+    that finds its task cut short after that (here its last write is undone in tasks.db, as a
+    kill or a power loss in that window leaves it) keeps the clone and announces success
+    again. Before, it removed the clone the manager had heard succeed, and announced failure."""
+    import sqlite3
+
+    with redis_server(tmp_path / "redis") as redis:
+        consumer = ManagerConsumer(redis.client())
+        consumer.create_group()
+        src, dst = dashed_vfid(), dashed_vfid()
+        d = start_daemon(tmp_path / "d", extra_toml=bus_toml(redis=redis))
+        try:
+            create(d, src)
+            write_tree(d.vfolder_path(src), {"a.txt": b"a"})
+            r = d.mgr("POST", "/folder/clone",
+                      json={"src_volume": "local", "src_vfid": src, "dst_volume": "local", "dst_vfid": dst})  # fmt: skip
+            assert r.status_code == 200, r.text
+            task = r.json()["bgtask_id"]
+            assert d.wait_task(task)["status"] == "completed"
+            (ev,) = consumer.collect(1, timeout=15)
+            assert (ev.name, ev.vfid, ev.dst_vfid) == ("vfolder_clone_success", src, dst)
+            state = d.state
+        finally:
+            d.kill()
+        db = sqlite3.connect(state / "tasks.db")
+        with db:
+            assert db.execute("UPDATE tasks SET state = 1 WHERE id = ?", (task,)).rowcount == 1
+        db.close()
+        with running_daemon(tmp_path / "d", extra_toml=bus_toml(redis=redis)) as d:
+            (ev,) = consumer.collect(1, timeout=20)
+            assert (ev.name, ev.vfid, ev.dst_vfid) == ("vfolder_clone_success", src, dst)
+            assert (d.vfolder_path(dst) / "a.txt").read_bytes() == b"a"
+
+
 def test_no_bus_configured_still_completes(tmp_path):
     with running_daemon(tmp_path / "d") as d:
         v = dashed_vfid()

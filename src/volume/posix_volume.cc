@@ -681,8 +681,16 @@ Status PosixVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const VF
   }
   Status st = other == this ? CloneVFolderInto(src, dst)
                             : fsop().CopyTree(other->VFolderPath(src), VFolderPath(dst));
+  // The source's uploads in progress are its own: a copy of them in the clone would count
+  // against its quota and be swept later (a snapshot or a tree copy takes them along).
+  TreeCount staged;
+  if (st.ok()) {
+    SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(dst));
+    st = RemoveTreeAt(root.get(), kStagingDirName, &staged);
+  }
   if (st.ok())
-    AccountWrite(dst, static_cast<int64_t>(size.used_bytes), static_cast<int64_t>(size.file_count));
+    AccountWrite(dst, static_cast<int64_t>(size.used_bytes) - static_cast<int64_t>(staged.bytes),
+                 static_cast<int64_t>(size.file_count) - static_cast<int64_t>(staged.entries));
   return st;
 }
 

@@ -166,9 +166,15 @@ TEST_F(ServiceTest, DeleteDetachesAtOnceAndRemovesInTheBackground) {
 TEST_F(ServiceTest, CloneCopiesAndKeepsTheMode) {
   ASSERT_TRUE(svc_->CreateVFolder("local", src_, 0750, std::nullopt).ok());
   std::ofstream(vol()->VFolderPath(src_) + "/f") << "payload";
+  // An upload in progress in the source is the source's: the clone has none (before, the copy
+  // took it along, counted against the clone's quota).
+  fs::create_directories(vol()->VFolderPath(src_) + "/.upload");
+  std::ofstream(vol()->VFolderPath(src_) + "/.upload/session") << "half an upload";
   auto id = svc_->CloneVFolder("local", src_, "local", dst_);
   ASSERT_TRUE(id.ok());
   EXPECT_EQ(WaitDone(svc_->tasks(), *id).state, TaskState::kCompleted);
+  EXPECT_FALSE(fs::exists(vol()->VFolderPath(dst_) + "/.upload"));
+  EXPECT_TRUE(fs::exists(vol()->VFolderPath(src_) + "/.upload/session"));
   std::ifstream in(vol()->VFolderPath(dst_) + "/f");
   std::string got((std::istreambuf_iterator<char>(in)), {});
   EXPECT_EQ(got, "payload");

@@ -189,10 +189,11 @@ void StorageService::ResumeInterrupted(const std::vector<BgTaskInfo>& tasks) {
           t.id, vfid->ToString());
       id = tasks_.Start("vfolder-delete", t.params, [this, v = *v, vfid = *vfid]() -> Status {
         // The janitor empties the same trash meanwhile: a removal that lost a race to it is
-        // done when a second look finds nothing left to fail on.
+        // done when a second look finds nothing left to fail on. Only this vfolder's: another
+        // that cannot go is not this delete's failure (before 2026-12-03 it was announced so).
         Status st;
         for (int attempt = 0; attempt < 3; ++attempt) {
-          st = v->EmptyTrash();
+          st = v->EmptyTrashOf(vfid);
           if (st.ok()) break;
           std::this_thread::sleep_for(std::chrono::milliseconds(200));
         }

@@ -32,6 +32,7 @@ class ForwardingVolume : public Volume {
   std::set<std::string> capabilities() const override { return inner_->capabilities(); }
   Status Init() override { return inner_->Init(); }
   Status EmptyTrash() override { return inner_->EmptyTrash(); }
+  Status EmptyTrashOf(const VFolderId& vfid) override { return inner_->EmptyTrashOf(vfid); }
   void Shutdown() override { inner_->Shutdown(); }
   QuotaModel& quota() override { return inner_->quota(); }
   FSOpModel& fsop() override { return inner_->fsop(); }

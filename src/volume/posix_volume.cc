@@ -191,7 +191,11 @@ Status PosixVolume::EmptyTrash() {
   return EmptyTrashDir(TrashDir());
 }
 
-Status PosixVolume::EmptyTrashDir(const std::string& dir) {
+Status PosixVolume::EmptyTrashOf(const VFolderId& vfid) {
+  return EmptyTrashDir(TrashDir(), vfid.hex + "-");
+}
+
+Status PosixVolume::EmptyTrashDir(const std::string& dir, const std::string& only) {
   // Each detached vfolder separately: one that cannot go does not keep the others.
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
@@ -202,6 +206,7 @@ Status PosixVolume::EmptyTrashDir(const std::string& dir) {
   SLUICE_ASSIGN_OR_RETURN(auto entries, ReadDirEntries(trash.get(), dir));
   Status first;
   for (const auto& e : entries) {
+    if (!e.name.starts_with(only)) continue;
     Status st = fsop().DeleteTree(dir + "/" + e.name);
     if (!st.ok() && first.ok()) first = st;
   }

@@ -23,6 +23,7 @@ class PosixVolume : public Volume {
 
   Status Init() override;
   Status EmptyTrash() override;
+  Status EmptyTrashOf(const VFolderId& vfid) override;
   FSOpModel& fsop() override { return fsop_; }
   VolumeIoStats& io_stats() override { return *io_stats_; }
   int layout_version() const override { return layout_version_; }
@@ -87,7 +88,8 @@ class PosixVolume : public Volume {
   std::string TrashDir() const;
   // DetachVFolder into another trash directory (made when missing), and EmptyTrash of one.
   Result<std::string> DetachVFolderInto(const VFolderId& vfid, const std::string& trash);
-  Status EmptyTrashDir(const std::string& dir);
+  // (`only`: the entries whose names begin so; DetachVFolder names them "<vfolder hex>-...".)
+  Status EmptyTrashDir(const std::string& dir, const std::string& only = "");
 
   // Quota scopes are directories <mount>/<scope hex> on every backend of this kind.
   std::string ScopeDir(const QuotaScopeId& qsid) const;

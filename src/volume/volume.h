@@ -289,6 +289,9 @@ class Volume {
   // Removes what deletes cut short by a crash left behind. Called at start and periodically, off
   // the request path; a failure is logged and retried, never fatal.
   virtual Status EmptyTrash() { return Status::Ok(); }
+  // What one vfolder's delete left there (a resumed delete answers for its own vfolder, not
+  // for others that cannot go); by default the whole trash.
+  virtual Status EmptyTrashOf(const VFolderId& /*vfid*/) { return EmptyTrash(); }
   // The process is about to exit cleanly (no request in flight): what the volume keeps for its
   // next start goes to disk. The volume is not used after it.
   virtual void Shutdown() {}

@@ -5,6 +5,7 @@ XREADGROUP, XACK) and every entry is decoded with the manager's schema, strictly
 (eventbus.decode: the JSON `payload` and the msgpack `args` both, and they must agree).
 """
 
+import subprocess
 import uuid
 
 import pytest
@@ -133,17 +134,27 @@ def test_a_clone_and_a_delete_cut_short_are_finished_and_announced(tmp_path):
             assert consumer.drain(timeout=1) == []  # neither has finished
         finally:
             d.kill()
-        with running_daemon(tmp_path / "d", extra_toml=bus_toml(redis=redis) + "\n" + faulty(None),
-                            volumes={"faulty": vol}) as d:
-            got = consumer.collect(2, timeout=20)
-            assert sorted((e.name, e.vfid) for e in got) == sorted(
-                [("vfolder_clone_failure", src), ("vfolder_deletion_success", gone)])
-            (clone,) = [e for e in got if e.name == "vfolder_clone_failure"]
-            assert clone.dst_vfid == dst and "interrupted" in clone.message
-            assert not d.vfolder_path(dst, "faulty").exists()
-            assert d.vfolder_path(src, "faulty").exists()
-            trash = vol / ".sluice-trash"
-            assert not trash.exists() or not any(trash.iterdir())
+        # Another vfolder's leftover in the trash that cannot go: not this delete's failure
+        # (before, the resumed delete announced the whole trash's error as its own).
+        trash = vol / ".sluice-trash"
+        stuck = trash / ("0" * 32 + "-deadbeef") / "stuck"
+        stuck.parent.mkdir(parents=True)
+        stuck.write_bytes(b"s")
+        subprocess.run(["chattr", "+i", str(stuck)], check=True)
+        try:
+            with running_daemon(tmp_path / "d",
+                                extra_toml=bus_toml(redis=redis) + "\n" + faulty(None),
+                                volumes={"faulty": vol}) as d:
+                got = consumer.collect(2, timeout=20)
+                assert sorted((e.name, e.vfid) for e in got) == sorted(
+                    [("vfolder_clone_failure", src), ("vfolder_deletion_success", gone)]), got
+                (clone,) = [e for e in got if e.name == "vfolder_clone_failure"]
+                assert clone.dst_vfid == dst and "interrupted" in clone.message
+                assert not d.vfolder_path(dst, "faulty").exists()
+                assert d.vfolder_path(src, "faulty").exists()
+                assert [p.name for p in trash.iterdir()] == [stuck.parent.name]
+        finally:
+            subprocess.run(["chattr", "-i", str(stuck)], check=True)
 
 
 def test_a_clone_that_finished_copying_stands_after_a_restart(tmp_path):

@@ -573,6 +573,15 @@ Result<std::string> BtrfsVolume::DetachVFolder(const VFolderId& vfid) {
   return r;
 }
 
+Status BtrfsVolume::EmptyTrashOf(const VFolderId& vfid) {
+  Status first = PosixVolume::EmptyTrashOf(vfid);
+  if (!vfid.scope) return first;
+  Status st =
+      EmptyTrashDir(fmt::format("{}/{}/{}", path(), vfid.scope->hex, BtrfsQuotaModel::kScopeTrash),
+                    vfid.hex + "-");
+  return first.ok() ? st : first;
+}
+
 Status BtrfsVolume::EmptyTrash() {
   Status first = PosixVolume::EmptyTrash();
   // The scopes' own trash directories.

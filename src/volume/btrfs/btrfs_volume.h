@@ -114,6 +114,7 @@ class BtrfsVolume : public PosixVolume {
   // <scope>/.sluice-trash, which EmptyTrash empties too.
   Result<std::string> DetachVFolder(const VFolderId& vfid) override;
   Status EmptyTrash() override;
+  Status EmptyTrashOf(const VFolderId& vfid) override;
   void AccountWrite(const VFolderId& vfid, int64_t bytes, int64_t entries) override;
   HwInfo GetHwInfo() override;
   Status CloneVFolderInto(const VFolderId& src, const VFolderId& dst) override;

@@ -251,8 +251,7 @@ std::optional<S3Error> CheckBody(const HttpRequest& req, bool checksum_headers =
                                a.payload_hash)};
   if (a.payload_hash != s3::kUnsignedPayload && a.payload_hash.size() != 64)
     return BadPayloadHash();
-  if (a.payload_hash.size() == 64 && a.payload_hash != s3::kUnsignedPayload &&
-      HexEncode(Sha256(body)) != a.payload_hash)
+  if (a.payload_hash.size() == 64 && HexEncode(Sha256(body)) != a.payload_hash)
     return S3Error{400, "XAmzContentSHA256Mismatch",
                    "the provided x-amz-content-sha256 header does not match what was computed"};
   if (auto md5 = Header(req, "Content-MD5"); !md5.empty()) {

@@ -567,8 +567,7 @@ Result<std::string> BtrfsVolume::DetachVFolder(const VFolderId& vfid) {
   auto r = PosixVolume::DetachVFolder(vfid);
   // (Before 2026-12-03 such a vfolder could not be deleted at all: every delete was 400.)
   if (!r.ok() && r.status().sys_errno() == EXDEV && vfid.scope)
-    r = DetachVFolderInto(vfid,
-                          quota().ScopePath(*vfid.scope) + "/" + BtrfsQuotaModel::kScopeTrash);
+    r = DetachVFolderInto(vfid, ScopeTrashDir(vfid.scope->hex));
   inode_counts_.Forget(VFolderPath(vfid));
   return r;
 }
@@ -576,9 +575,7 @@ Result<std::string> BtrfsVolume::DetachVFolder(const VFolderId& vfid) {
 Status BtrfsVolume::EmptyTrashOf(const VFolderId& vfid) {
   Status first = PosixVolume::EmptyTrashOf(vfid);
   if (!vfid.scope) return first;
-  Status st =
-      EmptyTrashDir(fmt::format("{}/{}/{}", path(), vfid.scope->hex, BtrfsQuotaModel::kScopeTrash),
-                    vfid.hex + "-");
+  Status st = EmptyTrashDir(ScopeTrashDir(vfid.scope->hex), vfid.hex + "-");
   return first.ok() ? st : first;
 }
 
@@ -589,13 +586,14 @@ Status BtrfsVolume::EmptyTrash() {
   if (!names.ok()) return first.ok() ? names.status() : first;
   for (const auto& n : *names) {
     if (!IsLowerHex(n, 32, 32)) continue;
-    struct stat sb;
-    const std::string trash = fmt::format("{}/{}/{}", path(), n, BtrfsQuotaModel::kScopeTrash);
-    if (::lstat(trash.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
-    Status st = EmptyTrashDir(trash);
+    Status st = EmptyTrashDir(ScopeTrashDir(n));  // (none there: nothing to do)
     if (!st.ok() && first.ok()) first = st;
   }
   return first;
+}
+
+std::string BtrfsVolume::ScopeTrashDir(const std::string& scope_hex) const {
+  return fmt::format("{}/{}/{}", path(), scope_hex, BtrfsQuotaModel::kScopeTrash);
 }
 
 void BtrfsVolume::AccountWrite(const VFolderId& vfid, int64_t /*bytes*/, int64_t entries) {

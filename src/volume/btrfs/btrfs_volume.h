@@ -115,6 +115,8 @@ class BtrfsVolume : public PosixVolume {
   Result<std::string> DetachVFolder(const VFolderId& vfid) override;
   Status EmptyTrash() override;
   Status EmptyTrashOf(const VFolderId& vfid) override;
+  // <mount>/<scope hex>/.sluice-trash
+  std::string ScopeTrashDir(const std::string& scope_hex) const;
   void AccountWrite(const VFolderId& vfid, int64_t bytes, int64_t entries) override;
   HwInfo GetHwInfo() override;
   Status CloneVFolderInto(const VFolderId& src, const VFolderId& dst) override;

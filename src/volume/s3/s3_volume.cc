@@ -496,10 +496,9 @@ struct S3Volume::Origin {
   // Server-side copies of every key below `from` (in bucket `from_bucket`, "" for the
   // volume's) to the same name below `to` in the volume's bucket, 16 at once (`skip_from`: not
   // the key `from` itself, a marker the target has its own of).
-  // `copied` (optional): the keys copied, with their sizes.
+  // `copied` (optional): the keys copied.
   Status CopyPrefix(const std::string& from, const std::string& to, bool skip_from,
-                    std::string_view from_bucket = {},
-                    std::vector<std::pair<std::string, uint64_t>>* copied = nullptr) {
+                    std::string_view from_bucket = {}, std::vector<std::string>* copied = nullptr) {
     s3c::ListRequest lr;
     lr.prefix = from;
     return Note(Client()->ForEachPage(Bucket(from_bucket), lr, [&](s3c::ListPage& page) {
@@ -511,7 +510,7 @@ struct S3Volume::Origin {
       }));
       if (copied)
         for (const auto& o : objs)
-          if (!skip_from || o.key != from) copied->emplace_back(o.key, o.size);
+          if (!skip_from || o.key != from) copied->push_back(o.key);
       return Status::Ok();
     }));
   }
@@ -1563,17 +1562,13 @@ Status S3Volume::MoveEntry(const VFolderId& vfid, const std::vector<std::string>
   // between leaves both, never neither). Only those: a key written below the source meanwhile
   // stays there rather than go uncopied. Stopped part way, it leaves some keys twice: how
   // many is not known here, so the usage figures are measured again.
-  std::vector<std::pair<std::string, uint64_t>> copied;
+  std::vector<std::string> copied;
   Status st = origin_->CopyPrefix(skey + "/", dkey + "/", false, {}, &copied);
   if (st.ok()) {
     auto marker = origin_->HeadOpt(dkey + "/");
     st = !marker.ok() ? marker.status() : *marker ? Status::Ok() : origin_->PutMarker(dkey + "/");
   }
-  if (st.ok()) {
-    std::vector<std::string> keys;
-    for (auto& [k, size] : copied) keys.push_back(std::move(k));
-    st = origin_->DeleteKeys(keys);
-  }
+  if (st.ok()) st = origin_->DeleteKeys(copied);
   if (!st.ok()) {
     usage_->Remeasure(VFolderPath(vfid));
     if (vfid.scope) usage_->Remeasure(quota_->ScopePath(*vfid.scope));

@@ -182,8 +182,13 @@ Status ArchiveWriter::TarHeader(const Entry& e) {
 Status ArchiveWriter::Header(const Entry& e) {
   if (!opened_ || closed_) return Status(Code::kInternal, "the archive is not open");
   if (format_ == Format::kTar) return TarHeader(e);
+  const std::string name = SanitizeUtf8(e.name);
+  if (name.size() + 1 > kMaxZipEntryName)  // (+1: a directory's '/')
+    return Status(Code::kInvalidArgument,
+                  fmt::format("'{}...': a ZIP entry's name is at most {} bytes", name.substr(0, 64),
+                              kMaxZipEntryName - 1));
   archive_entry_clear(entry_);
-  archive_entry_set_pathname_utf8(entry_, SanitizeUtf8(e.name).c_str());
+  archive_entry_set_pathname_utf8(entry_, name.c_str());
   archive_entry_set_filetype(entry_, e.type == EntryType::kDirectory ? AE_IFDIR
                                      : e.type == EntryType::kSymlink ? AE_IFLNK
                                                                      : AE_IFREG);

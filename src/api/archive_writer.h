@@ -18,6 +18,11 @@ struct archive_entry;
 
 namespace sluice::api {
 
+// The longest entry name (bytes, as written: invalid UTF-8 replaced) a ZIP takes. The format
+// holds 65,535; libarchive 3.6 writes each central-directory record into a fixed 64 KiB buffer
+// without a check, so a longer name corrupts its heap. Half of it, with room for the record.
+inline constexpr size_t kMaxZipEntryName = 32768;
+
 class ArchiveWriter {
  public:
   struct Entry {
@@ -42,6 +47,7 @@ class ArchiveWriter {
 
   Status Open();
   bool opened() const { return opened_; }
+  // ZIP: kInvalidArgument for a name longer than kMaxZipEntryName.
   Status Header(const Entry& e);
   Status Data(const char* data, size_t n);
   // TAR only: room for up to `n` bytes of the current entry's data, written in place (read

@@ -264,6 +264,14 @@ HttpResponse ServeArchive(Volume* volume, const VFolderId& vfid, std::vector<Zip
   return r;
 }
 
+// What the vfolder root's upload staging directory answers a download: partial uploads and
+// their records are no one's files yet.
+Status UploadStaging() {
+  return Status(Code::kNotFound,
+                fmt::format("{} holds uploads in progress, not files to download", kStagingDirName),
+                ENOENT);
+}
+
 HttpResponse NotInFolder(const std::string& rel, const VFolderId& vfid, const Status& why) {
   return ErrorResponse(Status(Code::kNotFound,
                               fmt::format("'{}' is not a file in vfolder {}: {}", rel,
@@ -323,6 +331,8 @@ std::optional<HttpResponse> AuthenticateDownload(StorageService* svc, GrantCache
         g.unmanaged = grant->unmanaged_path;
     }
     g.parts = SplitRelPath(g.rel);
+    if (g.parts.ok() && !g.unmanaged && !g.parts->empty() && g.parts->front() == kStagingDirName)
+      g.parts = UploadStaging();
     if (g.parts.ok() && g.vfid.ok()) {
       g.disposition = ContentDisposition(g.parts->empty() ? g.vfid->hex : g.parts->back());
       if (g.volume_of.ok() && !g.unmanaged && !g.parts->empty()) {
@@ -428,6 +438,7 @@ HttpResponse DownloadArchive(StorageService* svc, const HttpRequest& req) {
       return ErrorResponse(
           Status(Code::kInvalidPath, "'files' must name paths inside the vfolder, not its root"),
           {raw});
+    if (parts->front() == kStagingDirName) return ErrorResponse(UploadStaging(), {raw});
     std::string norm = JoinComponents(*parts, parts->size());
     auto m = OpenArchiveMember(*v, vfid, norm);
     if (!m.ok()) {

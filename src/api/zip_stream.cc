@@ -1,5 +1,7 @@
 #include "api/zip_stream.h"
 
+#include "common/json.h"
+
 #include <sys/stat.h>
 
 #include <chrono>
@@ -9,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "api/archive_writer.h"
+#include "common/json.h"
 
 #include "common/path.h"
 
@@ -283,9 +286,16 @@ Status ZipStream::NextFromDir() {
   std::string arcname = f.prefix + name;
   auto skip = [&](const std::string& why) {
     if (++skipped_ <= kSkipLogLines)
-      spdlog::info("archive {}: skipped '{}': {}", label_, arcname, why);
+      spdlog::info("archive {}: skipped '{}{}': {}", label_,
+                   std::string_view(arcname).substr(0, 256), arcname.size() > 256 ? "..." : "",
+                   why);
     return Status::Ok();
   };
+  // (Invalid UTF-8 grows threefold as written: checked as written only when it could matter.)
+  if (arcname.size() + 1 > kMaxZipEntryName / 3 &&
+      SanitizeUtf8(arcname).size() + 1 > kMaxZipEntryName)
+    return skip(
+        fmt::format("its name is longer than a ZIP entry's {} bytes", kMaxZipEntryName - 1));
   EntryType type = next->type;
   if (type == EntryType::kSymlink) return skip("a symbolic link");
   if (type == EntryType::kOther) return skip("a special file");

@@ -1,4 +1,5 @@
 // sluiced: the Sluice daemon. Parses arguments and hands over to the daemon library.
+#include <clocale>
 #include <cstdio>
 #include <iostream>
 
@@ -56,5 +57,9 @@ int main(int argc, char** argv) {
     std::printf("configuration OK: %zu volume(s)\n", cfg.volumes.size());
     return 0;
   }
+  // Names are UTF-8 bytes throughout; libarchive converts each archive entry's name through the
+  // locale's character set, which in the C locale costs seconds for deep non-ASCII trees.
+  // (C.UTF-8: 7.4 s against 12 ms for the ZIP of a tree 30 levels deep in 255-byte names.)
+  std::setlocale(LC_CTYPE, "C.UTF-8");
   return sluice::RunDaemon(std::move(cfg));
 }

@@ -93,6 +93,11 @@ Result<nlohmann::json> JwtDecode(std::string_view token, std::string_view secret
     if (claims["exp"].get<double>() <= static_cast<double>(now))
       return Status(Code::kUnauthenticated, "token expired");
   }
+  if (claims.contains("nbf")) {  // as PyJWT checks it (no leeway)
+    if (!claims["nbf"].is_number()) return Invalid("nbf is not a number");
+    if (claims["nbf"].get<double>() > static_cast<double>(now))
+      return Status(Code::kUnauthenticated, "token not yet valid (nbf)");
+  }
   return claims;
 }
 

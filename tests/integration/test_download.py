@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import threading
@@ -549,6 +550,64 @@ def test_vfolder_root_as_zip_skips_upload_staging(daemon, vfid, tmp_path):
     assert f'filename="{hex_id}.zip"' in r.headers["Content-Disposition"]
 
 
+def test_uploads_in_progress_are_not_downloaded(daemon, vfid):
+    """The vfolder root's .upload holds partial uploads and their records: neither /download
+    (a file, or the directory as an archive) nor /download-archive serves them."""
+    root = daemon.vfolder_path(vfid)
+    write_tree(root, {"x.txt": "x"})
+    r = daemon.mgr("POST", "/folder/file/upload",
+                   json={"volume": "local", "vfid": vfid, "relpath": "up.bin", "size": 10})
+    assert r.status_code == 200, r.text
+    staged = sorted(p.name for p in (root / ".upload").iterdir())
+    assert staged
+    for rel, archive in [(".upload/" + staged[0], False), (".upload", True),
+                         ("./.upload/" + staged[0], False)]:
+        r = get(daemon, download_token(daemon, vfid, rel, archive=archive))
+        assert r.status_code == 404, (rel, r.status_code, r.text)
+        assert "uploads in progress" in problem(r)["msg"], r.text
+    r = get(daemon, archive_token(daemon, vfid, [".upload"]), route="/download-archive")
+    assert r.status_code == 404, r.text
+    r = get(daemon, archive_token(daemon, vfid, ["x.txt"]), route="/download-archive")
+    assert r.status_code == 200 and zip_of(r.content).read("x.txt") == b"x"
+
+
+def test_an_entry_name_too_long_for_a_zip_is_skipped(daemon, vfid):
+    """A ZIP entry's name holds 65,535 bytes at most, and libarchive corrupts its heap past 64
+    KiB. A tree whose path grows past kMaxZipEntryName (32 KiB as written: an invalid byte
+    becomes three) has the entries below that depth skipped; the archive is whole and the
+    daemon lives. Before, the name went to libarchive and the daemon aborted."""
+    root = daemon.vfolder_path(vfid)
+    fd = os.open(root, os.O_RDONLY)
+    os.mkdir(b"t", dir_fd=fd)
+    fd2 = os.open(b"t", os.O_RDONLY, dir_fd=fd)
+    os.close(fd)
+    fd = fd2
+    name = b"\xff" * 255  # 765 bytes as written
+    for _ in range(90):  # past 65,536 bytes as written by level 86
+        os.mkdir(name, dir_fd=fd)
+        nfd = os.open(name, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    f = os.open(b"deep.txt", os.O_WRONLY | os.O_CREAT, dir_fd=fd)
+    os.write(f, b"deep")
+    os.close(f)
+    os.close(fd)
+    try:
+        r = get(daemon, download_token(daemon, vfid, "t", archive=True))
+    finally:
+        # Other tests walk this volume by path, which PATH_MAX stops at this depth; rmtree
+        # walks by descriptor.
+        shutil.rmtree(os.path.join(root, "t"))
+    assert r.status_code == 200
+    z = zip_of(r.content)
+    assert z.testzip() is None
+    names = z.namelist()
+    assert names and max(len(n.encode()) for n in names) < 32768, max(map(len, names))
+    assert not any(n.endswith("deep.txt") for n in names)
+    assert len(names) == 42  # 32,767 bytes hold 42 levels of 765 bytes and their slashes
+    assert daemon.mgr("GET", "/status").status_code == 200
+
+
 def test_archive_head_sends_no_body(daemon, files):
     vfid, _, _ = files
     r = requests.head(url(daemon, download_token(daemon, vfid, "tree", archive=True)), timeout=30)
@@ -704,6 +763,8 @@ def test_token_failures_are_refused_with_reasons(daemon, files):
         (sign(c, secret="wrong-secret"), "invalid token"),
         (tampered, "invalid token"),
         (sign({**c, "exp": int(time.time()) - 5}), "expired"),
+        (sign({**c, "nbf": int(time.time()) + 60}), "not yet valid"),
+        (sign({**c, "nbf": "soon"}), "nbf is not a number"),
         (sign(c, header={"alg": "none", "typ": "JWT"}), "invalid token"),
         (sign(c, header={"alg": 5}), "HS256"),
         (sign(c, header={"alg": "HS512"}), "HS256"),

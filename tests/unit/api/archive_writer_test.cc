@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "support/assert_status.h"
+
 namespace sluice::api {
 namespace {
 
@@ -201,6 +203,19 @@ TEST(TarWriter, RefusesWhatWouldShiftLaterHeaders) {
   auto got = Read(Drain(w));
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].data, "abc");
+}
+
+// libarchive 3.6 writes a ZIP entry's central-directory record into a fixed 64 KiB buffer
+// unchecked: a name past it corrupted the heap. Refused before libarchive sees it, as written
+// (an invalid byte becomes U+FFFD, three bytes); the archive goes on whole.
+TEST(ZipWriter, RefusesNamesLongerThanAnEntryHolds) {
+  ArchiveWriter w(ArchiveWriter::Format::kZip, 0);
+  ASSERT_OK(w.Open());
+  EXPECT_ERROR(w.Header(File(std::string(70000, 'a'), "")), Code::kInvalidArgument);
+  EXPECT_ERROR(w.Header(File(std::string(kMaxZipEntryName / 3 + 1, '\xff'), "")),
+               Code::kInvalidArgument);
+  ASSERT_OK(AddFile(w, File(std::string(kMaxZipEntryName - 2, 'b'), "ok"), "ok"));
+  ASSERT_OK(w.Close());
 }
 
 }  // namespace

@@ -191,21 +191,28 @@ namespace {
 constexpr size_t kNonce = 12, kTag = 16;
 }
 
-std::string Seal(std::string_view key, std::string_view plain, std::string_view aad) {
+Result<std::string> Seal(std::string_view key, std::string_view plain, std::string_view aad) {
+  if (key.size() != 32) return Status(Code::kInvalidArgument, "a seal key is 32 bytes");
   std::string out(kNonce + plain.size() + kTag, '\0');
   auto* o = reinterpret_cast<unsigned char*>(out.data());
-  RAND_bytes(o, kNonce);
+  // Every call checked: a nonce left at zeros would repeat under one key, which GCM does not
+  // survive.
+  if (RAND_bytes(o, kNonce) != 1)
+    return Status(Code::kInternal, "no random bytes for a nonce (RAND_bytes failed)");
   EVP_CIPHER_CTX* c = EVP_CIPHER_CTX_new();
-  int len = 0;
-  EVP_EncryptInit_ex(c, EVP_aes_256_gcm(), nullptr,
-                     reinterpret_cast<const unsigned char*>(key.data()), o);
-  EVP_EncryptUpdate(c, nullptr, &len, reinterpret_cast<const unsigned char*>(aad.data()),
-                    static_cast<int>(aad.size()));
-  EVP_EncryptUpdate(c, o + kNonce, &len, reinterpret_cast<const unsigned char*>(plain.data()),
-                    static_cast<int>(plain.size()));
-  EVP_EncryptFinal_ex(c, o + kNonce + len, &len);
-  EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, kTag, o + kNonce + plain.size());
+  if (!c) return Status(Code::kInternal, "EVP_CIPHER_CTX_new failed");
+  int len = 0, tail = 0;
+  const bool ok =
+      EVP_EncryptInit_ex(c, EVP_aes_256_gcm(), nullptr,
+                         reinterpret_cast<const unsigned char*>(key.data()), o) == 1 &&
+      EVP_EncryptUpdate(c, nullptr, &len, reinterpret_cast<const unsigned char*>(aad.data()),
+                        static_cast<int>(aad.size())) == 1 &&
+      EVP_EncryptUpdate(c, o + kNonce, &len, reinterpret_cast<const unsigned char*>(plain.data()),
+                        static_cast<int>(plain.size())) == 1 &&
+      EVP_EncryptFinal_ex(c, o + kNonce + len, &tail) == 1 &&
+      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, kTag, o + kNonce + plain.size()) == 1;
   EVP_CIPHER_CTX_free(c);
+  if (!ok) return Status(Code::kInternal, "sealing failed (AES-256-GCM)");
   return out;
 }
 

@@ -49,7 +49,7 @@ class Digest {
 // AES-256-GCM with a 32-byte key: seals `plain` as nonce | ciphertext | tag, authenticated
 // together with `aad` (what the secret belongs to, so a sealed value cannot be moved to
 // another record). Open answers kUnauthenticated when the key or the data is wrong.
-std::string Seal(std::string_view key, std::string_view plain, std::string_view aad);
+Result<std::string> Seal(std::string_view key, std::string_view plain, std::string_view aad);
 Result<std::string> Unseal(std::string_view key, std::string_view sealed, std::string_view aad);
 
 }  // namespace sluice

@@ -77,7 +77,9 @@ Result<std::optional<Record>> ReadRecord(int updir, const std::string& session) 
   }
   auto parsed = ParseJson(std::string_view(buf, got), "upload offset file");
   nlohmann::json j = parsed.ok() ? std::move(parsed).value() : nlohmann::json();
-  if (!j.is_object() || !j.contains("offset") || !j["offset"].is_number_unsigned())
+  // (The record lies in the vfolder, which its users can write: any shape may be found.)
+  if (!j.is_object() || !j.contains("offset") || !j["offset"].is_number_unsigned() ||
+      (j.contains("quota_checked") && !j["quota_checked"].is_boolean()))
     return Status(Code::kIoError,
                   fmt::format("the offset file of upload session {} is corrupt", session));
   Record r;

@@ -21,12 +21,13 @@ int64_t Now() {
 }
 
 // `n` characters drawn uniformly from `alphabet` (rejection sampling: no modulo bias).
-std::string RandomChars(size_t n, std::string_view alphabet) {
+Result<std::string> RandomChars(size_t n, std::string_view alphabet) {
   std::string out;
   const unsigned limit = 256 - 256 % alphabet.size();
   while (out.size() < n) {
     unsigned char b[64];
-    RAND_bytes(b, sizeof b);
+    if (RAND_bytes(b, sizeof b) != 1)
+      return Status(Code::kInternal, "no random bytes for a key (RAND_bytes failed)");
     for (unsigned char c : b)
       if (c < limit && out.size() < n) out.push_back(alphabet[c % alphabet.size()]);
   }
@@ -130,7 +131,9 @@ Result<S3Bucket> S3Bucket::FromJson(const nlohmann::json& j) {
   SLUICE_ASSIGN_OR_RETURN(b.vfid, Field<std::string>(j, "vfid"));
   SLUICE_ASSIGN_OR_RETURN(b.owner, Field<std::string>(j, "owner"));
   SLUICE_ASSIGN_OR_RETURN(b.created, Field<int64_t>(j, "created"));
-  b.owns_vfolder = j.value("owns_vfolder", false);
+  if (j.contains("owns_vfolder")) {
+    SLUICE_ASSIGN_OR_RETURN(b.owns_vfolder, Field<bool>(j, "owns_vfolder"));
+  }
   return b;
 }
 
@@ -150,10 +153,10 @@ Status CheckBucketName(std::string_view n) {
   if (n.find("..") != std::string_view::npos || n.find(".-") != std::string_view::npos ||
       n.find("-.") != std::string_view::npos)
     return bad("must not have adjacent periods or a period next to a hyphen");
-  if (n.rfind("xn--", 0) == 0 || n.rfind("sthree-", 0) == 0)
-    return bad("must not begin with 'xn--' or 'sthree-'");
-  if (n.size() > 8 && n.substr(n.size() - 8) == "-s3alias")
-    return bad("must not end in '-s3alias'");
+  for (std::string_view p : {"xn--", "sthree-", "amzn-s3-demo-"})
+    if (n.starts_with(p)) return bad(fmt::format("must not begin with '{}' (reserved by S3)", p));
+  for (std::string_view x : {"-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3"})
+    if (n.ends_with(x)) return bad(fmt::format("must not end in '{}' (reserved by S3)", x));
   int dots = 0;
   bool digits_and_dots = true;
   for (char c : n) {
@@ -324,37 +327,45 @@ std::vector<S3User> S3Store::Users() const {
   return out;
 }
 
-// Why the user `id` cannot go: a key or bucket of theirs in `s`, or Ok.
-static Status StillUsed(const std::string& id, const std::map<std::string, S3Bucket>& buckets,
-                        const std::map<std::string, std::shared_ptr<const S3Key>>& keys) {
-  for (const auto& [ak, k] : keys)
-    if (k->user == id)
-      return Status(Code::kConflict,
-                    fmt::format("S3 user '{}' still has access key {}: revoke it first", id, ak));
-  for (const auto& [name, b] : buckets)
-    if (b.owner == id)
-      return Status(
-          Code::kConflict,
-          fmt::format("S3 user '{}' still owns bucket '{}': delete or unbind it first", id, name));
+// Why the user `id` cannot go: a key or bucket of theirs, or Ok. Read from the records
+// themselves, not this node's snapshot: that leaves out keys it cannot unseal (another node's
+// seal key) or parse (a newer format), which would outlive their user and still authenticate
+// where they unseal. A record that cannot be read now is that error: the answer is not known.
+static Status StillUsed(const std::string& id, const RecordDir& keys, const RecordDir& buckets) {
+  auto holder = [&](const RecordDir& dir, const char* field) -> Result<std::optional<std::string>> {
+    SLUICE_ASSIGN_OR_RETURN(auto names, dir.List());
+    for (const auto& n : names) {
+      SLUICE_ASSIGN_OR_RETURN(auto text, dir.Get(n));
+      if (!text) continue;  // gone meanwhile
+      auto j = nlohmann::json::parse(*text, nullptr, false);
+      if (j.is_object() && j.contains(field) && j[field] == id) return std::optional(n);
+    }
+    return std::optional<std::string>();
+  };
+  SLUICE_ASSIGN_OR_RETURN(auto key, holder(keys, "user"));
+  if (key)
+    return Status(Code::kConflict,
+                  fmt::format("S3 user '{}' still has access key {}: revoke it first", id, *key));
+  SLUICE_ASSIGN_OR_RETURN(auto bucket, holder(buckets, "owner"));
+  if (bucket)
+    return Status(
+        Code::kConflict,
+        fmt::format("S3 user '{}' still owns bucket '{}': delete or unbind it first", id, *bucket));
   return Status::Ok();
 }
 
 Status S3Store::DeleteUser(const std::string& id) {
   SLUICE_RETURN_IF_ERROR(CheckUserId(id));
-  Refresh();
-  auto s = snap();
-  SLUICE_RETURN_IF_ERROR(StillUsed(id, s->buckets, s->keys));
+  SLUICE_RETURN_IF_ERROR(StillUsed(id, keys_, buckets_));
   SLUICE_ASSIGN_OR_RETURN(auto body, users_.Get(id));
   Status st = body ? users_.Remove(id) : Status(Code::kNotFound, "gone");
   if (st.code() == Code::kNotFound)
     return Status(Code::kNotFound, fmt::format("no S3 user '{}'", id));
   SLUICE_RETURN_IF_ERROR(st);
-  Refresh();
   // A key or bucket another node linked for the user after the check above (its own check
   // saw the user): the user comes back, and stays until they are gone. A node that links after
   // this look finds the user gone itself (CreateKey, BindBucket).
-  s = snap();
-  if (Status used = StillUsed(id, s->buckets, s->keys); !used.ok()) {
+  if (Status used = StillUsed(id, keys_, buckets_); !used.ok()) {
     Status back = users_.Create(id, *body);
     if (!back.ok() && back.code() != Code::kAlreadyExists)
       spdlog::error(
@@ -364,6 +375,7 @@ Status S3Store::DeleteUser(const std::string& id) {
     Refresh();
     return used;
   }
+  Refresh();
   return Status::Ok();
 }
 
@@ -398,11 +410,13 @@ Result<S3Key> S3Store::CreateKey(const std::string& user, std::optional<std::str
     k.access_key = *access_key;
     k.secret_key = *secret_key;
   } else {
-    k.access_key = "SLU" + RandomChars(17, kUpperAlnum);
-    k.secret_key = RandomChars(40, kSecretChars);
+    SLUICE_ASSIGN_OR_RETURN(std::string ak, RandomChars(17, kUpperAlnum));
+    SLUICE_ASSIGN_OR_RETURN(k.secret_key, RandomChars(40, kSecretChars));
+    k.access_key = "SLU" + ak;
   }
   nlohmann::json j = k.ToPublicJson();
-  j["secret"] = Base64Encode(Seal(seal_key_, k.secret_key, SealAad(k.access_key)));
+  SLUICE_ASSIGN_OR_RETURN(std::string sealed, Seal(seal_key_, k.secret_key, SealAad(k.access_key)));
+  j["secret"] = Base64Encode(sealed);
   Status st = keys_.Create(k.access_key, j.dump());
   if (st.code() == Code::kAlreadyExists)
     return Status(Code::kAlreadyExists, fmt::format("access key {} exists", k.access_key));
@@ -432,7 +446,10 @@ std::vector<S3Key> S3Store::Keys() const {
 std::shared_ptr<const S3Key> S3Store::FindKey(const std::string& ak) const {
   auto s = snap();
   auto it = s->keys.find(ak);
-  return it == s->keys.end() ? nullptr : it->second;
+  // A key whose user this node does not know authenticates nothing: a user deleted while a
+  // key of theirs was unreadable here leaves the key, and a new user of that id inherits nothing.
+  if (it == s->keys.end() || !s->users.count(it->second->user)) return nullptr;
+  return it->second;
 }
 
 Status S3Store::BindBucket(S3Bucket b) {

@@ -162,8 +162,10 @@ TEST(SigV4, CanonicalQueryAndHeaders) {
 
 TEST(Crypto, SealBindsKeyAndContext) {
   std::string key(32, 'k');
-  std::string sealed = Seal(key, "secret", "ctx");
+  std::string sealed = *Seal(key, "secret", "ctx");
   EXPECT_EQ(*Unseal(key, sealed, "ctx"), "secret");
+  EXPECT_NE(sealed.substr(0, 12), Seal(key, "secret", "ctx")->substr(0, 12));  // fresh nonces
+  EXPECT_FALSE(Seal("short", "secret", "ctx").ok());
   EXPECT_FALSE(Unseal(key, sealed, "other").ok());
   EXPECT_FALSE(Unseal(std::string(32, 'x'), sealed, "ctx").ok());
   sealed[14] ^= 1;

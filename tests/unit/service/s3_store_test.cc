@@ -35,8 +35,8 @@ class S3StoreTest : public ::testing::Test {
  protected:
   void SetUp() override { root_ = TempDir(); }
   void TearDown() override { fs::remove_all(root_); }
-  std::unique_ptr<S3Store> Node() {
-    auto s = S3Store::Open(root_, "the seal key of these tests");
+  std::unique_ptr<S3Store> Node(const std::string& seal_key = "the seal key of these tests") {
+    auto s = S3Store::Open(root_, seal_key);
     EXPECT_OK(s);
     return s.ok() ? std::move(s).value() : nullptr;
   }
@@ -162,6 +162,48 @@ TEST_F(S3StoreTest, NothingIsLinkedForAUserDeletedOnAnotherNode) {
   b->Refresh();
   EXPECT_ERROR(b->DeleteUser("dave"), Code::kConflict);
   EXPECT_OK(a->GetUser("dave"));
+}
+
+// A bucket record of any shape (the store is shared: another version, a hand edit) is skipped,
+// never thrown from a reload. Before, a non-boolean "owns_vfolder" ended every node at start.
+TEST_F(S3StoreTest, ABucketRecordOfTheWrongShapeIsSkipped) {
+  {
+    auto a = Node();
+    ASSERT_TRUE(a);
+    ASSERT_OK(a->CreateUser(User("alice")));
+    ASSERT_OK(a->BindBucket(Bucket("good", "alice", 'g')));
+  }
+  std::FILE* f = std::fopen((root_ + "/buckets/odd.json").c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs(R"({"name":"odd","volume":"local","vfid":"x","owner":"alice","created":1,)"
+             R"("owns_vfolder":"yes"})",
+             f);
+  std::fclose(f);
+  auto b = Node();
+  ASSERT_TRUE(b);
+  ASSERT_EQ(b->Buckets().size(), 1u);
+  EXPECT_EQ(b->Buckets()[0].name, "good");
+  EXPECT_FALSE(b->FindBucket("odd").ok());
+}
+
+// A node whose seal key differs cannot unseal alice's key, and does not see it: her delete is
+// still refused while the key's record is there, and a key whose user is gone authenticates
+// nothing. Before, the other node deleted her and the key went on working where it unseals.
+TEST_F(S3StoreTest, AUserIsNotDeletedUnderAKeyThisNodeCannotUnseal) {
+  auto a = Node();
+  ASSERT_TRUE(a);
+  ASSERT_OK(a->CreateUser(User("alice")));
+  auto k = a->CreateKey("alice", std::nullopt, std::nullopt, {}, false);
+  ASSERT_OK(k);
+  auto other = Node("another node's seal key");
+  ASSERT_TRUE(other);
+  EXPECT_TRUE(other->Keys().empty());
+  EXPECT_ERROR(other->DeleteUser("alice"), Code::kConflict);
+  EXPECT_OK(a->GetUser("alice"));
+  ASSERT_NE(a->FindKey(k->access_key), nullptr);
+  fs::remove(root_ + "/users/alice.json");  // gone by hand, or by a node of an older version
+  a->Refresh();
+  EXPECT_EQ(a->FindKey(k->access_key), nullptr);
 }
 
 }  // namespace

@@ -105,7 +105,9 @@ def test_bucket_lifecycle(s3d, s3, user):
     assert not root.exists()
 
 
-@pytest.mark.parametrize("bad", ["ab", "UPPER", "a_b", "-ab", "a..b", "192.168.1.1", "x" * 64])
+@pytest.mark.parametrize("bad", ["ab", "UPPER", "a_b", "-ab", "a..b", "192.168.1.1", "x" * 64,
+                                 "xn--ab", "sthree-ab", "amzn-s3-demo-ab", "ab-s3alias",
+                                 "ab--ol-s3", "ab.mrap", "ab--x-s3", "ab--table-s3"])
 def test_invalid_bucket_names(s3, bad):
     with pytest.raises(ClientError) as e:
         s3.create_bucket(Bucket=bad)
@@ -155,6 +157,25 @@ def test_bind_existing_vfolder(s3d, user):
     r = s3d.mgr("POST", "/s3/buckets",
                 json={"name": name, "volume": "local", "vfid": vfid, "owner": "nobody-here"})
     assert r.status_code == 404
+
+
+def test_a_vfolder_another_name_serves_outlives_its_first_bucket(s3d, s3, user):
+    """A bucket S3 made, bound by an operator under a second name too: deleting the first name
+    leaves the vfolder to the second. Before, the vfolder went with the first name and the
+    second answered for a vfolder that was gone."""
+    first = new_bucket(s3)
+    b = next(b for b in s3d.mgr("GET", "/s3/buckets").json()["buckets"] if b["name"] == first)
+    second = f"also-{uuid.uuid4().hex[:8]}"
+    r = s3d.mgr("POST", "/s3/buckets",
+                json={"name": second, "volume": b["volume"], "vfid": b["vfid"], "owner": user})
+    assert r.status_code == 201, r.text
+    s3.delete_bucket(Bucket=first)
+    time.sleep(0.5)  # a vfolder delete would have detached it by now
+    assert bucket_dir(s3d, second).is_dir()
+    s3.put_object(Bucket=second, Key="k", Body=b"still here")
+    assert s3.get_object(Bucket=second, Key="k")["Body"].read() == b"still here"
+    s3.delete_object(Bucket=second, Key="k")
+    s3.delete_bucket(Bucket=second)
 
 
 # ----------------------------------------------------------------------------------- objects

@@ -204,6 +204,14 @@ struct BucketRef {
   VFolderId vfid;
 };
 
+// A write that found its place gone: NoSuchBucket when it was the bucket's vfolder that went
+// (a DeleteBucket meanwhile), rather than `not_found` about the key.
+S3Error WriteFailure(const BucketRef& ref, const Status& st, const char* not_found = nullptr) {
+  if (st.code() == Code::kNotFound && !ref.volume->CheckVFolder(ref.vfid).ok())
+    return {404, "NoSuchBucket", "the bucket was deleted while the object was written"};
+  return not_found ? FromStatus(st, not_found) : FromStatus(st);
+}
+
 // The bucket, if the caller may use it (`write`: for changes).
 std::variant<BucketRef, S3Error> AccessBucket(S3Ctx& ctx, const HttpRequest& req,
                                               const std::string& name, bool write) {
@@ -398,6 +406,8 @@ HttpResponse HeadBucket(S3Ctx& ctx, const HttpRequest& req) {
 
 HttpResponse DeleteBucket(S3Ctx& ctx, const HttpRequest& req) {
   S3_ACCESS(ref, ctx, req, true);
+  // From the emptiness check to the vfolder's delete, no publish on this node (see HoldVFolder).
+  auto held = ctx.objects.HoldVFolder(*ref.volume, ref.vfid);
   auto empty = ctx.objects.Empty(*ref.volume, ref.vfid);
   if (!empty.ok() && empty.status().code() != Code::kNotFound)
     return ErrorXml(FromStatus(empty.status()), req.path);
@@ -412,7 +422,12 @@ HttpResponse DeleteBucket(S3Ctx& ctx, const HttpRequest& req) {
   if (!ref.bucket.owns_vfolder && empty.ok() &&
       !ctx.store->Serves(ref.bucket.volume, ref.bucket.vfid))
     (void)ctx.objects.SweepMultipart(*ref.volume, ref.vfid, std::chrono::seconds(0));
-  if (ref.bucket.owns_vfolder && empty.ok()) {
+  if (ref.bucket.owns_vfolder && empty.ok() &&
+      ctx.store->Serves(ref.bucket.volume, ref.bucket.vfid)) {
+    // Another name serves the vfolder too (bound by an operator): it stays, as theirs.
+    spdlog::info("s3: bucket {} deleted; its vfolder {} stays, served by another name",
+                 ref.bucket.name, ref.bucket.vfid);
+  } else if (ref.bucket.owns_vfolder && empty.ok()) {
     auto task = ctx.svc->DeleteVFolder(ref.bucket.volume, ref.vfid);
     if (!task.ok())
       spdlog::warn("s3: bucket {} deleted; its vfolder {} stays: {}", ref.bucket.name,
@@ -896,7 +911,7 @@ class PutSink : public BodySink {
     Status st = w_->Publish(std::move(meta_), ctx_->opts.durable);
     if (!st.ok() && if_none_match_ && st.code() == Code::kAlreadyExists)
       return ErrorXml(precondition, resource_);
-    if (!st.ok()) return ErrorXml(FromStatus(st, not_found_), resource_);
+    if (!st.ok()) return ErrorXml(WriteFailure(ref_, st, not_found_.c_str()), resource_);
     HttpResponse r = HttpResponse::Text(200, "", "application/xml");
     r.headers.emplace_back("ETag", "\"" + HexEncode(w_->md5_raw()) + "\"");
     if (sum_) {
@@ -1047,7 +1062,7 @@ HttpResponse CopyObject(S3Ctx& ctx, const HttpRequest& req, const BucketRef& dst
   if (!w.ok()) return ErrorXml(FromStatus(w.status()), req.path);
   Status st = (*w)->CopyFrom(*src.object.file, size);
   if (st.ok()) st = (*w)->Publish(std::move(meta), ctx.opts.durable);
-  if (!st.ok()) return ErrorXml(FromStatus(st), req.path);
+  if (!st.ok()) return ErrorXml(WriteFailure(dst, st), req.path);
   auto made = ctx.objects.Open(*dst.volume, dst.vfid, key);
   if (!made.ok()) return ErrorXml(FromStatus(made.status()), req.path);
   return CopyResult("CopyObjectResult", ObjectETag(made->entry, made->meta), made->entry.modified);
@@ -1589,7 +1604,7 @@ HttpResponse CompleteMultipartUpload(S3Ctx& ctx, const HttpRequest& req) {
     return ErrorXml({412, "PreconditionFailed",
                      "at least one of the pre-conditions you specified did not hold"},
                     req.path);
-  if (!etag.ok()) return ErrorXml(FromStatus(etag.status()), req.path);
+  if (!etag.ok()) return ErrorXml(WriteFailure(ref, etag.status()), req.path);
   return result(*etag, sums);
 }
 

@@ -650,6 +650,14 @@ Status ObjectWriter::Publish(ObjectMeta meta, bool durable) {
 
 Status ObjectWriter::PublishWith(const std::function<std::string(const DirEntry&)>& blob,
                                  bool durable) {
+  std::shared_lock<std::shared_mutex> held;
+  if (gate_) {
+    held = std::shared_lock(*gate_);
+    if (Status live = volume_->CheckVFolder(vfid_); !live.ok()) {
+      Abort();
+      return live;
+    }
+  }
   std::string published;
   Status st = staging_->Publish(
       parts_,
@@ -702,6 +710,7 @@ Result<std::unique_ptr<ObjectWriter>> ObjectStore::BeginWrite(Volume& v, const V
   w->session_ = *session;
   w->parts_ = std::move(parts);
   w->reservations_ = reservations_;
+  w->gate_ = &GateOf(v, vfid);
   w->reservation_key_ = fmt::format("s3/{}/{}/{}", v.name(), vfid.hex, *session);
   if (want_sha256) w->sha256_.emplace(Digest::Algo::kSha256);
   auto staging = v.OpenStaging(vfid, *session);
@@ -1181,6 +1190,15 @@ Status ObjectStore::Delete(Volume& v, const VFolderId& vfid, std::string_view ke
   for (size_t n = parts.size() - 1; n > 0; --n)
     if (!v.DeleteFiles(vfid, {RelOf(parts, n)}, false).ok()) break;
   return Status::Ok();
+}
+
+std::shared_mutex& ObjectStore::GateOf(const Volume& v, const VFolderId& vfid) {
+  return gates_[std::hash<std::string>()(v.name() + '/' + vfid.hex) % kGates];
+}
+
+std::unique_lock<std::shared_mutex> ObjectStore::HoldVFolder(const Volume& v,
+                                                             const VFolderId& vfid) {
+  return std::unique_lock(GateOf(v, vfid));
 }
 
 Result<bool> ObjectStore::Empty(Volume& v, const VFolderId& vfid) {

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -164,6 +165,7 @@ class ObjectWriter {
   std::string session_;
   std::vector<std::string> parts_;
   QuotaReservations* reservations_ = nullptr;
+  std::shared_mutex* gate_ = nullptr;  // ObjectStore::HoldVFolder's, held shared to publish
   std::string reservation_key_;
   uint64_t reserved_ = 0;
   // Runs once the file is in place, with the metadata blob it was published with; an error is
@@ -235,6 +237,7 @@ class ObjectStore {
   explicit ObjectStore(QuotaReservations* reservations, ThreadPool* background = nullptr)
       : reservations_(reservations),
         background_(background),
+        gates_(std::make_unique<std::shared_mutex[]>(kGates)),
         meta_cache_(std::make_shared<ObjectMetaCache>()),
         key_order_cache_(std::make_shared<KeyOrderCache>()) {}
 
@@ -300,6 +303,12 @@ class ObjectStore {
   Status Delete(Volume& v, const VFolderId& vfid, std::string_view key);
   // Whether the vfolder holds any object (staging excluded).
   Result<bool> Empty(Volume& v, const VFolderId& vfid);
+  // Held while a bucket is found empty and its vfolder deleted (DeleteBucket). Every publish
+  // holds it shared and checks first that the vfolder is still there, so an object this node
+  // publishes is either in the vfolder before the emptiness check (BucketNotEmpty) or refused
+  // (kNotFound), never published into a vfolder on its way out while its client hears 200.
+  // (Striped: a delete holds the publishes of a few other buckets for as long.)
+  std::unique_lock<std::shared_mutex> HoldVFolder(const Volume& v, const VFolderId& vfid);
 
  private:
   Result<std::unique_ptr<ObjectWriter>> BeginWrite(Volume& v, const VFolderId& vfid,
@@ -311,8 +320,12 @@ class ObjectStore {
   // it is gone or another request is ending it.
   Status ClaimUpload(Volume& v, const VFolderId& vfid, const std::string& id);
 
+  std::shared_mutex& GateOf(const Volume& v, const VFolderId& vfid);
+
+  static constexpr size_t kGates = 64;
   QuotaReservations* reservations_;
   ThreadPool* background_;
+  std::unique_ptr<std::shared_mutex[]> gates_;
   std::shared_ptr<ObjectMetaCache> meta_cache_;
   std::shared_ptr<KeyOrderCache> key_order_cache_;
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <ctime>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 
@@ -37,6 +38,7 @@ using s3::S3Error;
 constexpr const char* kXmlns = "http://s3.amazonaws.com/doc/2006-03-01/";
 constexpr uint64_t kMaxPutSize = 5ULL << 30;  // S3's limit for one PUT
 constexpr size_t kMaxUserMeta = 2048;         // x-amz-meta-* names and values together
+constexpr size_t kMaxStandardMeta = 1536;     // Content-Type and kStoredHeaders, as stored
 constexpr uint64_t kMaxBatchBody = 16 << 20;  // a batch-get request's JSON
 
 // What the authenticator found: the key and the parts of the signature a body is checked
@@ -644,10 +646,6 @@ std::string KeyOf(const HttpRequest& req) {
   return std::string(req.Param("key"));
 }
 
-// The standard headers stored with an object and given back on GET/HEAD.
-constexpr std::string_view kStoredHeaders[] = {"Cache-Control", "Content-Disposition",
-                                               "Content-Encoding", "Content-Language", "Expires"};
-
 // Object metadata from a PUT's headers; MetadataTooLarge past S3's 2 KB of user metadata.
 std::variant<ObjectMeta, S3Error> MetaFromHeaders(const HttpRequest& req) {
   // What is stored must be UTF-8 (it is kept as JSON and answered as headers again); HTTP lets
@@ -695,6 +693,16 @@ std::variant<ObjectMeta, S3Error> MetaFromHeaders(const HttpRequest& req) {
     return S3Error{400, "MetadataTooLarge",
                    fmt::format("your metadata headers are {} bytes; the limit is {}", user_bytes,
                                kMaxUserMeta)};
+  // The standard headers go into the same extended attribute, which a file system bounds
+  // (ext4: one 4 KiB block for all of a file's): refused here, before the body is sent, rather
+  // than when the object is published.
+  size_t standard = m.content_type.size();
+  for (const auto& [k, v] : m.headers) standard += k.size() + v.size();
+  if (standard > kMaxStandardMeta)
+    return S3Error{400, "MetadataTooLarge",
+                   fmt::format("the headers stored with the object (Content-Type, Cache-Control, "
+                               "Content-Disposition, ...) are {} bytes; the limit is {}",
+                               standard, kMaxStandardMeta)};
   return m;
 }
 
@@ -1027,7 +1035,9 @@ HttpResponse CopyResult(const char* root_name, const std::string& etag,
 
 // CopyObject: the data with copy_file_range (a reflink where the volume can), the metadata
 // copied or replaced (x-amz-metadata-directive).
-HttpResponse CopyObject(S3Ctx& ctx, const HttpRequest& req, const BucketRef& dst) {
+// `refuse_replace`: If-None-Match: * (412 where the key is there).
+HttpResponse CopyObject(S3Ctx& ctx, const HttpRequest& req, const BucketRef& dst,
+                        bool refuse_replace) {
   std::string key = KeyOf(req);
   if (!key.empty() && key.back() == '/')
     return ErrorXml({400, "InvalidArgument", "a key ending in '/' names a directory here"},
@@ -1058,10 +1068,16 @@ HttpResponse CopyObject(S3Ctx& ctx, const HttpRequest& req, const BucketRef& dst
   meta.etag = src.object.meta ? src.object.meta->etag : "";
   meta.checksums = src.object.meta ? src.object.meta->checksums : decltype(meta.checksums)();
   const uint64_t size = src.object.entry.size;
+  const S3Error precondition{412, "PreconditionFailed",
+                             "at least one of the pre-conditions you specified did not hold"};
+  if (refuse_replace && ctx.objects.Open(*dst.volume, dst.vfid, key, false).ok())
+    return ErrorXml(precondition, req.path);
   auto w = ctx.objects.BeginPut(*dst.volume, dst.vfid, key, size, false);
   if (!w.ok()) return ErrorXml(FromStatus(w.status()), req.path);
+  if (refuse_replace) (*w)->RefuseReplace();  // and the rename refuses where it can (as PUT)
   Status st = (*w)->CopyFrom(*src.object.file, size);
   if (st.ok()) st = (*w)->Publish(std::move(meta), ctx.opts.durable);
+  if (refuse_replace && st.code() == Code::kAlreadyExists) return ErrorXml(precondition, req.path);
   if (!st.ok()) return ErrorXml(WriteFailure(dst, st), req.path);
   auto made = ctx.objects.Open(*dst.volume, dst.vfid, key);
   if (!made.ok()) return ErrorXml(FromStatus(made.status()), req.path);
@@ -1074,12 +1090,8 @@ StreamStart PutObject(S3Ctx& ctx, const HttpRequest& req) {
   if (auto* e = std::get_if<S3Error>(&access)) return fail(*e);
   BucketRef& ref = std::get<BucketRef>(access);
   std::string key = KeyOf(req);
-  if (!Header(req, "x-amz-copy-source").empty()) return CopyObject(ctx, req, ref);
-  auto body = BodyOf(ctx, req);
-  if (auto* e = std::get_if<S3Error>(&body)) return fail(*e);
-  auto& b = std::get<PutBody>(body);
-  auto meta = MetaFromHeaders(req);
-  if (auto* e = std::get_if<S3Error>(&meta)) return fail(*e);
+  // Checked before anything else, CopyObject included: a condition ignored is an unconditional
+  // overwrite.
   auto inm = Header(req, "If-None-Match");
   if (!inm.empty() && inm != "*")
     return fail({501, "NotImplemented", "If-None-Match on PUT takes only '*'"});
@@ -1087,11 +1099,20 @@ StreamStart PutObject(S3Ctx& ctx, const HttpRequest& req) {
   // implemented: refused rather than ignored, which would overwrite unconditionally.
   if (!Header(req, "If-Match").empty())
     return fail({501, "NotImplemented", "If-Match on PUT is not implemented"});
+  if (!Header(req, "x-amz-copy-source").empty()) return CopyObject(ctx, req, ref, inm == "*");
+  auto body = BodyOf(ctx, req);
+  if (auto* e = std::get_if<S3Error>(&body)) return fail(*e);
+  auto& b = std::get<PutBody>(body);
+  auto meta = MetaFromHeaders(req);
+  if (auto* e = std::get_if<S3Error>(&meta)) return fail(*e);
   if (!key.empty() && key.back() == '/') {
     if (!b.length || *b.length != 0)
       return fail(
           {400, "InvalidArgument", "a key ending in '/' names a directory here and takes no data"});
     if (auto parts = KeyParts(key); !parts.ok()) return fail(FromStatus(parts.status()));
+    if (inm == "*" && ctx.objects.Open(*ref.volume, ref.vfid, key, false).ok())
+      return fail({412, "PreconditionFailed",
+                   "at least one of the pre-conditions you specified did not hold"});
     Status st = ctx.objects.PutDirectory(*ref.volume, ref.vfid, key);
     if (!st.ok()) return fail(FromStatus(st));
     HttpResponse r = HttpResponse::Text(200, "", "application/xml");
@@ -1223,7 +1244,7 @@ std::optional<unsigned> Preconditions(const HttpRequest& req, const std::string&
 // The answer to GET or HEAD of an object, opened.
 HttpResponse ObjectResponse(const HttpRequest& req, ObjectStore::Opened* o) {
   const DirEntry& e = o->entry;
-  const std::string etag = ObjectETag(e, o->meta);
+  const std::string etag = o->file ? ObjectETag(e, o->meta) : kMarkerETag;  // as listed
   const std::time_t mtime = std::chrono::system_clock::to_time_t(e.modified);
   const uint64_t size = o->file ? e.size : 0;
 
@@ -1250,11 +1271,10 @@ HttpResponse ObjectResponse(const HttpRequest& req, ObjectStore::Opened* o) {
   line("Accept-Ranges", "bytes");
   const ObjectMeta* m = o->meta ? &*o->meta : nullptr;
   std::string ctype = m && !m->content_type.empty() ? m->content_type : "binary/octet-stream";
-  if (m) {
-    for (const auto& [k, v] : m->headers) line(k, v);
-    for (const auto& [k, v] : m->user) line("x-amz-meta-" + k, v);
-  }
-  // response-* overrides (signed requests only, which all are here).
+  // Stored headers, then response-* overrides in their place (signed requests only, which
+  // all are here).
+  std::map<std::string, std::string, std::less<>> stored;
+  if (m) stored.insert(m->headers.begin(), m->headers.end());
   // nullptr: the answer's content type.
   static constexpr std::pair<const char*, const char*> kOverrides[] = {
       {"response-cache-control", "Cache-Control"},
@@ -1265,32 +1285,41 @@ HttpResponse ObjectResponse(const HttpRequest& req, ObjectStore::Opened* o) {
       {"response-content-type", nullptr}};
   // Decoded query values become header values: a control character (CR, LF) would split the
   // answer's header, so such a value is refused.
-  auto header_safe = [](const std::string& v) {
-    return std::none_of(v.begin(), v.end(), [](char c) {
-      auto u = static_cast<unsigned char>(c);
-      return (u < 0x20 && u != '\t') || u == 0x7f;
-    });
-  };
   for (auto [q, h] : kOverrides)
     if (auto v = QueryParam(req, q)) {
-      if (!header_safe(*v))
+      if (!HeaderValueSafe(*v))
         return ErrorXml({400, "InvalidArgument", fmt::format("{} holds a control character", q)},
                         req.path);
       if (h)
-        line(h, *v);
+        stored[h] = *v;
       else
         ctype = *v;
     }
+  for (const auto& [k, v] : stored) line(k, v);
+  if (m)
+    for (const auto& [k, v] : m->user) line("x-amz-meta-" + k, v);
 
   RangeRequest rr;
   bool ranged = false;
-  if (auto pn = QueryParam(req, "partNumber")) {
-    if (*pn != "1")
+  if (QueryParam(req, "partNumber")) {
+    auto pn = IntParam(req, "partNumber", 1, kMaxPartNumber);
+    if (!pn)
+      return ErrorXml(
+          {400, "InvalidArgument", "part number must be an integer between 1 and 10000"}, req.path);
+    if (!Header(req, "Range").empty())
+      return ErrorXml({400, "InvalidRequest",
+                       "cannot specify both Range header and partNumber query parameter"},
+                      req.path);
+    if (*pn != 1)
       return ErrorXml({416, "InvalidPartNumber", "the requested partnumber is not satisfiable"},
                       req.path);
     line("x-amz-mp-parts-count", "1");
   } else if (auto range = Header(req, "Range"); !range.empty()) {
     rr = ParseRange(range, size, 1);
+    // No byte range of an empty object is satisfiable; S3 answers 416 where a parser that
+    // finds no range to send would answer the whole, empty, object.
+    if (size == 0 && ParseRange(range, 1, 1).kind != RangeRequest::Kind::kIgnore)
+      rr.kind = RangeRequest::Kind::kUnsatisfiable;
     if (rr.kind == RangeRequest::Kind::kUnsatisfiable) {
       HttpResponse r =
           ErrorXml({416, "InvalidRange", "the requested range is not satisfiable"}, req.path);
@@ -1382,10 +1411,23 @@ std::optional<HttpResponse> GetObjectInline(S3Ctx& ctx, const HttpRequest& req) 
   return ObjectResponse(req, &*o);
 }
 
+// A key no file can be (KeyParts: "a//b", "./x") holds no object, and its delete succeeds as
+// S3's does for a key that is not there.
+Status DeleteKey(S3Ctx& ctx, const BucketRef& ref, std::string_view key) {
+  Status st = ctx.objects.Delete(*ref.volume, ref.vfid, key);
+  return st.code() == Code::kInvalidArgument && !key.empty() ? Status::Ok() : st;
+}
+
 HttpResponse DeleteObject(S3Ctx& ctx, const HttpRequest& req) {
   if (auto e = UnknownVersion(req)) return ErrorXml(*e, req.path);
+  // AWS's conditional deletes (directory buckets, and general purpose buckets since 2024) are
+  // not implemented: refused rather than ignored, which would delete unconditionally.
+  for (const char* h : {"If-Match", "x-amz-if-match-last-modified-time", "x-amz-if-match-size"})
+    if (!Header(req, h).empty())
+      return ErrorXml({501, "NotImplemented", fmt::format("{} on DELETE is not implemented", h)},
+                      req.path);
   S3_ACCESS(ref, ctx, req, true);
-  Status st = ctx.objects.Delete(*ref.volume, ref.vfid, KeyOf(req));
+  Status st = DeleteKey(ctx, ref, KeyOf(req));
   if (!st.ok()) return ErrorXml(FromStatus(st), req.path);
   HttpResponse r = HttpResponse::NoContent();
   r.content_type.clear();
@@ -1397,17 +1439,23 @@ HttpResponse DeleteObjects(S3Ctx& ctx, const HttpRequest& req) {
   if (auto e = CheckBody(req)) return ErrorXml(*e, req.path);
   auto parsed = s3::ParseDeleteObjects(req.msg.body());
   if (!parsed.ok()) return ErrorXml(MalformedXml(parsed.status()), req.path);
-  const auto& [quiet, keys] = *parsed;
+  const auto& [quiet, keys, refused] = *parsed;
   pugi::xml_document doc;
   auto root = doc.append_child("DeleteResult");
   root.append_attribute("xmlns") = kXmlns;
-  for (const auto& k : keys) {
-    Status st = ctx.objects.Delete(*ref.volume, ref.vfid, k);
-    if (st.ok()) {
-      if (!quiet) root.append_child("Deleted").append_child("Key").text().set(k.c_str());
-      continue;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string& k = keys[i];
+    S3Error e;
+    if (auto no = refused.find(i); no != refused.end()) {
+      e = {400, no->second.code, no->second.message};
+    } else {
+      Status st = DeleteKey(ctx, ref, k);
+      if (st.ok()) {
+        if (!quiet) root.append_child("Deleted").append_child("Key").text().set(k.c_str());
+        continue;
+      }
+      e = FromStatus(st);
     }
-    S3Error e = FromStatus(st);
     auto n = root.append_child("Error");
     n.append_child("Key").text().set(k.c_str());
     n.append_child("Code").text().set(e.code.c_str());
@@ -1750,6 +1798,14 @@ HttpResponse GetObjectAcl(S3Ctx& ctx, const HttpRequest& req) {
   return AclOf(ctx, ref.bucket.owner);
 }
 
+// As PutBucketAcl: accepted for an object that is there, and changes nothing.
+HttpResponse PutObjectAcl(S3Ctx& ctx, const HttpRequest& req) {
+  S3_ACCESS(ref, ctx, req, true);
+  auto o = ctx.objects.Open(*ref.volume, ref.vfid, KeyOf(req), false);
+  if (!o.ok()) return ErrorXml(FromStatus(o.status()), req.path);
+  return HttpResponse::Text(200, "", "application/xml");
+}
+
 // ------------------------------------------------------------------------------ batch get
 
 // Sluice's batch get (api/s3/batch_get.h): POST /?batch-get, or /bucket?batch-get for items
@@ -1895,7 +1951,7 @@ std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, Th
   add(V::get, "location", GetBucketLocation, GetObject);
   add(V::get, "versioning", GetBucketVersioning, GetObject);
   add(V::get, "acl", GetBucketAcl, GetObjectAcl);
-  add(V::put, "acl", PutBucketAcl, nullptr, 64 << 10);
+  add(V::put, "acl", PutBucketAcl, PutObjectAcl, 64 << 10);
   add(V::get, "versions", versions, GetObject);
   add(V::post, "delete", DeleteObjects, nullptr, 4 << 20);
   add(V::get, "uploads", ListMultipartUploads, GetObject);

@@ -34,6 +34,12 @@ Result<DeleteRequest> ParseDeleteObjects(std::string_view body) {
   r.quiet = std::string_view(del.child_value("Quiet")) == "true";
   for (auto o : del.children("Object")) {
     if (!o.child("Key") || r.keys.size() == kMaxDeleteKeys) return Malformed();
+    if (auto v = o.child("VersionId"); v && std::string_view(v.child_value()) != "null")
+      r.refused[r.keys.size()] = {"InvalidArgument", "Invalid version id specified"};
+    else if (o.child("ETag") || o.child("LastModifiedTime") || o.child("Size"))
+      r.refused[r.keys.size()] = {"NotImplemented",
+                                  "conditional deletes (ETag, LastModifiedTime, Size) are not "
+                                  "implemented; the object was not deleted"};
     r.keys.emplace_back(o.child_value("Key"));
   }
   if (r.keys.empty()) return Malformed();

@@ -18,10 +18,16 @@ inline constexpr size_t kMaxBatchItems = 100000;
 inline constexpr size_t kMaxBatchOpaque = 1024;
 
 // DeleteObjects: <Delete><Quiet>?<Object><Key>...</Key></Object>...</Delete>, 1 to 1000 keys.
-// kInvalidArgument (S3's MalformedXML) otherwise.
+// kInvalidArgument (S3's MalformedXML) otherwise. A key with what this server does not do (a
+// version other than "null", a conditional delete's ETag / LastModifiedTime / Size) is listed
+// in `refused` with S3's code and message, to be answered as that key's <Error>, not deleted.
 struct DeleteRequest {
+  struct Refusal {
+    std::string code, message;
+  };
   bool quiet = false;
   std::vector<std::string> keys;
+  std::map<size_t, Refusal> refused;  // by index in `keys`
 };
 Result<DeleteRequest> ParseDeleteObjects(std::string_view body);
 

@@ -1,6 +1,7 @@
 #include "service/s3/objects.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <deque>
 #include <mutex>
@@ -43,7 +44,45 @@ bool IsObjectNotFound(const Status& st) {
          st.code() == Code::kInvalidPath;
 }
 
+bool TokenName(std::string_view n) {
+  static constexpr std::string_view kSpecials = "!#$%&'*+-.^_`|~";
+  return !n.empty() && n.size() <= 256 && std::all_of(n.begin(), n.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || kSpecials.find(c) != kSpecials.npos;
+  });
+}
+
+// "<32 hex>" or "<32 hex>-<parts>", as Publish and CompleteMultipart store it.
+bool StoredETag(std::string_view e) {
+  if (e.size() < 32 || !std::all_of(e.begin(), e.begin() + 32, [](char c) {
+        return std::isdigit(static_cast<unsigned char>(c)) || (c >= 'a' && c <= 'f');
+      }))
+    return false;
+  std::string_view parts = e.substr(32);
+  if (parts.empty()) return true;
+  return parts.size() >= 2 && parts.size() <= 6 && parts[0] == '-' &&
+         std::all_of(parts.begin() + 1, parts.end(),
+                     [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+}
+
+bool StoredMapOk(const std::map<std::string, std::string>& m, bool (*name_ok)(std::string_view)) {
+  return std::all_of(m.begin(), m.end(), [&](const auto& kv) {
+    return name_ok(kv.first) && HeaderValueSafe(kv.second);
+  });
+}
+
+bool StoredHeaderName(std::string_view n) {
+  return std::find(std::begin(kStoredHeaders), std::end(kStoredHeaders), n) !=
+         std::end(kStoredHeaders);
+}
+
 }  // namespace
+
+bool HeaderValueSafe(std::string_view v) {
+  return std::none_of(v.begin(), v.end(), [](char c) {
+    auto u = static_cast<unsigned char>(c);
+    return (u < 0x20 && u != '\t') || u == 0x7f;
+  });
+}
 
 int64_t MtimeNs(const DirEntry& e) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(e.modified.time_since_epoch())
@@ -81,6 +120,10 @@ std::optional<ObjectMeta> ObjectMeta::Decode(std::string_view blob, const DirEnt
     if (j.contains("h")) m.headers = j["h"].get<std::map<std::string, std::string>>();
     if (j.contains("m")) m.user = j["m"].get<std::map<std::string, std::string>>();
     if (j.contains("c")) m.checksums = j["c"].get<std::map<std::string, std::string>>();
+    if ((!m.etag.empty() && !StoredETag(m.etag)) || !HeaderValueSafe(m.content_type) ||
+        !StoredMapOk(m.headers, StoredHeaderName) || !StoredMapOk(m.user, TokenName) ||
+        !StoredMapOk(m.checksums, TokenName))
+      return std::nullopt;
     return m;
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;
@@ -144,9 +187,6 @@ Result<std::vector<std::string>> KeyParts(std::string_view key) {
 // ------------------------------------------------------------------------------------ listing
 
 namespace {
-
-// A directory's marker ("d/"): the MD5 of nothing.
-constexpr const char* kMarkerETag = "\"d41d8cd98f00b204e9800998ecf8427e\"";
 
 class Lister {
  public:
@@ -1142,7 +1182,13 @@ Result<ObjectStore::Opened> ObjectStore::OpenWith(Volume& v, const VFolderId& vf
   auto would_block = [] { return Status(Code::kUnavailable, "not in memory"); };
   auto nokey = [&] { return Status(Code::kNotFound, "the specified key does not exist", ENOENT); };
   auto path = KeyPath(key);
-  if (!path.ok()) return path.status().code() == Code::kPermissionDenied ? nokey() : path.status();
+  // A key no file can be ("a//b", "./x") or the staging directory's holds no object here: a
+  // read finds nothing, as S3's does (a PUT of it is what is refused).
+  if (!path.ok())
+    return path.status().code() == Code::kPermissionDenied ||
+                   (path.status().code() == Code::kInvalidArgument && !key.empty())
+               ? nokey()
+               : path.status();
   const std::string_view rel = *path;
   Opened o;
   if (key.back() == '/') {

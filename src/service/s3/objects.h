@@ -32,6 +32,10 @@
 
 namespace sluice {
 
+// The standard headers stored with an object and given back on GET/HEAD.
+inline constexpr std::string_view kStoredHeaders[] = {
+    "Cache-Control", "Content-Disposition", "Content-Encoding", "Content-Language", "Expires"};
+
 // What is stored with an object (JSON in kObjectMetaAttr).
 struct ObjectMeta {
   std::string etag;          // hex MD5, or "<hex>-<parts>" for multipart; no quotes
@@ -45,11 +49,19 @@ struct ObjectMeta {
   int64_t mtime_ns = 0;
 
   std::string Encode() const;
-  // nullopt when `blob` is empty, malformed, or describes another version of the file.
+  // nullopt when `blob` is empty, malformed, or describes another version of the file. The
+  // blob is an extended attribute anyone who writes the vfolder can set: what it holds becomes
+  // response headers, so only the shapes Sluice writes are taken (an ETag of hex digits, known
+  // header names, token names, values without control bytes).
   static std::optional<ObjectMeta> Decode(std::string_view blob, const DirEntry& file);
 };
 
+// A directory's marker ("d/"), listed or read: the MD5 of nothing.
+inline constexpr const char* kMarkerETag = "\"d41d8cd98f00b204e9800998ecf8427e\"";
+
 int64_t MtimeNs(const DirEntry& e);
+// No control byte but tab: what becomes a response header cannot split it (CR, LF) or end it.
+bool HeaderValueSafe(std::string_view v);
 // The entity tag S3 clients see, quoted: the stored MD5 when valid, otherwise a validator from
 // inode, size and mtime ("<ino>-<size>-<mtime>" in hex, never 32 hex digits, so no client takes
 // it for an MD5).

@@ -13,6 +13,7 @@
 #include "common/secrets.h"
 #include "service/cache_ops.h"
 #include "service/files.h"
+#include "service/s3/s3_store.h"
 #include "volume/s3/s3_volume.h"
 
 #ifndef SLUICE_VERSION
@@ -149,7 +150,9 @@ class ListingBody {
 
 class ManagerApi {
  public:
-  explicit ManagerApi(StorageService* svc) : svc_(svc), files_(svc) {}
+  // `s3`: the bucket names to unbind with a deleted vfolder (null: no S3 API).
+  explicit ManagerApi(StorageService* svc, S3Store* s3 = nullptr)
+      : svc_(svc), s3_(s3), files_(svc) {}
 
   // The routes share ownership of the API object.
   static void Register(RouteGroup& r, const std::shared_ptr<ManagerApi>& api) {
@@ -318,7 +321,25 @@ class ManagerApi {
       // Backend.AI answers 410 Gone here; managers read it as "already deleted".
       return ErrorResponse(id.status(), {}, 410);
     if (!id.ok()) return ErrorResponse(id.status());
+    UnbindBucketsOf(vol, vfid);
     return TaskAccepted(202, *id);
+  }
+
+  // The bucket names a deleted vfolder was served by go with it (on every node: the records
+  // are shared). Before, they stayed, answering for a vfolder that was gone, and the name could
+  // not be made again.
+  void UnbindBucketsOf(const std::string& vol, const VFolderId& vfid) {
+    if (!s3_) return;
+    const std::string id = vfid.ToString();
+    for (const auto& b : s3_->Buckets()) {
+      if (b.volume != vol || b.vfid != id) continue;
+      Status st = s3_->UnbindBucket(b.name, b.vfid);
+      if (st.ok())
+        spdlog::info("s3: bucket {} unbound: its vfolder {} on {} was deleted", b.name, id, vol);
+      else if (st.code() != Code::kNotFound)
+        spdlog::warn("s3: bucket {} stays bound to deleted vfolder {}: {}", b.name, id,
+                     st.ToString());
+    }
   }
 
   HttpResponse CloneFolder(const Params& p, const RequestContext& ctx) {
@@ -589,6 +610,7 @@ class ManagerApi {
   }
 
   StorageService* svc_;
+  S3Store* s3_;
   FileService files_;
 };
 
@@ -655,7 +677,7 @@ std::shared_ptr<Router> MakeManagerRouter(StorageService* service, ThreadPool* i
   auto router = std::make_shared<Router>("manager", io_pool);
   AddHealthRoutes(*router, health, "manager-facing");
   RouteGroup managed = router->Group(ManagerTokenAuth(kAuthHeader, manager_secret));
-  ManagerApi::Register(managed, std::make_shared<ManagerApi>(service));
+  ManagerApi::Register(managed, std::make_shared<ManagerApi>(service, s3));
   AddVfsStorageRoutes(managed, service->config().vfs_storages);
   if (s3) AddS3AdminRoutes(managed, service, s3);
   return router;

@@ -30,6 +30,7 @@
 #include "common/config.h"
 #include "common/http_client.h"
 #include "common/temp_files.h"
+#include "common/uri.h"
 
 #ifndef SLUICE_VERSION
 #define SLUICE_VERSION "0.0.0"
@@ -1299,7 +1300,8 @@ void AddS3Commands(CLI::App& app, Args& a, Action* run) {
               "sluice s3 user delete alice");
   udelete->add_option("ID", a.s3_id, "user id")->required();
   OnRun(udelete, run, [&a](Cli& c) {
-    int rc = c.Call(http::verb::delete_, "/s3/users/" + a.s3_id, nullptr, nullptr);
+    int rc =
+        c.Call(http::verb::delete_, "/s3/users/" + UriEncode(a.s3_id, false), nullptr, nullptr);
     if (rc != kExitOk) return rc;
     if (c.g.json)
       c.PrintOk({{"id", a.s3_id}});
@@ -1347,7 +1349,7 @@ void AddS3Commands(CLI::App& app, Args& a, Action* run) {
   OnRun(klist, run, [&a](Cli& c) {
     json j;
     std::string path = "/s3/keys";
-    if (!a.user.empty()) path += "?user=" + a.user;
+    if (!a.user.empty()) path += "?user=" + UriEncode(a.user, false);
     int rc = c.Call(http::verb::get, path, nullptr, &j);
     if (rc != kExitOk) return rc;
     if (c.g.json) {
@@ -1371,7 +1373,8 @@ void AddS3Commands(CLI::App& app, Args& a, Action* run) {
               "sluice s3 key revoke SLUABCDEFGHIJKLMNOPQ");
   krevoke->add_option("ACCESS_KEY", a.access_key, "the access key id")->required();
   OnRun(krevoke, run, [&a](Cli& c) {
-    int rc = c.Call(http::verb::delete_, "/s3/keys/" + a.access_key, nullptr, nullptr);
+    int rc =
+        c.Call(http::verb::delete_, "/s3/keys/" + UriEncode(a.access_key, false), nullptr, nullptr);
     if (rc != kExitOk) return rc;
     if (c.g.json)
       c.PrintOk({{"access_key", a.access_key}});
@@ -1427,7 +1430,8 @@ void AddS3Commands(CLI::App& app, Args& a, Action* run) {
                          "sluice s3 bucket unbind datasets");
   unbind->add_option("NAME", a.bucket_name, "bucket name")->required();
   OnRun(unbind, run, [&a](Cli& c) {
-    int rc = c.Call(http::verb::delete_, "/s3/buckets/" + a.bucket_name, nullptr, nullptr);
+    int rc = c.Call(http::verb::delete_, "/s3/buckets/" + UriEncode(a.bucket_name, false), nullptr,
+                    nullptr);
     if (rc != kExitOk) return rc;
     if (c.g.json)
       c.PrintOk({{"name", a.bucket_name}});

@@ -179,6 +179,41 @@ def test_a_vfolder_another_name_serves_outlives_its_first_bucket(s3d, s3, user):
     s3.delete_bucket(Bucket=second)
 
 
+def test_a_deleted_vfolder_takes_its_bucket_names_along(s3d, s3, user):
+    """The manager deleting a vfolder unbinds the names that served it; the owner can make the
+    name again. Before, the name stayed bound to nothing: 404 for every call, and CreateBucket
+    answered 200 as for a bucket that was there."""
+    name = new_bucket(s3)
+    b = next(b for b in s3d.mgr("GET", "/s3/buckets").json()["buckets"] if b["name"] == name)
+    r = s3d.mgr("POST", "/folder/delete", json={"volume": b["volume"], "vfid": b["vfid"]})
+    assert r.status_code == 202, r.text
+    assert name not in [x["name"] for x in s3d.mgr("GET", "/s3/buckets").json()["buckets"]]
+    with pytest.raises(ClientError) as e:
+        s3.head_bucket(Bucket=name)
+    assert status_of(e) == 404
+    s3.create_bucket(Bucket=name)
+    s3.put_object(Bucket=name, Key="k", Body=b"anew")
+    assert s3.get_object(Bucket=name, Key="k")["Body"].read() == b"anew"
+    # A vfolder gone behind the API's back (by hand, another node's older version): the
+    # owner's create makes the bucket anew rather than answering 200 for nothing.
+    root = bucket_dir(s3d, name)
+    import shutil
+    shutil.rmtree(root)
+    s3.create_bucket(Bucket=name)
+    s3.put_object(Bucket=name, Key="k", Body=b"again")
+    assert s3.get_object(Bucket=name, Key="k")["Body"].read() == b"again"
+    assert bucket_dir(s3d, name) != root
+
+
+def test_a_read_only_key_creates_no_bucket(s3d, s3, user):
+    name = new_bucket(s3)
+    ro = s3d.s3_client(*s3d.s3_key(user, read_only=True))
+    for n in (name, f"b-{uuid.uuid4().hex[:12]}"):  # its user's bucket too, as AWS checks first
+        with pytest.raises(ClientError) as e:
+            ro.create_bucket(Bucket=n)
+        assert code_of(e) == "AccessDenied", n
+
+
 # ----------------------------------------------------------------------------------- objects
 
 
@@ -840,6 +875,21 @@ def test_response_overrides_replace_stored_headers(s3):
     assert h["content-disposition"] == "inline"
 
 
+def test_standard_headers_stored_are_bounded(s3d, s3):
+    """Content-Type and the stored headers share the object's metadata attribute, which a file
+    system bounds: past 1536 bytes, MetadataTooLarge before the body is taken."""
+    name = new_bucket(s3)
+    with pytest.raises(ClientError) as e:
+        s3.put_object(Bucket=name, Key="k", Body=b"x", ContentDisposition="a" * 1600)
+    assert code_of(e) == "MetadataTooLarge" and status_of(e) == 400
+    with pytest.raises(ClientError) as e:
+        s3.create_multipart_upload(Bucket=name, Key="m", ContentType="t/" + "a" * 1600)
+    assert code_of(e) == "MetadataTooLarge"
+    assert "Contents" not in s3.list_objects_v2(Bucket=name)
+    s3.put_object(Bucket=name, Key="k", Body=b"x", ContentDisposition="a" * 1400)
+    assert s3.head_object(Bucket=name, Key="k")["ContentDisposition"] == "a" * 1400
+
+
 def test_ranges_and_part_numbers_as_s3_answers_them(s3d, user):
     ak, sk = s3d.s3_key(user)
     s3 = s3d.s3_client(ak, sk)
@@ -1291,6 +1341,11 @@ def test_cli_admin(s3d):
     assert (s3d.vfolder_path(vfid) / "weights.bin").read_bytes() == b"w" * 10
     assert not list(staged.glob("mp-*"))
     sluice("s3", "bucket", "unbind", name, rc=3)
+    # Names are path parts, encoded: "ID?x" is no user (before, it deleted ID).
+    sluice("s3", "user", "delete", uid + "?x", rc=1)  # 400: not a user id
+    assert uid in sluice("s3", "user", "list")
+    # Keys of a user who is not there: an error, not an empty table.
+    sluice("s3", "key", "list", "--user", "ghost-" + uid, rc=3)
     sluice("s3", "user", "delete", uid)
     assert uid not in sluice("s3", "user", "list")
 

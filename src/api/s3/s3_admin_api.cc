@@ -76,6 +76,8 @@ void AddS3AdminRoutes(RouteGroup& g, StorageService* svc, S3Store* store) {
         }});
   g.Add(V::get, "/s3/keys", Route{.handler = [store](const HttpRequest& req) {
           auto user = req.query.find("user");
+          // An unknown user is an error, not an empty list that reads as "no keys".
+          if (user != req.query.end()) API_RETURN_IF_ERROR(store->GetUser(user->second).status());
           nlohmann::json a = nlohmann::json::array();
           for (const auto& k : store->Keys())
             if (user == req.query.end() || k.user == user->second) a.push_back(k.ToPublicJson());

@@ -353,23 +353,33 @@ HttpResponse CreateBucket(S3Ctx& ctx, const HttpRequest& req) {
   if (!req.msg.body().empty())
     if (Status st = s3::CheckCreateBucketConfiguration(req.msg.body()); !st.ok())
       return ErrorXml(MalformedXml(st), req.path);
-  auto existing = ctx.store->FindBucket(name);
-  if (!existing.ok() && existing.status().code() != Code::kNotFound)
-    return ErrorXml(FromStatus(existing.status()), req.path);
-  if (existing.ok()) {
-    if (existing->owner == g.key->user) {  // us-east-1 answers 200 to its owner
-      HttpResponse r = HttpResponse::Text(200, "", "application/xml");
-      r.headers.emplace_back("Location", "/" + name);
-      return r;
-    }
-    return ErrorXml({409, "BucketAlreadyExists",
-                     "the requested bucket name is not available; select a different name"},
-                    req.path);
-  }
+  // What the key may do first, as AWS checks the permission before the name.
   if (g.key->read_only)
     return ErrorXml({403, "AccessDenied", "this access key is read-only"}, req.path);
   if (!g.key->MayUse(name))
     return ErrorXml({403, "AccessDenied", "this access key is limited to other buckets"}, req.path);
+  auto existing = ctx.store->FindBucket(name);
+  if (!existing.ok() && existing.status().code() != Code::kNotFound)
+    return ErrorXml(FromStatus(existing.status()), req.path);
+  if (existing.ok() && existing->owner != g.key->user)
+    return ErrorXml({409, "BucketAlreadyExists",
+                     "the requested bucket name is not available; select a different name"},
+                    req.path);
+  if (existing.ok()) {
+    auto v = ctx.svc->GetVolume(existing->volume);
+    auto id = VFolderId::Parse(existing->vfid);
+    Status live = !v.ok() ? v.status() : !id.ok() ? id.status() : (*v)->CheckVFolder(*id);
+    if (live.code() != Code::kNotFound) {  // us-east-1 answers 200 to its owner
+      HttpResponse r = HttpResponse::Text(200, "", "application/xml");
+      r.headers.emplace_back("Location", "/" + name);
+      return r;
+    }
+    // Its vfolder went (deleted behind S3's back): the owner's create makes the bucket anew.
+    spdlog::info("s3: bucket {} of {} lost its vfolder {}; made anew", name, g.key->user,
+                 existing->vfid);
+    Status gone = ctx.store->UnbindBucket(name, existing->vfid);
+    if (!gone.ok() && gone.code() != Code::kNotFound) return ErrorXml(FromStatus(gone), req.path);
+  }
   auto user = ctx.store->GetUser(g.key->user);
   if (!user.ok()) return ErrorXml(FromStatus(user.status()), req.path);
   auto scope = QuotaScopeId::Parse(user->default_scope);

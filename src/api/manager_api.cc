@@ -317,9 +317,11 @@ class ManagerApi {
     API_ASSIGN_OR_RESPOND(VFolderId vfid, GetVfid(p, "vfid"));
     auto id = svc_->DeleteVFolder(vol, vfid);
     if (!id.ok() && id.status().subject() == Subject::kVFolder &&
-        id.status().code() == Code::kNotFound)
+        id.status().code() == Code::kNotFound) {
+      UnbindBucketsOf(vol, vfid);  // gone all the same (a retried delete, or by hand)
       // Backend.AI answers 410 Gone here; managers read it as "already deleted".
       return ErrorResponse(id.status(), {}, 410);
+    }
     if (!id.ok()) return ErrorResponse(id.status());
     UnbindBucketsOf(vol, vfid);
     return TaskAccepted(202, *id);
@@ -330,6 +332,7 @@ class ManagerApi {
   // not be made again.
   void UnbindBucketsOf(const std::string& vol, const VFolderId& vfid) {
     if (!s3_) return;
+    s3_->Refresh();  // names another node bound within the refresh interval too
     const std::string id = vfid.ToString();
     for (const auto& b : s3_->Buckets()) {
       if (b.volume != vol || b.vfid != id) continue;

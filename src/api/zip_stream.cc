@@ -1,7 +1,5 @@
 #include "api/zip_stream.h"
 
-#include "common/json.h"
-
 #include <sys/stat.h>
 
 #include <chrono>
@@ -12,7 +10,6 @@
 
 #include "api/archive_writer.h"
 #include "common/json.h"
-
 #include "common/path.h"
 
 namespace sluice::api {

@@ -9,6 +9,7 @@ import datetime
 import hashlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import threading
@@ -197,12 +198,42 @@ def test_a_deleted_vfolder_takes_its_bucket_names_along(s3d, s3, user):
     # A vfolder gone behind the API's back (by hand, another node's older version): the
     # owner's create makes the bucket anew rather than answering 200 for nothing.
     root = bucket_dir(s3d, name)
-    import shutil
     shutil.rmtree(root)
     s3.create_bucket(Bucket=name)
     s3.put_object(Bucket=name, Key="k", Body=b"again")
     assert s3.get_object(Bucket=name, Key="k")["Body"].read() == b"again"
     assert bucket_dir(s3d, name) != root
+    # A vfolder already gone when the manager deletes it (410): its names go all the same.
+    root = bucket_dir(s3d, name)
+    b = next(b for b in s3d.mgr("GET", "/s3/buckets").json()["buckets"] if b["name"] == name)
+    shutil.rmtree(root)
+    r = s3d.mgr("POST", "/folder/delete", json={"volume": b["volume"], "vfid": b["vfid"]})
+    assert r.status_code == 410, r.text
+    assert name not in [x["name"] for x in s3d.mgr("GET", "/s3/buckets").json()["buckets"]]
+
+
+def test_a_bucket_whose_volume_looks_unmounted_keeps_its_name(s3d):
+    """The owner's CreateBucket makes a bucket anew only when its vfolder is gone from a
+    volume that still holds its quota scope. A vfolder missing with its scope (an unmounted
+    volume looks so; so does a volume this node does not serve) keeps its binding for the
+    nodes that do see it. Before, the name was unbound on every node and pointed at a new
+    empty vfolder, orphaning the old one's objects."""
+    user = s3d.s3_user()["id"]  # its own default scope
+    s3 = s3d.s3_client(*s3d.s3_key(user))
+    name = new_bucket(s3)
+    b = next(b for b in s3d.mgr("GET", "/s3/buckets").json()["buckets"] if b["name"] == name)
+    scope = s3d.vfolder_path(b["vfid"], b["volume"]).parents[2]
+    hidden = scope.with_name(scope.name + ".unmounted")
+    scope.rename(hidden)
+    try:
+        s3.create_bucket(Bucket=name)  # 200, as for one's own bucket
+        after = next(x for x in s3d.mgr("GET", "/s3/buckets").json()["buckets"]
+                     if x["name"] == name)
+        assert after["vfid"] == b["vfid"], (b, after)
+    finally:
+        hidden.rename(scope)
+    s3.put_object(Bucket=name, Key="k", Body=b"kept")
+    assert s3.get_object(Bucket=name, Key="k")["Body"].read() == b"kept"
 
 
 def test_a_read_only_key_creates_no_bucket(s3d, s3, user):
@@ -888,6 +919,32 @@ def test_standard_headers_stored_are_bounded(s3d, s3):
     assert "Contents" not in s3.list_objects_v2(Bucket=name)
     s3.put_object(Bucket=name, Key="k", Body=b"x", ContentDisposition="a" * 1400)
     assert s3.head_object(Bucket=name, Key="k")["ContentDisposition"] == "a" * 1400
+    # Counted as stored: the attribute's JSON escapes '"' and '\' (before, 1,400 of them
+    # passed as 1,400 bytes and took 2,800 in the attribute).
+    with pytest.raises(ClientError) as e:
+        s3.put_object(Bucket=name, Key="q", Body=b"x", ContentDisposition='"' * 1400)
+    assert code_of(e) == "MetadataTooLarge"
+    with pytest.raises(ClientError) as e:
+        s3.put_object(Bucket=name, Key="q", Body=b"x", Metadata={"v": "\\" * 1100})
+    assert code_of(e) == "MetadataTooLarge"
+
+
+def test_user_metadata_names_sluice_stores_it_reads_back(s3d, s3, user):
+    """A metadata name Sluice takes is one it answers: a long one is kept, and an empty one
+    (`x-amz-meta-` alone) is refused. Before, both were stored and then read back as
+    malformed, which dropped the object's whole metadata (its ETag, Content-Type)."""
+    name = new_bucket(s3)
+    long_name = "n" * 300
+    s3.put_object(Bucket=name, Key="k", Body=b"x", ContentType="text/x-long",
+                  Metadata={long_name: "v"})
+    h = s3.head_object(Bucket=name, Key="k")
+    assert h["Metadata"] == {long_name: "v"} and h["ContentType"] == "text/x-long"
+    assert h["ETag"] == '"9dd4e461268c8034f5c8564e155c67a6"'  # MD5 of "x"
+    ak, sk = s3d.s3_key(user)
+    r = signed(s3d, ak, sk, "PUT", f"/{name}/e", b"x", headers={"x-amz-meta-": "v"})
+    assert r.status_code == 400 and "<Code>InvalidArgument</Code>" in r.text, r.text
+    assert "x-amz-meta-" in r.text
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=name)["Contents"]] == ["k"]
 
 
 def test_ranges_and_part_numbers_as_s3_answers_them(s3d, user):

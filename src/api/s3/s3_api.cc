@@ -366,10 +366,14 @@ HttpResponse CreateBucket(S3Ctx& ctx, const HttpRequest& req) {
                      "the requested bucket name is not available; select a different name"},
                     req.path);
   if (existing.ok()) {
+    // Lost only when this node serves its volume, the vfolder is missing there and its quota
+    // scope is not (an unmounted volume, or one this node lacks, has neither: the binding
+    // stays for the nodes that do serve it).
     auto v = ctx.svc->GetVolume(existing->volume);
     auto id = VFolderId::Parse(existing->vfid);
-    Status live = !v.ok() ? v.status() : !id.ok() ? id.status() : (*v)->CheckVFolder(*id);
-    if (live.code() != Code::kNotFound) {  // us-east-1 answers 200 to its owner
+    const bool lost = v.ok() && id.ok() && (*v)->CheckVFolder(*id).code() == Code::kNotFound &&
+                      id->scope && (*v)->quota().DescribeScope(*id->scope).ok();
+    if (!lost) {  // us-east-1 answers 200 to its owner
       HttpResponse r = HttpResponse::Text(200, "", "application/xml");
       r.headers.emplace_back("Location", "/" + name);
       return r;
@@ -657,6 +661,12 @@ std::string KeyOf(const HttpRequest& req) {
 }
 
 // Object metadata from a PUT's headers; MetadataTooLarge past S3's 2 KB of user metadata.
+// Bytes as the attribute's JSON holds them: '"' and '\' are escaped (header values hold no
+// control characters, and UTF-8 is kept as it is).
+size_t StoredSize(std::string_view v) {
+  return v.size() + std::count_if(v.begin(), v.end(), [](char c) { return c == '"' || c == '\\'; });
+}
+
 std::variant<ObjectMeta, S3Error> MetaFromHeaders(const HttpRequest& req) {
   // What is stored must be UTF-8 (it is kept as JSON and answered as headers again); HTTP lets
   // a client send any byte above 0x7f.
@@ -696,7 +706,9 @@ std::variant<ObjectMeta, S3Error> MetaFromHeaders(const HttpRequest& req) {
     std::transform(n.begin(), n.end(), n.begin(), ::tolower);
     if (!StartsWith(n, "x-amz-meta-")) continue;
     std::string k = n.substr(11);
-    user_bytes += k.size() + f.value().size();
+    if (k.empty())
+      return S3Error{400, "InvalidArgument", "a metadata header needs a name after x-amz-meta-"};
+    user_bytes += StoredSize(k) + StoredSize(f.value());
     m.user[k] = std::string(f.value());
   }
   if (user_bytes > kMaxUserMeta)
@@ -706,8 +718,8 @@ std::variant<ObjectMeta, S3Error> MetaFromHeaders(const HttpRequest& req) {
   // The standard headers go into the same extended attribute, which a file system bounds
   // (ext4: one 4 KiB block for all of a file's): refused here, before the body is sent, rather
   // than when the object is published.
-  size_t standard = m.content_type.size();
-  for (const auto& [k, v] : m.headers) standard += k.size() + v.size();
+  size_t standard = StoredSize(m.content_type);
+  for (const auto& [k, v] : m.headers) standard += k.size() + StoredSize(v);
   if (standard > kMaxStandardMeta)
     return S3Error{400, "MetadataTooLarge",
                    fmt::format("the headers stored with the object (Content-Type, Cache-Control, "

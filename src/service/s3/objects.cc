@@ -46,7 +46,7 @@ bool IsObjectNotFound(const Status& st) {
 
 bool TokenName(std::string_view n) {
   static constexpr std::string_view kSpecials = "!#$%&'*+-.^_`|~";
-  return !n.empty() && n.size() <= 256 && std::all_of(n.begin(), n.end(), [](char c) {
+  return !n.empty() && n.size() <= 2048 && std::all_of(n.begin(), n.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || kSpecials.find(c) != kSpecials.npos;
   });
 }
@@ -713,6 +713,9 @@ Status ObjectWriter::PublishWith(const std::function<std::string(const DirEntry&
   done_ = true;
   staging_.reset();
   reservations_->Release(reservation_key_);
+  // What follows touches only staging (a part's side file), which no emptiness check counts;
+  // it may publish again, which takes the gate itself.
+  if (held.owns_lock()) held.unlock();
   return after_publish_ ? after_publish_(published) : Status::Ok();
 }
 

@@ -128,6 +128,21 @@ HttpResponse ErrorResponse(const Status& st, const std::vector<std::string>& pat
   return r;
 }
 
+HttpResponse FileError(const Status& st, const std::vector<std::string>& paths) {
+  if (st.subject() == Subject::kUnspecified) {
+    switch (st.code()) {
+      case Code::kNotFound:
+      case Code::kAlreadyExists:
+      case Code::kNotEmpty:
+      case Code::kPermissionDenied:
+        return ErrorResponse(st, paths, 400);
+      default:
+        break;
+    }
+  }
+  return ErrorResponse(st, paths);
+}
+
 void ParseTarget(std::string_view target, std::string& path,
                  std::map<std::string, std::string>& query, std::string_view skip_prefix) {
   size_t q = target.find('?');

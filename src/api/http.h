@@ -78,6 +78,13 @@ struct HttpResponse {
 HttpResponse ErrorResponse(const Status& st, const std::vector<std::string>& paths = {},
                            unsigned status = 0);
 
+// A failed file operation (inside a vfolder, or a VFS storage). Backend.AI's proxy answers every
+// filesystem error there with 400 {msg, errno, paths}, which the manager reads as
+// VFolderBadRequest; a 404 would read as "no such vfolder", a 403 as a refused token and a 409
+// as a failed operation. Missing vfolders, volumes and server-side failures keep their own
+// answers.
+HttpResponse FileError(const Status& st, const std::vector<std::string>& paths);
+
 // In handlers: declares `lhs` from a Result, or returns its error as the problem+json answer.
 #define API_ASSIGN_OR_RESPOND(lhs, expr)                                        \
   auto SLUICE_CONCAT(_r_, __LINE__) = (expr);                                   \

@@ -58,25 +58,6 @@ nlohmann::json OptJson(const std::optional<uint64_t>& v) {
   return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
 }
 
-// A failed file operation inside a vfolder. Backend.AI's proxy answers every filesystem error
-// there with 400 {msg, errno, paths}, which the manager reads as VFolderBadRequest; a 404 would
-// read as "no such vfolder" and a 409 as a failed operation. Missing vfolders, volumes and
-// server-side failures keep their own answers.
-HttpResponse FileError(const Status& st, const std::vector<std::string>& paths) {
-  if (st.subject() == Subject::kUnspecified) {
-    switch (st.code()) {
-      case Code::kNotFound:
-      case Code::kAlreadyExists:
-      case Code::kNotEmpty:
-      case Code::kPermissionDenied:
-        return ErrorResponse(st, paths, 400);
-      default:
-        break;
-    }
-  }
-  return ErrorResponse(st, paths);
-}
-
 HttpResponse TaskAccepted(unsigned status, const std::string& id) {
   return HttpResponse::Json(status, {{"bgtask_id", id}});
 }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -168,6 +169,12 @@ std::optional<HttpResponse> Resolve(const Storages& storages, const HttpRequest&
   auto fd = OpenBeneath(t.base.get(), t.rel, O_PATH);
   if (!fd.ok()) {
     const Status& s = fd.status();
+    // ELOOP: a loop of links, or a chain past the kernel's 40 (or a /proc magic link); only
+    // EXDEV says that the path left the base.
+    if (s.code() == Code::kInvalidPath && s.sys_errno() == ELOOP)
+      return FileError(Status(Code::kInvalidPath,
+                              fmt::format("'{}': too many levels of symbolic links", t.raw), ELOOP),
+                       {t.raw});
     if (s.code() == Code::kInvalidPath)
       return ErrorResponse(
           Status(Code::kInvalidPath,
@@ -179,11 +186,11 @@ std::optional<HttpResponse> Resolve(const Storages& storages, const HttpRequest&
           Status(Code::kNotFound,
                  fmt::format("'{}' does not exist in VFS storage '{}'", t.raw, name), ENOENT),
           {t.raw});
-    return ErrorResponse(s, {t.raw});
+    return FileError(s, {t.raw});
   }
   t.fd = std::move(fd).value();
   if (::fstat(t.fd.get(), &t.st) != 0)
-    return ErrorResponse(Status::FromErrno(errno, fmt::format("stat '{}'", t.raw)), {t.raw});
+    return FileError(Status::FromErrno(errno, fmt::format("stat '{}'", t.raw)), {t.raw});
   return std::nullopt;
 }
 
@@ -193,6 +200,28 @@ Status WalkFailed(const std::string& label, Status st) {
   spdlog::warn("{}: cut short: {}", label, st.message());
   return st;
 }
+
+// What a walk may not read (permission: a root-owned `lost+found` at a file system's root, a
+// colleague's private directory) is left out, and the walk goes on: one such entry would
+// otherwise cut off every listing and archive above it, after their 200. An unreadable
+// directory is still listed (or archived, empty); logged, the first five per walk, then a count.
+class Unreadable {
+ public:
+  explicit Unreadable(const std::string& label) : label_(label) {}
+  // True (logged) when `err` says this process may not read `path`.
+  bool Skip(int err, std::string_view path, std::string_view what) {
+    if (err != EACCES && err != EPERM) return false;
+    if (++n_ <= 5) spdlog::warn("{}: {} '{}' left out: {}", label_, what, path, std::strerror(err));
+    return true;
+  }
+  void Done() const {
+    if (n_ > 5) spdlog::warn("{}: {} unreadable entries left out in all", label_, n_);
+  }
+
+ private:
+  const std::string& label_;
+  uint64_t n_ = 0;
+};
 
 // The body of /files: {"files": [...]}, the tree below one directory depth first, pre-order,
 // in directory order (as the reference's scandir walk), one entry at a time so that memory
@@ -209,7 +238,7 @@ Status WalkFailed(const std::string& label, Status st) {
 class ListingBody {
  public:
   ListingBody(std::string label, UniqueFd base, DirReader root, std::string rel, std::string shown)
-      : label_(std::move(label)), base_(std::move(base)) {
+      : label_(std::move(label)), base_(std::move(base)), skipped_(label_) {
     stack_.push_back(Frame{std::move(root), std::move(rel), std::move(shown)});
   }
 
@@ -285,6 +314,7 @@ class ListingBody {
       struct stat st {};
       if (::fstatat(f.dir.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
         if (errno == ENOENT) continue;  // removed meanwhile
+        if (skipped_.Skip(errno, path, "entry")) continue;
         return Status::FromErrno(errno, fmt::format("stat '{}'", path));
       }
       if (S_ISREG(st.st_mode)) return Emit(name, path, st, false);
@@ -301,6 +331,7 @@ class ListingBody {
       if (!sub.ok()) {
         int err = sub.status().sys_errno();
         if (err == ENOENT || err == ENOTDIR || err == ELOOP) continue;  // removed or replaced
+        if (skipped_.Skip(err, path, "the contents of")) return Emit(name, path, st, true);
         return sub.status();
       }
       struct stat now {};
@@ -314,11 +345,13 @@ class ListingBody {
     }
     pending_ = "]}";
     done_ = true;
+    skipped_.Done();
     return Status::Ok();
   }
 
   std::string label_;
   UniqueFd base_;
+  Unreadable skipped_;
   std::vector<Frame> stack_;
   uint64_t count_ = 0;
   std::string pending_;
@@ -337,7 +370,7 @@ class ListingBody {
 class TarBody {
  public:
   TarBody(std::string label, DirReader root, const struct stat& root_st, size_t chunk)
-      : label_(std::move(label)), root_st_(root_st), chunk_(chunk) {
+      : label_(std::move(label)), root_st_(root_st), chunk_(chunk), skipped_(label_) {
     stack_.push_back(Frame{std::move(root), "./"});
   }
   ~TarBody() {
@@ -424,6 +457,7 @@ class TarBody {
     struct stat st {};
     if (::fstatat(dfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
       if (errno == ENOENT) return Status::Ok();  // removed meanwhile
+      if (skipped_.Skip(errno, arcname, "entry")) return Status::Ok();
       return Status::FromErrno(errno, fmt::format("stat '{}'", arcname));
     }
     if (S_ISLNK(st.st_mode)) {
@@ -431,6 +465,7 @@ class TarBody {
       ssize_t n = ::readlinkat(dfd, name.c_str(), target, PATH_MAX);
       if (n < 0) {
         if (errno == ENOENT || errno == EINVAL) return Status::Ok();  // removed or replaced
+        if (skipped_.Skip(errno, arcname, "link")) return Status::Ok();
         return Status::FromErrno(errno, fmt::format("readlink '{}'", arcname));
       }
       target[n] = '\0';
@@ -445,6 +480,10 @@ class TarBody {
       if (!sub.ok()) {
         int err = sub.status().sys_errno();
         if (err == ENOENT || err == ENOTDIR || err == ELOOP) return Status::Ok();  // replaced
+        if (skipped_.Skip(err, arcname, "the contents of")) {
+          SLUICE_RETURN_IF_ERROR(Header(arcname, st, nullptr));
+          return FinishEntry(arcname);
+        }
         return sub.status();
       }
       struct stat now {};
@@ -462,6 +501,7 @@ class TarBody {
     int fd = ::openat(dfd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (fd < 0) {
       if (errno == ENOENT || errno == ELOOP) return Status::Ok();  // removed or replaced
+      if (skipped_.Skip(errno, arcname, "file")) return Status::Ok();
       return Status::FromErrno(errno, fmt::format("open '{}'", arcname));
     }
     UniqueFd file(fd);
@@ -481,6 +521,7 @@ class TarBody {
     if (!tar_.opened()) return Start();
     if (file_.valid()) return FileData();
     if (!stack_.empty()) return NextEntry();
+    skipped_.Done();
     return tar_.Close();
   }
 
@@ -494,6 +535,7 @@ class TarBody {
   size_t chunk_;  // file data read at a time, straight into the archive
   bool failed_ = false, used_ = false;
   uint64_t entries_ = 0, bytes_read_ = 0;
+  Unreadable skipped_;
 };
 
 std::string Label(const Target& t, std::string_view what) {
@@ -508,7 +550,7 @@ HttpResponse ListFiles(const Storages& storages, const HttpRequest& req) {
         Status(Code::kInvalidArgument, fmt::format("'{}' is not a directory", t.raw), ENOTDIR),
         {t.raw});
   auto root = DirReader::Open(t.fd.get(), t.raw);
-  if (!root.ok()) return ErrorResponse(root.status(), {t.raw});
+  if (!root.ok()) return FileError(root.status(), {t.raw});
   auto body = std::make_shared<ListingBody>(Label(t, "listing"), std::move(t.base),
                                             std::move(root).value(), t.rel, PythonPath(t.raw));
   HttpResponse r;
@@ -523,7 +565,7 @@ HttpResponse Download(const Storages& storages, const HttpRequest& req) {
   if (auto refused = Resolve(storages, req, "filepath", t)) return std::move(*refused);
   if (S_ISDIR(t.st.st_mode)) {
     auto root = DirReader::Open(t.fd.get(), t.raw);
-    if (!root.ok()) return ErrorResponse(root.status(), {t.raw});
+    if (!root.ok()) return FileError(root.status(), {t.raw});
     const uint64_t chunk = std::clamp(t.storage->download_chunk_size, kMinChunk, kMaxChunk);
     auto body = std::make_shared<TarBody>(Label(t, "archive"), std::move(root).value(), t.st,
                                           static_cast<size_t>(chunk));
@@ -543,9 +585,9 @@ HttpResponse Download(const Storages& storages, const HttpRequest& req) {
   // Opened again for reading, now that it is known to be a regular file (an O_RDONLY open of a
   // device or FIFO could block or have effects); it must still be the same file.
   auto fd = OpenBeneath(t.base.get(), t.rel, O_RDONLY | O_NONBLOCK | O_NOCTTY);
-  if (!fd.ok()) return ErrorResponse(fd.status(), {t.raw});
+  if (!fd.ok()) return FileError(fd.status(), {t.raw});
   auto file = PosixFileReader::FromFd(std::move(fd).value(), t.raw);
-  if (!file.ok()) return ErrorResponse(file.status(), {t.raw});
+  if (!file.ok()) return FileError(file.status(), {t.raw});
   if ((*file)->info().ino != t.st.st_ino)
     return ErrorResponse(
         Status(Code::kConflict, fmt::format("'{}' was replaced while being opened", t.raw)),
@@ -588,7 +630,17 @@ HttpResponse Meta(const Storages& storages, const HttpRequest& req) {
 
 void AddVfsStorageRoutes(RouteGroup& group, const std::vector<VfsStorageConfig>& storages) {
   auto table = std::make_shared<Storages>();
-  for (const auto& s : storages) table->emplace(s.name, s);
+  for (const auto& s : storages) {
+    table->emplace(s.name, s);
+    // Made when missing, as the reference's VFSStorage does at start: a fresh deployment lists
+    // an empty tree (these routes only read) rather than answering 503 until someone makes it.
+    std::error_code ec;
+    if (std::filesystem::create_directories(s.base_path, ec))
+      spdlog::info("vfs storage {}: made its base-path {}", s.name, s.base_path);
+    else if (ec)
+      spdlog::warn("vfs storage {}: base-path {} is missing and cannot be made: {}", s.name,
+                   s.base_path, ec.message());
+  }
   auto add = [&](http::verb verb, const char* what,
                  HttpResponse (*fn)(const Storages&, const HttpRequest&)) {
     group.Add(verb, fmt::format("/v1/storages/vfs/{{storage_name}}/{}", what),

@@ -66,14 +66,17 @@ std::string JoinComponents(const std::vector<std::string>& parts, size_t n) {
   return out;
 }
 
-Result<UniqueFd> OpenBeneath(int dirfd, std::string_view rel, int flags, mode_t mode,
-                             Lookup lookup) {
+namespace {
+
+Result<UniqueFd> OpenResolved(int dirfd, std::string_view rel, int flags, mode_t mode,
+                              Lookup lookup, bool follow) {
   SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(rel));
   std::string path = JoinComponents(parts, parts.size());
   struct open_how how {};
   how.flags = static_cast<unsigned long long>(flags | O_CLOEXEC);
   how.mode = (flags & (O_CREAT | O_TMPFILE)) ? mode : 0;
   how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  if (!follow) how.resolve |= RESOLVE_NO_SYMLINKS;
   if (lookup == Lookup::kCachedOnly) how.resolve |= RESOLVE_CACHED;
   for (int again = 0;; ++again) {
     long fd = SysOpenat2(dirfd, path.c_str(), &how);
@@ -89,11 +92,25 @@ Result<UniqueFd> OpenBeneath(int dirfd, std::string_view rel, int flags, mode_t 
     if (err == EAGAIN)
       return Status(Code::kUnavailable,
                     fmt::format("'{}' is busy (another process holds a lease on it)", rel), err);
+    if (err == ELOOP && !follow)
+      return Status(Code::kInvalidPath,
+                    fmt::format("path '{}' passes through a symbolic link", rel), err);
     if (err == EXDEV || err == ELOOP)
       return Status(Code::kInvalidPath, fmt::format("path '{}' resolves outside the folder", rel),
                     err);
     return Status::FromErrno(err, fmt::format("open '{}'", rel));
   }
+}
+
+}  // namespace
+
+Result<UniqueFd> OpenBeneath(int dirfd, std::string_view rel, int flags, mode_t mode,
+                             Lookup lookup) {
+  return OpenResolved(dirfd, rel, flags, mode, lookup, /*follow=*/true);
+}
+
+Result<UniqueFd> OpenBeneathNoSymlinks(int dirfd, std::string_view rel, int flags) {
+  return OpenResolved(dirfd, rel, flags, 0, Lookup::kMayBlock, /*follow=*/false);
 }
 
 Result<ParentRef> OpenParentBeneath(int rootfd, std::string_view rel) {

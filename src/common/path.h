@@ -34,6 +34,8 @@ enum class Lookup { kMayBlock, kCachedOnly };
 // an escape yields kInvalidPath.
 Result<UniqueFd> OpenBeneath(int dirfd, std::string_view rel, int flags, mode_t mode = 0,
                              Lookup lookup = Lookup::kMayBlock);
+// As OpenBeneath, following no symbolic link at all (kInvalidPath, ELOOP, at the first one).
+Result<UniqueFd> OpenBeneathNoSymlinks(int dirfd, std::string_view rel, int flags);
 
 // The directory that holds the last component of `rel`, opened beneath `rootfd`, and that
 // component's name. `rel` must have at least one component.

@@ -1,5 +1,8 @@
 #include "service/health.h"
 
+#include <algorithm>
+#include <chrono>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -22,9 +25,24 @@ void HealthMonitor::Start() {
     threads_.emplace_back([this, v] { Loop(v); });
     pthread_setname_np(threads_.back().native_handle(), "health");
   }
-  // A volume that hangs shows as unavailable once its check has been out for stall_after.
+  // A volume that hangs shows as unavailable once its check has been out for stall_after:
+  // waited for from when each check began, not from here (a thread that starts late, on a
+  // loaded machine, would otherwise leave its volume out of the first snapshots), and for at
+  // most a second more than stall_after in all.
   std::unique_lock lk(mu_);
-  cv_.wait_for(lk, opts_.stall_after, [&] { return results_.size() >= volumes.size(); });
+  auto settled = [&] {
+    for (Volume* v : volumes) {
+      if (results_.count(v->name())) continue;
+      auto it = checking_.find(v->name());
+      if (it == checking_.end() || opts_.time->Now() - it->second <= opts_.stall_after)
+        return false;
+    }
+    return true;
+  };
+  const auto until = std::chrono::steady_clock::now() + opts_.stall_after + std::chrono::seconds(1);
+  while (!settled() && std::chrono::steady_clock::now() < until)
+    cv_.wait_for(lk, std::min<std::chrono::steady_clock::duration>(opts_.stall_after,
+                                                                   std::chrono::milliseconds(10)));
 }
 
 VolumeHealth HealthMonitor::Judge(const HwInfo& hw, const Result<FsUsage>& fs) {

@@ -50,8 +50,9 @@ class HealthMonitor {
   explicit HealthMonitor(StorageService* svc) : HealthMonitor(svc, Options()) {}
   ~HealthMonitor();
 
-  // Starts a checking thread per volume and waits (at most stall_after) for every volume's
-  // first check, so that the first probe has an answer.
+  // Starts a checking thread per volume and waits for every volume's first check, or for its
+  // check to have been out for stall_after (at most a second more in all), so that the first
+  // probe has an answer for each.
   void Start();
   // Checks every volume now, on the caller's thread.
   void CheckAll();

@@ -506,6 +506,15 @@ Result<std::unique_ptr<DirHandle>> PosixVolume::OpenDir(const VFolderId& vfid,
   return PosixDirHandle::FromFd(std::move(dir), relpath);
 }
 
+Result<std::unique_ptr<DirHandle>> PosixVolume::OpenDirFrom(const VFolderId& vfid,
+                                                            std::string_view relpath,
+                                                            const ListFrom&) {
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd root, OpenVFolderRoot(vfid));
+  SLUICE_ASSIGN_OR_RETURN(UniqueFd dir,
+                          OpenBeneathNoSymlinks(root.get(), relpath, O_RDONLY | O_DIRECTORY));
+  return PosixDirHandle::FromFd(std::move(dir), relpath);
+}
+
 Result<std::vector<DirEntry>> PosixVolume::ListSorted(const VFolderId& vfid,
                                                       std::string_view relpath,
                                                       std::string_view start_after, size_t max) {

@@ -63,6 +63,8 @@ class PosixVolume : public Volume {
                             const StagingRemoved& removed) override;
   Result<std::unique_ptr<DirHandle>> OpenDir(const VFolderId& vfid,
                                              std::string_view relpath) override;
+  Result<std::unique_ptr<DirHandle>> OpenDirFrom(const VFolderId& vfid, std::string_view relpath,
+                                                 const ListFrom& from) override;
   Result<std::vector<DirEntry>> ListSorted(const VFolderId& vfid, std::string_view relpath,
                                            std::string_view start_after, size_t max) override;
   // The vfolder's root directory, opened O_PATH: the directory fd that paths inside the vfolder

@@ -362,7 +362,9 @@ class Volume {
   // Opens the directory at `relpath` (symbolic links followed while they stay inside).
   virtual Result<std::unique_ptr<DirHandle>> OpenDir(const VFolderId& vfid,
                                                      std::string_view relpath) = 0;
-  // The directory at `relpath`, for a listing that pages in key order. A backend that can (an
+  // The directory at `relpath`, for a listing that pages in key order, reached without following
+  // a symbolic link (a listing under a prefix lists what the listing of the whole tree does,
+  // whose walk follows none). A backend that can (an
   // origin that lists in key order, a kept listing) yields only the entries `from` selects, in
   // key order, reading no more than the caller consumes, and says so with KeyOrdered(); others
   // answer as OpenDir does, and the caller selects and sorts.

@@ -7,8 +7,11 @@ dangling, and a FIFO. What each route should answer is written out explicitly be
 
 import io
 import os
+import pwd
+import shutil
 import stat
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -71,6 +74,11 @@ def env(tmp_path_factory):
         'type = "vfs_storage"\n'
         f"[artifact-storages.{STORAGE}.vfs_storage]\n"
         f"base-path = {toml_value(str(base))}\n"
+        # Not there yet: made at start, as the reference makes it.
+        "[artifact-storages.fresh]\n"
+        'type = "vfs_storage"\n'
+        "[artifact-storages.fresh.vfs_storage]\n"
+        f"base-path = {toml_value(str(root / 'fresh' / 'models'))}\n"
     )
     with running_daemon(root / "daemon", extra_toml=extra) as d:
         yield d, base
@@ -340,6 +348,84 @@ def test_download_errors(env):
         assert r.status_code == status, (path, r.text)
         assert "do not leak" not in r.text
         problem(r)
+
+
+def test_a_missing_base_path_is_made_at_start(env):
+    """Before, a base-path not yet made answered 503 with Retry-After: 1 on every route,
+    forever; the reference makes it at start and lists an empty tree."""
+    d, base = env
+    made = base.parent / "fresh" / "models"
+    assert made.is_dir()
+    assert files_of(list_dir(d, "", storage="fresh")) == []
+    assert "made its base-path" in d.log()
+
+
+def test_a_loop_of_links_is_not_called_an_escape(env):
+    d, base = env
+    os.symlink("loop_b", base / "loop_a")
+    os.symlink("loop_a", base / "loop_b")
+    try:
+        for r in (meta(d, "loop_a"), download(d, "loop_a"), list_dir(d, "loop_a")):
+            assert r.status_code == 400, r.text
+            body = problem(r)
+            assert "too many levels of symbolic links" in body["msg"], body
+            assert "outside" not in body["msg"], body
+            assert body["errno"] == 40, body
+    finally:
+        (base / "loop_a").unlink()
+        (base / "loop_b").unlink()
+
+
+def test_unreadable_entries_are_left_out():
+    """A directory or file the daemon may not read (a root-owned lost+found at a file system's
+    root, a private directory) is left out of listings and archives, with a log line, and the
+    rest is sent whole. Before, the first one cut the 200 answer off after its head (an empty
+    chunked body), so no listing or archive above it could be had at all; and the routes that
+    name one answered 403 "Forbidden", as for a refused token, not the contract's 400."""
+    # The daemon runs as nobody when the tests run as root (root reads everything), and
+    # outside pytest's 0700 temporary directories so that it can reach its base.
+    root = Path(tempfile.mkdtemp(prefix="sluice-vfs-"))
+    try:
+        os.chmod(root, 0o755)
+        base = root / "artifacts"
+        write_tree(base, {"a.txt": "a\n", "locked/secret.txt": "s\n", "private.bin": "p",
+                          "sub/b.txt": "b\n"})
+        for p in (root, base, base / "sub", base / "a.txt", base / "sub" / "b.txt"):
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
+        os.chmod(base / "locked", 0)
+        os.chmod(base / "private.bin", 0)
+        sp = {}
+        if os.geteuid() == 0:
+            nobody = pwd.getpwnam("nobody")
+            sp = {"user": "nobody", "group": nobody.pw_gid}
+        extra = (
+            f"[artifact-storages.{STORAGE}]\n"
+            'type = "vfs_storage"\n'
+            f"[artifact-storages.{STORAGE}.vfs_storage]\n"
+            f"base-path = {toml_value(str(base))}\n"
+        )
+        with running_daemon(root / "daemon", extra_toml=extra, storage_proxy=sp) as d:
+            files = {f["path"]: f for f in files_of(list_dir(d, ""))}
+            # The locked directory is listed (its own attributes are readable), not entered;
+            # the private file is listed too (stat needs no read permission).
+            assert set(files) == {"a.txt", "locked", "private.bin", "sub", "sub/b.txt"}, files
+            assert files["locked"]["type"] == "directory"
+            r = download(d, "")
+            assert r.status_code == 200, r.text
+            with tarfile.open(fileobj=io.BytesIO(r.content)) as t:
+                names = set(t.getnames())
+                assert names == {".", "./a.txt", "./locked", "./sub", "./sub/b.txt"}, names
+                assert t.extractfile("./sub/b.txt").read() == b"b\n"
+            for r in (download(d, "private.bin"), list_dir(d, "locked"), download(d, "locked")):
+                assert r.status_code == 400, r.text
+                assert problem(r)["errno"] == 13, r.text
+            log = d.log()
+            assert "'locked' left out" in log and "'./private.bin' left out" in log, log[-2000:]
+    finally:
+        for p in (root / "artifacts" / "locked", root / "artifacts" / "private.bin"):
+            if p.exists():
+                os.chmod(p, 0o755)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- meta

@@ -24,10 +24,10 @@ inline std::vector<std::string> ExpectedListing(const std::vector<std::string>& 
   std::vector<std::string> out;
   std::string last_prefix;
   for (const auto& k : keys) {
-    if (!k.starts_with(q.prefix) || k <= q.after || (q.end && k > *q.end)) continue;
+    if (!k.starts_with(q.prefix) || k <= q.after) continue;
     size_t at = q.delimiter.empty() ? std::string::npos : k.find(q.delimiter, q.prefix.size());
     if (at == std::string::npos) {
-      out.push_back(k);
+      if (!q.end || k <= *q.end) out.push_back(k);
       continue;
     }
     std::string cp = k.substr(0, at + q.delimiter.size());
@@ -111,9 +111,12 @@ inline ListQuery RandomQuery(std::mt19937& rng, const std::vector<std::string>& 
   ListQuery q;
   q.prefix = root;
   if (pick(2)) q.prefix = some_key().substr(0, root.size() + pick(5));
-  if (pick(2)) q.delimiter = "/";
+  // Mostly "/", also delimiters inside names, whose common prefixes do not follow directories.
+  if (pick(2)) q.delimiter = std::vector<std::string>{"/", "/", "-", ".", "a/"}[pick(5)];
   if (pick(2)) q.after = some_key().substr(0, root.size() + 1 + pick(6));
+  // An end key that is a key, or one that is not (a range cut at a key deleted since).
   if (pick(3) == 0) q.end = some_key();
+  if (pick(6) == 0) q.end = some_key().substr(0, root.size() + 1 + pick(6));
   q.max_keys = 1 + pick(4);
   q.want_etag = false;
   return q;

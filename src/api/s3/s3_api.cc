@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <ctime>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -109,12 +110,14 @@ std::optional<std::string> QueryParam(const HttpRequest& req, const std::string&
   return it->second;
 }
 
+// A query parameter that must be a decimal number in [lo, hi] (at most 10 digits: S3 takes an
+// int32's range for its counts).
 std::optional<int> IntParam(const HttpRequest& req, const std::string& k, int lo, int hi) {
   auto v = QueryParam(req, k);
-  if (!v || v->empty() || v->size() > 6 || !std::all_of(v->begin(), v->end(), ::isdigit))
+  if (!v || v->empty() || v->size() > 10 || !std::all_of(v->begin(), v->end(), ::isdigit))
     return std::nullopt;
-  int n = std::atoi(v->c_str());
-  return n < lo || n > hi ? std::nullopt : std::optional<int>(n);
+  const long long n = std::stoll(*v);
+  return n < lo || n > hi ? std::nullopt : std::optional<int>(static_cast<int>(n));
 }
 
 // The bucket a virtual-hosted request names in its Host ("<bucket>.<domain>[:port]"), if any.
@@ -518,12 +521,13 @@ HttpResponse ListObjectsAny(S3Ctx& ctx, const HttpRequest& req, bool versions) {
     return ErrorXml({400, "InvalidArgument", "Invalid Encoding Method specified in Request"},
                     req.path);
   const bool url = enc_type.has_value();
-  if (auto mk = QueryParam(req, "max-keys")) {
-    if (mk->empty() || mk->size() > 9 || !std::all_of(mk->begin(), mk->end(), ::isdigit))
+  if (QueryParam(req, "max-keys")) {
+    auto mk = IntParam(req, "max-keys", 0, std::numeric_limits<int32_t>::max());
+    if (!mk)
       return ErrorXml(
           {400, "InvalidArgument", "Provided max-keys not an integer or within integer range"},
           req.path);
-    q.max_keys = std::min<size_t>(std::stoul(*mk), 1000);
+    q.max_keys = std::min(static_cast<size_t>(*mk), size_t{1000});
   }
   std::optional<std::string> token, start_after, marker;
   if (v2) {
@@ -542,6 +546,14 @@ HttpResponse ListObjectsAny(S3Ctx& ctx, const HttpRequest& req, bool versions) {
     marker = QueryParam(req, versions ? "key-marker" : "marker");
     if (marker) q.after = *marker;
   }
+  // Every object's one version is "null": a version marker adds nothing to the key marker,
+  // and is echoed (AWS refuses one without a key marker).
+  std::optional<std::string> version_marker;
+  if (versions) version_marker = QueryParam(req, "version-id-marker");
+  if (version_marker && !marker)
+    return ErrorXml(
+        {400, "InvalidArgument", "A version-id marker cannot be specified without a key marker."},
+        req.path);
   // Sluice's bounded listing: nothing after end-key (inclusive), so that workers given the
   // ranges of ?list-split stop at the end of theirs.
   if (auto end = QueryParam(req, "end-key")) q.end = *end;
@@ -563,7 +575,7 @@ HttpResponse ListObjectsAny(S3Ctx& ctx, const HttpRequest& req, bool versions) {
     add("KeyCount", std::to_string(page->items.size()));
   } else {
     add(versions ? "KeyMarker" : "Marker", Enc(marker.value_or(""), url));
-    if (versions) add("VersionIdMarker", "");
+    if (versions) add("VersionIdMarker", version_marker.value_or(""));
   }
   add("MaxKeys", std::to_string(q.max_keys));
   if (!q.delimiter.empty()) add("Delimiter", Enc(q.delimiter, url));
@@ -1727,7 +1739,9 @@ HttpResponse ListParts(S3Ctx& ctx, const HttpRequest& req) {
   for (const auto& p : *parts) {
     if (p.number <= marker) continue;
     if (shown == max) {
-      truncated = true;
+      // (max-parts=0 lists none and is complete, as max-keys=0 is: a page that says "more"
+      // without advancing would be asked again forever.)
+      truncated = max > 0;
       break;
     }
     auto n = root.append_child("Part");
@@ -1748,52 +1762,63 @@ HttpResponse ListParts(S3Ctx& ctx, const HttpRequest& req) {
 
 HttpResponse ListMultipartUploads(S3Ctx& ctx, const HttpRequest& req) {
   S3_ACCESS(ref, ctx, req, false);
-  auto all = ctx.objects.ListMultipart(*ref.volume, ref.vfid);
-  if (!all.ok()) return ErrorXml(FromStatus(all.status(), "NoSuchBucket"), req.path);
   std::string prefix = QueryParam(req, "prefix").value_or("");
+  std::string delimiter = QueryParam(req, "delimiter").value_or("");
   std::string key_marker = QueryParam(req, "key-marker").value_or("");
   std::string id_marker = QueryParam(req, "upload-id-marker").value_or("");
+  auto enc_type = QueryParam(req, "encoding-type");
+  if (enc_type && *enc_type != "url")
+    return ErrorXml({400, "InvalidArgument", "Invalid Encoding Method specified in Request"},
+                    req.path);
+  const bool url = enc_type.has_value();
   int max = 1000;
   if (QueryParam(req, "max-uploads")) {
-    auto m = IntParam(req, "max-uploads", 0, 1000000);
+    auto m = IntParam(req, "max-uploads", 0, std::numeric_limits<int32_t>::max());
     if (!m) return ErrorXml({400, "InvalidArgument", "max-uploads must be an integer"}, req.path);
     max = std::min(*m, 1000);
   }
+  auto all = ctx.objects.ListMultipart(*ref.volume, ref.vfid);
+  if (!all.ok()) return ErrorXml(FromStatus(all.status(), "NoSuchBucket"), req.path);
   pugi::xml_document doc;
   auto root = doc.append_child("ListMultipartUploadsResult");
   root.append_attribute("xmlns") = kXmlns;
   root.append_child("Bucket").text().set(ref.bucket.name.c_str());
-  root.append_child("KeyMarker").text().set(key_marker.c_str());
+  root.append_child("KeyMarker").text().set(Enc(key_marker, url).c_str());
   root.append_child("UploadIdMarker").text().set(id_marker.c_str());
-  if (!prefix.empty()) root.append_child("Prefix").text().set(prefix.c_str());
+  if (!prefix.empty()) root.append_child("Prefix").text().set(Enc(prefix, url).c_str());
+  if (!delimiter.empty()) root.append_child("Delimiter").text().set(Enc(delimiter, url).c_str());
   int shown = 0;
   bool truncated = false;
-  const MultipartUpload* last = nullptr;
-  std::vector<pugi::xml_node> nodes;
-  // The uploads are in key order, those of one key in the order they began (not by id): a
-  // page resumes after the key marker's last upload, or after the upload the id marker names
-  // (when it is gone, after the key's uploads that sort before it as the marker did).
-  size_t start = 0;
-  if (!key_marker.empty()) {
-    auto after = [&](const MultipartUpload& u) {
-      return u.key > key_marker || (u.key == key_marker && !id_marker.empty() && u.id > id_marker);
-    };
-    auto named = std::find_if(all->begin(), all->end(), [&](const MultipartUpload& u) {
-      return !id_marker.empty() && u.key == key_marker && u.id == id_marker;
-    });
-    start = named != all->end()
-                ? static_cast<size_t>(named - all->begin()) + 1
-                : static_cast<size_t>(std::find_if(all->begin(), all->end(), after) - all->begin());
-  }
-  for (size_t i = start; i < all->size(); ++i) {
-    const MultipartUpload& u = (*all)[i];
+  std::string next_key, next_id;
+  std::vector<std::string> prefixes;  // answered after the uploads, as S3 does
+  // In key order, a key's uploads in the order they began (their ids begin with that time): a
+  // page resumes after the key marker's uploads, or after the upload the id marker names, also
+  // when that one has gone since.
+  for (const MultipartUpload& u : *all) {
     if (!StartsWith(u.key, prefix)) continue;
+    if (!key_marker.empty() &&
+        !(u.key > key_marker || (u.key == key_marker && !id_marker.empty() && u.id > id_marker)))
+      continue;
+    // With a delimiter, keys that hold it after the prefix roll up into one common prefix
+    // (counted as one against max-uploads); a key marker that is one resumes after it.
+    std::string cp;
+    if (size_t at = delimiter.empty() ? std::string::npos : u.key.find(delimiter, prefix.size());
+        at != std::string::npos)
+      cp = u.key.substr(0, at + delimiter.size());
+    if (!cp.empty() && (cp == next_key || cp <= key_marker)) continue;
     if (shown == max) {
-      truncated = true;
+      truncated = max > 0;  // (as ListParts: 0 lists none, and is complete)
       break;
     }
+    ++shown;
+    if (!cp.empty()) {
+      prefixes.push_back(cp);
+      next_key = cp;
+      next_id.clear();
+      continue;
+    }
     auto n = root.append_child("Upload");
-    n.append_child("Key").text().set(u.key.c_str());
+    n.append_child("Key").text().set(Enc(u.key, url).c_str());
     n.append_child("UploadId").text().set(u.id.c_str());
     AddInitiator(ctx, n, ref.bucket.owner);
     n.append_child("Initiated").text().set(IsoTime(u.initiated).c_str());
@@ -1801,15 +1826,18 @@ HttpResponse ListMultipartUploads(S3Ctx& ctx, const HttpRequest& req) {
       n.append_child("ChecksumAlgorithm").text().set(u.checksum_algo.c_str());
       n.append_child("ChecksumType").text().set(u.checksum_type.c_str());
     }
-    last = &u;
-    ++shown;
+    next_key = u.key;
+    next_id = u.id;
   }
-  if (last) {
-    root.append_child("NextKeyMarker").text().set(last->key.c_str());
-    root.append_child("NextUploadIdMarker").text().set(last->id.c_str());
+  for (const auto& cp : prefixes)
+    root.append_child("CommonPrefixes").append_child("Prefix").text().set(Enc(cp, url).c_str());
+  if (shown > 0) {
+    root.append_child("NextKeyMarker").text().set(Enc(next_key, url).c_str());
+    root.append_child("NextUploadIdMarker").text().set(next_id.c_str());
   }
   root.append_child("MaxUploads").text().set(max);
   root.append_child("IsTruncated").text().set(truncated ? "true" : "false");
+  if (url) root.append_child("EncodingType").text().set("url");
   return Xml(200, doc);
 }
 

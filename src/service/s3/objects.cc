@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <deque>
 #include <mutex>
@@ -324,17 +325,26 @@ class Lister {
   }
 
   // `base`: the key prefix of this directory's entries ("" or "a/b/"); `dir` yields them in
-  // key order, from where the page resumes. `*any`: whether it yielded anything.
+  // key order, from where the page resumes. `*any`: whether it yielded a file or directory.
   Status Visit(DirHandle& dir, const std::string& base, bool root, bool* any) {
     while (!Full()) {
       SLUICE_ASSIGN_OR_RETURN(auto n, dir.Next());
       if (!n) break;
-      if (any) *any = true;
+      // A directory holding only links or special files is empty to S3 (its marker "d/"), as
+      // a delimited listing rolls it up as "d/" without looking inside.
       if (n->type != EntryType::kFile && n->type != EntryType::kDirectory) continue;
+      if (any) *any = true;
       if (root && n->name == kStagingDirName) continue;
       const bool d = n->type == EntryType::kDirectory;
       std::string key = base + n->name + (d ? "/" : "");
-      if (q_.end && key > *q_.end) break;  // key order: nothing after it is in the page
+      if (q_.end && key > *q_.end) {  // key order: nothing after it is in the page
+        // But for the common prefix it rolls up into, when that sorts at or before the end
+        // ("x-" of "x-2" with end "x-1" and delimiter "-"): the next range, which starts
+        // after the end, cannot list it. (Any later key rolling up at or before the end
+        // rolls up into the same one.)
+        if (StartsWith(key, q_.prefix)) AddPrefixOf(key);
+        break;
+      }
       // Only what can be in this page: under the prefix (or above it), not before `after`.
       if (d) {
         if (!StartsWith(key, q_.prefix) && !StartsWith(q_.prefix, key)) continue;
@@ -483,7 +493,8 @@ Result<SplitResult> SplitKeys(Volume& v, const VFolderId& vfid, const SplitQuery
       unread.push_back(std::move(at));
       continue;
     }
-    auto dir = v.OpenDir(vfid, key.empty() ? "" : key.substr(0, key.size() - 1));
+    // As a listing opens it (no symbolic link followed): the ranges cut what it lists.
+    auto dir = v.OpenDirFrom(vfid, key.empty() ? "" : key.substr(0, key.size() - 1), ListFrom{});
     if (!dir.ok()) {
       if (IsObjectNotFound(dir.status()) || dir.status().code() == Code::kInvalidArgument)
         continue;  // no such prefix, or removed or replaced meanwhile
@@ -902,7 +913,15 @@ Result<MultipartUpload> ObjectStore::CreateMultipart(Volume& v, const VFolderId&
                                                      std::string checksum_type) {
   SLUICE_RETURN_IF_ERROR(KeyParts(key).status());
   MultipartUpload u;
-  u.id = RandomHexString(16);
+  // 32 hex digits: the milliseconds since the epoch (12), then 80 random bits. Ids sort as
+  // their uploads began, so a listing page resumes after an id marker whose upload has gone
+  // (S3 lists a key's uploads by the time they began).
+  u.id = fmt::format("{:012x}{}",
+                     std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                             .count() &
+                         0xffffffffffffLL,
+                     RandomHexString(10));
   u.key = std::string(key);
   u.meta = std::move(meta);
   u.checksum_algo = std::move(checksum_algo);
@@ -1104,8 +1123,11 @@ Result<std::vector<MultipartUpload>> ObjectStore::ListMultipart(Volume& v, const
     u->meta = {};
     out.push_back(std::move(u).value());
   }
+  // A key's by id: the order they began in (to the millisecond; see CreateMultipart), also for
+  // an id a page resumes after whose upload has gone since. (Uploads begun before 2026-12-04
+  // have random ids, in a stable order.)
   std::sort(out.begin(), out.end(), [](const MultipartUpload& a, const MultipartUpload& b) {
-    return std::tie(a.key, a.initiated, a.id) < std::tie(b.key, b.initiated, b.id);
+    return std::tie(a.key, a.id) < std::tie(b.key, b.id);
   });
   return out;
 }

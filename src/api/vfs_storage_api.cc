@@ -169,13 +169,8 @@ std::optional<HttpResponse> Resolve(const Storages& storages, const HttpRequest&
   auto fd = OpenBeneath(t.base.get(), t.rel, O_PATH);
   if (!fd.ok()) {
     const Status& s = fd.status();
-    // ELOOP: a loop of links, or a chain past the kernel's 40 (or a /proc magic link); only
-    // EXDEV says that the path left the base.
-    if (s.code() == Code::kInvalidPath && s.sys_errno() == ELOOP)
-      return FileError(Status(Code::kInvalidPath,
-                              fmt::format("'{}': too many levels of symbolic links", t.raw), ELOOP),
-                       {t.raw});
-    if (s.code() == Code::kInvalidPath)
+    // (ELOOP, a loop of links, is not an escape: answered as OpenBeneath words it, below.)
+    if (s.code() == Code::kInvalidPath && s.sys_errno() != ELOOP)
       return ErrorResponse(
           Status(Code::kInvalidPath,
                  fmt::format("'{}' resolves outside VFS storage '{}'", t.raw, name), s.sys_errno()),
@@ -207,7 +202,7 @@ Status WalkFailed(const std::string& label, Status st) {
 // directory is still listed (or archived, empty); logged, the first five per walk, then a count.
 class Unreadable {
  public:
-  explicit Unreadable(const std::string& label) : label_(label) {}
+  explicit Unreadable(std::string label) : label_(std::move(label)) {}
   // True (logged) when `err` says this process may not read `path`.
   bool Skip(int err, std::string_view path, std::string_view what) {
     if (err != EACCES && err != EPERM) return false;
@@ -219,7 +214,7 @@ class Unreadable {
   }
 
  private:
-  const std::string& label_;
+  std::string label_;
   uint64_t n_ = 0;
 };
 

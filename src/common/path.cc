@@ -92,10 +92,14 @@ Result<UniqueFd> OpenResolved(int dirfd, std::string_view rel, int flags, mode_t
     if (err == EAGAIN)
       return Status(Code::kUnavailable,
                     fmt::format("'{}' is busy (another process holds a lease on it)", rel), err);
-    if (err == ELOOP && !follow)
+    if (err == ELOOP)  // never an escape: RESOLVE_BENEATH says that with EXDEV
       return Status(Code::kInvalidPath,
-                    fmt::format("path '{}' passes through a symbolic link", rel), err);
-    if (err == EXDEV || err == ELOOP)
+                    follow ? fmt::format("path '{}': too many levels of symbolic links (a loop, "
+                                         "or a /proc magic link)",
+                                         rel)
+                           : fmt::format("path '{}' passes through a symbolic link", rel),
+                    err);
+    if (err == EXDEV)
       return Status(Code::kInvalidPath, fmt::format("path '{}' resolves outside the folder", rel),
                     err);
     return Status::FromErrno(err, fmt::format("open '{}'", rel));

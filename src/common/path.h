@@ -31,7 +31,7 @@ std::string JoinComponents(const std::vector<std::string>& parts, size_t n);
 enum class Lookup { kMayBlock, kCachedOnly };
 
 // Opens `rel` beneath `dirfd`. Symlinks are followed only while they stay beneath `dirfd`;
-// an escape yields kInvalidPath.
+// an escape yields kInvalidPath (EXDEV), as does a loop of links (ELOOP).
 Result<UniqueFd> OpenBeneath(int dirfd, std::string_view rel, int flags, mode_t mode = 0,
                              Lookup lookup = Lookup::kMayBlock);
 // As OpenBeneath, following no symbolic link at all (kInvalidPath, ELOOP, at the first one).

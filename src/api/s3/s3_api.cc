@@ -672,13 +672,13 @@ std::string KeyOf(const HttpRequest& req) {
   return std::string(req.Param("key"));
 }
 
-// Object metadata from a PUT's headers; MetadataTooLarge past S3's 2 KB of user metadata.
 // Bytes as the attribute's JSON holds them: '"' and '\' are escaped (header values hold no
 // control characters, and UTF-8 is kept as it is).
 size_t StoredSize(std::string_view v) {
   return v.size() + std::count_if(v.begin(), v.end(), [](char c) { return c == '"' || c == '\\'; });
 }
 
+// Object metadata from a PUT's headers; MetadataTooLarge past S3's 2 KB of user metadata.
 std::variant<ObjectMeta, S3Error> MetaFromHeaders(const HttpRequest& req) {
   // What is stored must be UTF-8 (it is kept as JSON and answered as headers again); HTTP lets
   // a client send any byte above 0x7f.

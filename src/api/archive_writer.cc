@@ -148,10 +148,13 @@ Status ArchiveWriter::TarHeader(const Entry& e) {
   if (e.gid > kMaxOctal7) PaxRecord(pax, "gid", std::to_string(e.gid));
   // As libarchive's restricted pax: 31-bit mtimes in ustar; a pax mtime (with its nanoseconds)
   // only where one is needed or a pax header is written anyway.
+  // (The value is signed decimal: -2 s and 500,000,000 ns is "-1.500000000".)
   if (e.mtime_s < 0 || e.mtime_s >= 0x7fffffff || (!pax.empty() && e.mtime_ns != 0))
-    PaxRecord(
-        pax, "mtime",
-        e.mtime_ns ? fmt::format("{}.{:09d}", e.mtime_s, e.mtime_ns) : std::to_string(e.mtime_s));
+    PaxRecord(pax, "mtime",
+              e.mtime_ns == 0 ? std::to_string(e.mtime_s)
+              : e.mtime_s >= 0
+                  ? fmt::format("{}.{:09d}", e.mtime_s, e.mtime_ns)
+                  : fmt::format("-{}.{:09d}", -(e.mtime_s + 1), 1000000000 - e.mtime_ns));
   if (!pax.empty()) {
     // Names or links that are not UTF-8 are raw bytes, said so before any of them (POSIX).
     if (binary) {

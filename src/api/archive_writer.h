@@ -29,8 +29,8 @@ class ArchiveWriter {
     std::string name;
     EntryType type = EntryType::kFile;  // kFile, kDirectory or kSymlink
     uint32_t perm = 0644;
-    uint64_t size = 0;  // of a regular file
-    int64_t mtime_s = 0;
+    uint64_t size = 0;    // of a regular file
+    int64_t mtime_s = 0;  // floored: before 1970 too, mtime_ns is in [0, 1e9)
     int64_t mtime_ns = 0;
     uint32_t uid = 0, gid = 0;
     std::string link;  // a symbolic link's target

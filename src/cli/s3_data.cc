@@ -66,6 +66,8 @@ std::string Env(std::initializer_list<const char*> names) {
 }
 
 int ExitFor(const Status& st) {
+  // A local file's EACCES (an errno) is no refusal of the credentials (5): a plain failure.
+  if (st.code() == Code::kPermissionDenied && st.has_sys_errno()) return kExitFailed;
   switch (st.code()) {
     case Code::kNotFound:
       return kExitNotFound;
@@ -208,7 +210,7 @@ void AddTransferFlags(CLI::App* sub, DataArgs& a) {
 }
 
 void AddUploadFlags(CLI::App* sub, DataArgs& a) {
-  sub->add_option("--part-size", a.part_size, "multipart part size (at least 5MiB)")
+  sub->add_option("--part-size", a.part_size, "multipart part size (5MiB to 5GiB)")
       ->capture_default_str()
       ->type_name("SIZE");
   sub->add_option("--multipart-threshold", a.threshold,
@@ -279,8 +281,8 @@ int RunTransfer(DataArgs& a, const DataGlobals& g, const char* verb,
   if (!ps.ok()) return Fail(ps.status());
   auto th = ParseSize(a.threshold, "--multipart-threshold");
   if (!th.ok()) return Fail(th.status());
-  if (*ps < (5u << 20))
-    return Fail(Status(Code::kInvalidArgument, "--part-size must be at least 5MiB"));
+  if (*ps < (5u << 20) || *ps > (5ULL << 30))
+    return Fail(Status(Code::kInvalidArgument, "--part-size must be 5MiB to 5GiB (S3's parts)"));
   o.part_size = *ps;
   o.multipart_threshold = std::max<uint64_t>(*th, 1);
   o.resume = !a.no_resume;
@@ -294,6 +296,8 @@ int RunTransfer(DataArgs& a, const DataGlobals& g, const char* verb,
   t.set_say([&progress, quiet, data_on_stdout](const std::string& line) {
     bool failure = line.rfind("failed", 0) == 0 || line.rfind("delete failed", 0) == 0;
     if (failure)
+      progress.Say("sluice: " + line, stderr);
+    else if (line.rfind("warning:", 0) == 0)  // not an action line: said also with -q
       progress.Say("sluice: " + line, stderr);
     else if (!quiet && line.rfind("skip:", 0) == 0)
       progress.Say("sluice: " + line, stderr);  // a warning: what was not copied, and why

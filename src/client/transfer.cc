@@ -65,6 +65,50 @@ Result<std::string> SafeRelative(std::string_view rel) {
   return std::string(rel);
 }
 
+// Makes (with `make`; else only looks at what exists) the directories `rel` names below
+// `root`, one component at a time, and refuses one on the way that is a symlink or not a
+// directory: what goes below a local symlink (to a directory elsewhere, say) would land where
+// it points. `root` itself is the user's to name, and may be one.
+Status DirsBelow(const std::string& root, std::string_view rel, bool make) {
+  std::string path = root.empty() ? "." : root;
+  if (make) {
+    std::error_code ec;
+    fs::create_directories(path, ec);  // an error shows at the first component
+  }
+  while (!rel.empty()) {
+    size_t s = rel.find('/');
+    if (path.back() != '/') path += '/';
+    path += rel.substr(0, s);
+    rel = s == std::string_view::npos ? std::string_view() : rel.substr(s + 1);
+    struct stat sb {};
+    if (::lstat(path.c_str(), &sb) != 0) {
+      if (errno != ENOENT) return Errno("cannot use", path);
+      if (!make) return Status::Ok();  // nothing there yet: made when its first file comes
+      if (::mkdir(path.c_str(), 0777) != 0 && errno != EEXIST) return Errno("create", path);
+      if (::lstat(path.c_str(), &sb) != 0) return Errno("cannot use", path);
+    }
+    if (!S_ISDIR(sb.st_mode))
+      return Status(Code::kInvalidPath, fmt::format("'{}' is {}", path,
+                                                    S_ISLNK(sb.st_mode) ? "a symlink (not followed)"
+                                                                        : "not a directory"));
+  }
+  return Status::Ok();
+}
+
+// A tree's file `rel` below `root` (cp -r, sync down): its directories as DirsBelow, and its own
+// name no symlink either (replacing one would drop the link the user put there; sync skips
+// it).
+Status TreeFile(const std::string& root, std::string_view rel, bool make) {
+  size_t s = rel.rfind('/');
+  SLUICE_RETURN_IF_ERROR(
+      DirsBelow(root, s == std::string_view::npos ? std::string_view() : rel.substr(0, s), make));
+  std::string path = (fs::path(root) / rel).string();
+  struct stat sb {};
+  if (::lstat(path.c_str(), &sb) == 0 && S_ISLNK(sb.st_mode))
+    return Status(Code::kInvalidPath, fmt::format("'{}' is a symlink (not followed)", path));
+  return Status::Ok();
+}
+
 std::string JoinKey(const std::string& prefix, std::string_view rel) {
   if (prefix.empty() || prefix.back() == '/') return prefix + std::string(rel);
   return prefix + "/" + std::string(rel);
@@ -127,7 +171,9 @@ Result<std::vector<LocalFile>> WalkLocal(const std::string& root,
     return p.lexically_normal().lexically_relative(base).generic_string();
   };
   fs::recursive_directory_iterator it(root, fs::directory_options::none, ec), end;
-  if (ec) return Status(Code::kNotFound, fmt::format("cannot read '{}': {}", root, ec.message()));
+  if (ec)  // (by its errno: a tree that is not there is kNotFound, one not readable is not)
+    return Status(CodeFromErrno(ec.value()),
+                  fmt::format("cannot read '{}': {}", root, ec.message()), ec.value());
   for (; it != end; it.increment(ec)) {
     if (ec) return Status(Code::kIoError, fmt::format("walking '{}': {}", root, ec.message()));
     const auto& e = *it;
@@ -173,6 +219,8 @@ Result<S3Url> S3Url::Parse(std::string_view s) {
 struct Transfer::Job {
   enum Kind { kUpload, kDownload, kDelete } kind = kUpload;
   std::string local, bucket, key;
+  // A tree's file (cp -r, sync): `local` is root/rel, written through no symlink below root.
+  std::string root, rel;
   uint64_t size = 0;
   std::time_t mtime = 0;  // the source's
   std::string etag;       // a download's object version
@@ -354,8 +402,10 @@ Result<std::pair<int, std::string>> OpenTemp(const std::string& dst, bool in_pla
   fs::path p(dst);
   std::error_code ec;
   if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
+  // The name cut to 200 bytes: the temporary's 25 more must not pass NAME_MAX (255) where the
+  // file's own name does not.
   std::string tmp = (p.has_parent_path() ? p.parent_path().string() + "/" : std::string()) +
-                    ".sluice-" + p.filename().string() + "." + RandomSuffix();
+                    ".sluice-" + p.filename().string().substr(0, 200) + "." + RandomSuffix();
   // Ours until renamed into place or removed (DropTemp); a Ctrl-C meanwhile removes it.
   int fd = temp_files::Create(tmp, O_WRONLY | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("create", tmp);
@@ -373,6 +423,12 @@ Status Transfer::RunUnit(S3Client& c, Job& j, const Unit& u) {
       return Status(Code::kIoError, fmt::format("{} keys not deleted", failed.size()));
     return Status::Ok();
   }
+  // A tree's directories are made one by one as its files come, each checked as it is used
+  // (not only when the run was planned).
+  auto open_temp = [&]() -> Result<std::pair<int, std::string>> {
+    if (!j.root.empty()) SLUICE_RETURN_IF_ERROR(TreeFile(j.root, j.rel, true));
+    return OpenTemp(j.local, j.in_place);
+  };
   if (!j.in_parts) {
     if (j.kind == Job::kUpload) {
       UniqueFd fd(::open(j.local.c_str(), O_RDONLY | O_CLOEXEC));
@@ -385,7 +441,7 @@ Status Transfer::RunUnit(S3Client& c, Job& j, const Unit& u) {
       stats_.bytes_done += size;
       return Status::Ok();
     }
-    SLUICE_ASSIGN_OR_RETURN(auto tf, OpenTemp(j.local, j.in_place));
+    SLUICE_ASSIGN_OR_RETURN(auto tf, open_temp());
     j.fd = tf.first;
     j.tmp = tf.second;
     auto r = c.Get(j.bucket, j.key, [&](std::string_view d) {
@@ -406,7 +462,7 @@ Status Transfer::RunUnit(S3Client& c, Job& j, const Unit& u) {
       if (j.kind == Job::kUpload) {
         j.start_status = StartUpload(c, j);
       } else {
-        auto tf = OpenTemp(j.local, j.in_place);
+        auto tf = open_temp();
         if (!tf.ok()) {
           j.start_status = tf.status();
         } else {
@@ -646,6 +702,9 @@ Result<TransferResult> Transfer::UploadStream(int fd, const S3Url& to) {
       p.etag = std::move(*etag);
       parts.push_back(std::move(p));
       stats_.bytes_done += n;
+      // A stream's length is not known: every 1000 parts the part size doubles (S3 takes parts
+      // of any sizes from 5 MiB to 5 GiB): 10,000 parts of 16 MiB would stop a stream at 156 GiB.
+      if (parts.size() % 1000 == 0 && buf.size() * 2 <= (5ULL << 30)) buf.resize(buf.size() * 2);
       auto next = ReadFull(fd, buf.data(), buf.size());
       if (next.ok())
         n = *next;
@@ -730,12 +789,18 @@ Result<TransferResult> Transfer::Copy(std::string_view src, std::string_view dst
       stats_.files_skipped++;
       continue;
     }
-    if (marker) {  // a "dir/" marker: the directory, made now
-      std::error_code ec;
-      if (!opts_.dry_run) fs::create_directories(fs::path(to) / *rel, ec);
+    // Nothing is written through a symlink in the destination (to a directory elsewhere,
+    // say), as sync does not; an error of another kind fails the file when it runs.
+    Status below = marker ? DirsBelow(to, *rel, !opts_.dry_run) : TreeFile(to, *rel, false);
+    if (below.code() == Code::kInvalidPath) {
+      Say(fmt::format("skip: s3://{}/{}: {}", from.bucket, o.key, below.message()));
+      stats_.files_skipped++;
       continue;
     }
-    AddDownload(jobs, from.bucket, o, (fs::path(to) / *rel).string());
+    if (marker) continue;  // a "dir/" marker: the directory, made now
+    Job& j = AddDownload(jobs, from.bucket, o, (fs::path(to) / *rel).string());
+    j.root = to;
+    j.rel = *rel;
   }
   return Run(jobs);
 }
@@ -830,7 +895,9 @@ Result<TransferResult> Transfer::Sync(std::string_view src, std::string_view dst
       stats_.files_skipped++;
       continue;
     }
-    AddDownload(jobs, remote.bucket, o, (fs::path(local) / rel).string());
+    Job& j = AddDownload(jobs, remote.bucket, o, (fs::path(local) / rel).string());
+    j.root = local;
+    j.rel = rel;
   }
   std::vector<std::string> undeleted;  // failures of the run, as a transfer's are
   if (opts_.delete_extra) {
@@ -1011,6 +1078,7 @@ Status ReadBatchTar(int fd, const std::string& dir, BatchGetResult* res, std::st
   std::unique_ptr<archive, decltype(&archive_write_free)> out(
       dir.empty() ? nullptr : archive_write_disk_new(), archive_write_free);
   archive_read_support_format_tar(in.get());
+  // The writer makes the directories (times set at its end); files are written here.
   if (out)
     archive_write_disk_set_options(out.get(), ARCHIVE_EXTRACT_TIME |
                                                   ARCHIVE_EXTRACT_SECURE_NODOTDOT |
@@ -1061,21 +1129,50 @@ Status ReadBatchTar(int fd, const std::string& dir, BatchGetResult* res, std::st
                     fmt::format("batch get: entry '{}' is {}, not an object; not extracted", name,
                                 archive_entry_hardlink(e) ? "a hard link" : "not a regular file"));
     std::string path = dir + "/" + name;
-    archive_entry_set_pathname(e, path.c_str());
-    if (archive_write_header(out.get(), e) != ARCHIVE_OK)
-      return Status(Code::kIoError,
-                    fmt::format("extract '{}': {}", path, archive_error_string(out.get())));
-    const void* block;
-    size_t size;
-    la_int64_t off;
-    while ((r = archive_read_data_block(in.get(), &block, &size, &off)) == ARCHIVE_OK)
-      if (archive_write_data_block(out.get(), block, size, off) != ARCHIVE_OK)
+    if (type == AE_IFDIR) {
+      archive_entry_set_pathname(e, path.c_str());
+      if (archive_write_header(out.get(), e) != ARCHIVE_OK ||
+          archive_write_finish_entry(out.get()) != ARCHIVE_OK)
         return Status(Code::kIoError,
                       fmt::format("extract '{}': {}", path, archive_error_string(out.get())));
-    if (r != ARCHIVE_EOF) return broke(fmt::format(" in '{}'", name));
-    if (archive_write_finish_entry(out.get()) != ARCHIVE_OK)
-      return Status(Code::kIoError,
-                    fmt::format("extract '{}': {}", path, archive_error_string(out.get())));
+    } else {
+      // Written under a temporary name beside its own and renamed into place whole, as a
+      // download is: a stream broken in its data leaves no partial file, and a file already
+      // there stays as it was (libarchive's writer, freed mid-entry, would finish the entry:
+      // zeros up to its size and the header's time, a file a later sync takes for the object).
+      size_t slash = name.rfind('/');
+      Status dirs = DirsBelow(dir, slash == std::string::npos ? "" : name.substr(0, slash), true);
+      if (!dirs.ok()) return dirs.WithContext(fmt::format("extract '{}'", path));
+      SLUICE_ASSIGN_OR_RETURN(auto tf, OpenTemp(path, false));
+      UniqueFd file(tf.first);
+      const std::string tmp = tf.second;
+      auto drop = [&](Status st) {
+        file.reset();
+        DropTemp(tmp);
+        return st;
+      };
+      const void* block;
+      size_t size;
+      la_int64_t off;
+      while ((r = archive_read_data_block(in.get(), &block, &size, &off)) == ARCHIVE_OK) {
+        uint64_t at = static_cast<uint64_t>(off);
+        Status w =
+            WriteAll(file.get(), std::string_view(static_cast<const char*>(block), size), &at);
+        if (!w.ok())
+          return drop(Status(Code::kIoError, fmt::format("extract '{}': {}", path, w.message()),
+                             w.sys_errno()));
+      }
+      if (r != ARCHIVE_EOF) return drop(broke(fmt::format(" in '{}'", name)));
+      // A sparse entry's hole at its end; the object's time, as a download keeps it.
+      struct timespec ts[2] = {{archive_entry_mtime(e), archive_entry_mtime_nsec(e)},
+                               {archive_entry_mtime(e), archive_entry_mtime_nsec(e)}};
+      if (::ftruncate(file.get(), static_cast<off_t>(archive_entry_size(e))) != 0 ||
+          (archive_entry_mtime_is_set(e) && ::futimens(file.get(), ts) != 0))
+        return drop(Errno("extract into", tmp));
+      if (::close(file.release()) != 0) return drop(Errno("close", tmp));
+      if (::rename(tmp.c_str(), path.c_str()) != 0) return drop(Errno("rename into", path));
+      temp_files::Forget(tmp);
+    }
     res->entries++;
     if (stats) stats->files_done++;
   }

@@ -240,6 +240,9 @@ class Client::Conn {
     parser.body_limit(std::numeric_limits<std::uint64_t>::max());
     low.expires_after(opts_.timeout);
     ec = Run([&](auto handler) { http::async_read_header(s, buf_, parser, std::move(handler)); });
+    // A request that timed out waiting was received and may be running (a slow clone, a
+    // delete): it counts as answered, never sent again. Only a connection found closed is.
+    if (ec) *answered = ec == beast::error::timeout;
     if (ec) return TransportError("no answer from", ec);
     *answered = true;
 
@@ -311,7 +314,7 @@ Result<HttpAnswer> Client::Exchange(http::verb verb, std::string_view path,
     req.prepare_payload();
 
     // A kept-alive connection the daemon has closed in the meantime fails before any answer
-    // arrives: retry once on a fresh one.
+    // arrives: retry once on a fresh one (not a request that timed out: RoundTripOn).
     for (int attempt = 0;; ++attempt) {
       bool reused = conn_->open();
       if (!reused) SLUICE_RETURN_IF_ERROR(conn_->Connect());

@@ -138,11 +138,20 @@ Result<std::map<std::string, std::string>> EtcdPrefix(net::Client& client,
                   fmt::format("etcd answered {} to a range read: {}", a.status, a.body));
   std::map<std::string, std::string> out;
   auto j = nlohmann::json::parse(a.body, nullptr, false);
-  if (j.is_discarded() || !j.is_object())
-    return Status(Code::kUnavailable, "etcd's answer to a range read is not JSON");
-  for (const auto& kv : j.value("kvs", nlohmann::json::array())) {
-    auto key = Unbase64(kv.value("key", ""));
-    auto val = Unbase64(kv.value("value", ""));
+  auto text = [](const nlohmann::json& kv, const char* field) -> std::optional<std::string> {
+    auto it = kv.find(field);
+    if (it == kv.end() || !it->is_string()) return std::nullopt;
+    return Unbase64(it->get_ref<const std::string&>());
+  };
+  // Not etcd's shape (another server at that address): said so, never a thrown type error.
+  auto kvs = j.is_object() ? j.find("kvs") : j.end();
+  if (j.is_discarded() || !j.is_object() || (kvs != j.end() && !kvs->is_array()))
+    return Status(Code::kUnavailable, "etcd's answer to a range read is not an etcd range answer");
+  if (kvs == j.end()) return out;  // no key under the prefix
+  for (const auto& kv : *kvs) {
+    if (!kv.is_object()) continue;
+    auto key = text(kv, "key");
+    auto val = kv.contains("value") ? text(kv, "value") : std::string();  // absent when empty
     if (!key || !val || key->size() <= prefix.size()) continue;
     // The rest of the key, each component unquoted, '/' kept as the separator.
     std::string_view r = std::string_view(*key).substr(prefix.size());
@@ -236,10 +245,14 @@ Result<HostPort> AskSentinels(const std::string& list, const std::string& servic
       continue;
     }
     auto r = Command(c->get(), {"SENTINEL", "get-master-addr-by-name", service});
-    if (r.ok() && (*r)->type == REDIS_REPLY_ARRAY && (*r)->elements == 2)
-      return ParseHostPort(fmt::format("{}:{}", std::string((*r)->element[0]->str),
-                                       std::string((*r)->element[1]->str)),
-                           "redis master");
+    auto str = [](const redisReply* e) {
+      return e->type == REDIS_REPLY_STRING ? std::optional<std::string>(std::string(e->str, e->len))
+                                           : std::nullopt;
+    };
+    if (r.ok() && (*r)->type == REDIS_REPLY_ARRAY && (*r)->elements == 2) {
+      auto host = str((*r)->element[0]), port = str((*r)->element[1]);
+      if (host && port) return ParseHostPort(fmt::format("{}:{}", *host, *port), "redis master");
+    }
     last = r.ok() ? Status(Code::kUnavailable,
                            fmt::format("sentinel {} does not know master '{}'", one, service))
                   : r.status();
@@ -265,7 +278,7 @@ Result<RedisTarget> LocateRedis(const Config& cfg) {
         client.Request(boost::beast::http::verb::post, "/v3/auth/authenticate",
                        {{"name", cfg.etcd.user}, {"password", cfg.etcd.password}}));
     auto j = nlohmann::json::parse(a.body, nullptr, false);
-    if (!a.ok() || !j.is_object() || !j.contains("token"))
+    if (!a.ok() || !j.is_object() || !j.contains("token") || !j["token"].is_string())
       return Status(Code::kUnavailable,
                     fmt::format("etcd refused user '{}': {} {}", cfg.etcd.user, a.status, a.body));
     o.headers.emplace_back("Authorization", j["token"].get<std::string>());

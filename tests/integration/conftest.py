@@ -146,6 +146,28 @@ def wait_http_ok(url, proc, log_path, timeout=START_TIMEOUT):
     )
 
 
+def pause(pid, timeout=30):
+    """SIGSTOP `pid`, and return once every thread of it has stopped. The signal goes to one
+    thread, which stops the others when it next runs: on a loaded machine the rest of the
+    process can go on answering requests for a while after kill() returns (a test that pauses
+    an origin then saw it answer)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:  # a thread that ended meanwhile
+                pass
+        if states and all(st in ("T", "t") for st in states):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} did not stop: thread states {states}")
+        time.sleep(0.005)
+
+
 def terminate(proc, log_path=None, timeout=STOP_TIMEOUT):
     """SIGTERM, wait; kill -9 and fail if it hangs. Returns the exit code."""
     if proc.poll() is not None:

@@ -5,7 +5,12 @@ XREADGROUP, XACK) and every entry is decoded with the manager's schema, strictly
 (eventbus.decode: the JSON `payload` and the msgpack `args` both, and they must agree).
 """
 
+import contextlib
+import json
+import socket
 import subprocess
+import threading
+import time
 import uuid
 
 import pytest
@@ -199,3 +204,90 @@ def test_no_bus_configured_still_completes(tmp_path):
         r = d.mgr("POST", "/folder/delete", json={"volume": "local", "vfid": v})
         assert d.wait_task(r.json()["bgtask_id"])["status"] == "completed"
         assert "no event bus" in d.log()
+
+
+@contextlib.contextmanager
+def answering(handler_bytes):
+    """A TCP server on a free port that answers every connection's first bytes with
+    `handler_bytes(request)` until closed: a server that is not what the config says it is."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    srv.settimeout(0.2)
+    done = threading.Event()
+
+    def serve():
+        while not done.is_set():
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                continue
+            with c:
+                c.settimeout(2)
+                try:
+                    c.sendall(handler_bytes(c.recv(65536)))
+                except OSError:
+                    pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield f"127.0.0.1:{srv.getsockname()[1]}"
+    finally:
+        done.set()
+        t.join()
+        srv.close()
+
+
+def http_json(body):
+    raw = json.dumps(body).encode()
+    return lambda _req: (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(raw)) + raw
+
+
+@pytest.mark.parametrize("answer", [
+    {"kvs": [{"key": 5, "value": [1]}]},  # fields of the wrong types
+    {"kvs": {"key": "a2V5"}},            # an object where etcd has a list
+    {"kvs": ["x", None]},                # entries that are not objects
+])
+def test_an_etcd_address_that_answers_nonsense_is_a_warning(tmp_path, answer):
+    """The event bus's lookup of Redis in etcd, answered in shapes etcd never sends: a warning,
+    retried; the node goes on serving (a thrown type error on the bus's thread ended it)."""
+    with answering(http_json(answer)) as addr:
+        etcd = type("E", (), {"endpoint": addr})
+        with running_daemon(tmp_path / "d", extra_toml=bus_toml(etcd=etcd)) as d:
+            v = dashed_vfid()
+            create(d, v)
+            r = d.mgr("POST", "/folder/delete", json={"volume": "local", "vfid": v})
+            assert d.wait_task(r.json()["bgtask_id"])["status"] == "completed"
+            # Entries of the wrong shape are skipped (then no Redis address is found); an
+            # answer not shaped as a range answer is named so.
+            want = "not an etcd range answer" if isinstance(answer["kvs"], dict) else \
+                "has no Redis address"
+            deadline = time.monotonic() + 15
+            while want not in d.log() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert want in d.log()
+            assert d.proc.poll() is None
+            create(d, dashed_vfid())  # still serving
+
+
+def test_a_sentinel_that_answers_nil_is_a_warning(tmp_path):
+    """A sentinel's answer to get-master-addr-by-name holding nil elements (not what Redis
+    sends, but a reply of that type): a warning, retried, never read as strings."""
+    with etcd_server(tmp_path / "etcd") as etcd, \
+            answering(lambda _req: b"*2\r\n$-1\r\n$-1\r\n") as sentinel:
+        etcd.put("/sorna/local/config/redis/sentinel", sentinel)
+        etcd.put("/sorna/local/config/redis/service_name", "mymaster")
+        with running_daemon(tmp_path / "d", extra_toml=bus_toml(etcd=etcd)) as d:
+            v = dashed_vfid()
+            create(d, v)
+            r = d.mgr("POST", "/folder/delete", json={"volume": "local", "vfid": v})
+            assert d.wait_task(r.json()["bgtask_id"])["status"] == "completed"
+            want = "does not know master 'mymaster'"
+            deadline = time.monotonic() + 15
+            while want not in d.log() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert want in d.log()
+            assert d.proc.poll() is None
+            create(d, dashed_vfid())

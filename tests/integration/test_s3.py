@@ -2080,14 +2080,17 @@ def test_batch_get_an_object_that_cannot_be_read(tmp_path):
     faulty = toml_section("volume.faulty", {
         "backend": "vfs", "path": str(vol),
         "faults": [{"op": "read", "path": "*bad*", "error": "EIO", "after": "0"},
-                   {"op": "read", "path": "*late*", "error": "EIO", "after": "1k"}]})
+                   {"op": "read", "path": "*late*", "error": "EIO", "after": "300k"},
+                   {"op": "read", "path": "*shrink*", "latency": "1s"}]})
     with running_daemon(tmp_path / "d", volumes={"faulty": vol}, s3={},
                         extra_toml=faulty) as d:
         user = d.s3_user(volume="faulty")["id"]
         ak, sk = d.s3_key(user)
         boto = d.s3_client(ak, sk)
         boto.create_bucket(Bucket="faulty-data")
-        bodies = {k: os.urandom(64 << 10) for k in ("a-good", "b-bad", "c-good", "d-late")}
+        # (d-late fails past its first 256 KiB piece: a failure within it is taken back.)
+        bodies = {k: os.urandom((1 << 20) if k == "d-late" else 64 << 10)
+                  for k in ("a-good", "b-bad", "c-good", "d-late")}
         for k, v in bodies.items():
             boto.put_object(Bucket="faulty-data", Key=k, Body=v)
         r = batch_get(d, ak, sk, "/faulty-data?batch-get", {
@@ -2106,6 +2109,25 @@ def test_batch_get_an_object_that_cannot_be_read(tmp_path):
         r = batch_get(d, ak, sk, "/faulty-data?batch-get",
                       {"items": [{"key": "b-bad"}, {"key": "a-good"}]})
         assert r.status_code >= 500 and "b-bad" in r.text, (r.status_code, r.text[:300])
+        assert "item 0 (" in r.text, r.text[:300]  # (before, the item's index was not said)
+        # Truncated on the volume after it was opened, to half its size: found short within
+        # its first piece, it becomes a placeholder. Before, the first read's half counted as
+        # sent, and the next read's end of file cut the whole batch.
+        boto.put_object(Bucket="faulty-data", Key="e-shrink", Body=os.urandom(64 << 10))
+        shrunk = next(vol.rglob("e-shrink"))
+        cut = threading.Timer(0.5, lambda: os.truncate(shrunk, 32 << 10))
+        cut.start()
+        r = batch_get(d, ak, sk, "/faulty-data?batch-get", {
+            "items": [{"key": "a-good"}, {"key": "e-shrink"}, {"key": "c-good"}],
+            "continue-on-error": True})
+        cut.join()
+        assert r.status_code == 200, r.text
+        entries = untar(r.content)
+        assert [n for n, _, _ in entries] == [
+            "faulty-data/a-good", "__error__/faulty-data/e-shrink", "faulty-data/c-good",
+            "__manifest__.json"]
+        assert entries[2][1] == bodies["c-good"]
+        assert "shrank" in _json.loads(entries[-1][1])["items"][1]["message"]
         # Failing after its first bytes went out: the stream is cut (no manifest).
         with pytest.raises(requests.exceptions.ChunkedEncodingError):
             batch_get(d, ak, sk, "/faulty-data?batch-get",
@@ -2126,23 +2148,46 @@ def test_batch_get_errors(s3d, s3, user):
     items = [{"key": "a"}, {"key": "missing", "opaque": "m"}, {"bucket": theirs, "key": "secret"},
              {"key": "a", "range": "bytes=5000-"}, {"key": "../escape"}, {"key": "nul\u0000key"},
              {"key": "c"}]
+    # Names a placeholder may not take as they are: a bucket that climbs, components "." and
+    # ".." and empty ones, and two keys that differ only in a trailing slash.
+    hostile = [{"bucket": "..", "key": "../../x"}, {"key": "gone/"}, {"key": "gone"},
+               {"key": "p//q/./r"}, {"key": "100%"}]
+    s3.put_object(Bucket=name, Key="empty", Body=b"")
+    empty_range = [{"key": "empty", "range": "bytes=0-9"}]
     # continue-on-error: placeholders in place, the batch goes on, the manifest says why (a
     # key's NUL, which no TAR name can hold, is written %00).
-    r = batch_get(s3d, ak, sk, f"/{name}?batch-get", {"items": items, "continue-on-error": True})
+    r = batch_get(s3d, ak, sk, f"/{name}?batch-get",
+                  {"items": items + hostile + empty_range, "continue-on-error": True})
     assert r.status_code == 200, r.text
     entries = untar(r.content)
     assert [n for n, _, _ in entries] == [
         f"{name}/a", f"__404__/{name}/missing", f"__error__/{theirs}/secret",
-        f"__error__/{name}/a", f"__404__/{name}/../escape", f"__404__/{name}/nul%00key",
-        f"{name}/c", "__manifest__.json"]
+        f"__error__/{name}/a", f"__404__/{name}/%2E%2E/escape", f"__404__/{name}/nul%00key",
+        f"{name}/c",
+        # Percent-decoded, each name gives its key back; none climbs or holds an empty
+        # component. Before, the first was "__error__/../../../x" (tarfile wrote two levels
+        # above the directory it extracted into) and "gone/" and "gone" were one name.
+        "__404__/%2E%2E/%2E%2E/%2E%2E/x", f"__404__/{name}/gone%2F", f"__404__/{name}/gone",
+        f"__404__/{name}/p%2F%2Fq/%2E/r", f"__404__/{name}/100%25",
+        f"__error__/{name}/empty", "__manifest__.json"]
+    from urllib.parse import unquote
+    for n, _, _ in entries:  # what tarfile's data_filter (Python 3.12) checks of a name
+        assert not n.startswith("/") and all(c not in ("", ".", "..") for c in n.split("/")), n
+    names = [n for n, _, _ in entries[7:12]]
+    assert [unquote(n.split("/", 2)[2]) for n in names] == [
+        "../../x", "gone/", "gone", "p//q/./r", "100%"]
     assert entries[0][1] == b"A" * 1000 and entries[6][1] == b"C" * 1000
     assert all(d == b"" for _, d, _ in entries[1:6])
     m = _json.loads(entries[-1][1])
-    assert m["ok"] == 2 and m["errors"] == 5
-    # A key no file can be is an object that is not there, as a GET finds it.
+    assert m["ok"] == 2 and m["errors"] == 11
+    # A key no file can be is an object that is not there, as a GET finds it. A range over
+    # an empty object is unsatisfiable, as GetObject answers it (before, the range was
+    # dropped and the item counted sent whole).
     assert [(x["status"], x.get("code")) for x in m["items"]] == [
         (200, None), (404, "NoSuchKey"), (403, "AccessDenied"), (416, "InvalidRange"),
-        (404, "NoSuchKey"), (404, "NoSuchKey"), (200, None)]
+        (404, "NoSuchKey"), (404, "NoSuchKey"), (200, None), (404, "NoSuchBucket"),
+        (404, "NoSuchKey"), (404, "NoSuchKey"), (404, "NoSuchKey"), (404, "NoSuchKey"),
+        (416, "InvalidRange")]
     assert m["items"][1]["opaque"] == "m"
     # The manifest names each placeholder as its entry is named (before, a NUL key's name
     # kept its NUL there, and matched no entry).

@@ -7,10 +7,13 @@ import http.server
 import io
 import json
 import os
+import pathlib
+import shutil
 import signal
 import stat
 import subprocess
 import tarfile
+import tempfile
 import threading
 import time
 import uuid
@@ -18,7 +21,7 @@ import uuid
 import pytest
 import requests
 
-from conftest import BIN_DIR, running_daemon, through_fifo, toml_section
+from conftest import BIN_DIR, pause, running_daemon, through_fifo, toml_section
 
 SLUICE = BIN_DIR / "sluice"
 MiB = 1 << 20
@@ -40,11 +43,12 @@ def bucket(s3d):
     return name
 
 
-def cli(d, *args, ak=None, sk=None, check=True, cache=None, timeout=120, stdin=None):
+def cli(d, *args, ak=None, sk=None, check=True, cache=None, timeout=120, stdin=None,
+        preexec_fn=None):
     env = {"PATH": os.environ["PATH"], "HOME": str(cache or d.root),
            "AWS_ACCESS_KEY_ID": ak or d.ak, "AWS_SECRET_ACCESS_KEY": sk or d.sk}
     p = subprocess.run([str(SLUICE), "s3", *args, "--s3-endpoint", d.s3_url()], env=env,
-                       capture_output=True, timeout=timeout, input=stdin)
+                       capture_output=True, timeout=timeout, input=stdin, preexec_fn=preexec_fn)
     if check:
         assert p.returncode == 0, (f"sluice s3 {' '.join(map(str, args))} -> {p.returncode}\n"
                                    f"{p.stdout.decode(errors='replace')}\n"
@@ -396,6 +400,70 @@ def test_local_symlinks_are_skipped_loudly_and_keep_their_objects(s3d, bucket, t
     assert b"s/shards/0001: a local name on its path is not a directory" in p.stderr, p.stderr
 
 
+def test_local_files_it_may_not_read_exit_1(s3d, bucket, tmp_path):
+    # The CLI run as nobody, on files below root's 0700 test directory: a local EACCES is a
+    # plain failure (1), not refused credentials (5) nor a missing tree (3), which it was.
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "f").write_bytes(b"f")
+    os.chmod(tmp_path, 0o700)
+
+    def nobody():
+        os.setgid(65534)
+        os.setuid(65534)
+
+    cache = pathlib.Path(tempfile.mkdtemp(prefix="sluice-nobody-"))  # a HOME nobody may write
+    os.chmod(cache, 0o777)
+    for args in (("cp", str(tmp_path / "tree" / "f"), f"s3://{bucket}/f"),
+                 ("cp", "-r", str(tmp_path / "tree"), f"s3://{bucket}/t")):
+        p = cli(s3d, *args, check=False, cache=cache, preexec_fn=nobody)
+        assert p.returncode == 1, (args, p.returncode, p.stderr)
+        assert b"ermission denied" in p.stderr, p.stderr
+    shutil.rmtree(cache)
+
+
+def test_downloads_of_names_near_name_max(s3d, bucket, tmp_path):
+    # A name of 240 bytes is a file a directory can hold: downloaded whole by cp, cp -r and
+    # sync. Before, its temporary (".sluice-NAME.<16 hex>", 25 bytes longer) passed NAME_MAX
+    # and every download of it failed with ENAMETOOLONG.
+    name = "n" * 240
+    s3d.boto.put_object(Bucket=bucket, Key=f"long/{name}", Body=b"long")
+    cli(s3d, "cp", f"s3://{bucket}/long/{name}", str(tmp_path / "one") + "/")
+    assert (tmp_path / "one" / name).read_bytes() == b"long"
+    cli(s3d, "cp", "-r", f"s3://{bucket}/long", str(tmp_path / "tree"))
+    assert (tmp_path / "tree" / name).read_bytes() == b"long"
+    cli(s3d, "sync", f"s3://{bucket}/long", str(tmp_path / "synced"))
+    assert (tmp_path / "synced" / name).read_bytes() == b"long"
+    assert not [q for q in tmp_path.rglob(".sluice-*")]
+
+
+def test_cp_recursive_never_writes_through_a_local_symlink(s3d, bucket, tmp_path):
+    # A symlink in the destination tree (dst/link -> outside/) is not followed, as sync does
+    # not: the keys below its name are skipped, said on stderr, and nothing lands in outside/
+    # (before, p/link/x was written to outside/x and the marker made outside/sub). A symlink
+    # of a key's own name stays a symlink. The destination's own path may be one: the user's.
+    for k, v in (("p/link/x", b"x"), ("p/link/sub/", b""), ("p/leaf", b"l"), ("p/ok", b"ok"),
+                 ("p/d/y", b"y")):
+        s3d.boto.put_object(Bucket=bucket, Key=k, Body=v)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "file").write_bytes(b"precious")
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "link").symlink_to(outside, target_is_directory=True)
+    (real / "leaf").symlink_to(outside / "file")
+    (tmp_path / "dst").symlink_to(real, target_is_directory=True)
+    p = cli(s3d, "cp", "-r", f"s3://{bucket}/p", str(tmp_path / "dst"))
+    err = p.stderr.decode()
+    assert sorted(q.name for q in outside.iterdir()) == ["file"], err
+    assert (outside / "file").read_bytes() == b"precious"
+    assert (real / "ok").read_bytes() == b"ok" and (real / "d" / "y").read_bytes() == b"y"
+    assert (real / "leaf").is_symlink() and (real / "link").is_symlink()
+    for k in ("p/link/x", "p/link/sub/", "p/leaf"):
+        assert f"sluice: skip: s3://{bucket}/{k}: " in err, err
+    assert "a symlink (not followed)" in err and "3 up to date or skipped" in err, err
+    assert [q.name for q in real.rglob(".sluice-*")] == []
+
+
 def test_rm(s3d, bucket):
     # More than one DeleteObjects batch (1000 keys), and a directory marker.
     keys = [f"r/{i:04d}" for i in range(1200)] + ["keep/x", "r/sub/"]
@@ -574,7 +642,7 @@ def test_an_interrupted_download_leaves_no_temporary_file(s3d, bucket, tmp_path)
         while not any(n.startswith(".sluice-big.") for n in os.listdir(dst)):
             assert p.poll() is None and time.monotonic() < deadline, "no temporary file seen"
             time.sleep(0.0005)
-        os.kill(s3d.proc.pid, signal.SIGSTOP)
+        pause(s3d.proc.pid)
         paused = True
         assert p.poll() is None, "the download ended before it could be interrupted"
         p.send_signal(signal.SIGINT)
@@ -839,6 +907,57 @@ def test_get_batch_extracts_only_files(tmp_path):
     assert p.returncode != 0 and b"is a hard link, not an object" in p.stderr, p.stderr
     assert victim.read_bytes() == b"precious" and victim.stat().st_nlink == 1
     assert (tmp_path / "out" / "b" / "first").read_bytes() == b"ok"
+
+
+def test_get_batch_cut_mid_entry_leaves_no_partial_file(tmp_path):
+    """A batch stream cut in an entry's data (a header promising 1 MiB, 100 KiB sent, then the
+    connection gone) fails `get-batch -x` and leaves nothing under the entry's name: before,
+    freeing libarchive's writer finished the entry, padding it with zeros to its size and
+    giving it the header's time, a file a later sync took for the object. A file already there
+    keeps what it held, and no temporary file is left."""
+    head = tarfile.TarInfo("b/big")
+    head.size, head.mtime = MiB, 1_700_000_000
+    cut = head.tobuf(format=tarfile.USTAR_FORMAT) + os.urandom(100 << 10)
+
+    class Cut(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            assert "batch-get" in self.path
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-tar")
+            if self.server.mode == "short":  # promised whole, then cut
+                self.send_header("Content-Length", str(512 + MiB + 1024))
+            self.end_headers()
+            self.wfile.write(cut)  # and the connection goes
+            self.close_connection = True
+
+        def log_message(self, *args):
+            pass
+
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "AWS_ACCESS_KEY_ID": "AK",
+           "AWS_SECRET_ACCESS_KEY": "SK"}
+    for mode, before in (("short", None), ("eof", None), ("short", b"old"), ("eof", b"old")):
+        out = tmp_path / f"out-{mode}-{before is not None}"
+        if before is not None:
+            (out / "b").mkdir(parents=True)
+            (out / "b" / "big").write_bytes(before)
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Cut)
+        srv.mode = mode
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        try:
+            p = subprocess.run([str(SLUICE), "s3", "get-batch", "s3://b", "big", "-x", str(out),
+                                "--s3-endpoint", f"http://127.0.0.1:{srv.server_address[1]}"],
+                               env=env, capture_output=True, timeout=120)
+        finally:
+            srv.shutdown()
+        assert p.returncode != 0, (mode, p.stderr)
+        if before is None:
+            assert not (out / "b" / "big").exists(), (mode, p.stderr)
+        else:
+            assert (out / "b" / "big").read_bytes() == before, (mode, p.stderr)
+        assert [q.name for q in out.rglob(".sluice-*")] == [], mode
 
 
 def test_virtual_hosted_addressing(tmp_path):

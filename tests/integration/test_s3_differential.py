@@ -473,3 +473,15 @@ def test_s3_volume_lists_no_key_a_path_cannot_name(servers, tmp_path):
                              timeout=60)
             assert r.status_code == 200 and r.content == body, rel
         assert "is not listed" in d.log_path.read_text()  # said once, with the key
+        # A clone copies what a path names and leaves the rest: before, every odd key was
+        # copied into the clone, hidden there (counted in its usage, never listed).
+        from test_s3_volume import clone_vfolder
+        dst = clone_vfolder(d, "remote", vfid, "remote")
+        r = d.file_op("remote", "list", vfid=dst, relpath="")
+        assert r.status_code == 200, r.text
+        assert sorted(i["name"] for i in r.json()["items"]) == ["ok.txt", "sub"]
+        copied = {o["Key"] for o in rgw.list_objects_v2(Bucket=bucket, Prefix="vols/").get(
+            "Contents", [])}
+        assert not any(".." in k or "//" in k.split("vols/", 1)[1] or "/./" in k
+                       for k in copied), copied
+        assert "is not copied" in d.log_path.read_text()

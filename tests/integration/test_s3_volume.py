@@ -21,7 +21,8 @@ import zipfile
 import pytest
 import requests
 
-from conftest import (BIN_DIR, new_qsid, new_vfid, problem, running_daemon, run_sluiced,
+from aws_rules import AwsRulesProxy
+from conftest import (BIN_DIR, new_qsid, new_vfid, pause, problem, running_daemon, run_sluiced,
                       split_vfid, start_daemon, tail, toml_section)
 from test_download import archive_token, download_token
 from test_http_hardening import metric
@@ -48,10 +49,10 @@ def origin(tmp_path_factory):
     ctx.__exit__(None, None, None)
 
 
-def s3_volume(o, prefix="ds", **options):
+def s3_volume(o, prefix="ds", endpoint=None, **options):
     return toml_section("volume.remote", {
         "backend": "s3", "path": f"s3://{BUCKET}/{prefix}",
-        "options": {"endpoint": o.s3_url(), "bucket": BUCKET, "prefix": prefix,
+        "options": {"endpoint": endpoint or o.s3_url(), "bucket": BUCKET, "prefix": prefix,
                     "access-key": o.ak, "secret-key": o.sk, **options}})
 
 
@@ -422,7 +423,7 @@ def test_a_stalled_writer_keeps_its_lease_and_a_paused_node_loses_it(tmp_path, o
             time.sleep(3)  # past the ttl: a's heartbeat renews it
             r = patch(b, token, 0, data)
             assert r.status_code == 409 and "one writer" in problem(r)["msg"], r.text
-            os.kill(a.proc.pid, signal.SIGSTOP)
+            pause(a.proc.pid)
             try:
                 time.sleep(3)  # a's lease expires
                 r = patch(b, token, 0, data)
@@ -501,10 +502,16 @@ def multipart_put(s3, bucket, key, body, part, **create):
 def test_objects_past_max_copy_size_copy_in_parts(tmp_path, origin):
     """Server-side copies of objects larger than max-copy-size (AWS's CopyObject stops at
     5 GiB) are multipart uploads of UploadPartCopy parts: a rename, a clone, an upload's
-    commit. Content and metadata arrive whole; the ETags show the parts."""
+    commit. Content and metadata arrive whole; the ETags show the parts.
+
+    Through AwsRulesProxy: every multipart upload the volume makes (parts copied, parts sent
+    from memory, a file's parts sent from its descriptor) names each part's CRC32C in its
+    Complete, as AWS requires of an upload created with a checksum algorithm."""
     options = {"part-size": "6m", "max-copy-size": "5m"}
-    with running_daemon(tmp_path / "proxy", s3={},
-                        extra_toml=s3_volume(origin, **options)) as d:
+    port = int(origin.s3_url().rsplit(":", 1)[1])
+    with AwsRulesProxy("127.0.0.1", port) as rules, running_daemon(
+            tmp_path / "proxy", s3={},
+            extra_toml=s3_volume(origin, endpoint=rules.url, **options)) as d:
         user = d.s3_user(volume="remote")["id"]
         s3 = d.s3_client(*d.s3_key(user))
         s3.create_bucket(Bucket="parts")
@@ -521,8 +528,12 @@ def test_objects_past_max_copy_size_copy_in_parts(tmp_path, origin):
             return got["Body"].read(), got["ETag"].strip('"')
 
         assert on_origin("m.bin")[0] == body  # one PUT: it never filled a part in memory
+        # The rename's Complete is done and its answer lost: the retry finds the upload gone,
+        # and the object there, of the parts' size and the ETag they make, is the copy.
+        rules.lose_completes = 1
         r = d.file_op("remote", "rename", vfid=vfid, relpath="m.bin", new_name="n.bin")
         assert r.status_code in (200, 204), r.text
+        assert rules.lost == 1
         data, etag = on_origin("n.bin")
         assert data == body and etag.endswith("-3"), etag
         got = s3.get_object(Bucket="parts", Key="n.bin")
@@ -539,6 +550,14 @@ def test_objects_past_max_copy_size_copy_in_parts(tmp_path, origin):
             assert patch(d, token, at, big[at:at + 6 * MiB]).status_code == 204
         data, etag = on_origin("t.bin")
         assert data == big and etag.endswith("-4"), etag
+        # A local file past part-size cloned in: parts sent from its descriptor.
+        src = d.create_vfolder(volume="local")
+        with open(os.path.join(d.vfolder_path(src), "local.bin"), "wb") as f:
+            f.write(big)
+        into = clone_vfolder(d, "local", src, "remote")
+        got = origin.boto.get_object(Bucket=BUCKET, Key=vfolder_prefix(into) + "local.bin")
+        assert got["Body"].read() == big and got["ETag"].strip('"').endswith("-3")
+        assert rules.refused == [] and len(rules.algorithms) >= 5, rules.algorithms
         # Nothing left in progress on the origin: every copy completed its upload.
         assert not origin.boto.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
 
@@ -559,6 +578,40 @@ def test_s3_api_over_an_s3_volume(proxy, origin):
     assert listed["Contents"][0]["Size"] == len(big)
     s3.delete_object(Bucket="on-remote", Key="k/one.txt")
     assert [o["Key"] for o in s3.list_objects_v2(Bucket="on-remote")["Contents"]] == ["k/big.bin"]
+
+
+def test_names_with_control_bytes_on_an_s3_volume(proxy, origin):
+    """Names holding CR and other control bytes (a POSIX name may hold any byte but NUL and
+    '/'): listed as they are (the origin asked with encoding-type=url: a raw CR in XML reads
+    back as LF), read by the name listed, and deleted with the directory, leaving nothing on
+    the origin (a control byte other than tab, LF and CR is no XML 1.0: such keys are deleted
+    one by one). Before, "a\rb" listed as "a\nb", whose open was a 404, and the recursive
+    delete reported success and left the key."""
+    d = proxy
+    user = d.s3_user(volume="remote")["id"]
+    s3 = d.s3_client(*d.s3_key(user))
+    s3.create_bucket(Bucket="ctl-names")
+    names = ["d/a\rb", "d/x\x01y", "d/t\tab", "d/plus+ sp%ce"]
+    for n in names:
+        s3.put_object(Bucket="ctl-names", Key=n, Body=n.encode())
+    b = next(b for b in d.mgr("GET", "/s3/buckets").json()["buckets"] if b["name"] == "ctl-names")
+    vfid = b["vfid"]
+    r = d.file_op("remote", "list", vfid=vfid, relpath="d")
+    assert r.status_code == 200, r.text
+    listed = sorted(i["name"] for i in r.json()["items"])
+    assert listed == sorted(n[2:] for n in names), listed
+    for n in names:
+        assert s3.get_object(Bucket="ctl-names", Key=n)["Body"].read() == n.encode()
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="ctl-names", Prefix="d/")["Contents"]]
+    assert sorted(keys) == sorted(names)
+    r = d.file_op("remote", "delete", vfid=vfid, relpaths=["d"], recursive=True)
+    assert r.status_code in (200, 202, 204), r.text
+    if r.status_code == 202:
+        assert d.wait_task(r.json()["bgtask_id"])["status"] == "completed"
+    base = vfolder_prefix(vfid)
+    left = [o["Key"] for o in origin.boto.list_objects_v2(
+        Bucket=BUCKET, Prefix=base + "d").get("Contents", [])]
+    assert left == [], left
 
 
 def origin_listings(origin):
@@ -733,6 +786,34 @@ def test_origin_down_and_wrong_credentials(tmp_path):
             ctx.__exit__(None, None, None)
 
 
+def test_the_origin_bucket_deleted_behind_the_volume(tmp_path):
+    """The volume's bucket deleted on the origin while the node runs: its vfolders answer 503
+    and the volume reads degraded, naming the missing bucket. Before, NoSuchBucket read as a
+    missing vfolder (404), and the volume as healthy."""
+    ctx, o = start_origin(tmp_path / "origin")
+    try:
+        with running_daemon(tmp_path / "proxy", extra_toml=s3_volume(o)) as d:
+            vfid = d.create_vfolder(volume="remote")
+            o.boto.put_object(Bucket=BUCKET, Key=vfolder_prefix(vfid) + "f", Body=b"x" * 10)
+            token = download_token(d, vfid, "f", volume="remote")
+            while True:  # every key, then the bucket
+                keys = [x["Key"] for x in o.boto.list_objects_v2(Bucket=BUCKET).get(
+                    "Contents", [])]
+                if not keys:
+                    break
+                o.boto.delete_objects(Bucket=BUCKET,
+                                      Delete={"Objects": [{"Key": k} for k in keys]})
+            o.boto.delete_bucket(Bucket=BUCKET)
+            r = requests.get(d.client_url("/download"), params={"token": token}, timeout=60)
+            assert r.status_code == 503, (r.status_code, r.text)
+            r = d.file_op("remote", "list", vfid=vfid, relpath="")
+            assert r.status_code == 503, r.text
+            hw = d.mgr("GET", "/volume/hwinfo", json={"volume": "remote"}).json()
+            assert hw["status"] == "degraded" and "no such bucket" in hw["status_info"], hw
+    finally:
+        ctx.__exit__(None, None, None)
+
+
 @contextlib.contextmanager
 def listings_of_a_stopped_origin(d, o, vfid, count, answered):
     """Stops the origin (SIGSTOP: it keeps its connections and answers nothing) and lists
@@ -744,7 +825,7 @@ def listings_of_a_stopped_origin(d, o, vfid, count, answered):
         r = d.file_op("remote", "list", vfid=vfid, relpath=f"d{i}", timeout=120)
         answered(i, r, time.monotonic() - started)
 
-    os.kill(o.proc.pid, signal.SIGSTOP)
+    pause(o.proc.pid)
     threads = [threading.Thread(target=listing, args=(i,)) for i in range(count)]
     try:
         for t in threads:
@@ -1007,7 +1088,7 @@ def test_the_ssd_cache_answers_when_the_origin_answers_nothing(tmp_path):
                 return r.json()["stale_opens"], r.json()
 
             before, _ = stale_opens()
-            os.kill(o.proc.pid, signal.SIGSTOP)
+            pause(o.proc.pid)
             try:
                 # Answered well before the origin's 30 s stall timeout (the client gives 15).
                 r = requests.get(url, params=token, timeout=15)

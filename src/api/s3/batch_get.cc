@@ -17,8 +17,9 @@ constexpr size_t kReadChunk = 256 << 10;
 
 void SetMtime(ArchiveWriter::Entry& e, std::chrono::system_clock::time_point t) {
   auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-  e.mtime_s = ns / 1000000000;
-  e.mtime_ns = ns % 1000000000;
+  // Floored (as ArchiveWriter::Entry holds it): -1.5 s is -2 s and 500,000,000 ns.
+  e.mtime_s = ns / 1000000000 - (ns % 1000000000 < 0);
+  e.mtime_ns = ns - e.mtime_s * 1000000000;
 }
 }  // namespace
 
@@ -57,20 +58,34 @@ std::optional<S3Error> BatchGetStream::Prepare() {
 }
 
 namespace {
-// The entry standing in for a failed item: "__404__/" or "__error__/" and the item's name
-// without its trailing slash, with a hostile key's NUL bytes (no TAR name holds one) written
-// "%00" and its "%" as "%25", so that no two keys give one name. The manifest names it so too.
-std::string PlaceholderName(unsigned status, std::string_view name) {
-  if (!name.empty() && name.back() == '/') name.remove_suffix(1);
-  std::string out = status == 404 ? "__404__/" : "__error__/";
-  for (char c : name) {
-    if (c == '\0')
-      out += "%00";
-    else if (c == '%')
-      out += "%25";
-    else
-      out += c;
+// `path` with what cannot stand in a TAR name, or would climb out of the extraction directory,
+// percent-encoded: NUL (no TAR name holds one) as %00, '%' as %25, a '/' that would make an
+// empty component (leading, doubled, trailing) as %2F, and the dots of a "." or ".."
+// component as %2E. Percent-decoding gives `path` back: no two paths give one name.
+// `whole`: every '/' encoded (a bucket name, one component).
+void AppendSafeName(std::string& out, std::string_view path, bool whole) {
+  for (size_t i = 0, end; i <= path.size(); i = end + 1) {
+    end = std::min(path.find('/', i), path.size());
+    std::string_view c = path.substr(i, end - i);
+    if (c == "." || c == "..") {
+      out += c.size() == 1 ? "%2E" : "%2E%2E";
+    } else {
+      for (char ch : c) out += ch == '\0' ? "%00" : ch == '%' ? "%25" : std::string(1, ch);
+    }
+    if (end == path.size()) break;
+    // This '/' separates two non-empty components, or is written %2F.
+    const bool sep = !whole && !c.empty() && end + 1 < path.size() && path[end + 1] != '/';
+    out += sep ? "/" : "%2F";
   }
+}
+
+// The entry standing in for a failed item: "__404__/" or "__error__/", the bucket and the key
+// as AppendSafeName writes them. The manifest names it so too.
+std::string PlaceholderName(unsigned status, const BatchItem& it) {
+  std::string out = status == 404 ? "__404__/" : "__error__/";
+  AppendSafeName(out, it.bucket, true);
+  out += '/';
+  AppendSafeName(out, it.key, false);
   return out;
 }
 }  // namespace
@@ -79,10 +94,13 @@ Status BatchGetStream::Failed(const S3Error& e) {
   ++errors_;
   const BatchItem& it = items_[next_ - 1];
   ArchiveWriter::Entry ph;
-  ph.name = PlaceholderName(e.status, it.name);
+  ph.name = PlaceholderName(e.status, it);
   SetMtime(ph, std::chrono::system_clock::now());
   if (!continue_on_error_) {
-    stop_ = e;
+    // (The request's answer when it is the first item: it names the item, as docs/s3.md says.)
+    stop_ =
+        S3Error{e.status, e.code,
+                fmt::format("item {} ('{}' in {}): {}", next_ - 1, it.key, it.bucket, e.message)};
     // The cut must show in the bytes themselves: a stream that ends after a whole entry reads
     // as a complete archive to TAR readers (tar, tarfile, libarchive stop there without the
     // end-of-archive blocks), so `curl | tar x` would take a partial batch for all of it. The
@@ -110,6 +128,11 @@ Status BatchGetStream::StartItem() {
   ArchiveWriter::Entry e;
   e.name = it.name;
   SetMtime(e, o->entry.modified);
+  // What has no byte to range over, as GetObject answers it (never the whole item as if no
+  // range had been asked for: the manifest would not tell).
+  if (!it.range.empty() && (!o->file || o->entry.size == 0))
+    return Failed({416, "InvalidRange",
+                   fmt::format("the range '{}' is not satisfiable for 0 bytes", it.range)});
   if (!o->file) {  // a directory marker ("dir/")
     e.type = EntryType::kDirectory;
     e.perm = 0755;
@@ -165,11 +188,21 @@ Status BatchGetStream::StartItem() {
 Status BatchGetStream::FileData() {
   size_t want = static_cast<size_t>(std::min<uint64_t>(file_left_, kReadChunk));
   SLUICE_ASSIGN_OR_RETURN(char* at, tar_.ReserveData(want));
-  auto n = file_->ReadAt(file_off_, at, want);
+  // The piece whole, or the end of the file found within it: a file that shrank to within its
+  // first piece is found at that piece, while the item can still become a placeholder.
+  Result<size_t> n = size_t{0};
+  for (size_t k; *n < want; *n += k) {
+    auto got = file_->ReadAt(file_off_ + *n, at + *n, want - *n);
+    if (!got.ok()) {
+      n = got.status();
+      break;
+    }
+    if ((k = *got) == 0) break;
+  }
   tar_.CommitData(want, n.ok() ? *n : 0);
   if (!n.ok()) return n.status();
   // The header promised the size seen when the object was opened.
-  if (*n == 0)
+  if (*n < want)
     return Status(Code::kIoError,
                   fmt::format("'{}' shrank while being sent", items_[next_ - 1].key));
   file_off_ += *n;
@@ -243,7 +276,7 @@ Status BatchGetStream::WriteManifest() {
         fmt::format_to(out, ",\"range\":\"bytes {}-{}/{}\"", o.range_first,
                        o.range_first + o.size - 1, o.range_total);
     } else {
-      AppendJsonString(text, PlaceholderName(o.status, it.name));
+      AppendJsonString(text, PlaceholderName(o.status, it));
       text += ",\"code\":";
       AppendJsonString(text, o.code);
       text += ",\"message\":";

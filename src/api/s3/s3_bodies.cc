@@ -136,6 +136,12 @@ Result<BatchRequest> ParseBatchRequest(std::string_view body, std::string_view d
       *field = v.get<std::string>();
     }
     if (it.key.empty()) return bad(fmt::format("item {} has no key", i));
+    // S3's own bounds: a key of more is no object, and each name is held twice per item
+    // (entry name, manifest) while the batch streams.
+    if (it.key.size() > kMaxBatchKey)
+      return bad(fmt::format("item {}: the key is over {} bytes", i, kMaxBatchKey));
+    if (it.bucket.size() > kMaxBatchBucket)
+      return bad(fmt::format("item {}: the bucket name is over {} bytes", i, kMaxBatchBucket));
     if (it.bucket.empty())
       return bad(
           fmt::format("item {} names no bucket (POST /bucket?batch-get gives a default)", i));

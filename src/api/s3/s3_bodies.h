@@ -16,6 +16,8 @@ namespace sluice::api::s3 {
 inline constexpr size_t kMaxDeleteKeys = 1000;
 inline constexpr size_t kMaxBatchItems = 100000;
 inline constexpr size_t kMaxBatchOpaque = 1024;
+inline constexpr size_t kMaxBatchKey = 1024;   // bytes, as S3 bounds a key
+inline constexpr size_t kMaxBatchBucket = 63;  // bytes, as S3 bounds a bucket name
 
 // DeleteObjects: <Delete><Quiet>?<Object><Key>...</Key></Object>...</Delete>, 1 to 1000 keys.
 // kInvalidArgument (S3's MalformedXML) otherwise. A key with what this server does not do (a

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -40,8 +41,11 @@ Code CodeOf(unsigned status, std::string_view s3code) {
     return Code::kAlreadyExists;
   if (s3code == "QuotaExceeded") return Code::kQuotaExceeded;
   // The credentials themselves are refused (not a permission on one bucket or object).
+  // So is every request signed with this clock or this region (a 403 and a 400 that are no
+  // permission on one object, nor the caller's bad input).
   if (s3code == "SignatureDoesNotMatch" || s3code == "InvalidAccessKeyId" ||
-      s3code == "ExpiredToken" || s3code == "InvalidToken" || s3code == "TokenRefreshRequired")
+      s3code == "ExpiredToken" || s3code == "InvalidToken" || s3code == "TokenRefreshRequired" ||
+      s3code == "RequestTimeTooSkewed" || s3code == "AuthorizationHeaderMalformed")
     return Code::kUnauthenticated;
   switch (status) {
     case 404:
@@ -117,6 +121,9 @@ std::string XmlEscape(std::string_view s) {
       case '\'':
         o += "&apos;";
         break;
+      case '\r':  // a raw CR reads back as LF (XML's end-of-line handling)
+        o += "&#13;";
+        break;
       default:
         o.push_back(c);
     }
@@ -131,6 +138,13 @@ std::string Md5(std::string_view s) {
 }
 
 }  // namespace
+
+bool IsNoSuchBucket(const Status& st, std::string_view bucket) {
+  // Every request's `what` names its bucket as s3://BUCKET/ (a copy names two).
+  const std::string& m = st.message();
+  return st.code() == Code::kNotFound && m.find(": NoSuchBucket: ") != std::string::npos &&
+         m.find(fmt::format("s3://{}/", bucket)) != std::string::npos;
+}
 
 bool IsUntrustedCertificate(const Status& st) {
   return st.code() == Code::kUnavailable && st.has_sys_errno() && st.sys_errno() == kUntrustedErrno;
@@ -559,6 +573,7 @@ Result<S3Client::Answer> S3Client::Send(Request& req) {
       if (!r->ok() && r->status != 304) {
         std::string msg = r->message.empty() ? std::string(r->s3code) : r->message;
         if (msg.empty()) msg = r->status == 404 ? "not found" : "request refused";
+        // (IsNoSuchBucket reads this message.)
         return Status(CodeOf(r->error_in_body ? 500 : r->status, r->s3code),
                       fmt::format("{}: {}{}{} (HTTP {}{})", req.what, r->s3code,
                                   r->s3code.empty() ? "" : ": ", msg, r->status,
@@ -596,19 +611,28 @@ Result<ListPage> S3Client::ListObjects(std::string_view bucket, const ListReques
   add("continuation-token", lr.continuation);
   add("start-after", lr.start_after);
   add("end-key", lr.end_key);
+  // Names percent-encoded: a key's CR would otherwise read back as LF (XML's end-of-line
+  // handling), and control bytes make AWS's answer ill-formed. An origin that does not say it
+  // encoded them (no EncodingType) sent them as they are.
+  req.query.emplace_back("encoding-type", "url");
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
   SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what, "ListBucketResult"));
   auto root = doc.child("ListBucketResult");
+  const bool encoded = Child(root, "EncodingType") == "url";
+  auto name = [&](const pugi::xml_node& n, const char* field) {
+    std::string v = Child(n, field);
+    return encoded ? PercentDecode(v, /*plus_is_space=*/true) : v;  // AWS writes ' ' as '+'
+  };
   ListPage page;
   for (auto c : root.children("Contents")) {
     ObjectInfo o;
-    o.key = Child(c, "Key");
+    o.key = name(c, "Key");
     o.size = std::strtoull(Child(c, "Size").c_str(), nullptr, 10);
     o.etag = StripQuotes(Child(c, "ETag"));
     o.mtime = ParseIso8601(Child(c, "LastModified"));
     page.objects.push_back(std::move(o));
   }
-  for (auto p : root.children("CommonPrefixes")) page.prefixes.push_back(Child(p, "Prefix"));
+  for (auto p : root.children("CommonPrefixes")) page.prefixes.push_back(name(p, "Prefix"));
   // What callers do with the names (cut the prefix off, copy, delete, loop until the end)
   // needs them below the prefix and advancing; a page that is not is the origin's fault.
   const std::string& floor = std::max(lr.after, lr.start_after);
@@ -846,7 +870,8 @@ Result<std::string> S3Client::Copy(std::string_view bucket, std::string_view src
 Result<std::string> S3Client::CopyPart(std::string_view bucket, std::string_view key,
                                        std::string_view upload_id, int number,
                                        std::string_view src_bucket, std::string_view src_key,
-                                       uint64_t first, uint64_t last, std::string_view if_match) {
+                                       uint64_t first, uint64_t last, std::string_view if_match,
+                                       std::string* crc32c) {
   Request req;
   req.method = "PUT";
   Address(req, bucket, key);
@@ -859,7 +884,12 @@ Result<std::string> S3Client::CopyPart(std::string_view bucket, std::string_view
   if (!if_match.empty())  // (an origin that sends no ETags has no version to pin)
     req.headers.emplace_back("x-amz-copy-source-if-match", fmt::format("\"{}\"", if_match));
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
-  return CopiedETag(a.body, req.what, "CopyPartResult");
+  SLUICE_ASSIGN_OR_RETURN(std::string etag, CopiedETag(a.body, req.what, "CopyPartResult"));
+  if (crc32c) {  // what the origin computed, for the Complete (the answer parsed again: small)
+    auto doc = ParseXml(a.body, req.what, "CopyPartResult");
+    *crc32c = doc.ok() ? Child(doc->child("CopyPartResult"), "ChecksumCRC32C") : std::string();
+  }
+  return etag;
 }
 
 Status S3Client::Delete(std::string_view bucket, std::string_view key) {
@@ -874,18 +904,30 @@ Status S3Client::Delete(std::string_view bucket, std::string_view key) {
 Result<std::vector<std::string>> S3Client::DeleteMany(std::string_view bucket,
                                                       const std::vector<std::string>& keys) {
   std::string xml = "<Delete><Quiet>true</Quiet>";
-  for (const auto& k : keys) xml += "<Object><Key>" + XmlEscape(k) + "</Key></Object>";
+  std::vector<std::string> failed;
+  for (const auto& k : keys) {
+    // A control byte other than tab, LF and CR has no place in XML 1.0, escaped or not (AWS
+    // would refuse the whole batch as MalformedXML): such a key is deleted by itself.
+    if (std::any_of(k.begin(), k.end(), [](char c) {
+          return static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r';
+        })) {
+      if (Status st = Delete(bucket, k); !st.ok() && st.code() != Code::kNotFound)
+        failed.push_back(fmt::format("{}: {}", k, st.message()));
+      continue;
+    }
+    xml += "<Object><Key>" + XmlEscape(k) + "</Key></Object>";
+  }
+  if (xml.size() == std::string_view("<Delete><Quiet>true</Quiet>").size()) return failed;
   xml += "</Delete>";
   Request req;
   req.method = "POST";
   Address(req, bucket, "");
   req.query = {{"delete", ""}};
-  req.what = fmt::format("DeleteObjects in s3://{}", bucket);
+  req.what = fmt::format("DeleteObjects in s3://{}/", bucket);
   req.body.data = xml;
   req.headers = {{"Content-Type", "application/xml"}, {"Content-MD5", Base64Encode(Md5(xml))}};
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
   SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what, "DeleteResult"));
-  std::vector<std::string> failed;
   for (auto e : doc.child("DeleteResult").children("Error"))
     failed.push_back(
         fmt::format("{}: {} {}", Child(e, "Key"), Child(e, "Code"), Child(e, "Message")));
@@ -918,8 +960,16 @@ Result<std::string> S3Client::UploadPart(std::string_view bucket, std::string_vi
   req.query = {{"partNumber", std::to_string(number)}, {"uploadId", std::string(upload_id)}};
   req.what = fmt::format("UploadPart {} of s3://{}/{}", number, bucket, key);
   req.body = body;
-  if (opts_.checksums && body.fd >= 0) {
-    SLUICE_ASSIGN_OR_RETURN(std::string crc, FileCrc32c(body.fd, body.offset, body.length));
+  if (opts_.checksums) {
+    // Every part, from a file or from memory: an upload created with a checksum algorithm
+    // takes no part without one on AWS, and its Complete must name every part's.
+    std::string crc;
+    if (body.fd >= 0) {
+      SLUICE_ASSIGN_OR_RETURN(crc, FileCrc32c(body.fd, body.offset, body.length));
+    } else {
+      crc =
+          Base64Encode(CrcBytes(ChecksumAlgo::kCrc32c, Crc32c(body.data.data(), body.data.size())));
+    }
     req.headers.emplace_back("x-amz-checksum-crc32c", crc);
     if (crc32c) *crc32c = crc;
   }
@@ -956,7 +1006,20 @@ Result<std::vector<PartInfo>> S3Client::ListParts(std::string_view bucket, std::
 
 Result<std::string> S3Client::CompleteMultipart(std::string_view bucket, std::string_view key,
                                                 std::string_view upload_id,
-                                                const std::vector<PartInfo>& parts) {
+                                                std::vector<PartInfo> parts) {
+  // The upload was created with CRC32C (CreateMultipart): AWS refuses a Complete that does not
+  // name every part's checksum. Parts whose checksum the caller does not have (a copied part
+  // whose origin answered none, a session recorded before they were kept) take the origin's.
+  if (opts_.checksums &&
+      std::any_of(parts.begin(), parts.end(), [](const PartInfo& p) { return p.crc32c.empty(); })) {
+    SLUICE_ASSIGN_OR_RETURN(auto listed, ListParts(bucket, key, upload_id));
+    std::map<int, const PartInfo*> by_number;
+    for (const auto& l : listed) by_number[l.number] = &l;
+    for (auto& p : parts)
+      if (auto it = by_number.find(p.number);
+          p.crc32c.empty() && it != by_number.end() && it->second->etag == p.etag)
+        p.crc32c = it->second->crc32c;
+  }
   std::string xml = "<CompleteMultipartUpload>";
   for (const auto& p : parts) {
     xml += fmt::format("<Part><PartNumber>{}</PartNumber><ETag>\"{}\"</ETag>", p.number,
@@ -999,7 +1062,7 @@ Result<std::vector<MultipartInfo>> S3Client::ListMultipartUploads(std::string_vi
     if (!prefix.empty()) req.query.emplace_back("prefix", std::string(prefix));
     if (!key_marker.empty()) req.query.emplace_back("key-marker", key_marker);
     if (!id_marker.empty()) req.query.emplace_back("upload-id-marker", id_marker);
-    req.what = fmt::format("ListMultipartUploads of s3://{}", bucket);
+    req.what = fmt::format("ListMultipartUploads of s3://{}/", bucket);
     SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
     SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what, "ListMultipartUploadsResult"));
     auto root = doc.child("ListMultipartUploadsResult");

@@ -181,13 +181,12 @@ class S3Client {
   Result<std::string> CopyPart(std::string_view bucket, std::string_view key,
                                std::string_view upload_id, int number, std::string_view src_bucket,
                                std::string_view src_key, uint64_t first, uint64_t last,
-                               std::string_view if_match);
+                               std::string_view if_match, std::string* crc32c = nullptr);
   // kNotFound when the upload is gone (NoSuchUpload).
   Result<std::vector<PartInfo>> ListParts(std::string_view bucket, std::string_view key,
                                           std::string_view upload_id);
   Result<std::string> CompleteMultipart(std::string_view bucket, std::string_view key,
-                                        std::string_view upload_id,
-                                        const std::vector<PartInfo>& parts);
+                                        std::string_view upload_id, std::vector<PartInfo> parts);
   Status AbortMultipart(std::string_view bucket, std::string_view key, std::string_view upload_id);
   Result<std::vector<MultipartInfo>> ListMultipartUploads(std::string_view bucket,
                                                           std::string_view prefix);
@@ -223,6 +222,10 @@ class S3Client {
 // retried, and marked with this errno so that a caller can tell it from an origin that is down.
 inline constexpr int kUntrustedErrno = EKEYREJECTED;
 bool IsUntrustedCertificate(const Status& st);
+
+// The origin answered NoSuchBucket to a request naming `bucket` (a kNotFound whose message is
+// the one Send writes for that answer).
+bool IsNoSuchBucket(const Status& st, std::string_view bucket);
 
 // CRC32C of bytes [off, off+len) of a file, base64 as S3 sends it.
 Result<std::string> FileCrc32c(int fd, uint64_t off, uint64_t len);

@@ -103,6 +103,19 @@ std::optional<std::string> ListedName(std::string_view key, std::string_view dir
   return std::string(name);
 }
 
+// Whether `rel`, a key below a directory's prefix, is a path a listing can name: every
+// component as ListedName takes it, the last empty for a directory marker ("a/b/"). A copy
+// leaves the others (keys like "x/../y" in a foreign bucket) where they are: copied, they
+// would be hidden keys of the copy, counted in its usage and never listed.
+bool CopyablePath(std::string_view rel) {
+  for (size_t i = 0;;) {
+    const size_t slash = rel.find('/', i);
+    if (slash == std::string_view::npos) return i == rel.size() || ValidateName(rel.substr(i)).ok();
+    if (!ValidateName(rel.substr(i, slash - i)).ok()) return false;
+    i = slash + 1;
+  }
+}
+
 // The first `n` components as a key suffix: "" for none (JoinComponents gives "." there, a
 // path, where a key needs nothing).
 std::string Join(const std::vector<std::string>& parts, size_t n) {
@@ -167,8 +180,12 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
     } else if (key == "part-size" || key == "part_size") {
       auto size = ParseBinarySize(str);
       if (!size.ok()) return bad(key, size.status().message());
-      if (*size < (5u << 20) || *size > (5ULL << 30))
-        return bad(key, "must be 5 MiB to 5 GiB (S3's part sizes)");
+      // An upload's last part (and a file sent whole) holds up to twice this, less a byte,
+      // in one request, which S3 bounds at 5 GiB; the writer holds as much in memory.
+      if (*size < (5u << 20) || *size > (2560ULL << 20))
+        return bad(key,
+                   "must be 5 MiB to 2.5 GiB (its last part holds up to twice that, and S3 "
+                   "takes parts of up to 5 GiB)");
       o.part_size = *size;
     } else if (key == "min-speed") {
       auto size = ParseBinarySize(str);
@@ -367,6 +384,16 @@ struct S3Volume::Origin {
       last_error = refused.message();
       return T(std::move(refused));
     }
+    // The volume's bucket gone (deleted behind it) is the volume's failure, not a missing
+    // file or vfolder (another bucket, bound or named to bind, stays a 404): a 503, and the volume
+    // degraded, until it is back.
+    if (s3c::IsNoSuchBucket(st, bucket())) {
+      Status gone(Code::kUnavailable, fmt::format("volume {}: the origin has no such bucket: {}",
+                                                  volume, st.message()));
+      std::lock_guard lk(mu);
+      last_error = gone.message();
+      return T(std::move(gone));
+    }
     std::lock_guard lk(mu);
     if (st.code() == Code::kUnavailable) {
       last_error = "the origin does not answer: " + st.message();
@@ -503,14 +530,25 @@ struct S3Volume::Origin {
     lr.prefix = from;
     return Note(Client()->ForEachPage(Bucket(from_bucket), lr, [&](s3c::ListPage& page) {
       const auto& objs = page.objects;
+      auto wanted = [&](const s3c::ObjectInfo& o) {
+        if (skip_from && o.key == from) return false;
+        if (o.key.size() == from.size() ||
+            CopyablePath(std::string_view(o.key).substr(from.size())))
+          return true;
+        static std::atomic<bool> warned{false};
+        if (!warned.exchange(true))
+          spdlog::warn("s3 volume {}: key '{}' is not copied: no path names it (logged once)",
+                       volume, SanitizeUtf8(o.key));
+        return false;
+      };
       SLUICE_RETURN_IF_ERROR(ParallelFor(objs.size(), 16, [&](size_t i) {
-        if (skip_from && objs[i].key == from) return Status::Ok();
+        if (!wanted(objs[i])) return Status::Ok();
         return CopyObject(from_bucket, objs[i].key, to + objs[i].key.substr(from.size()),
                           objs[i].size);
       }));
       if (copied)
         for (const auto& o : objs)
-          if (!skip_from || o.key != from) copied->push_back(o.key);
+          if (wanted(o)) copied->push_back(o.key);
       return Status::Ok();
     }));
   }
@@ -541,8 +579,9 @@ struct S3Volume::Origin {
     Status st = ParallelFor(n, 8, [&](size_t i) {
       const uint64_t first = i * part, last = std::min(size, first + part) - 1;
       SLUICE_ASSIGN_OR_RETURN(
-          parts[i].etag, Note(Client()->CopyPart(bucket(), dst_key, id, static_cast<int>(i + 1),
-                                                 Bucket(from), src_key, first, last, head.etag)));
+          parts[i].etag,
+          Note(Client()->CopyPart(bucket(), dst_key, id, static_cast<int>(i + 1), Bucket(from),
+                                  src_key, first, last, head.etag, &parts[i].crc32c)));
       parts[i].number = static_cast<int>(i + 1);
       parts[i].size = last - first + 1;
       return Status::Ok();
@@ -562,7 +601,18 @@ struct S3Volume::Origin {
     uint64_t size = 0;
     for (const auto& p : parts) size += p.size;
     auto there = Note(Client()->Head(bucket(), key));
-    return there.ok() && there->size == size ? Status::Ok() : st;
+    if (!there.ok() || there->size != size) return st;
+    // And the ETag these parts make ("-N"; with MD5 part ETags, the MD5 of them): an object of
+    // the same size that was there before (an upload aborted meanwhile) is not this upload.
+    const std::string n = fmt::format("-{}", parts.size());
+    if (!there->etag.ends_with(n)) return st;
+    Digest d(Digest::Algo::kMd5);
+    for (const auto& p : parts) {
+      auto raw = HexDecode(p.etag);
+      if (!raw.ok() || raw->size() != 16) return Status::Ok();  // not MD5s: the count must do
+      d.Update(*raw);
+    }
+    return there->etag == HexEncode(d.Final()) + n ? Status::Ok() : st;
   }
 
   // The entries directly below `dir` ("" or "a/b/"), sorted by name (the origin's order puts a
@@ -1378,10 +1428,11 @@ Status S3Volume::CopyFileIn(Volume& from, const VFolderId& src, const std::strin
     const uint64_t len = std::min(part, size - off);
     auto b = body(off, len);
     if (!b.ok()) return abort(b.status());
-    auto etag =
-        o.Note(o.Client()->UploadPart(o.bucket(), key, id, static_cast<int>(parts.size() + 1), *b));
+    std::string crc;
+    auto etag = o.Note(
+        o.Client()->UploadPart(o.bucket(), key, id, static_cast<int>(parts.size() + 1), *b, &crc));
     if (!etag.ok()) return abort(etag.status());
-    parts.push_back({static_cast<int>(parts.size() + 1), len, *etag, {}});
+    parts.push_back({static_cast<int>(parts.size() + 1), len, *etag, crc});
   }
   if (Status done = o.CompleteUpload(key, id, parts); !done.ok()) return abort(done);
   return Status::Ok();
@@ -1716,7 +1767,8 @@ struct SessionRecord {
   }
   nlohmann::json ToJson() const {
     nlohmann::json ps = nlohmann::json::array();
-    for (const auto& p : parts) ps.push_back({{"n", p.number}, {"etag", p.etag}, {"size", p.size}});
+    for (const auto& p : parts)
+      ps.push_back({{"n", p.number}, {"etag", p.etag}, {"size", p.size}, {"crc32c", p.crc32c}});
     return {{"vfid", vfid},
             {"upload", upload},
             {"parts", ps},
@@ -1738,7 +1790,7 @@ struct SessionRecord {
       r.tail_keyed = j.value("tail_keyed", false);
       for (const auto& p : j.at("parts"))
         r.parts.push_back({p.at("n").get<int>(), p.at("size").get<uint64_t>(),
-                           p.at("etag").get<std::string>(), ""});
+                           p.at("etag").get<std::string>(), p.value("crc32c", std::string())});
     } catch (const nlohmann::json::exception& e) {
       return Status(Code::kIoError, fmt::format("an upload record is malformed: {}", e.what()));
     }
@@ -1952,10 +2004,11 @@ class S3Volume::Writer : public StagingWriter {
       return Status(Code::kTooLarge, fmt::format("upload {}: more than {} parts of {} bytes",
                                                  session_, s3c::kMaxParts, v_->opts_.part_size));
     std::string_view bytes = std::string_view(buf_).substr(0, static_cast<size_t>(n));
+    std::string crc;
     SLUICE_ASSIGN_OR_RETURN(std::string etag,
                             o.Note(o.Client()->UploadPart(o.bucket(), key_ + ".data", rec_.upload,
-                                                          number, s3c::Body{bytes})));
-    pending_.push_back({number, bytes.size(), etag, ""});
+                                                          number, s3c::Body{bytes}, &crc)));
+    pending_.push_back({number, bytes.size(), etag, crc});
     buf_.erase(0, static_cast<size_t>(n));
     return Status::Ok();
   }

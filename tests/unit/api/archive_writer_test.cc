@@ -173,6 +173,19 @@ TEST(TarWriter, LargeSizesIdsAndTimes) {
   EXPECT_EQ(got[1].mtime_s, 0x80000000LL);
   EXPECT_EQ(got[1].mtime_ns, 250000000);
 
+  // Before 1970: the pax value is signed decimal (-2 s + 0.5 s is -1.5 s). Before, it was
+  // written "-2.500000000" (the wrong time) or, from a truncated split, "-1.-500000000", which
+  // GNU tar refuses as a malformed header.
+  ArchiveWriter old(ArchiveWriter::Format::kTar, 0);
+  ASSERT_TRUE(old.Open().ok());
+  auto early = File("early", "z", -2);
+  early.mtime_ns = 500000000;
+  ASSERT_TRUE(AddFile(old, early, "z").ok());
+  ASSERT_TRUE(old.Close().ok());
+  const std::string bytes = Drain(old);
+  EXPECT_NE(bytes.find("mtime=-1.500000000\n"), std::string::npos);
+  ASSERT_EQ(Read(bytes).size(), 1u);
+
   // 9 GB cannot be said in ustar's 11 octal digits.
   ArchiveWriter big(ArchiveWriter::Format::kTar, 0);
   ASSERT_TRUE(big.Open().ok());

@@ -100,6 +100,15 @@ TEST(S3Bodies, BatchRequest) {
   const std::string opaque(1025, 'o');
   EXPECT_ERROR(ParseBatchRequest(R"({"items": [{"key": "a", "opaque": ")" + opaque + "\"}]}", "b"),
                Code::kInvalidArgument);
+  // S3's bounds on a key (1024 bytes) and a bucket name (63): at the bound taken, past it not.
+  const std::string key(1024, 'k'), bucket(63, 'b');
+  auto one = [](const std::string& k) { return R"({"items": [{"key": ")" + k + R"("}]})"; };
+  EXPECT_OK(ParseBatchRequest(one(key), bucket));
+  auto long_key = ParseBatchRequest(one(key + "k"), "b");
+  ASSERT_ERROR(long_key, Code::kInvalidArgument);
+  EXPECT_NE(long_key.status().message().find("item 0: the key is over 1024 bytes"),
+            std::string::npos);
+  EXPECT_ERROR(ParseBatchRequest(one("a"), bucket + "b"), Code::kInvalidArgument);
 }
 
 }  // namespace

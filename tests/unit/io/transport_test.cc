@@ -17,9 +17,12 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "common/checksum.h"
+#include "common/crypto.h"
 #include "io/s3/s3_client.h"
 #include "io/s3/transport.h"
 #include "support/assert_status.h"
+#include "support/loopback.h"
 
 namespace sluice::test {
 namespace {
@@ -44,15 +47,7 @@ class TinyHttp {
     return stopping_;
   }
   TinyHttp() {
-    listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    EXPECT_EQ(::listen(listen_, 128), 0);
-    socklen_t len = sizeof a;
-    ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
+    listen_ = test::ListenLoopback(&port_);
     accept_ = std::thread([this] {
       for (;;) {
         int fd = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
@@ -94,6 +89,13 @@ class TinyHttp {
     std::lock_guard lk(mu_);
     return lines_;
   }
+  // The body of the last request whose line holds `part` ("" when none).
+  std::string body_of(std::string_view part) {
+    std::lock_guard lk(mu_);
+    for (auto it = bodies_.rbegin(); it != bodies_.rend(); ++it)
+      if (it->first.find(part) != std::string::npos) return it->second;
+    return "";
+  }
   void Release() {
     std::lock_guard lk(mu_);
     released_ = true;
@@ -128,6 +130,8 @@ class TinyHttp {
           if (n <= 0) return;
           in.append(buf, static_cast<size_t>(n));
         }
+        std::lock_guard lk(mu_);
+        bodies_.emplace_back(line, in.substr(0, len));
         in.erase(0, len);
       }
       Handler handler;
@@ -171,6 +175,7 @@ class TinyHttp {
   std::vector<int> conns_;
   std::vector<std::thread> workers_;
   std::vector<std::string> released_tags_, lines_;
+  std::vector<std::pair<std::string, std::string>> bodies_;  // request line, body
   Handler handler_;
   int accepted_ = 0, hanging_ = 0;
   bool released_ = false, stopping_ = false;
@@ -584,6 +589,113 @@ TEST(S3Client, AnOriginThatTricklesIsAbandoned) {
   EXPECT_TRUE(WaitFor([&] { return cut.load() == trickles.load(); }, 5s))
       << cut.load() << " of " << trickles.load() << " trickles cut by the client";
   EXPECT_GE(trickles.load(), 2);  // resumed where it stopped, then given up
+}
+
+}  // namespace
+}  // namespace sluice::test
+
+namespace sluice::test {
+namespace {
+
+// An upload created with a checksum algorithm (CreateMultipart sends CRC32C) takes, on AWS, no
+// Complete that does not name every part's checksum. Parts sent from memory carry theirs (before,
+// only parts sent from a file did), a copied part keeps the one its answer names, and a part the
+// caller has none for takes the origin's from ListParts.
+TEST(S3Client, EveryPartOfAnUploadNamesItsChecksumInTheComplete) {
+  TinyHttp server;
+  std::mutex mu;
+  std::vector<std::string> heads;
+  server.Handle([&](const std::string& head, int fd) {
+    {
+      std::lock_guard lk(mu);
+      heads.push_back(head);
+    }
+    const std::string line = head.substr(0, head.find('\n'));
+    if (line.starts_with("POST") && line.find("uploads") != std::string::npos)
+      return Answer200(fd,
+                       "<InitiateMultipartUploadResult><UploadId>u1</UploadId>"
+                       "</InitiateMultipartUploadResult>");
+    if (line.starts_with("PUT") && head.find("x-amz-copy-source") != std::string::npos)
+      return Answer200(fd,
+                       "<CopyPartResult><ETag>\"c\"</ETag><ChecksumCRC32C>copied=="
+                       "</ChecksumCRC32C></CopyPartResult>");
+    if (line.starts_with("GET") && line.find("uploadId=u1") != std::string::npos)
+      return Answer200(fd,
+                       "<ListPartsResult><Part><PartNumber>1</PartNumber><ETag>\"e\"</ETag>"
+                       "<Size>5</Size><ChecksumCRC32C>listed==</ChecksumCRC32C></Part>"
+                       "<IsTruncated>false</IsTruncated></ListPartsResult>");
+    if (line.starts_with("POST") && line.find("uploadId=u1") != std::string::npos)
+      return Answer200(fd,
+                       "<CompleteMultipartUploadResult><ETag>\"m-3\"</ETag>"
+                       "</CompleteMultipartUploadResult>");
+    return false;
+  });
+  s3::S3Client c(Options(server, nullptr));
+  auto id = c.CreateMultipart("b", "k");
+  ASSERT_OK(id);
+  EXPECT_EQ(*id, "u1");
+  std::string crc;
+  ASSERT_OK(c.UploadPart("b", "k", *id, 2, s3::Body{"hello"}, &crc));
+  const std::string want = Base64Encode(CrcBytes(ChecksumAlgo::kCrc32c, Crc32c("hello", 5)));
+  EXPECT_EQ(crc, want);
+  {
+    std::lock_guard lk(mu);
+    bool sent = false;
+    for (const auto& h : heads)
+      sent |= h.starts_with("PUT") && h.find("x-amz-checksum-crc32c: " + want) != std::string::npos;
+    EXPECT_TRUE(sent) << "a part sent from memory carried no checksum";
+  }
+  std::string copied;
+  ASSERT_OK(c.CopyPart("b", "k", *id, 3, "b", "src", 0, 4, "e", &copied));
+  EXPECT_EQ(copied, "copied==");
+  // Part 1 has no checksum here (a session recorded before they were kept): the origin's.
+  ASSERT_OK(
+      c.CompleteMultipart("b", "k", *id, {{1, 5, "e", ""}, {2, 5, "e", crc}, {3, 5, "c", copied}}));
+  const std::string xml = server.body_of("POST /b/k?uploadId=u1");
+  EXPECT_NE(xml.find("<PartNumber>1</PartNumber><ETag>\"e\"</ETag><ChecksumCRC32C>listed=="),
+            std::string::npos)
+      << xml;
+  EXPECT_NE(xml.find("<PartNumber>2</PartNumber><ETag>\"e\"</ETag><ChecksumCRC32C>" + want),
+            std::string::npos)
+      << xml;
+  EXPECT_NE(xml.find("<PartNumber>3</PartNumber><ETag>\"c\"</ETag><ChecksumCRC32C>copied=="),
+            std::string::npos)
+      << xml;
+}
+
+}  // namespace
+}  // namespace sluice::test
+
+namespace sluice::test {
+namespace {
+
+// A clock too far off the origin's, or a region it does not serve, refuses every request the
+// client signs: the credentials' failure (a volume then reads degraded, the CLI exits 5), not a
+// permission on one object (403) nor the caller's bad input (400).
+TEST(S3Client, ASkewedClockOrAWrongRegionRefusesTheCredentials) {
+  TinyHttp server;
+  server.Handle([&](const std::string& head, int fd) {
+    const bool skew = head.find("skew") != std::string::npos;
+    const std::string body =
+        skew ? "<Error><Code>RequestTimeTooSkewed</Code><Message>The difference between the "
+               "request time and the server's time is too large.</Message></Error>"
+             : "<Error><Code>AuthorizationHeaderMalformed</Code><Message>the region 'us-east-1' "
+               "is wrong; expecting 'eu-west-1'</Message></Error>";
+    const std::string a =
+        fmt::format("HTTP/1.1 {}\r\nContent-Length: {}\r\n\r\n{}",
+                    skew ? "403 Forbidden" : "400 Bad Request", body.size(), body);
+    ::send(fd, a.data(), a.size(), MSG_NOSIGNAL);
+    return true;
+  });
+  s3::S3Client c(Options(server, nullptr));
+  for (const char* key : {"skew", "region"}) {
+    auto r = Fetch(c, key);
+    EXPECT_ERROR(r, Code::kUnauthenticated);
+    EXPECT_NE(r.status().message().find(std::string(key) == "skew" ? "RequestTimeTooSkewed"
+                                                                   : "expecting 'eu-west-1'"),
+              std::string::npos)
+        << r.status().ToString();
+  }
 }
 
 }  // namespace

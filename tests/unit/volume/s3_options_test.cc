@@ -74,6 +74,7 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
                                                         {"min-speed", "2g"},
                                                         {"min-speed", "fast"},
                                                         {"part-size", "1m"},
+                                                        {"part-size", "2561m"},
                                                         {"addressing", "dns"},
                                                         {"usage-reconcile-interval", "0s"},
                                                         {"usage-walk-budget", "fast"},

@@ -1,0 +1,136 @@
+"""A stand-in for a rule of AWS S3 that neither Sluice's S3 API nor the RGW here enforces
+(and, on request, for a network that loses a Complete's answer).
+
+Named so, as the tooling's one mock of AWS: a forwarding proxy in front of a real origin (a
+Sluice node), which passes every request on unchanged (its signature still holds: the Host
+header is kept) and refuses, as AWS does, a CompleteMultipartUpload that does not name every
+part's checksum when its upload was created with `x-amz-checksum-algorithm`:
+
+    400 InvalidRequest: The upload was created using a crc32c checksum. The complete request
+    must include the checksum for each part. It was missing for part 1 in the request.
+
+(AWS's behaviour: docs.aws.amazon.com/AmazonS3/latest/API/API_CompleteMultipartUpload.html and
+the answers quoted in apache/opendal#4580.) Origins that compute the missing checksums
+themselves hide a client that forgets them; against AWS every such upload fails.
+"""
+
+import http.client
+import http.server
+import re
+import threading
+import xml.etree.ElementTree as ET
+from urllib.parse import parse_qs, urlsplit
+
+HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "upgrade",
+       "expect"}  # (a 100-continue is answered here; the origin gets the whole body)
+
+
+def _local(tag):
+    return tag.rsplit("}", 1)[-1]
+
+
+class AwsRulesProxy:
+    def __init__(self, origin_host, origin_port):
+        self.origin = (origin_host, origin_port)
+        self.algorithms = {}  # upload id -> checksum algorithm it was created with
+        self.refused = []     # (upload id, part number) of each Complete refused
+        # Completes whose answer is lost: forwarded, done by the origin, then the connection
+        # closed unanswered (the client retries, and finds the upload gone).
+        self.lose_completes = 0
+        self.lost = 0
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _forward(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else b""
+                url = urlsplit(self.path)
+                q = parse_qs(url.query, keep_blank_values=True)
+                if self.command == "POST" and "uploadId" in q:
+                    refusal = proxy._check_complete(q["uploadId"][0], body)
+                    if refusal:
+                        return self._answer(400, refusal.encode(),
+                                            {"Content-Type": "application/xml"})
+                conn = http.client.HTTPConnection(*proxy.origin, timeout=120)
+                try:
+                    headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP}
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    r = conn.getresponse()
+                    data = r.read()
+                    if self.command == "POST" and "uploadId" in q and r.status == 200:
+                        with proxy.lock:
+                            lose = proxy.lose_completes > 0
+                            if lose:
+                                proxy.lose_completes -= 1
+                                proxy.lost += 1
+                        if lose:
+                            self.close_connection = True
+                            return
+                    if self.command == "POST" and "uploads" in q and r.status == 200:
+                        algo = self.headers.get("x-amz-checksum-algorithm")
+                        m = re.search(rb"<UploadId>([^<]+)</UploadId>", data)
+                        if algo and m:
+                            with proxy.lock:
+                                proxy.algorithms[m.group(1).decode()] = algo.upper()
+                    self._answer(r.status, data,
+                                 {k: v for k, v in r.getheaders() if k.lower() not in HOP
+                                  and k.lower() != "content-length"},
+                                 r.getheader("Content-Length"))
+                finally:
+                    conn.close()
+
+            def _answer(self, status, data, headers, head_length=None):
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                # A HEAD's length is the object's, not its (empty) body's.
+                length = head_length if self.command == "HEAD" and head_length else len(data)
+                self.send_header("Content-Length", str(length))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def _check_complete(self, upload_id, body):
+        with self.lock:
+            algo = self.algorithms.get(upload_id)
+        if not algo:
+            return None
+        want = "Checksum" + algo
+        for part in ET.fromstring(body):
+            if _local(part.tag) != "Part":
+                continue
+            fields = {_local(c.tag): (c.text or "") for c in part}
+            if not fields.get(want):
+                number = fields.get("PartNumber", "?")
+                with self.lock:
+                    self.refused.append((upload_id, number))
+                return ("<Error><Code>InvalidRequest</Code><Message>The upload was created "
+                        f"using a {algo.lower()} checksum. The complete request must include "
+                        "the checksum for each part. It was missing for part "
+                        f"{number} in the request.</Message></Error>")
+        return None
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()

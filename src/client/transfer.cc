@@ -686,7 +686,8 @@ Result<TransferResult> Transfer::UploadStream(int fd, const S3Url& to) {
     while (st.ok() && n > 0) {
       if (parts.size() == static_cast<size_t>(kMaxParts)) {
         st = Status(Code::kInvalidArgument,
-                    fmt::format("stdin is longer than {} parts of {}: give a larger --part-size",
+                    fmt::format("stdin is longer than {} parts (of {} bytes, doubling every "
+                                "1,000): give a larger --part-size",
                                 kMaxParts, opts_.part_size));
         break;
       }

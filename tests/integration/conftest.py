@@ -155,13 +155,17 @@ def pause(pid, timeout=30):
     deadline = time.monotonic() + timeout
     while True:
         states = []
-        for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except FileNotFoundError:
+            raise AssertionError(f"process {pid} exited instead of stopping") from None
+        for task in tasks:
             try:
                 with open(f"/proc/{pid}/task/{task}/stat") as f:
                     states.append(f.read().rsplit(")", 1)[1].split()[0])
             except FileNotFoundError:  # a thread that ended meanwhile
                 pass
-        if states and all(st in ("T", "t") for st in states):
+        if states and all(st in ("T", "t", "Z") for st in states):  # (Z: a thread gone)
             return
         if time.monotonic() > deadline:
             raise AssertionError(f"process {pid} did not stop: thread states {states}")

@@ -104,7 +104,7 @@ std::optional<std::string> ListedName(std::string_view key, std::string_view dir
 }
 
 // Whether `rel`, a key below a directory's prefix, is a path a listing can name: every
-// component as ListedName takes it, the last empty for a directory marker ("a/b/"). A copy
+// component as ListedName takes it, the last empty for a directory marker ("a/b/"). A clone
 // leaves the others (keys like "x/../y" in a foreign bucket) where they are: copied, they
 // would be hidden keys of the copy, counted in its usage and never listed.
 bool CopyablePath(std::string_view rel) {
@@ -524,15 +524,18 @@ struct S3Volume::Origin {
   // volume's) to the same name below `to` in the volume's bucket, 16 at once (`skip_from`: not
   // the key `from` itself, a marker the target has its own of).
   // `copied` (optional): the keys copied.
+  // `named_only`: keys no path names are left out (a clone of a bound foreign prefix: copied,
+  // they would be hidden keys of the copy); a move takes every key, as it deletes them after.
   Status CopyPrefix(const std::string& from, const std::string& to, bool skip_from,
-                    std::string_view from_bucket = {}, std::vector<std::string>* copied = nullptr) {
+                    std::string_view from_bucket = {}, std::vector<std::string>* copied = nullptr,
+                    bool named_only = false) {
     s3c::ListRequest lr;
     lr.prefix = from;
     return Note(Client()->ForEachPage(Bucket(from_bucket), lr, [&](s3c::ListPage& page) {
       const auto& objs = page.objects;
       auto wanted = [&](const s3c::ObjectInfo& o) {
         if (skip_from && o.key == from) return false;
-        if (o.key.size() == from.size() ||
+        if (!named_only || o.key.size() == from.size() ||
             CopyablePath(std::string_view(o.key).substr(from.size())))
           return true;
         static std::atomic<bool> warned{false};
@@ -1357,7 +1360,8 @@ Status S3Volume::CopyTreeIn(Volume& from, const VFolderId& src, const VFolderId&
   if (&ForwardingVolume::Innermost(from) == this) {
     SLUICE_RETURN_IF_ERROR(Live(src));  // a bound vfolder copies into a writable one
     const Location from = Locate(src, "");
-    return origin_->CopyPrefix(from.key, LayoutKey(dst, ""), true, from.bucket);
+    return origin_->CopyPrefix(from.key, LayoutKey(dst, ""), true, from.bucket, nullptr,
+                               /*named_only=*/true);
   }
   // From another volume: every directory as a marker, every file uploaded (8 at a time).
   std::vector<std::string> dirs;

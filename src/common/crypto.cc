@@ -1,5 +1,6 @@
 #include "common/crypto.h"
 
+#include <fmt/format.h>
 #include <openssl/core_names.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -239,6 +240,12 @@ Result<std::string> Unseal(std::string_view key, std::string_view sealed, std::s
                   "sealed value does not open with this key (is [api.s3] seal-key the same on "
                   "every node?)");
   return out;
+}
+
+std::string MultipartETag(const std::vector<std::string>& raw_md5s) {
+  Digest d(Digest::Algo::kMd5);
+  for (const auto& m : raw_md5s) d.Update(m);
+  return fmt::format("{}-{}", HexEncode(d.Final()), raw_md5s.size());
 }
 
 }  // namespace sluice

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 
@@ -45,6 +46,10 @@ class Digest {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// S3's multipart ETag of parts with these raw MD5s: the hex MD5 of them, "-", their count;
+// unquoted.
+std::string MultipartETag(const std::vector<std::string>& raw_md5s);
 
 // AES-256-GCM with a 32-byte key: seals `plain` as nonce | ciphertext | tag, authenticated
 // together with `aad` (what the secret belongs to, so a sealed value cannot be moved to

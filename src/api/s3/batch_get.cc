@@ -190,24 +190,24 @@ Status BatchGetStream::FileData() {
   SLUICE_ASSIGN_OR_RETURN(char* at, tar_.ReserveData(want));
   // The piece whole, or the end of the file found within it: a file that shrank to within its
   // first piece is found at that piece, while the item can still become a placeholder.
-  Result<size_t> n = size_t{0};
-  for (size_t k; *n < want; *n += k) {
-    auto got = file_->ReadAt(file_off_ + *n, at + *n, want - *n);
+  size_t n = 0;
+  while (n < want) {
+    auto got = file_->ReadAt(file_off_ + n, at + n, want - n);
     if (!got.ok()) {
-      n = got.status();
-      break;
+      tar_.CommitData(want, 0);
+      return got.status();
     }
-    if ((k = *got) == 0) break;
+    if (*got == 0) break;
+    n += *got;
   }
-  tar_.CommitData(want, n.ok() ? *n : 0);
-  if (!n.ok()) return n.status();
+  tar_.CommitData(want, n);
   // The header promised the size seen when the object was opened.
-  if (*n < want)
+  if (n < want)
     return Status(Code::kIoError,
                   fmt::format("'{}' shrank while being sent", items_[next_ - 1].key));
-  file_off_ += *n;
-  file_left_ -= *n;
-  bytes_ += *n;
+  file_off_ += n;
+  file_left_ -= n;
+  bytes_ += n;
   if (file_left_ > 0) return Status::Ok();
   file_.reset();
   return tar_.FinishEntry(items_[next_ - 1].name);

@@ -840,11 +840,13 @@ Result<std::string> S3Client::PutIfAbsent(std::string_view bucket, std::string_v
 namespace {
 
 // (A copy that fails after its 200 has gone out answers an <Error> body: SendOnce.)
-Result<std::string> CopiedETag(const std::string& body, const std::string& what,
-                               const char* result) {
+// The ETag of a copy's answer; `crc32c`, when given, takes its ChecksumCRC32C ("" for none).
+Result<std::string> CopiedETag(const std::string& body, const std::string& what, const char* result,
+                               std::string* crc32c = nullptr) {
   SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(body, what, result));
   std::string etag = StripQuotes(Child(doc.child(result), "ETag"));
   if (etag.empty()) return Status(Code::kUnavailable, what + ": no ETag in the answer");
+  if (crc32c) *crc32c = Child(doc.child(result), "ChecksumCRC32C");
   return etag;
 }
 
@@ -884,12 +886,8 @@ Result<std::string> S3Client::CopyPart(std::string_view bucket, std::string_view
   if (!if_match.empty())  // (an origin that sends no ETags has no version to pin)
     req.headers.emplace_back("x-amz-copy-source-if-match", fmt::format("\"{}\"", if_match));
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
-  SLUICE_ASSIGN_OR_RETURN(std::string etag, CopiedETag(a.body, req.what, "CopyPartResult"));
-  if (crc32c) {  // what the origin computed, for the Complete (the answer parsed again: small)
-    auto doc = ParseXml(a.body, req.what, "CopyPartResult");
-    *crc32c = doc.ok() ? Child(doc->child("CopyPartResult"), "ChecksumCRC32C") : std::string();
-  }
-  return etag;
+  // (The part's checksum as the origin computed it: the Complete names it.)
+  return CopiedETag(a.body, req.what, "CopyPartResult", crc32c);
 }
 
 Status S3Client::Delete(std::string_view bucket, std::string_view key) {
@@ -905,6 +903,7 @@ Result<std::vector<std::string>> S3Client::DeleteMany(std::string_view bucket,
                                                       const std::vector<std::string>& keys) {
   std::string xml = "<Delete><Quiet>true</Quiet>";
   std::vector<std::string> failed;
+  size_t batched = 0;
   for (const auto& k : keys) {
     // A control byte other than tab, LF and CR has no place in XML 1.0, escaped or not (AWS
     // would refuse the whole batch as MalformedXML): such a key is deleted by itself.
@@ -916,8 +915,9 @@ Result<std::vector<std::string>> S3Client::DeleteMany(std::string_view bucket,
       continue;
     }
     xml += "<Object><Key>" + XmlEscape(k) + "</Key></Object>";
+    ++batched;
   }
-  if (xml.size() == std::string_view("<Delete><Quiet>true</Quiet>").size()) return failed;
+  if (batched == 0) return failed;
   xml += "</Delete>";
   Request req;
   req.method = "POST";

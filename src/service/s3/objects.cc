@@ -874,12 +874,6 @@ std::optional<MultipartUpload> DecodeUpload(std::string_view blob, std::string i
 
 }  // namespace
 
-std::string MultipartETag(const std::vector<std::string>& raw_md5s) {
-  Digest d(Digest::Algo::kMd5);
-  for (const auto& m : raw_md5s) d.Update(m);
-  return fmt::format("{}-{}", HexEncode(d.Final()), raw_md5s.size());
-}
-
 Result<std::string> MultipartChecksum(const MultipartUpload& u,
                                       const std::vector<UploadedPart>& parts) {
   auto algo = ChecksumAlgoFromName(u.checksum_algo);

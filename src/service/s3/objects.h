@@ -342,9 +342,6 @@ class ObjectStore {
   std::shared_ptr<KeyOrderCache> key_order_cache_;
 };
 
-// The multipart ETag of `parts` (hex MD5 of their raw MD5s, "-", their count), unquoted.
-std::string MultipartETag(const std::vector<std::string>& raw_md5s);
-
 // The object checksum (base64) of an upload made of `parts`, each of which must carry a checksum
 // of the upload's algorithm: COMPOSITE is the checksum of the parts' raw checksums followed by
 // "-<count>"; FULL_OBJECT (CRCs only) combines the parts' CRCs as if the data were read once.

@@ -607,15 +607,14 @@ struct S3Volume::Origin {
     if (!there.ok() || there->size != size) return st;
     // And the ETag these parts make ("-N"; with MD5 part ETags, the MD5 of them): an object of
     // the same size that was there before (an upload aborted meanwhile) is not this upload.
-    const std::string n = fmt::format("-{}", parts.size());
-    if (!there->etag.ends_with(n)) return st;
-    Digest d(Digest::Algo::kMd5);
+    if (!there->etag.ends_with(fmt::format("-{}", parts.size()))) return st;
+    std::vector<std::string> md5s;
     for (const auto& p : parts) {
       auto raw = HexDecode(p.etag);
       if (!raw.ok() || raw->size() != 16) return Status::Ok();  // not MD5s: the count must do
-      d.Update(*raw);
+      md5s.push_back(std::move(raw).value());
     }
-    return there->etag == HexEncode(d.Final()) + n ? Status::Ok() : st;
+    return there->etag == MultipartETag(md5s) ? Status::Ok() : st;
   }
 
   // The entries directly below `dir` ("" or "a/b/"), sorted by name (the origin's order puts a

@@ -948,6 +948,18 @@ Result<TransferResult> Transfer::Remove(const S3Url& url, bool recursive) {
       opts_.s3, S3Url{url.bucket, prefix}, true, opts_.jobs,
       [&](const ObjectInfo& o) { (o.key.back() == '/' ? markers : keys).push_back(o.key); },
       nullptr));
+  // As `rm -r NAME` removes a file NAME, the object the prefix names goes too (and alone, when
+  // nothing is below it: before, `rm -r` of a plain object deleted nothing and said nothing).
+  if (!url.key.empty() && url.key.back() != '/') {
+    S3Client c(opts_.s3);
+    auto head = c.Head(url.bucket, url.key);
+    if (head.ok()) keys.push_back(url.key);
+    else if (head.status().code() != Code::kNotFound) return head.status();
+  }
+  if (keys.empty() && markers.empty()) {
+    Say(fmt::format("nothing to delete under s3://{}/{}", url.bucket, prefix));
+    return TransferResult{};
+  }
   batches(keys, kDeleteBatch);
   SLUICE_ASSIGN_OR_RETURN(TransferResult res, Run(jobs));
   if (markers.empty() || !res.ok()) return res;

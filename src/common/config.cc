@@ -253,6 +253,11 @@ void ParseApi(const toml::value& api, Config& c) {
       }
       if (auto n = s.Int("max-multipart-uploads", 1, 1000000))
         c.s3.max_multipart_uploads = static_cast<size_t>(*n);
+      if (auto k = s.Duration("keepalive")) {
+        if (*k > std::chrono::seconds(30))
+          throw ConfigError("api.s3.keepalive must be at most 30s (clients wait 60 s at most)");
+        c.s3.keepalive = *k;
+      }
       if (auto d = s.String("domain")) {
         std::string dom = *d;
         std::transform(dom.begin(), dom.end(), dom.begin(), ::tolower);
@@ -637,6 +642,11 @@ multipart-expiry = "7d"
 # Multipart uploads in progress a bucket may hold (more are refused until some complete or
 # are aborted): listing them reads every one's record.
 max-multipart-uploads = 10000
+# A CopyObject, UploadPartCopy or CompleteMultipartUpload still running after this long (a
+# large object on a volume that copies data) answers 200 at once and sends a space this often
+# until its result or <Error> follows, as S3 does, so that no client times out waiting.
+# "0": each answers when done.
+keepalive = "5s"
 # Virtual-hosted addressing: with a domain, a Host of "<bucket>.<domain>" names the bucket
 # (point a wildcard DNS record at the nodes). Path style always works. Empty: path style only.
 # domain = "s3.example.com"

@@ -483,6 +483,14 @@ def test_rm(s3d, bucket):
     assert not (root / "r" / "0001").exists()
     p = cli(s3d, "rm", f"s3://{bucket}", check=False)
     assert p.returncode == 2 and b"--recursive" in p.stderr
+    # `rm -r` of a plain object deletes it, as `rm -r FILE` does (before: nothing, silently);
+    # of nothing at all, it says so.
+    s3d.boto.put_object(Bucket=bucket, Key="keep/plain", Body=b"p")
+    p = cli(s3d, "rm", "-r", f"s3://{bucket}/keep/plain")
+    assert b"delete: s3://%s/keep/plain" % bucket.encode() in p.stdout, p.stdout
+    assert "keep/plain" not in keys_of(s3d, bucket)
+    p = cli(s3d, "rm", "-r", f"s3://{bucket}/keep/none")
+    assert b"nothing to delete under" in p.stdout + p.stderr, (p.stdout, p.stderr)
     # A delete refused whole says so and exits by why (5: credentials refused), as a copy does;
     # before, it printed "0 files" and exited 1 (with -q, nothing at all).
     p = cli(s3d, "rm", f"s3://{bucket}/keep/y", sk="wrong", check=False)

@@ -88,7 +88,8 @@ std::optional<S3Error> AwsChunkedDecoder::OnChunkEnd() {
 std::optional<S3Error> AwsChunkedDecoder::OnTrailerLine() {
   std::string_view l = line_;
   if (l.empty()) {  // the end of the body
-    if (!trailer_sig_.empty() || (o_.trailer && o_.signed_chunks)) {
+    // (Unsigned chunks have no key to check a trailer signature with: one sent is ignored.)
+    if (o_.signed_chunks && (!trailer_sig_.empty() || o_.trailer)) {
       if (trailer_sig_.empty()) return Malformed("the trailer lacks x-amz-trailer-signature");
       std::string want =
           SignatureOf(o_.signing_key,
@@ -126,7 +127,7 @@ std::optional<S3Error> AwsChunkedDecoder::Feed(const char* data, size_t n, const
         const char* nl = static_cast<const char*>(std::memchr(data + i, '\n', n - i));
         size_t take = (nl ? static_cast<size_t>(nl - (data + i)) : n - i);
         if (state_ == State::kTrailer) {
-          trailer_bytes_ += take + 1;
+          trailer_bytes_ += take + (nl ? 1 : 0);
           if (trailer_bytes_ > kMaxTrailer) return Malformed("the trailer is too large");
         }
         if (line_.size() + take > kMaxLine) return Malformed("a line is too long");

@@ -1,10 +1,14 @@
 #include "api/s3/s3_api.h"
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
 #include <ctime>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -68,6 +72,8 @@ std::string IsoTime(std::chrono::system_clock::time_point t) {
   return FormatIso8601Millis(t);
 }
 
+constexpr std::string_view kXmlDeclaration = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+
 std::string XmlText(const pugi::xml_document& doc) {
   struct Writer : pugi::xml_writer {
     std::string out;
@@ -76,7 +82,7 @@ std::string XmlText(const pugi::xml_document& doc) {
     }
   } w;
   doc.save(w, "", pugi::format_raw | pugi::format_no_declaration);
-  return "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n" + w.out;
+  return std::string(kXmlDeclaration) + w.out;
 }
 
 HttpResponse Xml(unsigned status, const pugi::xml_document& doc) {
@@ -173,7 +179,6 @@ Authenticator MakeSigV4Authenticator(S3Ctx* ctx) {
                      "the AWS access key Id you provided does not exist in our records"});
     const std::string& skey = CachedSigningKey(*key, *auth);
     const size_t qmark = target.find('?');
-    std::string_view raw_path = target.substr(0, qmark);
     std::string_view raw_query = qmark == std::string_view::npos ? "" : target.substr(qmark + 1);
     std::string_view method = req.msg.method_string();
     // A virtual-hosted request was signed for the path it sent, without the bucket the router
@@ -186,9 +191,9 @@ Authenticator MakeSigV4Authenticator(S3Ctx* ctx) {
       s3::AppendCanonicalRequest(canonical, req.msg, method, path, raw_query, *auth);
       return s3::SignatureMatches(skey, *auth, canonical, auth->signature);
     };
-    // Clients encode the path once from the key; some sign it exactly as they sent it.
-    if (!matches(signed_path) &&
-        !(raw_path != signed_path && matches(PercentDecode(raw_path, false))))
+    // (The path is signed encoded once from the key, as S3 does; one signed as sent encodes
+    // the same way.)
+    if (!matches(signed_path))
       return refuse({403, "SignatureDoesNotMatch",
                      "the request signature we calculated does not match the signature you "
                      "provided; check your key and signing method"});
@@ -292,6 +297,110 @@ std::optional<S3Error> CheckBody(const HttpRequest& req, bool checksum_headers =
   return std::nullopt;
 }
 
+// Every S3 answer carries a request id.
+HttpResponse WithRequestId(HttpResponse res) {
+  bool has_id = std::any_of(res.headers.begin(), res.headers.end(),
+                            [](const auto& h) { return h.first == "x-amz-request-id"; });
+  if (!has_id) res.headers.emplace_back("x-amz-request-id", RequestId());
+  return res;
+}
+
+// ------------------------------------------------------------------- answers kept alive
+
+// A copy or a Complete on a volume that copies its data takes minutes for a large object,
+// longer than clients wait for an answer's first byte (boto3 and our own s3 volumes give up
+// after 60 s and retry, and a retried Complete finds its upload gone). So, as S3 does, work
+// still running after `keepalive` answers 200 at once: the XML declaration, a space every
+// `keepalive` until the work ends, then its result or its <Error>, which the SDKs read in a
+// 200's body for exactly these operations (CopyObject, UploadPartCopy, Complete). Work done
+// sooner answers as any request does, with its own status.
+struct KeptAlive {
+  HttpRequest req;  // the work's own copy: the handler returns while it runs
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<HttpResponse> done;
+
+  bool Wait(std::chrono::milliseconds d) {
+    std::unique_lock<std::mutex> l(mu);
+    return cv.wait_for(l, d, [&] { return done.has_value(); });
+  }
+};
+
+// At most this many run on threads of their own (a client that hangs up does not stop its
+// work); past it, work runs on the request's thread and answers when done.
+constexpr int kMaxKeptAlive = 64;
+std::atomic<int> kept_alive_running{0};
+
+// The body that follows the declaration already sent: the work's XML without its own.
+std::string BodyAfterDeclaration(const HttpResponse& r) {
+  std::string_view b = r.body;
+  if (b.starts_with("<?xml")) {
+    size_t end = b.find("?>");
+    b = end == std::string_view::npos ? std::string_view() : b.substr(end + 2);
+    while (!b.empty() && (b.front() == '\n' || b.front() == '\r')) b.remove_prefix(1);
+  }
+  if (r.status < 300 && !b.empty()) return std::string(b);
+  if (r.status >= 300 && b.find("<Error>") != std::string_view::npos) {
+    spdlog::warn("s3: an answer kept alive failed after its 200 went out: {}", b.substr(0, 300));
+    return std::string(b);
+  }
+  return "<Error><Code>InternalError</Code><Message>the operation ended without a result"
+         "</Message></Error>";
+}
+
+HttpResponse KeepingAlive(S3Ctx& ctx, const HttpRequest& req,
+                          std::function<HttpResponse(const HttpRequest&)> work) {
+  const std::chrono::milliseconds every = ctx.opts.keepalive;
+  if (every.count() <= 0 || kept_alive_running.fetch_add(1) >= kMaxKeptAlive) {
+    if (every.count() > 0) kept_alive_running.fetch_sub(1);
+    return WithRequestId(work(req));
+  }
+  auto s = std::make_shared<KeptAlive>();
+  s->req = req;
+  try {
+    std::thread([s, work = std::move(work)] {
+      HttpResponse r;
+      try {
+        r = work(s->req);
+      } catch (const std::exception& e) {
+        spdlog::error("s3: {} {}: {}", std::string_view(s->req.msg.method_string()), s->req.path,
+                      e.what());
+        r = ErrorXml({500, "InternalError", "internal error"}, s->req.path);
+      }
+      {
+        std::lock_guard<std::mutex> g(s->mu);
+        s->done = std::move(r);
+      }
+      s->cv.notify_all();
+      kept_alive_running.fetch_sub(1);
+    }).detach();
+  } catch (const std::system_error&) {  // no thread to be had: answered when done
+    kept_alive_running.fetch_sub(1);
+    return WithRequestId(work(req));
+  }
+  if (s->Wait(every)) return WithRequestId(std::move(*s->done));
+  HttpResponse r;
+  r.content_type = "application/xml";
+  r.headers.emplace_back("x-amz-request-id", RequestId());
+  r.generator = [s, every, pending = std::string(kXmlDeclaration), at = size_t{0}, ended = false](
+                    char* buf, size_t cap) mutable -> Result<size_t> {
+    if (at == pending.size() && !ended) {
+      if (!s->Wait(every)) {
+        buf[0] = ' ';
+        return size_t{1};
+      }
+      pending = BodyAfterDeclaration(*s->done);
+      at = 0;
+      ended = true;
+    }
+    const size_t n = std::min(cap, pending.size() - at);
+    std::memcpy(buf, pending.data() + at, n);
+    at += n;
+    return n;
+  };
+  return r;
+}
+
 using S3Handler = std::function<HttpResponse(S3Ctx&, const HttpRequest&)>;
 
 // Every S3 answer carries a request id; errors are S3 XML.
@@ -301,11 +410,7 @@ Route MakeRoute(S3Ctx* ctx, S3Handler h, std::string query_key = "",
   r.query_key = std::move(query_key);
   r.body_limit = body_limit;
   r.handler = [ctx, h = std::move(h)](const HttpRequest& req) {
-    HttpResponse res = h(*ctx, req);
-    bool has_id = std::any_of(res.headers.begin(), res.headers.end(),
-                              [](const auto& h) { return h.first == "x-amz-request-id"; });
-    if (!has_id) res.headers.emplace_back("x-amz-request-id", RequestId());
-    return res;
+    return WithRequestId(h(*ctx, req));
   };
   return r;
 }
@@ -1133,7 +1238,10 @@ StreamStart PutObject(S3Ctx& ctx, const HttpRequest& req) {
   // implemented: refused rather than ignored, which would overwrite unconditionally.
   if (!Header(req, "If-Match").empty())
     return fail({501, "NotImplemented", "If-Match on PUT is not implemented"});
-  if (!Header(req, "x-amz-copy-source").empty()) return CopyObject(ctx, req, ref, inm == "*");
+  if (!Header(req, "x-amz-copy-source").empty())
+    return KeepingAlive(ctx, req, [&ctx, ref, refuse = inm == "*"](const HttpRequest& r) {
+      return CopyObject(ctx, r, ref, refuse);
+    });
   auto body = BodyOf(ctx, req);
   if (auto* e = std::get_if<S3Error>(&body)) return fail(*e);
   auto& b = std::get<PutBody>(body);
@@ -1232,7 +1340,10 @@ StreamStart UploadPart(S3Ctx& ctx, const HttpRequest& req) {
   auto uv = UploadOf(ctx, ref, req);
   if (auto* e = std::get_if<S3Error>(&uv)) return fail(*e);
   if (!Header(req, "x-amz-copy-source").empty())
-    return UploadPartCopy(ctx, req, ref, std::get<MultipartUpload>(uv), *part);
+    return KeepingAlive(
+        ctx, req, [&ctx, ref, u = std::get<MultipartUpload>(uv), n = *part](const HttpRequest& r) {
+          return UploadPartCopy(ctx, r, ref, u, n);
+        });
   auto body = BodyOf(ctx, req);
   if (auto* e = std::get_if<S3Error>(&body)) return fail(*e);
   auto& b = std::get<PutBody>(body);
@@ -2009,7 +2120,14 @@ std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, Th
   add(V::post, "batch-get", BatchGet, nullptr, kMaxBatchBody);
   // Multipart (keys only).
   g.Add(V::post, "/{bucket}/{key+}", MakeRoute(ctx, CreateMultipartUpload, "uploads", 64 << 10));
-  g.Add(V::post, "/{bucket}/{key+}", MakeRoute(ctx, CompleteMultipartUpload, "uploadId", 4 << 20));
+  g.Add(V::post, "/{bucket}/{key+}",
+        MakeRoute(
+            ctx,
+            [](S3Ctx& c, const HttpRequest& r) {
+              return KeepingAlive(
+                  c, r, [&c](const HttpRequest& q) { return CompleteMultipartUpload(c, q); });
+            },
+            "uploadId", 4 << 20));
   g.Add(V::delete_, "/{bucket}/{key+}", MakeRoute(ctx, AbortMultipartUpload, "uploadId"));
   g.Add(V::get, "/{bucket}/{key+}", MakeRoute(ctx, ListParts, "uploadId"));
   Route part;

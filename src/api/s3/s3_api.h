@@ -3,6 +3,7 @@
 // service/s3/s3_store.h. docs/s3.md lists the operations and the differences from AWS.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -20,6 +21,9 @@ struct S3Options {
   bool durable = true;  // fsync objects before answering a write
   std::string domain;   // virtual-hosted buckets: "<bucket>.<domain>" in Host; "" for none
   size_t max_multipart_uploads = 10000;  // in progress, per bucket
+  // A copy or a Complete still running after this long answers 200 and sends a space this
+  // often until its result (s3_api.cc, KeepingAlive); 0: answered when done.
+  std::chrono::milliseconds keepalive{5000};
 };
 
 std::shared_ptr<Router> MakeS3Router(StorageService* service, S3Store* store, ThreadPool* io_pool,

@@ -70,8 +70,18 @@ std::optional<SigV4Auth> ParseSigV4(const http::request_header<>& h, std::string
   SigV4Auth a;
   auto auth_it = h.find(http::field::authorization);
   std::string_view query = QueryOf(target);
-  bool has_query_sig = query.find("X-Amz-Signature=") != std::string_view::npos ||
-                       query.find("X-Amz-Credential=") != std::string_view::npos;
+  // A parameter named so (decoded), not a substring: "prefix=X-Amz-Credential=" is no
+  // signature.
+  bool has_query_sig = false;
+  for (std::string_view q = query; !q.empty() && !has_query_sig;) {
+    size_t amp = q.find('&');
+    std::string_view k = q.substr(0, std::min(amp, q.find('=')));
+    q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
+    if (k.size() < 14 || k.size() > 3 * 16) continue;
+    std::string name =
+        k.find('%') == std::string_view::npos ? std::string(k) : PercentDecode(k, false);
+    has_query_sig = name == "X-Amz-Signature" || name == "X-Amz-Credential";
+  }
   if (auth_it != h.end()) {
     std::string_view v = auth_it->value();
     if (has_query_sig) {
@@ -158,6 +168,16 @@ std::optional<SigV4Auth> ParseSigV4(const http::request_header<>& h, std::string
       return std::nullopt;
     }
     a.payload_hash = std::string(p->value());
+    // A mode this server knows (streaming ones are checked by the route that reads the body),
+    // or a SHA-256: anything else AWS refuses before looking at the signature.
+    if (a.payload_hash != kUnsignedPayload && !a.payload_hash.starts_with("STREAMING-") &&
+        !(a.payload_hash.size() == 64 &&
+          std::all_of(a.payload_hash.begin(), a.payload_hash.end(), ::isxdigit))) {
+      *err = Err(400, "InvalidArgument",
+                 "x-amz-content-sha256 must be UNSIGNED-PAYLOAD, a STREAMING-* mode or a valid "
+                 "sha256 value");
+      return std::nullopt;
+    }
     if (std::llabs(static_cast<long long>(a.time - now)) > kMaxSkew) {
       *err = Err(403, "RequestTimeTooSkewed",
                  "the difference between the request time and the server's time is too large");

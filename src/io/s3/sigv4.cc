@@ -53,7 +53,7 @@ std::vector<std::pair<std::string, std::string>> DecodeQuery(std::string_view q)
     size_t eq = part.find('=');
     std::string_view k = part.substr(0, eq);
     std::string_view v = eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1);
-    out.emplace_back(PercentDecode(k, false), PercentDecode(v, false));
+    out.emplace_back(PercentDecode(k, true), PercentDecode(v, true));
   }
   return out;
 }
@@ -90,7 +90,14 @@ std::optional<std::time_t> ParseAmzDate(std::string_view s) {
     for (size_t i = at; i < at + n; ++i) v = v * 10 + (s[i] - '0');
     return v;
   };
-  return TimeFromFields(num(0, 4), num(4, 2), num(6, 2), num(9, 2), num(11, 2), num(13, 2));
+  // A date the calendar has (AWS refuses November 31st); TimeFromFields would roll it over.
+  const int year = num(0, 4), month = num(4, 2), day = num(6, 2);
+  static constexpr int kDays[] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  const bool leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+  if (month < 1 || month > 12 || day > kDays[month - 1] || (month == 2 && day == 29 && !leap) ||
+      num(13, 2) > 59)
+    return std::nullopt;
+  return TimeFromFields(year, month, day, num(9, 2), num(11, 2), num(13, 2));
 }
 
 namespace {
@@ -128,7 +135,9 @@ void AppendCanonicalRequest(std::string& out, const http::request_header<>& h,
   pairs.clear();
   auto encode = [&](std::string_view raw, uint32_t* at, uint32_t* n) {
     decoded.clear();
-    AppendPercentDecoded(decoded, raw, false);
+    // '+' is a space, as the listener decodes the query (api/http.cc ParseTarget) and as S3
+    // does: what is signed is what the handler reads ("a+b" signs as "a%20b", "a%2Bb" as itself).
+    AppendPercentDecoded(decoded, raw, true);
     *at = static_cast<uint32_t>(arena.size());
     AppendUriEncoded(arena, decoded, false);
     *n = static_cast<uint32_t>(arena.size()) - *at;

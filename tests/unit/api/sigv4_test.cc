@@ -141,11 +141,11 @@ TEST(SigV4, CanonicalQueryAndHeaders) {
       "\nhost:example.com\nx-amz-meta-a:one two\n\nhost;x-amz-meta-a\n"
       "UNSIGNED-PAYLOAD";
   EXPECT_EQ(CanonicalRequest(h, "GET", "/k ey", query, a),
-            "GET\n/k%20ey\nX-Amz-Signature=ab&a=%2F&a=1&b=2&c=&d=x%2By&e=~~&f=%25zz" + tail);
+            "GET\n/k%20ey\nX-Amz-Signature=ab&a=%2F&a=1&b=2&c=&d=x%20y&e=~~&f=%25zz" + tail);
   a.presigned = true;
   std::string appended = "prefix";
   AppendCanonicalRequest(appended, h, "GET", "/k ey", query, a);
-  EXPECT_EQ(appended, "prefixGET\n/k%20ey\na=%2F&a=1&b=2&c=&d=x%2By&e=~~&f=%25zz" + tail);
+  EXPECT_EQ(appended, "prefixGET\n/k%20ey\na=%2F&a=1&b=2&c=&d=x%20y&e=~~&f=%25zz" + tail);
   // Matching signatures, checked without allocating, agree with the string-returning path.
   std::string key = SigningKey(kSecret, "20130524", "us-east-1", "s3");
   a.amz_date = "20130524T000000Z";
@@ -234,10 +234,14 @@ TEST(SigV4, DatesAreWhatTimegmMakesOfThem) {
     struct tm tm {};
     tm.tm_year = static_cast<int>(rng() % 400) + 1970 - 1900;
     tm.tm_mon = static_cast<int>(rng() % 12);
-    tm.tm_mday = static_cast<int>(rng() % 31) + 1;
+    // Dates the calendar has (ParseAmzDate refuses the others, unlike timegm).
+    const int y = tm.tm_year + 1900;
+    const int feb = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 ? 29 : 28;
+    const int days[] = {31, feb, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    tm.tm_mday = static_cast<int>(rng() % static_cast<unsigned>(days[tm.tm_mon])) + 1;
     tm.tm_hour = static_cast<int>(rng() % 24);
     tm.tm_min = static_cast<int>(rng() % 60);
-    tm.tm_sec = static_cast<int>(rng() % 61);
+    tm.tm_sec = static_cast<int>(rng() % 60);
     std::string amz = fmt::format("{:04}{:02}{:02}T{:02}{:02}{:02}Z", tm.tm_year + 1900,
                                   tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
     std::string iso =
@@ -247,10 +251,14 @@ TEST(SigV4, DatesAreWhatTimegmMakesOfThem) {
     ASSERT_EQ(ParseAmzDate(amz), want) << amz;
     ASSERT_EQ(io::s3::ParseIso8601(iso), want) << iso;
   }
-  for (const char* bad : {"20261301T000000Z", "20261200T000000Z", "20261232T000000Z",
-                          "20261201T240000Z", "20261201T006000Z", "20261201T000061Z",
-                          "2026120T1000000Z", "20261201T000000", "20261201t000000Z"})
+  for (const char* bad :
+       {"20261301T000000Z", "20261200T000000Z", "20261232T000000Z", "20261201T240000Z",
+        "20261201T006000Z", "20261201T000061Z", "20261131T235959Z", "20230229T000000Z",
+        "21000229T000000Z", "20261201T000060Z", "2026120T1000000Z", "20261201T000000",
+        "20261201t000000Z"})
     EXPECT_FALSE(ParseAmzDate(bad).has_value()) << bad;
+  EXPECT_TRUE(ParseAmzDate("20240229T000000Z").has_value());
+  EXPECT_TRUE(ParseAmzDate("20000229T235959Z").has_value());
 }
 
 TEST(SigV4, AmzDateRoundTrip) {

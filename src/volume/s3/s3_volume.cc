@@ -525,7 +525,8 @@ struct S3Volume::Origin {
   // the key `from` itself, a marker the target has its own of).
   // `copied` (optional): the keys copied.
   // `named_only`: keys no path names are left out (a clone of a bound foreign prefix: copied,
-  // they would be hidden keys of the copy); a move takes every key, as it deletes them after.
+  // they would be hidden keys of the copy), and so is the staging directory; a move takes every
+  // key, as it deletes them after.
   Status CopyPrefix(const std::string& from, const std::string& to, bool skip_from,
                     std::string_view from_bucket = {}, std::vector<std::string>* copied = nullptr,
                     bool named_only = false) {
@@ -535,6 +536,12 @@ struct S3Volume::Origin {
       const auto& objs = page.objects;
       auto wanted = [&](const s3c::ObjectInfo& o) {
         if (skip_from && o.key == from) return false;
+        // A clone leaves the multipart uploads in progress behind, as a posix clone does
+        // (before 2026-12-05 the copy listed, and counted, the source's parts).
+        if (named_only && std::string_view(o.key)
+                              .substr(from.size())
+                              .starts_with(std::string(kStagingDirName) + "/"))
+          return false;
         if (!named_only || o.key.size() == from.size() ||
             CopyablePath(std::string_view(o.key).substr(from.size())))
           return true;
@@ -643,14 +650,16 @@ struct S3Volume::Origin {
     return Note(Client()->ListObjects(Bucket(in), lr));
   }
 
-  // A record's JSON and attributes; nullopt when there is none.
+  // A record's JSON and attributes; nullopt when there is none. Records are small; an upload
+  // session's lists its parts (about 90 bytes each, 10,000 at most): kMaxSessionRecord.
   Result<std::optional<std::pair<nlohmann::json, s3c::ObjectInfo>>> GetRecord(
-      const std::string& key) {
+      const std::string& key, size_t limit = 64 << 10) {
     std::string body;
     auto got = Note(Client()->Get(bucket(), key, [&](std::string_view p) {
       body.append(p);
-      return body.size() > (64 << 10) ? Status(Code::kTooLarge, "a record over 64 KiB")
-                                      : Status::Ok();
+      return body.size() > limit
+                 ? Status(Code::kTooLarge, fmt::format("a record over {} KiB", limit >> 10))
+                 : Status::Ok();
     }));
     if (!got.ok()) {
       if (IsNotFound(got.status()))
@@ -1750,6 +1759,11 @@ Status S3Volume::DeleteFiles(const VFolderId& vfid, const std::vector<std::strin
 
 namespace {
 
+// A session's record lists its parts: 10,000 of them take about 1 MB. (Before 2026-12-05 every
+// record was read up to 64 KiB, and a session of more than about 745 parts, 11.6 GiB in 16 MiB
+// parts, could no longer be resumed, inspected or swept.)
+constexpr size_t kMaxSessionRecord = 4 << 20;
+
 struct SessionRecord {
   std::string vfid, upload;
   std::vector<s3c::PartInfo> parts;
@@ -1949,9 +1963,8 @@ class S3Volume::Writer : public StagingWriter {
       SLUICE_RETURN_IF_ERROR(CompleteData(all));
       // Server-side, onto the target (in parts past max-copy-size; see docs/s3-volumes.md).
       SLUICE_RETURN_IF_ERROR(o.CopyObject({}, key_ + ".data", target, total, &user));
-      (void)o.Note(o.Client()->Delete(o.bucket(), key_ + ".data"));
     }
-    (void)o.DeletePrefix(key_ + ".tail");  // every tail, named or left
+    const bool had_data = !rec_.upload.empty();
     v_->Account(vfid_, static_cast<int64_t>(total) - (there.ok() ? int64_t(there->size) : 0),
                 there.ok() ? 0 : 1);
     rec_.staged = false;  // the record stays: the session reads as complete
@@ -1969,6 +1982,11 @@ class S3Volume::Writer : public StagingWriter {
           v_->cfg_.name, session_, rel, recorded.message());
       (void)o.Note(o.Client()->Delete(o.bucket(), key_));
     }
+    // What the session staged goes once the record says it is complete: a crash before that
+    // leaves the record naming `.data` and the tail, and the retried commit copies again from
+    // them. (Before 2026-12-05 they went first, and such a retry answered 404.)
+    if (had_data) (void)o.Note(o.Client()->Delete(o.bucket(), key_ + ".data"));
+    (void)o.DeletePrefix(key_ + ".tail");  // every tail, named or left
     return Status::Ok();
   }
 
@@ -2355,7 +2373,7 @@ Status NoSession(const std::string& session) {
 // A session's record, checked to belong to `vfid`.
 static Result<std::optional<SessionRecord>> LoadSession(S3Volume::Origin& o, const std::string& key,
                                                         const VFolderId& vfid) {
-  SLUICE_ASSIGN_OR_RETURN(auto rec, o.GetRecord(key));
+  SLUICE_ASSIGN_OR_RETURN(auto rec, o.GetRecord(key, kMaxSessionRecord));
   if (!rec) return std::optional<SessionRecord>();
   SLUICE_ASSIGN_OR_RETURN(auto r, SessionRecord::FromJson(rec->first));
   if (r.vfid != vfid.ToString()) return std::optional<SessionRecord>();
@@ -2368,12 +2386,14 @@ static Status DropSession(S3Volume::Origin& o, const std::string& key, const Ses
     auto st = o.Note(o.Client()->AbortMultipart(o.bucket(), key + ".data", r.upload));
     if (!st.ok() && !IsNotFound(st)) return st;
   }
-  // ".data": an upload completed by a commit whose copy onto the target then failed.
-  for (const char* suffix : {".data", ""}) {
-    auto st = o.Note(o.Client()->Delete(o.bucket(), key + suffix));
-    if (!st.ok() && !IsNotFound(st)) return st;
-  }
+  // ".data": an upload completed by a commit whose copy onto the target then failed. The
+  // record goes after what it names: a failure midway leaves it for the next sweep to find
+  // (before 2026-12-05 it went first, and tails a failed delete left had nothing naming them).
+  auto st = o.Note(o.Client()->Delete(o.bucket(), key + ".data"));
+  if (!st.ok() && !IsNotFound(st)) return st;
   SLUICE_RETURN_IF_ERROR(o.DeletePrefix(key + ".tail"));  // every tail, named or left
+  st = o.Note(o.Client()->Delete(o.bucket(), key));
+  if (!st.ok() && !IsNotFound(st)) return st;
   return o.DeletePrefix(key + ".lock.");
 }
 
@@ -2504,7 +2524,7 @@ StagingSweep S3Volume::SweepStaging(const std::optional<VFolderId>& vfid, std::c
       ++out.kept_locked;  // another node's writer holds it (or it could not be told)
       continue;
     }
-    auto rec = origin_->GetRecord(o.key);
+    auto rec = origin_->GetRecord(o.key, kMaxSessionRecord);
     auto r = rec.ok() && *rec ? SessionRecord::FromJson((*rec)->first)
                               : Result<SessionRecord>(Status(Code::kNotFound, "no record"));
     if (!r.ok() || !DropSession(*origin_, o.key, *r).ok()) {

@@ -188,10 +188,11 @@ bool MissFilter::SecondMiss(const BlockIndex::Key& k) {
   uint64_t fp;
   std::memcpy(&fp, k.data() + 8, sizeof fp);
   if (seen_.erase(fp)) return true;
-  seen_.insert(fp);
-  order_.push_back(fp);
+  seen_[fp] = ++seq_;
+  order_.emplace_back(fp, seq_);
   while (order_.size() > capacity_) {
-    seen_.erase(order_.front());
+    auto [old, at] = order_.front();
+    if (auto it = seen_.find(old); it != seen_.end() && it->second == at) seen_.erase(it);
     order_.pop_front();
   }
   return false;

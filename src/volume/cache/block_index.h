@@ -115,8 +115,11 @@ class MissFilter {
 
  private:
   size_t capacity_;
-  std::unordered_set<uint64_t> seen_;
-  std::deque<uint64_t> order_;
+  // Each fingerprint's latest first miss: an older entry of `order_` that ages out leaves a
+  // newer miss of the same block alone (before 2026-12-05 it erased it).
+  std::unordered_map<uint64_t, uint64_t> seen_;
+  std::deque<std::pair<uint64_t, uint64_t>> order_;  // fingerprint, sequence
+  uint64_t seq_ = 0;
 };
 
 }  // namespace sluice

@@ -34,11 +34,25 @@ std::string MetaKey(const VFolderId& vfid, const std::vector<std::string>& parts
          (parts.empty() ? std::string() : JoinComponents(parts, parts.size()));
 }
 
-// What names this version of the file: the origin's entity tag, or inode, size and mtime.
+// What names this version of the file: the origin's entity tag, or inode, size, mtime and
+// ctime. (The ctime since 2026-12-05: a file rewritten in place at the same size with its mtime
+// put back, as `cp -p`, `rsync --inplace -t` and `tar -x` do, kept its old validator, and blocks
+// of both versions were served as one.)
 std::string ValidatorOf(const DirEntry& e) {
   if (!e.etag.empty()) return e.etag;
-  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(e.modified.time_since_epoch());
-  return fmt::format("{}-{}-{}", e.ino, e.size, ns.count());
+  auto ns = [](auto t) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+  };
+  return fmt::format("{}-{}-{}-{}", e.ino, e.size, ns(e.modified), ns(e.changed));
+}
+
+// Staging (tus sessions, S3 multipart parts) is read once, by the commit, and must be read as
+// it is now (another node may have added a part): never through the cache. Read from the
+// volume below, a part keeps its descriptor, so a Complete reflinks where the volume can.
+bool IsStaging(std::string_view relpath) {
+  while (relpath.starts_with("./")) relpath.remove_prefix(2);
+  while (relpath.starts_with('/')) relpath.remove_prefix(1);
+  return relpath.substr(0, relpath.find('/')) == kStagingDirName;
 }
 
 std::string Sha256Hex(std::string_view s) {
@@ -201,7 +215,7 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
       auto opened = v_->inner().OpenReader(vfid_, rel_);
       if (!opened.ok()) return opened.status();
       if (ValidatorOf((*opened)->info()) != validator_ || (*opened)->info().size != info_.size) {
-        v_->Invalidate(vfid_);
+        v_->Invalidate(vfid_, {rel_});
         return Status(Code::kConflict, fmt::format("'{}' changed since it was opened", rel_));
       }
       std::lock_guard lk(mu_);
@@ -222,8 +236,9 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
     // Origins with entity tags are read with If-Match instead.
     if (int fd = r->native_fd(); fd >= 0) {
       auto now = StatAt(fd, "");
-      if (!now.ok() || now->size != info_.size || now->modified != info_.modified) {
-        v_->Invalidate(vfid_);
+      if (!now.ok() || now->size != info_.size || now->modified != info_.modified ||
+          now->changed != info_.changed) {
+        v_->Invalidate(vfid_, {rel_});
         return Status(Code::kConflict, fmt::format("'{}' changed while it was read", rel_));
       }
     }
@@ -249,18 +264,23 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
 
 // Writes go through; what they replace is dropped once they land.
 class InvalidatingWriter : public ForwardingStagingWriter {
+  // The path a commit lands on ("": none given, the whole vfolder).
+  static std::string Target(const std::vector<std::string>& parts) {
+    return parts.empty() ? std::string() : JoinComponents(parts, parts.size());
+  }
+
  public:
   InvalidatingWriter(std::unique_ptr<StagingWriter> inner, CachedVolume* v, VFolderId vfid)
       : ForwardingStagingWriter(std::move(inner)), v_(v), vfid_(std::move(vfid)) {}
   Status Commit(const std::vector<std::string>& parts) override {
     Status st = ForwardingStagingWriter::Commit(parts);
-    v_->Invalidate(vfid_);
+    v_->Invalidate(vfid_, {Target(parts)});
     return st;
   }
   Status Publish(const std::vector<std::string>& parts,
                  const std::function<std::string(const DirEntry&)>& meta, bool durable) override {
     Status st = ForwardingStagingWriter::Publish(parts, meta, durable);
-    v_->Invalidate(vfid_);
+    v_->Invalidate(vfid_, {Target(parts)});
     return st;
   }
 
@@ -960,26 +980,60 @@ void CachedVolume::CompactJournal() {
   journal_bytes_ = journal_compacted_ = out.size();
 }
 
-void CachedVolume::Invalidate(const VFolderId& vfid) {
+void CachedVolume::Invalidate(const VFolderId& vfid, const std::vector<std::string>& paths) {
   const std::string prefix = vfid.ToString() + '\0';
-  std::vector<decltype(meta_)::node_type> gone;
-  Journal({{"p", prefix}}, [&] {
-    std::lock_guard lk(mu_);
-    if (vf_gen_.size() > (1u << 16)) {  // bounded: every vfolder counts as written
-      vf_gen_.clear();
-      all_gen_ = ++next_gen_;
+  // The keys dropped: each path's, and those below it. (Before 2026-12-05 any write dropped the
+  // whole vfolder's attributes, and with the origin down right after an unrelated upload every
+  // cached file of the vfolder answered 503.)
+  std::vector<std::string> roots;
+  for (const auto& p : paths) {
+    auto parts = SplitRelPath(p);
+    if (!parts.ok() || parts->empty()) {
+      roots.clear();
+      break;
     }
-    vf_gen_[vfid.ToString()] = ++next_gen_;
-    // Unlinked here, freed after the lock is let go (as in EvictAll).
-    for (auto it = meta_.lower_bound(prefix); it != meta_.end() && it->first.starts_with(prefix);)
-      gone.push_back(meta_.extract(it++));
-    for (auto it = dirs_.lower_bound(prefix); it != dirs_.end() && it->first.starts_with(prefix);)
-      DropListingLocked(it++);
-    // (Directories found too large stay so: what is listed from the origin is always fresh.)
-  });
+    roots.push_back(prefix + JoinComponents(*parts, parts->size()));
+  }
+  if (roots.empty()) roots.push_back(prefix);
+  std::vector<decltype(meta_)::node_type> gone;
+  auto drop = [&](const std::string& root) {
+    // (A root names a file or a directory: its key, and keys below it; "a" is not "ab".)
+    auto below = [&](const std::string& k) {
+      return root == prefix ? k.starts_with(prefix)
+                            : k == root || (k.starts_with(root) && k[root.size()] == '/');
+    };
+    for (auto it = meta_.lower_bound(root); it != meta_.end() && it->first.starts_with(root);) {
+      if (below(it->first))
+        gone.push_back(meta_.extract(it++));
+      else
+        ++it;
+    }
+  };
+  for (const auto& root : roots)
+    Journal({{"p", root}}, [&] {
+      std::lock_guard lk(mu_);
+      if (vf_gen_.size() > (1u << 16)) {  // bounded: every vfolder counts as written
+        vf_gen_.clear();
+        all_gen_ = ++next_gen_;
+      }
+      vf_gen_[vfid.ToString()] = ++next_gen_;
+      // Unlinked here, freed after the lock is let go (as in EvictAll).
+      drop(root);
+      for (auto it = dirs_.lower_bound(prefix); it != dirs_.end() && it->first.starts_with(prefix);)
+        DropListingLocked(it++);
+      // (Directories found too large stay so: what is listed from the origin is always fresh.)
+    });
+  SyncJournal();
   // A write after Shutdown kept the listings (a background task that outlived the drain):
   // the kept file would serve the listing from before it at the next start.
   if (stopping_) ::unlink(fmt::format("{}/{}", opts_.path, kListingsFile).c_str());
+}
+
+void CachedVolume::SyncJournal() {
+  std::lock_guard lk(journal_mu_);
+  if (journal_.get() >= 0 && ::fdatasync(journal_.get()) != 0)
+    spdlog::warn("cache {}: the attributes journal could not be synced ({})", name(),
+                 std::strerror(errno));
 }
 
 std::optional<std::pair<DirEntry, bool>> CachedVolume::Known(
@@ -1003,6 +1057,7 @@ std::optional<std::pair<DirEntry, bool>> CachedVolume::Known(
 }
 
 Result<DirEntry> CachedVolume::Stat(const VFolderId& vfid, std::string_view relpath) {
+  if (IsStaging(relpath)) return ForwardingVolume::Stat(vfid, relpath);
   SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
   auto known = Known(vfid, parts);
   if (known && known->second) {
@@ -1162,12 +1217,14 @@ class PassedDir : public ByPathDir {
 
 Result<std::unique_ptr<DirHandle>> CachedVolume::OpenDir(const VFolderId& vfid,
                                                          std::string_view relpath) {
+  if (IsStaging(relpath)) return ForwardingVolume::OpenDir(vfid, relpath);
   return OpenListed(vfid, relpath, nullptr);
 }
 
 Result<std::unique_ptr<DirHandle>> CachedVolume::OpenDirFrom(const VFolderId& vfid,
                                                              std::string_view relpath,
                                                              const ListFrom& from) {
+  if (IsStaging(relpath)) return ForwardingVolume::OpenDirFrom(vfid, relpath, from);
   return OpenListed(vfid, relpath, &from);
 }
 
@@ -1267,6 +1324,7 @@ Result<std::shared_ptr<FileReader>> CachedVolume::OpenReader(const VFolderId& vf
                                                              std::string_view relpath,
                                                              Lookup lookup,
                                                              const LookupHint* hint) {
+  if (IsStaging(relpath)) return ForwardingVolume::OpenReader(vfid, relpath, lookup, hint);
   SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
   const std::string key = MetaKey(vfid, parts);
   const std::string rel = parts.empty() ? std::string() : JoinComponents(parts, parts.size());
@@ -1339,27 +1397,29 @@ Status CachedVolume::CopyVFolderFrom(Volume& from, const VFolderId& src, const V
 Status CachedVolume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool parents,
                            bool exist_ok) {
   Status st = ForwardingVolume::Mkdir(vfid, relpath, parents, exist_ok);
-  Invalidate(vfid);
+  Invalidate(vfid, {std::string(relpath)});
   return st;
 }
 
 Status CachedVolume::Rename(const VFolderId& vfid, std::string_view relpath,
                             std::string_view new_name) {
   Status st = ForwardingVolume::Rename(vfid, relpath, new_name);
-  Invalidate(vfid);
+  // The old name and the new one, next to it.
+  std::string_view parent = relpath.substr(0, relpath.find_last_of('/') + 1);
+  Invalidate(vfid, {std::string(relpath), std::string(parent) + std::string(new_name)});
   return st;
 }
 
 Status CachedVolume::Move(const VFolderId& vfid, std::string_view src, std::string_view dst) {
   Status st = ForwardingVolume::Move(vfid, src, dst);
-  Invalidate(vfid);
+  Invalidate(vfid, {std::string(src), std::string(dst)});  // (what lands inside dst is below it)
   return st;
 }
 
 Status CachedVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::string>& relpaths,
                                  bool recursive) {
   Status st = ForwardingVolume::DeleteFiles(vfid, relpaths, recursive);
-  Invalidate(vfid);
+  Invalidate(vfid, relpaths);
   return st;
 }
 

@@ -141,8 +141,14 @@ class CachedVolume : public ForwardingVolume {
   // What names block `index` of a file version on disk.
   std::string BlockId(const VFolderId& vfid, const std::string& rel, const std::string& validator,
                       uint64_t index) const;
-  void Invalidate(const VFolderId& vfid);
+  // A write through this node landed on `paths` of the vfolder (each a file, or a directory
+  // and everything below it; none: the whole vfolder): what is cached of them is dropped, and
+  // every listing of the vfolder. Other files keep their attributes, also for serve-stale.
+  // The journal's line is synced before the write is answered: replay must never bring back
+  // what it replaced.
+  void Invalidate(const VFolderId& vfid, const std::vector<std::string>& paths = {});
   BlockStore& store() { return *store_; }
+  void SyncJournal();
   // Runs `fn` on the read-ahead pool; false when there is none or it is busy.
   bool Ahead(std::function<void()> fn);
   // Whether the origin counts as silent (see Revalidate); if so, a round trip about `rel`

@@ -4,6 +4,7 @@
 // bound, are fetched once for concurrent readers, and never mix versions of a file.
 #include <fcntl.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 
 #include <cstring>
@@ -317,40 +318,69 @@ TEST_F(Cache, ABlockSizeChangedAcrossARestartServesTheRightBytes) {
   EXPECT_TRUE(ReadAll("f", &st) == data) << st.ToString();
 }
 
+// A vfs volume in a temporary directory, as the origin behind a cache: one vfolder, whose
+// file "ckpt" is at `path`.
+class CacheOverFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = "/tmp/sluice-cache-files-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir = tmpl;
+    VolumeConfig cfg;
+    cfg.name = "files";
+    cfg.backend = "vfs";
+    cfg.path = dir + "/vol";
+    fs::create_directories(cfg.path);
+    auto v = VolumeRegistry::Builtin().Create(cfg, VolumeDeps{&pool});
+    ASSERT_OK(v);
+    made = std::move(v).value();
+    ASSERT_OK(made->Init());
+    ASSERT_OK(made->CreateVFolder(vf, 0755, true, std::nullopt));
+    path = made->MountPath(vf, "").value() + "/ckpt";
+  }
+  void TearDown() override { fs::remove_all(dir); }
+  // 1 MiB blocks beside the volume, no read-ahead.
+  CacheOptions Options(std::chrono::milliseconds ttl) const {
+    CacheOptions opts;
+    opts.path = dir + "/blocks";
+    opts.block_size = kMiB;
+    opts.min_free = 0;
+    opts.read_ahead = 0;
+    opts.ttl = ttl;
+    return opts;
+  }
+  // Reads all of `r` (`size` bytes) through its ReadAt.
+  static std::string ReadAll(FileReader& r, size_t size) {
+    std::string all(size, '\0');
+    size_t done = 0;
+    while (done < all.size()) {
+      auto n = r.ReadAt(done, all.data() + done, all.size() - done);
+      if (!n.ok() || *n == 0) return all.substr(0, done);
+      done += *n;
+    }
+    return all;
+  }
+
+  ThreadPool pool{"scan", 2};
+  std::string dir, path;
+  std::unique_ptr<Volume> made;
+  const VFolderId vf =
+      VFolderId::Parse("user:11111111111111111111111111111111/abcdef0123456789abcdef0123456789")
+          .value();
+};
+
 // A cache in front of a shared file system (a vfs volume here): a file rewritten in place
 // (same inode, same size) while a reader has it open is not cached as the old version (before,
 // the reader's next block came from the new bytes and was kept under the old version's key,
 // so every later reader got the old first block and the new second one, a mix of the two).
-TEST(CacheOverFiles, AFileRewrittenInPlaceIsNeverMixedWithItsOldVersion) {
-  std::string tmpl = "/tmp/sluice-cache-files-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-  const std::string dir = tmpl;
-  ThreadPool pool("scan", 2);
-  VolumeConfig cfg;
-  cfg.name = "files";
-  cfg.backend = "vfs";
-  cfg.path = dir + "/vol";
-  fs::create_directories(cfg.path);
-  auto made = VolumeRegistry::Builtin().Create(cfg, VolumeDeps{&pool});
-  ASSERT_OK(made);
-  ASSERT_OK((*made)->Init());
-  const auto vf =
-      VFolderId::Parse("user:11111111111111111111111111111111/abcdef0123456789abcdef0123456789")
-          .value();
-  ASSERT_OK((*made)->CreateVFolder(vf, 0755, true, std::nullopt));
-  const std::string path = (*made)->MountPath(vf, "").value() + "/ckpt";
+TEST_F(CacheOverFiles, AFileRewrittenInPlaceIsNeverMixedWithItsOldVersion) {
   std::string v1(2 * kMiB, 'a'), v2(2 * kMiB, 'b');
   std::ofstream(path, std::ios::binary) << v1;
-  CacheOptions opts;
-  opts.path = dir + "/blocks";
-  opts.block_size = kMiB;
-  opts.min_free = 0;
-  opts.read_ahead = 0;
-  opts.ttl = std::chrono::milliseconds(60000);
+  CacheOptions opts = Options(std::chrono::milliseconds(60000));
   auto store = BlockStore::Open(opts.StoreOptions());
   ASSERT_OK(store);
   {
-    CachedVolume cache(std::move(made).value(), opts, std::move(store).value());
+    CachedVolume cache(std::move(made), opts, std::move(store).value());
     auto r = cache.OpenReader(vf, "ckpt");
     ASSERT_OK(r);
     std::string buf(kMiB, '\0');
@@ -362,20 +392,70 @@ TEST(CacheOverFiles, AFileRewrittenInPlaceIsNeverMixedWithItsOldVersion) {
       ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), later, 0), 0);
     }
     auto second = (*r)->ReadAt(kMiB, buf.data(), buf.size());
-    if (second.ok()) EXPECT_TRUE(buf == v1.substr(kMiB)) << "a block of the new version";
+    if (second.ok()) {
+      EXPECT_TRUE(buf == v1.substr(kMiB)) << "a block of the new version";
+    }
     auto again = cache.OpenReader(vf, "ckpt");
     ASSERT_OK(again);
-    std::string all(2 * kMiB, '\0');
-    size_t done = 0;
-    while (done < all.size()) {
-      auto n = (*again)->ReadAt(done, all.data() + done, all.size() - done);
-      ASSERT_OK(n);
-      ASSERT_GT(*n, 0u);
-      done += *n;
-    }
+    std::string all = ReadAll(**again, 2 * kMiB);
+    ASSERT_EQ(all.size(), 2 * kMiB);
     EXPECT_TRUE(all == v2) << "first byte " << all.front() << ", last " << all.back();
   }
-  fs::remove_all(dir);
+}
+
+// `cp -p`, `rsync --inplace -t`, `tar -x`: the same inode rewritten at the same size, its mtime
+// put back. Only the ctime tells the versions apart; before 2026-12-05 the validator left it
+// out, and the old version's cached block was served with the new one's next block.
+TEST_F(CacheOverFiles, AFileRewrittenWithItsMtimePutBackIsNeverMixed) {
+  std::string v1(2 * kMiB, 'a'), v2(2 * kMiB, 'b');
+  std::ofstream(path, std::ios::binary) << v1;
+  struct stat before;
+  ASSERT_EQ(::stat(path.c_str(), &before), 0);
+  CacheOptions opts = Options(std::chrono::milliseconds(0));  // every open asks the origin again
+  auto store = BlockStore::Open(opts.StoreOptions());
+  ASSERT_OK(store);
+  {
+    CachedVolume cache(std::move(made), opts, std::move(store).value());
+    {
+      auto r = cache.OpenReader(vf, "ckpt");
+      ASSERT_OK(r);
+      std::string buf(kMiB, '\0');
+      ASSERT_OK((*r)->ReadAt(0, buf.data(), buf.size()));  // block 0 cached
+      EXPECT_TRUE(buf == v1.substr(0, kMiB));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a ctime of its own
+    std::ofstream(path, std::ios::binary | std::ios::in | std::ios::out) << v2;
+    struct timespec back[2] = {before.st_atim, before.st_mtim};
+    ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), back, 0), 0);
+    struct stat after;
+    ASSERT_EQ(::stat(path.c_str(), &after), 0);
+    ASSERT_EQ(after.st_ino, before.st_ino);
+    ASSERT_EQ(after.st_size, before.st_size);
+    ASSERT_EQ(after.st_mtim.tv_nsec, before.st_mtim.tv_nsec);
+    auto again = cache.OpenReader(vf, "ckpt");
+    ASSERT_OK(again);
+    std::string all = ReadAll(**again, 2 * kMiB);
+    ASSERT_EQ(all.size(), 2 * kMiB);
+    EXPECT_TRUE(all == v2) << "first byte " << all.front() << ", last " << all.back();
+  }
+}
+
+// Upload staging (tus sessions, S3 multipart parts) is read from the volume below as it is now:
+// never kept (a part is read once, by its Complete) and never stale (another node's new part).
+TEST_F(Cache, StagingIsNeverCached) {
+  opts_.ttl = std::chrono::milliseconds(60000);
+  Start();
+  Put(".upload/mp-1/p00001", Bytes(2 * kMiB, 7));
+  EXPECT_EQ(ReadAll(".upload/mp-1/p00001"), Bytes(2 * kMiB, 7));
+  Put(".upload/mp-1/p00001", Bytes(2 * kMiB, 8));  // within the TTL
+  EXPECT_EQ(ReadAll(".upload/mp-1/p00001"), Bytes(2 * kMiB, 8));
+  Put(".upload/mp-1/p00002", "x");
+  auto st = cache_->Stat(vf_, ".upload/mp-1/p00002");
+  ASSERT_OK(st);
+  EXPECT_EQ(st->size, 1u);
+  auto s = cache_->stats();
+  EXPECT_EQ(s.misses + s.hits, 0u);
+  EXPECT_EQ(s.store.blocks, 0u);
 }
 
 TEST_F(Cache, WarmAfterARestartAndTornBlocksAreDropped) {
@@ -715,6 +795,25 @@ TEST_F(Cache, WritesThroughThisNodeDropWhatTheyReplace) {
   EXPECT_EQ(st.code(), Code::kNotFound);
 }
 
+// A write through this node drops what it lands on, not the rest of the vfolder: before
+// 2026-12-05 one mkdir (or upload) made every cached file of the vfolder ask the origin again,
+// and with the origin down they all answered 503.
+TEST_F(Cache, AWriteKeepsTheRestOfItsVFolderServable) {
+  opts_.ttl = std::chrono::hours(1);
+  Start();
+  Put("train/a", "alpha");
+  Put("train/b", "beta");
+  EXPECT_EQ(ReadAll("train/a"), "alpha");
+  EXPECT_EQ(ReadAll("train/b"), "beta");
+  ASSERT_OK(cache_->Mkdir(vf_, "out", false, false));
+  ASSERT_OK(cache_->DeleteFiles(vf_, {"train/b"}, false));
+  origin_->down = true;
+  EXPECT_EQ(ReadAll("train/a"), "alpha");
+  Status st;
+  EXPECT_EQ(ReadAll("train/b", &st), "");  // what the write replaced is never served
+  EXPECT_FALSE(st.ok());
+}
+
 // Attributes are journaled: a restarted node opens without the origin; a write through the
 // node drops them for the next start too; a line torn by a crash is skipped.
 TEST_F(Cache, AttributesSurviveARestartUntilAWriteDropsThem) {
@@ -727,7 +826,14 @@ TEST_F(Cache, AttributesSurviveARestartUntilAWriteDropsThem) {
   Start();
   EXPECT_EQ(ReadAll("a"), "alpha");
   EXPECT_EQ(origin_->opens, 2);
-  ASSERT_OK(cache_->Mkdir(vf_, "d", false, false));  // a write: the vfolder's attributes go
+  // A write elsewhere in the vfolder keeps b's attributes (before 2026-12-05 it dropped the
+  // whole vfolder's); one that lands on b drops them, for the next start too.
+  ASSERT_OK(cache_->Mkdir(vf_, "d", false, false));
+  Start();
+  EXPECT_EQ(ReadAll("b"), "beta");
+  EXPECT_EQ(origin_->opens, 2);
+  ASSERT_OK(cache_->Rename(vf_, "b", "c"));
+  ASSERT_OK(cache_->Rename(vf_, "c", "b"));
   {
     std::ofstream torn(opts_.path + "/attributes.log", std::ios::app | std::ios::binary);
     torn << "{\"k\": \"torn";
@@ -1333,6 +1439,25 @@ TEST(BlockIndex, TheGhostListOfTinyBlocksIsBounded) {
   }
   EXPECT_LE(idx.ghosts(), 4096u);
   EXPECT_GT(idx.ghosts(), 0u);
+}
+
+// A block missed, admitted, then missed once more is remembered as a first miss even when its
+// older entry in the miss list ages out (before, that entry took the newer miss with it).
+TEST(MissFilter, AnAgedOutMissLeavesANewerOneOfTheSameBlock) {
+  auto key = [](uint64_t i) {  // the filter keys on bytes 8..16
+    return *BlockIndex::ParseKey(
+        fmt::format("{:016x}{:016x}{:032x}", 0, i * 0x9e3779b97f4a7c15ULL, 0));
+  };
+  MissFilter f(2);
+  EXPECT_FALSE(f.SecondMiss(key(1)));
+  EXPECT_FALSE(f.SecondMiss(key(2)));
+  EXPECT_TRUE(f.SecondMiss(key(1)));   // admitted
+  EXPECT_FALSE(f.SecondMiss(key(1)));  // a first miss again; its old entry ages out here
+  EXPECT_TRUE(f.SecondMiss(key(1)));
+  EXPECT_FALSE(f.SecondMiss(key(3)));
+  EXPECT_FALSE(f.SecondMiss(key(4)));
+  EXPECT_FALSE(f.SecondMiss(key(5)));
+  EXPECT_FALSE(f.SecondMiss(key(3)));  // aged out: two other misses since
 }
 
 TEST(CacheOptions, ParsesAndRefuses) {

@@ -149,7 +149,10 @@ Status PrepareConfig(Config& cfg) {
 Status CheckVolumeConfigs(const Config& cfg) {
   ThreadPool scan_pool("check", 1);
   for (const auto& vc : cfg.volumes) {
-    auto v = VolumeRegistry::Builtin().CreateServed(vc, VolumeDeps{&scan_pool});
+    // (Before 2026-12-06 the check opened each cache: beside a running daemon it emptied the
+    // cache's tmp/ and, at its exit, compacted the daemon's journal out from under it.)
+    auto v = VolumeRegistry::Builtin().CreateServed(vc, VolumeDeps{&scan_pool},
+                                                    /*open_cache=*/false);
     if (!v.ok()) return v.status();
   }
   return Status::Ok();

@@ -149,7 +149,8 @@ Result<std::unique_ptr<Volume>> VolumeRegistry::Create(const VolumeConfig& cfg,
 }
 
 Result<std::unique_ptr<Volume>> VolumeRegistry::CreateServed(const VolumeConfig& cfg,
-                                                             const VolumeDeps& deps) const {
+                                                             const VolumeDeps& deps,
+                                                             bool open_cache) const {
   SLUICE_ASSIGN_OR_RETURN(auto rules, ParseFaultRules(cfg.name, cfg.faults));
   SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<Volume> v, Create(cfg, deps));
   if (!rules.empty()) v = std::make_unique<FaultVolume>(std::move(v), std::move(rules));
@@ -158,6 +159,7 @@ Result<std::unique_ptr<Volume>> VolumeRegistry::CreateServed(const VolumeConfig&
   if (cfg.cache.is_null()) return v;
   // Cache(Metrics(volume)): the metrics count what reaches the volume below the cache.
   SLUICE_ASSIGN_OR_RETURN(CacheOptions co, CacheOptions::FromJson(cfg.name, cfg.cache));
+  if (!open_cache) return v;
   SLUICE_ASSIGN_OR_RETURN(auto store, BlockStore::Open(co.StoreOptions()));
   return std::unique_ptr<Volume>(
       std::make_unique<CachedVolume>(std::move(v), std::move(co), std::move(store)));

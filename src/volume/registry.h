@@ -32,9 +32,11 @@ class VolumeRegistry {
   // Creates (does not Init) a volume; kInvalidArgument naming the known backends otherwise.
   Result<std::unique_ptr<Volume>> Create(const VolumeConfig& cfg, const VolumeDeps& deps) const;
   // Creates a volume as the daemon serves it: the backend, under fault injection when the
-  // config has faults, under metrics always.
-  Result<std::unique_ptr<Volume>> CreateServed(const VolumeConfig& cfg,
-                                               const VolumeDeps& deps) const;
+  // config has faults, under metrics always, under its SSD cache when it has one. Without
+  // `open_cache` (a config check, maybe beside the running daemon) the cache's options are
+  // checked and its directory left alone: opening it would take it from the daemon.
+  Result<std::unique_ptr<Volume>> CreateServed(const VolumeConfig& cfg, const VolumeDeps& deps,
+                                               bool open_cache = true) const;
 
  private:
   std::map<std::string, VolumeFactory> factories_;

@@ -136,6 +136,36 @@ def test_warm_stats_and_evict(tmp_path, origin):
         assert r.status_code == 400, r.text
 
 
+def test_one_cache_per_directory_and_a_check_beside_it(tmp_path, origin):
+    """A second daemon given a running one's cache path refuses to start, naming it, and leaves
+    the cache alone; `sluiced --check-config` of the running config passes without touching it
+    (before, the check opened the cache: it emptied tmp/ and compacted the daemon's journal)."""
+    cache = tmp_path / "cache"
+    with running_daemon(tmp_path / "proxy", extra_toml=s3_volume(origin) +
+                        cache_section(cache)) as d:
+        vfid = d.create_vfolder(volume="remote")
+        data = os.urandom(MiB + 7)
+        origin.boto.put_object(Bucket=BUCKET, Key=vfolder_prefix(vfid) + "a.bin", Body=data)
+        assert get(d, vfid, "a.bin").content == data
+        planted = cache / "tmp" / "being-written"
+        planted.write_bytes(b"x")
+        journal = (cache / "attributes.log").read_bytes()
+        assert journal
+
+        r = subprocess.run([str(BIN_DIR / "sluiced"), "--check-config", "--config",
+                            str(d.config_path)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "configuration OK" in r.stdout, (r.stdout, r.stderr)
+        r = subprocess.run([str(BIN_DIR / "sluiced"), "--config", str(d.config_path)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        assert f"cache directory '{cache}' is in use by another cache" in r.stdout + r.stderr, \
+            (r.stdout, r.stderr)
+        assert planted.exists()
+        assert (cache / "attributes.log").read_bytes().startswith(journal)
+        assert get(d, vfid, "a.bin").content == data
+        assert stats(d)["hits"] >= 1
+
+
 def test_kill_9_during_a_fill_then_restart(tmp_path, origin):
     """A fill cut short by SIGKILL leaves nothing that is served wrong: after a restart every
     read of the file has the origin's SHA-256, and blocks already filled are used."""

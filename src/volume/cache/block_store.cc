@@ -1,6 +1,7 @@
 #include "volume/cache/block_store.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/uio.h>
@@ -81,6 +82,20 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Open(BlockStoreOptions opts) {
   fs::create_directories(fs::path(opts.dir) / "tmp", ec);
   if (ec)
     return Status(Code::kIoError, fmt::format("cache directory '{}': {}", opts.dir, ec.message()));
+  // One cache per directory: a second (another sluiced, or two volumes of one config given the
+  // same path) would empty tmp/ under the first's writes, evict its blocks as its own and
+  // interleave its journal lines. The lock goes with the process, also at a crash.
+  UniqueFd lock(::open(fmt::format("{}/{}", opts.dir, kLockFile).c_str(),
+                       O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (lock.get() < 0)
+    return Status::FromErrno(errno, fmt::format("cache directory '{}'", opts.dir));
+  if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0)
+    return errno == EWOULDBLOCK
+               ? Status(Code::kConflict,
+                        fmt::format("cache directory '{}' is in use by another cache (another "
+                                    "sluiced, or another volume configured with the same path)",
+                                    opts.dir))
+               : Status::FromErrno(errno, fmt::format("cache directory '{}': lock", opts.dir));
   // What a crash left half-written is never a block.
   for (auto& e : fs::directory_iterator(fs::path(opts.dir) / "tmp", ec))
     fs::remove_all(e.path(), ec);
@@ -92,6 +107,7 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Open(BlockStoreOptions opts) {
                     fmt::format("cache directory '{}': {}", opts.dir, ec.message()));
   }
   std::unique_ptr<BlockStore> s(new BlockStore(std::move(opts)));
+  s->lock_fd_ = std::move(lock);
   s->dir_fd_ = UniqueFd(::open(s->opts_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   const std::set<BlockIndex::Key> trusted = TakeCleanRecord(s->opts_.dir);
   struct Found {

@@ -91,6 +91,8 @@ class BlockStore {
   void Close();
   // The record Close() writes, in the store's directory.
   static constexpr const char* kCleanRecord = "clean";
+  // The file a store holds an exclusive flock on while it is open, in its directory.
+  static constexpr const char* kLockFile = "lock";
 
   struct Stats {
     uint64_t blocks = 0, bytes = 0, evictions = 0, torn = 0, rejected = 0;
@@ -129,7 +131,8 @@ class BlockStore {
   // Blocks evicted whose files are not unlinked yet (mu_): a Put of one meanwhile would find
   // the old file there, index it, and then lose it to the unlink.
   std::set<BlockIndex::Key> unlinking_;
-  UniqueFd dir_fd_;  // the store's directory, open since Open (syncfs reports what failed since)
+  UniqueFd dir_fd_;   // the store's directory, open since Open (syncfs reports what failed since)
+  UniqueFd lock_fd_;  // flock'ed: one store per directory
   // What `n` bytes take on a disk: whole 4 KiB blocks.
   static uint64_t DiskBytes(uint64_t n) { return (n + 4095) / 4096 * 4096; }
 };

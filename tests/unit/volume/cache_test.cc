@@ -1304,6 +1304,29 @@ TEST_F(Cache, TheJournalIsNotCompactedBelowMinFree) {
 // A block that cannot fit even with the whole cache evicted is refused with nothing evicted
 // (before, an estimate of what eviction gives back above what it does emptied a warm cache for
 // a block it then refused).
+// A directory serves one store at a time (another sluiced, or two volumes given one path):
+// the second is refused before it touches anything (tmp/ is where the first writes blocks).
+TEST(BlockStore, ADirectoryServesOneStoreAtATime) {
+  std::string tmpl = "/tmp/sluice-store-lock-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  BlockStoreOptions o;
+  o.dir = tmpl;
+  o.min_free = 0;
+  {
+    auto first = BlockStore::Open(o);
+    ASSERT_OK(first);
+    std::ofstream(tmpl + "/tmp/being-written") << "x";
+    auto second = BlockStore::Open(o);
+    ASSERT_FALSE(second.ok());
+    EXPECT_EQ(second.status().code(), Code::kConflict);
+    EXPECT_NE(second.status().message().find("in use by another cache"), std::string::npos)
+        << second.status().message();
+    EXPECT_TRUE(fs::exists(tmpl + "/tmp/being-written"));
+  }
+  EXPECT_OK(BlockStore::Open(o));  // the first one's gone: free again
+  fs::remove_all(tmpl);
+}
+
 TEST(BlockStore, ABlockThatCannotFitEvictsNothing) {
   SmallTmpfs tmpfs;
   ASSERT_TRUE(tmpfs.mounted) << std::strerror(errno);

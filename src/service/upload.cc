@@ -248,6 +248,7 @@ Result<std::string> UploadService::CreateSession(Volume& volume, const VFolderId
         Code::kInvalidPath,
         fmt::format("uploads cannot go into the staging directory '{}'", kStagingDirName));
   SLUICE_RETURN_IF_ERROR(CheckSize(size));
+  SLUICE_RETURN_IF_ERROR(volume.CheckStagedSize(size));
   SLUICE_RETURN_IF_ERROR(volume.CheckVFolder(vfid));
   SweepVFolder(volume, vfid);
   UploadTarget t;

@@ -112,6 +112,7 @@ class ForwardingVolume : public Volume {
   }
 
   bool StagingCounted() const override { return inner_->StagingCounted(); }
+  Status CheckStagedSize(uint64_t size) const override { return inner_->CheckStagedSize(size); }
   Result<std::string> CreateStaging(const VFolderId& vfid) override {
     return inner_->CreateStaging(vfid);
   }

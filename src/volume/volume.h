@@ -384,6 +384,10 @@ class Volume {
   // live outside the vfolder's keys until their commit), a reservation holds a session's
   // whole length until the commit.
   virtual bool StagingCounted() const { return true; }
+  // Whether a session of `size` bytes can be committed here, checked before it begins (s3: at
+  // most 10,000 origin parts of part-size): kTooLarge saying why, rather than a refusal after
+  // the bytes were sent.
+  virtual Status CheckStagedSize(uint64_t /*size*/) const { return Status::Ok(); }
   // Creates an empty staging file for a new session; returns the session id.
   virtual Result<std::string> CreateStaging(const VFolderId& vfid) = 0;
   // Removes a session's staging file (a session refused right after creation).

@@ -307,6 +307,27 @@ def test_a_write_whose_copy_onto_its_target_fails_leaves_nothing_staged(tmp_path
         assert s3.get_object(Bucket="bkt", Key="small.bin")["Body"].read() == b"fine"
 
 
+def test_an_upload_past_the_origins_part_limit_is_refused_at_once(proxy, origin):
+    """A session the origin could never take (more than 10,000 parts of part-size) is refused
+    when it is made, saying what to change, not after its bytes were sent."""
+    d = proxy
+    vfid = d.create_vfolder(volume="remote")
+    def staged():
+        page = origin.boto.list_objects_v2(Bucket=BUCKET, Prefix="ds/.sluice/staging/")
+        return {o["Key"] for o in page.get("Contents", [])}
+    before = staged()
+    r = d.mgr("POST", "/folder/file/upload",
+              json={"volume": "remote", "vfid": vfid, "relpath": "huge.bin",
+                    "size": 10000 * 5 * MiB + 1})
+    assert r.status_code == 413, (r.status_code, r.text)
+    assert "10000 origin parts of part-size 5242880" in r.text, r.text
+    assert "[volume.remote] part-size" in r.text, r.text
+    assert not staged() - before
+    assert new_session(d, vfid, "fits.bin", 10000 * 5 * MiB, volume="remote")  # at the limit
+    assert staged() - before
+    d.delete_vfolder(vfid, volume="remote")
+
+
 def test_scope_limits_hold_on_writes(proxy, origin):
     d = proxy
     qsid = new_qsid()

@@ -753,6 +753,7 @@ Result<std::unique_ptr<ObjectWriter>> ObjectStore::BeginWrite(Volume& v, const V
                                                               std::vector<std::string> parts,
                                                               std::optional<uint64_t> size,
                                                               bool want_sha256) {
+  if (size) SLUICE_RETURN_IF_ERROR(v.CheckStagedSize(*size));
   SLUICE_RETURN_IF_ERROR(v.CheckVFolder(vfid));
   auto session = v.CreateStaging(vfid);
   // A sweep may have removed an empty staging directory meanwhile: try once more.
@@ -1023,6 +1024,9 @@ Result<std::string> ObjectStore::CompleteMultipart(Volume& v, const VFolderId& v
   SLUICE_ASSIGN_OR_RETURN(auto key_parts, KeyParts(u.key));
   if (refuse_replace && Open(v, vfid, u.key).ok())
     return Status(Code::kAlreadyExists, fmt::format("'{}' exists", u.key), EEXIST);
+  uint64_t size = 0;
+  for (const auto& p : parts) size += p.size;
+  SLUICE_RETURN_IF_ERROR(v.CheckStagedSize(size));  // before the claim: the upload stays whole
   SLUICE_RETURN_IF_ERROR(ClaimUpload(v, vfid, u.id));
   // Until the object is published, a failure gives the upload back to its client.
   auto build = [&]() -> Result<std::string> {
@@ -1030,12 +1034,10 @@ Result<std::string> ObjectStore::CompleteMultipart(Volume& v, const VFolderId& v
     // A volume that copies the parts (no reflinks or snapshots) holds them twice until they
     // go: the copy is reserved, so an upload started meanwhile cannot take the same room.
     if (!v.capabilities().contains(kCapFastClone)) {
-      uint64_t total = 0;
-      for (const auto& p : parts) total += p.size;
-      SLUICE_RETURN_IF_ERROR(ReserveScopeQuota(*reservations_, v, vfid, w->reservation_key_, total,
+      SLUICE_RETURN_IF_ERROR(ReserveScopeQuota(*reservations_, v, vfid, w->reservation_key_, size,
                                                "completing the upload (this volume copies its "
                                                "parts)"));
-      w->reserved_ = total;
+      w->reserved_ = size;
     }
     std::vector<std::string> md5s;
     for (const auto& p : parts) {

@@ -2354,6 +2354,15 @@ void S3Volume::Unlock(const std::string& session) {
   writers_.erase(session);
 }
 
+Status S3Volume::CheckStagedSize(uint64_t size) const {
+  const uint64_t most = static_cast<uint64_t>(s3c::kMaxParts) * opts_.part_size;
+  if (size <= most) return Status::Ok();
+  return Status(Code::kTooLarge,
+                fmt::format("volume '{}' takes uploads of at most {} bytes ({} origin parts of "
+                            "part-size {}); this one is {} bytes: raise [volume.{}] part-size",
+                            name(), most, s3c::kMaxParts, opts_.part_size, size, name()));
+}
+
 Result<std::string> S3Volume::CreateStaging(const VFolderId& vfid) {
   SLUICE_RETURN_IF_ERROR(WritableVFolder(vfid));
   std::string session = RandomHexString(16);

@@ -83,6 +83,7 @@ class S3Volume : public Volume {
   std::set<std::string> capabilities() const override;
   // Sessions are staged under the volume's own records, outside every vfolder's keys.
   bool StagingCounted() const override { return false; }
+  Status CheckStagedSize(uint64_t size) const override;
   Status Init() override;
   Status EmptyTrash() override;
   void Shutdown() override;

@@ -201,6 +201,14 @@ std::optional<uint64_t> BlockStore::FreeBytes() const {
   return static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
 }
 
+std::optional<BlockStore::Inodes> BlockStore::FreeInodes() const {
+  struct statvfs sv;
+  // (btrfs and others allocate inodes as they go, and report none: no limit to keep.)
+  if (::statvfs(opts_.dir.c_str(), &sv) != 0 || sv.f_files == 0) return std::nullopt;
+  return Inodes{static_cast<uint64_t>(sv.f_favail),
+                std::min<uint64_t>(kMinFreeInodes, sv.f_files / 100)};
+}
+
 std::optional<std::string> BlockStore::Get(const std::string& id) {
   auto key = BlockIndex::ParseKey(id);
   if (!key) return std::nullopt;
@@ -431,6 +439,7 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
   // and the sample may predate their bytes.
   const uint64_t written_before = written_disk_;
   auto free = FreeBytes();
+  const auto inodes = FreeInodes();
   std::vector<BlockIndex::Key> gone;
   bool room;
   {
@@ -449,9 +458,13 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
     // Room first: within the size limit, and never the disk below its free-space floor,
     // counting the blocks other writers are writing now. Nothing is evicted for a block that
     // can never fit, or when the disk's free space is unknown.
-    uint64_t freed = 0;
+    uint64_t freed = 0, freed_files = 0;
     auto over = [&] { return index_.bytes() + reserved_ + data.size() > opts_.max_bytes; };
     auto low = [&] { return *free + freed < opts_.min_free + reserved_disk_ + need; };
+    // Out of inodes with bytes to spare (millions of small objects): every block is a file,
+    // so each one evicted gives one back (before 2026-12-06 each new block failed to open
+    // and was refused, the cache frozen as it was).
+    auto few_files = [&] { return inodes && inodes->free + freed_files <= inodes->floor; };
     // Possible at all: within max-size with everything else evicted, and the floor kept with
     // every block's disk space back, counted at least (each block takes its header and data
     // rounded up to 4 KiB pages: at least one page, at least its bytes). An estimate above
@@ -468,15 +481,18 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
         std::max(index_.bytes() - held_bytes + blocks * kHeader, blocks * 4096);
     room = free && data.size() + reserved_ <= opts_.max_bytes &&
            opts_.min_free + reserved_disk_ + need <= *free + evictable;
-    while (room && (over() || low())) {
+    while (room && (over() || low() || few_files())) {
       uint64_t size = 0;
       auto k = EvictOne(&size);
       if (!k) break;
       // A block a reader holds open keeps its space until the reader closes it.
-      if (!pins_->Held(*k)) freed += DiskBytes(kHeader + size);
+      if (!pins_->Held(*k)) {
+        freed += DiskBytes(kHeader + size);
+        freed_files++;
+      }
       gone.push_back(*k);
     }
-    room = room && !over() && !low();
+    room = room && !over() && !low() && !few_files();
     if (room) {
       reserved_ += data.size();
       reserved_disk_ += need;

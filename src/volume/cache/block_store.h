@@ -112,8 +112,15 @@ class BlockStore {
   std::optional<BlockIndex::Key> EvictOne(uint64_t* size = nullptr);
   // Removes evicted blocks' files (mu_ not held), then lets their keys be stored again.
   void Unlink(const std::vector<BlockIndex::Key>& keys);
-  void Drop(const BlockIndex::Key& k);           // from the index and the disk; mu_ held
-  std::optional<uint64_t> FreeBytes() const;     // nullopt when statvfs fails
+  void Drop(const BlockIndex::Key& k);        // from the index and the disk; mu_ held
+  std::optional<uint64_t> FreeBytes() const;  // nullopt when statvfs fails
+  // Inodes free to the cache, and the floor kept (1% of them, at most kMinFreeInodes); nullopt
+  // where the file system has no fixed number.
+  struct Inodes {
+    uint64_t free, floor;
+  };
+  std::optional<Inodes> FreeInodes() const;
+  static constexpr uint64_t kMinFreeInodes = 1024;
   enum class Written { kFailed, kNew, kThere };  // kThere: another writer's file was there
   Written WriteBlock(const std::string& id, const char* head, std::string_view data);
 

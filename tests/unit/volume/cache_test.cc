@@ -1209,11 +1209,11 @@ uint64_t FreeOn(const std::string& dir) {
 // A 16 MiB tmpfs, whose free space is exact, for the block store's floor tests; unmounted and
 // removed at the end.
 struct SmallTmpfs {
-  SmallTmpfs() {
+  explicit SmallTmpfs(const char* options = "size=16m") {
     char tmpl[] = "/tmp/sluice-tmpfs-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) return;
     dir = tmpl;
-    mounted = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=16m") == 0;
+    mounted = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, options) == 0;
   }
   ~SmallTmpfs() {
     if (mounted) ::umount2(dir.c_str(), MNT_DETACH);
@@ -1325,6 +1325,26 @@ TEST(BlockStore, ADirectoryServesOneStoreAtATime) {
   }
   EXPECT_OK(BlockStore::Open(o));  // the first one's gone: free again
   fs::remove_all(tmpl);
+}
+
+// A cache disk out of inodes with bytes to spare (many small objects): old blocks are evicted
+// for new ones, as for bytes (before, every new block failed to open and was refused).
+TEST(BlockStore, ACacheDiskOutOfInodesEvictsForNewBlocks) {
+  SmallTmpfs tmpfs("size=64m,nr_inodes=400");  // about 140 left once the store's 259 are made
+  ASSERT_TRUE(tmpfs.mounted) << std::strerror(errno);
+  auto store = BlockStore::Open(StoreOn(tmpfs));
+  ASSERT_OK(store);
+  auto id = [](int i) { return BlockIndex::KeyHex(K(i)); };
+  for (int i = 0; i < 400; ++i)
+    ASSERT_TRUE((*store)->Put(id(i), std::string(100, static_cast<char>(i)))) << i;
+  struct statvfs sv;
+  ASSERT_EQ(::statvfs(tmpfs.dir.c_str(), &sv), 0);
+  EXPECT_GE(sv.f_favail, 4u);  // the floor: 1% of them
+  const auto st = (*store)->stats();
+  EXPECT_GT(st.blocks, 50u);
+  EXPECT_LT(st.blocks, 150u);
+  EXPECT_GE(st.evictions, 250u);
+  EXPECT_EQ((*store)->Get(id(399)), std::string(100, static_cast<char>(399)));
 }
 
 TEST(BlockStore, ABlockThatCannotFitEvictsNothing) {

@@ -1285,6 +1285,16 @@ Result<std::shared_ptr<const std::string>> CachedVolume::Block(
     return f->result;
   }
   Result<std::shared_ptr<const std::string>> result{Status(Code::kInternal, "")};
+  bool answered = false;
+  auto answer = [&] {  // the joined readers get `result`
+    {
+      std::lock_guard lk(f->mu);
+      f->result = result;
+      f->done = true;
+    }
+    f->cv.notify_all();
+    answered = true;
+  };
   // The miss above may have raced a leader that stored the block and left just before this
   // flight began: look again now that no one else can start fetching it.
   if (auto hit = store_->Get(id)) {
@@ -1299,24 +1309,23 @@ Result<std::shared_ptr<const std::string>> CachedVolume::Block(
     } else {
       n_.origin_bytes += got->size();
       (*g_origin_bytes_) += got->size();
-      if (!(admit || Admit(id)) || !store_->Put(id, *got)) {
+      result = std::make_shared<const std::string>(std::move(got).value());
+      // The joined readers have the bytes before the block's disk write, not after it (since
+      // 2026-12-06); the flight stays listed until the write ends, so that a reader arriving
+      // meanwhile joins it rather than fetching the block again.
+      answer();
+      if (!(admit || Admit(id)) || !store_->Put(id, **result)) {
         n_.rejects++;
         (*g_rejects_)++;
       }
       PublishStore();
-      result = std::make_shared<const std::string>(std::move(got).value());
     }
   }
   {
     std::lock_guard lk(mu_);
     flights_.erase(id);
   }
-  {
-    std::lock_guard lk(f->mu);
-    f->result = result;
-    f->done = true;
-  }
-  f->cv.notify_all();
+  if (!answered) answer();
   return result;
 }
 

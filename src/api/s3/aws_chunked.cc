@@ -180,4 +180,33 @@ std::optional<S3Error> AwsChunkedDecoder::Finish() const {
   return std::nullopt;
 }
 
+std::string EncodeSignedAwsChunked(const SigV4Auth& auth, std::string_view signing_key,
+                                   const std::vector<std::string_view>& chunks,
+                                   const std::map<std::string, std::string>& trailers) {
+  std::string out, prev = auth.signature;
+  auto chunk = [&](std::string_view data) {
+    prev = SignatureOf(signing_key, ChunkStringToSign(auth, prev, HexEncode(Sha256(data))));
+    out += fmt::format("{:x};chunk-signature={}\r\n", data.size(), prev);
+    if (!data.empty()) {
+      out += data;
+      out += "\r\n";
+    }
+  };
+  for (auto c : chunks)
+    if (!c.empty()) chunk(c);
+  chunk({});
+  if (!trailers.empty()) {
+    std::string signed_text;
+    for (const auto& [name, value] : trailers) {
+      out += name + ":" + value + "\r\n";
+      signed_text += name + ":" + value + "\n";
+    }
+    out +=
+        "x-amz-trailer-signature:" +
+        SignatureOf(signing_key, TrailerStringToSign(auth, prev, HexEncode(Sha256(signed_text)))) +
+        "\r\n";
+  }
+  return out + "\r\n";
+}
+
 }  // namespace sluice::api::s3

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "api/s3/sigv4.h"
 #include "common/crypto.h"
@@ -68,5 +69,14 @@ class AwsChunkedDecoder {
   std::string trailer_sig_;
   std::map<std::string, std::string> trailers_;
 };
+
+// The signed body a client streaming STREAMING-AWS4-HMAC-SHA256-PAYLOAD[-TRAILER] sends:
+// `chunks` in order (every one but the last at least kMinChunk), each signature chained from
+// `auth.signature` under `signing_key`, then the final chunk, then `trailers` (lower-case
+// names) and their signature when there are any. The tests and the fuzz target check the
+// decoder against it.
+std::string EncodeSignedAwsChunked(const SigV4Auth& auth, std::string_view signing_key,
+                                   const std::vector<std::string_view>& chunks,
+                                   const std::map<std::string, std::string>& trailers = {});
 
 }  // namespace sluice::api::s3

@@ -40,18 +40,18 @@ std::string UploadService::ReservationKey(const UploadTarget& t) {
 
 UploadWriter::~UploadWriter() = default;
 
-Status UploadWriter::Sync() {
+Status UploadWriter::SyncAt(uint64_t offset) {
   if (!failed_.ok()) return failed_;
-  if (written_ == durable_) return Status::Ok();
-  Status st = staging_->Sync(written_, quota_checked_);
+  if (offset <= durable_) return Status::Ok();
+  Status st = staging_->Sync(offset, quota_checked_);
   if (!st.ok()) {
     // After a failed sync the kernel may have dropped the dirty pages: nothing written by this
     // writer since the last good sync may ever count as durable.
     failed_ = st.WithContext(
-        fmt::format("sync upload at offset {}; {} bytes are durable", written_, durable_));
+        fmt::format("sync upload at offset {}; {} bytes are durable", offset, durable_));
     return failed_;
   }
-  durable_ = written_;
+  durable_ = offset;
   if (reservations_ && target_.volume->StagingCounted())
     reservations_->Shrink(reservation_key_, target_.size - durable_);
   writeback_from_ = std::max(writeback_from_, durable_);
@@ -93,6 +93,10 @@ Status UploadWriter::Write(const char* data, size_t n) {
     staging_->Writeback(writeback_from_, written_);
     writeback_from_ = written_;
   }
+  // Where the staging wants its syncs at boundaries (s3: whole parts), at the last one passed;
+  // before 2026-12-06 an s3 session's tail (up to two parts) was sent again every second.
+  if (const uint64_t granule = staging_->SyncGranule(); granule > 0)
+    return SyncAt(written_ / granule * granule);
   if (written_ - durable_ >= kSyncBytes ||
       std::chrono::steady_clock::now() - last_sync_ >= kSyncInterval)
     return Sync();

@@ -86,7 +86,8 @@ class UploadWriter {
   friend class UploadService;
   UploadWriter() = default;
 
-  Status Sync();
+  Status Sync() { return SyncAt(written_); }
+  Status SyncAt(uint64_t offset);  // makes the bytes up to `offset` (<= written_) durable
 
   UploadTarget target_;
   QuotaReservations* reservations_ = nullptr;

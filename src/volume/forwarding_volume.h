@@ -190,6 +190,7 @@ class ForwardingStagingWriter : public StagingWriter {
     return inner_->WriteAt(offset, data, n, written);
   }
   void Writeback(uint64_t from, uint64_t to) override { inner_->Writeback(from, to); }
+  uint64_t SyncGranule() const override { return inner_->SyncGranule(); }
   Status Sync(uint64_t offset, bool quota_checked) override {
     return inner_->Sync(offset, quota_checked);
   }

@@ -191,6 +191,10 @@ class StagingWriter {
   virtual Status WriteAt(uint64_t offset, const char* data, size_t n, size_t* written) = 0;
   // Starts writing [from, to) back so that the next Sync waits only for what follows.
   virtual void Writeback(uint64_t from, uint64_t to) {}
+  // Where a long write is best synced: 0, anywhere (a local file: every second or so); else
+  // at multiples of this offset only (s3: a part boundary, where a sync sends whole parts and
+  // an empty tail, rather than the bytes past the last part again each time).
+  virtual uint64_t SyncGranule() const { return 0; }
   // Makes the bytes up to `offset` durable, then records `offset` (and `quota_checked`).
   virtual Status Sync(uint64_t offset, bool quota_checked) = 0;
   // Records `offset` (at most the durable offset) and cuts the file there: what came after

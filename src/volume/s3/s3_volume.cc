@@ -1861,6 +1861,8 @@ class S3Volume::Writer : public StagingWriter {
     return Status::Ok();
   }
 
+  uint64_t SyncGranule() const override { return v_->opts_.part_size; }
+
   Status Sync(uint64_t offset, bool quota_checked) override {
     SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));
     const uint64_t base = Base();

@@ -827,6 +827,15 @@ void CachedVolume::SaveListings() {
     }
   }
   const std::string path = fmt::format("{}/{}", opts_.path, kListingsFile);
+  // (Up to hundreds of MB: like a block, only where the disk keeps min-free after it; before
+  // 2026-12-06 it was written whatever the floor.)
+  if (!store_->HasRoom(out.size())) {
+    spdlog::warn(
+        "cache {}: its listings are not kept for the next start: {} bytes would take "
+        "the cache disk below min-free",
+        name(), out.size());
+    return;
+  }
   if (Status st = WriteFileAtomic(path, out); !st.ok())
     spdlog::warn("cache {}: its listings are not kept for the next start: {}", name(),
                  st.message());

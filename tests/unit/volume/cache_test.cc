@@ -1068,6 +1068,21 @@ TEST_F(Cache, ListingsSurviveACleanShutdown) {
   EXPECT_EQ(origin_->lists, 3);
 }
 
+// The listings kept at a shutdown are a file on the cache disk like a block: not written where
+// it would take the disk below min-free (before, they were written whatever the floor).
+TEST_F(Cache, ListingsAreNotKeptBelowMinFree) {
+  opts_.min_free = 1ULL << 60;  // no disk keeps that free
+  Start();
+  Put("d/a", "1");
+  ASSERT_OK(cache_->OpenDir(vf_, "d"));
+  EXPECT_EQ(origin_->lists, 1);
+  cache_->Shutdown();
+  EXPECT_FALSE(fs::exists(opts_.path + "/listings.json"));
+  Start();
+  ASSERT_OK(cache_->OpenDir(vf_, "d"));
+  EXPECT_EQ(origin_->lists, 2);  // asked again
+}
+
 // A directory of more than max-listing entries is not kept: it is listed from the origin,
 // which is asked for no more than max-listing entries to find that out, and its files still
 // open through the cache. Smaller ones are kept, within a bound of all listings' entries.

@@ -980,12 +980,13 @@ void CachedVolume::CompactJournal() {
         store_->HasRoom(out.size()) ? std::strerror(errno) : "no room above min-free");
   };
   if (!store_->HasRoom(out.size())) return failed();
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  // Opened for appending from the start, so that once renamed it is the journal: no reopen
+  // after the rename (one that failed, before 2026-12-06, left lines going to the old log,
+  // unlinked, and a restart replayed the copy without the drops they recorded).
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600));
   if (fd.get() < 0 || !WriteFully(fd.get(), out) || ::rename(tmp.c_str(), path.c_str()) != 0)
     return failed();
-  UniqueFd appended(::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC));
-  if (appended.get() < 0) return;
-  journal_ = std::move(appended);
+  journal_ = std::move(fd);
   journal_bytes_ = journal_compacted_ = out.size();
 }
 

@@ -49,10 +49,12 @@ std::string ValidatorOf(const DirEntry& e) {
 // Staging (tus sessions, S3 multipart parts) is read once, by the commit, and must be read as
 // it is now (another node may have added a part): never through the cache. Read from the
 // volume below, a part keeps its descriptor, so a Complete reflinks where the volume can.
+bool IsStaging(const std::vector<std::string>& parts) {
+  return !parts.empty() && parts.front() == kStagingDirName;
+}
 bool IsStaging(std::string_view relpath) {
-  while (relpath.starts_with("./")) relpath.remove_prefix(2);
-  while (relpath.starts_with('/')) relpath.remove_prefix(1);
-  return relpath.substr(0, relpath.find('/')) == kStagingDirName;
+  auto parts = SplitRelPath(relpath);
+  return parts.ok() && IsStaging(*parts);
 }
 
 std::string Sha256Hex(std::string_view s) {
@@ -1067,8 +1069,8 @@ std::optional<std::pair<DirEntry, bool>> CachedVolume::Known(
 }
 
 Result<DirEntry> CachedVolume::Stat(const VFolderId& vfid, std::string_view relpath) {
-  if (IsStaging(relpath)) return ForwardingVolume::Stat(vfid, relpath);
   SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
+  if (IsStaging(parts)) return ForwardingVolume::Stat(vfid, relpath);
   auto known = Known(vfid, parts);
   if (known && known->second) {
     DirEntry e = known->first;
@@ -1343,8 +1345,8 @@ Result<std::shared_ptr<FileReader>> CachedVolume::OpenReader(const VFolderId& vf
                                                              std::string_view relpath,
                                                              Lookup lookup,
                                                              const LookupHint* hint) {
-  if (IsStaging(relpath)) return ForwardingVolume::OpenReader(vfid, relpath, lookup, hint);
   SLUICE_ASSIGN_OR_RETURN(auto parts, SplitRelPath(relpath));
+  if (IsStaging(parts)) return ForwardingVolume::OpenReader(vfid, relpath, lookup, hint);
   const std::string key = MetaKey(vfid, parts);
   const std::string rel = parts.empty() ? std::string() : JoinComponents(parts, parts.size());
   std::optional<Meta> known = FindMeta(vfid, rel);

@@ -1104,8 +1104,15 @@ void AddCacheCommands(CLI::App& app, Args& a, Action* run) {
         {"HITS", fmt::format("{} ({:.1f}% of {} lookups)", num("hits"), 100 * ratio,
                              Uint(j, "hits").value_or(0) + Uint(j, "misses").value_or(0))},
         {"MISSES", num("misses")},
+        {"READ AHEAD", num("read_ahead_blocks") + " blocks (fetched before readers asked)"},
         {"FROM ORIGIN", size("origin_bytes")},
         {"FILLED", size("fill_bytes")},
+        {"INGESTED",
+         j.value("ingest", false)
+             ? fmt::format("{} in {} blocks, as written through this node ({} "
+                           "written files not kept)",
+                           size("ingested_bytes"), num("ingested_blocks"), num("ingests_dropped"))
+             : "off (written files are cached at their first read)"},
         {"EVICTIONS", num("evictions")},
         {"NOT KEPT", num("admission_rejects") + " (admission policy or disk space)"},
         {"TORN BLOCKS", num("torn_blocks")},

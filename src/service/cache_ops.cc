@@ -70,6 +70,7 @@ nlohmann::json CacheStatsJson(CachedVolume& c) {
           {"hits", s.hits},
           {"misses", s.misses},
           {"hit_ratio", lookups ? double(s.hits) / double(lookups) : 0.0},
+          {"read_ahead_blocks", s.read_ahead},
           {"origin_bytes", s.origin_bytes},
           {"fill_bytes", s.store.filled_bytes},
           {"evictions", s.store.evictions},
@@ -81,6 +82,10 @@ nlohmann::json CacheStatsJson(CachedVolume& c) {
           {"listings", s.listings},
           {"listing_entries", s.listed_entries},
           {"listings_passed", s.listings_passed},
+          {"ingest", o.ingest},
+          {"ingested_blocks", s.ingested},
+          {"ingested_bytes", s.ingested_bytes},
+          {"ingests_dropped", s.ingests_dropped},
           {"index_bytes_estimate", s.store.blocks * kIndexBytesPerBlock}};
 }
 

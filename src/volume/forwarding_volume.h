@@ -208,6 +208,7 @@ class ForwardingStagingWriter : public StagingWriter {
   Status CopyFrom(FileReader& src, uint64_t src_offset, uint64_t n, uint64_t at) override {
     return inner_->CopyFrom(src, src_offset, n, at);
   }
+  std::optional<DirEntry> Landed() const override { return inner_->Landed(); }
 
  protected:
   std::unique_ptr<StagingWriter> inner_;

@@ -279,6 +279,11 @@ class PosixStagingWriter : public StagingWriter {
     for (int attempt = 0;; ++attempt) {
       Status placed = Place(parts, final_rel, open_dir);
       if (placed.sys_errno() == ENOENT && attempt < 3) continue;
+      if (placed.ok()) {
+        // The renamed file's times as it stands now (the rename moved its ctime).
+        auto now = StatAt(fd_.get(), "", false, false);
+        if (now.ok()) landed_ = std::move(now).value();
+      }
       return placed;
     }
   }
@@ -337,8 +342,10 @@ class PosixStagingWriter : public StagingWriter {
     no_replace_ = true;
     return true;
   }
+  std::optional<DirEntry> Landed() const override { return landed_; }
 
  private:
+  std::optional<DirEntry> landed_;
   // The staging file onto `name` in `parent` only if nothing is there, in one step (the shared
   // RenameNoReplace: atomic for a file wherever a hard link is).
   Status CommitNoReplace(int parent, const std::string& name, const std::string& rel) {

@@ -219,6 +219,11 @@ class StagingWriter {
   // space where both are local files (copy_file_range: a reflink on btrfs and XFS); read and
   // written otherwise.
   virtual Status CopyFrom(FileReader& src, uint64_t src_offset, uint64_t n, uint64_t at);
+  // After a Commit or Publish that succeeded: the new file's entry as a Stat shows it now (a
+  // local file's inode, size and times; an object's entity tag and size), so that a cache
+  // keeps the bytes it saw written (ingest on write) only under the version they made, and
+  // only while the volume still shows that version. nullopt where the volume cannot tell.
+  virtual std::optional<DirEntry> Landed() const { return std::nullopt; }
 };
 
 struct StagingSweep {

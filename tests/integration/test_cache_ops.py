@@ -277,3 +277,48 @@ def test_the_origin_killed_during_a_read(tmp_path, origin):
                 assert r.content == data[i * MiB:(i + 1) * MiB], i
                 served += 1
         assert served >= 8 and served == stats(d)["blocks"], (served, stats(d))
+
+
+def test_what_is_written_through_the_node_is_read_from_the_cache(tmp_path, origin):
+    """Ingest on write: objects put through the proxy's S3 API (one PUT, a multipart upload)
+    and a tus upload over several PATCHes are kept as written, under the version the origin
+    made, so they are read back with the origin stopped (before, every new version was
+    fetched back from the origin at its first read: 503 here). One written by another client
+    at the origin is not in the cache."""
+    from test_s3_volume import multipart_put
+    from test_upload import new_session, patch
+    small, big, tus = b"one small object", os.urandom(11 * MiB), os.urandom(3 * MiB + 5)
+    with running_daemon(tmp_path / "proxy", s3={}, extra_toml=s3_volume(origin) +
+                        cache_section(tmp_path / "cache", ttl="1h")) as d:
+        user = d.s3_user(volume="remote")["id"]
+        s3 = d.s3_client(*d.s3_key(user))
+        s3.create_bucket(Bucket="ingest")
+        s3.put_object(Bucket="ingest", Key="small.txt", Body=small)
+        multipart_put(s3, "ingest", "big.bin", big, 5 * MiB)
+        vfid = d.create_vfolder(volume="remote")
+        token = new_session(d, vfid, "up/tus.bin", len(tus), volume="remote")
+        for at in range(0, len(tus), MiB + 1):
+            assert patch(d, token, at, tus[at:at + MiB + 1]).status_code == 204
+        origin.boto.put_object(Bucket=BUCKET, Key=vfolder_prefix(vfid) + "elsewhere.txt",
+                               Body=b"written at the origin")
+        want = 1 + 11 + 4  # blocks of 1 MiB
+        deadline = time.time() + 30  # kept in the background, once the origin shows them
+        while stats(d)["ingested_blocks"] < want and time.time() < deadline:
+            time.sleep(0.1)
+        s = stats(d)
+        assert s["ingest"] and s["ingested_blocks"] == want, s
+        assert s["ingested_bytes"] == len(small) + len(big) + len(tus), s
+        assert s["misses"] == 0 and s["origin_bytes"] == 0, s
+        out = sluice(d, "cache", "stats", "remote").stdout
+        assert f"in {want} blocks, as written through this node" in out, out
+
+        origin.stop()
+        assert s3.get_object(Bucket="ingest", Key="small.txt")["Body"].read() == small
+        assert s3.get_object(Bucket="ingest", Key="big.bin")["Body"].read() == big
+        r = get(d, vfid, "up/tus.bin")
+        assert r.status_code == 200 and r.content == tus, r.status_code
+        r = d.mgr("POST", "/folder/file/download",
+                  json={"volume": "remote", "vfid": vfid, "relpath": "elsewhere.txt"})
+        assert r.status_code == 503, r.text
+        s = stats(d)
+        assert s["hits"] >= want and s["origin_bytes"] == 0, s

@@ -139,7 +139,7 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
       SLUICE_ASSIGN_OR_RETURN(auto block,
                               v_->Block(
                                   Id(first / bs), [&] { return Fetch(first, len, /*wait=*/true); },
-                                  /*admit=*/true, /*wait=*/true));
+                                  CachedVolume::Asker::kWarm));
       *bytes += block->size();
     }
     return Status::Ok();
@@ -193,7 +193,7 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
         auto self = weak.lock();
         if (!self) return;
         (void)self->v_->Block(
-            id, [&] { return self->Fetch(first, len); }, /*admit=*/true);
+            id, [&] { return self->Fetch(first, len); }, CachedVolume::Asker::kReadAhead);
       });
     }
   }
@@ -264,31 +264,83 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
   uint64_t ahead_until_ = 0;  // blocks before this one were read ahead
 };
 
-// Writes go through; what they replace is dropped once they land.
-class InvalidatingWriter : public ForwardingStagingWriter {
+// Writes go through; what they replace is dropped once they land, and what they wrote is kept
+// (ingest on write) when this node saw every byte of it.
+class IngestingWriter : public ForwardingStagingWriter {
   // The path a commit lands on ("": none given, the whole vfolder).
   static std::string Target(const std::vector<std::string>& parts) {
     return parts.empty() ? std::string() : JoinComponents(parts, parts.size());
   }
 
  public:
-  InvalidatingWriter(std::unique_ptr<StagingWriter> inner, CachedVolume* v, VFolderId vfid)
-      : ForwardingStagingWriter(std::move(inner)), v_(v), vfid_(std::move(vfid)) {}
-  Status Commit(const std::vector<std::string>& parts) override {
-    Status st = ForwardingStagingWriter::Commit(parts);
-    v_->Invalidate(vfid_, {Target(parts)});
+  IngestingWriter(std::unique_ptr<StagingWriter> inner, CachedVolume* v, VFolderId vfid,
+                  std::string session, std::shared_ptr<CachedVolume::Spool> spool)
+      : ForwardingStagingWriter(std::move(inner)),
+        v_(v),
+        vfid_(std::move(vfid)),
+        session_(std::move(session)),
+        spool_(std::move(spool)) {}
+  ~IngestingWriter() override {
+    if (spool_) v_->ReturnSpool(vfid_, session_, std::move(spool_));  // for the next PATCH
+  }
+  Status WriteAt(uint64_t offset, const char* data, size_t n, size_t* written) override {
+    Status st = ForwardingStagingWriter::WriteAt(offset, data, n, written);
+    if (spool_ && *written > 0) v_->Spooled(*spool_, offset, data, *written);
     return st;
+  }
+  Status Rollback(uint64_t offset, bool quota_checked) override {
+    Status st = ForwardingStagingWriter::Rollback(offset, quota_checked);
+    if (spool_) st.ok() ? v_->CutSpool(*spool_, offset) : v_->DropSpool(*spool_);
+    return st;
+  }
+  // Local files are still copied without the bytes passing through here, and then read into
+  // the spool (from the page cache: they were just written); anything else was copied
+  // through memory anyway, and is now spooled on the way.
+  Status CopyFrom(FileReader& src, uint64_t src_offset, uint64_t n, uint64_t at) override {
+    if (!spool_) return ForwardingStagingWriter::CopyFrom(src, src_offset, n, at);
+    if (src.native_fd() < 0) return StagingWriter::CopyFrom(src, src_offset, n, at);
+    SLUICE_RETURN_IF_ERROR(ForwardingStagingWriter::CopyFrom(src, src_offset, n, at));
+    std::string buf(static_cast<size_t>(std::min<uint64_t>(n, 1 << 20)), '\0');
+    for (uint64_t done = 0; done < n;) {
+      auto got = src.ReadAt(src_offset + done, buf.data(),
+                            static_cast<size_t>(std::min<uint64_t>(buf.size(), n - done)));
+      if (!got.ok() || *got == 0) {
+        v_->DropSpool(*spool_);
+        break;
+      }
+      v_->Spooled(*spool_, at + done, buf.data(), *got);
+      done += *got;
+    }
+    return Status::Ok();
+  }
+  Status Commit(const std::vector<std::string>& parts) override {
+    return Landing(ForwardingStagingWriter::Commit(parts), parts);
   }
   Status Publish(const std::vector<std::string>& parts,
                  const std::function<std::string(const DirEntry&)>& meta, bool durable) override {
-    Status st = ForwardingStagingWriter::Publish(parts, meta, durable);
-    v_->Invalidate(vfid_, {Target(parts)});
-    return st;
+    return Landing(ForwardingStagingWriter::Publish(parts, meta, durable), parts);
   }
 
  private:
+  Status Landing(Status st, const std::vector<std::string>& parts) {
+    const std::string target = Target(parts);
+    v_->Invalidate(vfid_, {target});
+    if (spool_) {
+      auto spool = std::move(spool_);
+      // A multipart upload's part lands in staging, never read through the cache: its spool
+      // goes quietly (the Complete that reads it spools the object).
+      if (IsStaging(parts)) return st;
+      if (st.ok() && !target.empty())
+        v_->Ingest(vfid_, target, std::move(spool), Landed(), v_->Gen(vfid_));
+      else
+        v_->DropSpool(*spool);
+    }
+    return st;
+  }
   CachedVolume* v_;
   VFolderId vfid_;
+  std::string session_;
+  std::shared_ptr<CachedVolume::Spool> spool_;  // none: this node does not keep what it writes
 };
 
 }  // namespace
@@ -300,9 +352,9 @@ Result<CacheOptions> CacheOptions::FromJson(const std::string& volume, const nlo
   };
   if (!j.is_object()) return bad("", "must be a table");
   for (const auto& [key, value] : j.items()) {
-    if (key == "serve-stale" || key == "serve_stale") {
+    if (key == "serve-stale" || key == "serve_stale" || key == "ingest") {
       if (!value.is_boolean()) return bad(key, "must be true or false");
-      o.serve_stale = value.get<bool>();
+      (key == "ingest" ? o.ingest : o.serve_stale) = value.get<bool>();
       continue;
     }
     if (key == "revalidate-timeout" || key == "revalidate_timeout") {
@@ -378,7 +430,7 @@ Result<CacheOptions> CacheOptions::FromJson(const std::string& volume, const nlo
       return bad(key,
                  "unknown key (known: path, max-size, min-free, block-size, ttl, admission, "
                  "eviction, serve-stale, revalidate-timeout, read-ahead, fetch-threads, "
-                 "max-listing)");
+                 "max-listing, ingest)");
     }
   }
   if (o.path.empty()) return bad("path", "is required (a directory on a local disk)");
@@ -398,7 +450,10 @@ CachedVolume::CachedVolume(std::unique_ptr<Volume> inner, CacheOptions opts,
   auto& m = Metrics::Global();
   const std::string l = fmt::format("volume=\"{}\"", name());
   g_hits_ = &m.Counter("sluice_cache_hits_total", "Blocks read from the SSD cache.", l);
-  g_misses_ = &m.Counter("sluice_cache_misses_total", "Blocks the SSD cache did not hold.", l);
+  g_misses_ = &m.Counter("sluice_cache_misses_total",
+                         "Blocks a reader asked for that the SSD cache did not hold.", l);
+  g_read_ahead_ = &m.Counter("sluice_cache_read_ahead_total",
+                             "Blocks fetched from the origin ahead of a sequential reader.", l);
   g_origin_bytes_ = &m.Counter("sluice_cache_origin_bytes_total",
                                "Bytes the SSD cache read from the volume below it.", l);
   g_rejects_ = &m.Counter("sluice_cache_admission_rejects_total",
@@ -417,6 +472,10 @@ CachedVolume::CachedVolume(std::unique_ptr<Volume> inner, CacheOptions opts,
                             "Blocks dropped to make room, or by an operator's evict.", l);
   g_fill_bytes_ =
       &m.Counter("sluice_cache_fill_bytes_total", "Bytes written into the SSD cache.", l);
+  g_ingest_bytes_ = &m.Counter("sluice_cache_ingest_bytes_total",
+                               "Bytes written through this node and kept in the SSD cache as "
+                               "written (ingest on write).",
+                               l);
   g_bytes_ = &m.Gauge("sluice_cache_bytes", "Bytes of blocks the SSD cache holds.", l);
   g_blocks_ = &m.Gauge("sluice_cache_blocks", "Blocks the SSD cache holds.", l);
   PublishStore();
@@ -641,6 +700,10 @@ CachedVolume::Stats CachedVolume::stats() const {
   s.stale_served = n_.stale;
   s.store = store_->stats();
   s.listings_passed = passed_;
+  s.ingested = n_.ingested;
+  s.ingested_bytes = n_.ingested_bytes;
+  s.ingests_dropped = n_.ingests_dropped;
+  s.read_ahead = n_.read_ahead;
   std::lock_guard lk(mu_);
   s.listings = dirs_.size();
   s.listed_entries = listed_entries_;
@@ -1267,10 +1330,10 @@ bool CachedVolume::Admit(const std::string& id) {
 }
 
 Result<std::shared_ptr<const std::string>> CachedVolume::Block(
-    const std::string& id, const std::function<Result<std::string>()>& fetch, bool admit,
-    bool wait) {
+    const std::string& id, const std::function<Result<std::string>()>& fetch, Asker asker) {
+  const bool reader = asker == Asker::kReader, wait = asker == Asker::kWarm;
   if (auto hit = store_->Get(id)) {
-    CountHit();
+    if (reader) CountHit();
     return std::make_shared<const std::string>(std::move(*hit));
   }
   std::shared_ptr<Flight> f;
@@ -1293,7 +1356,7 @@ Result<std::shared_ptr<const std::string>> CachedVolume::Block(
     while (!f->cv.wait_for(lk, kJoinedCheck, [&] { return f->done; }))
       if (!wait && silent_)
         return Status(Code::kUnavailable, "not cached, and the origin is not answering");
-    if (f->result.ok()) CountHit();
+    if (f->result.ok() && reader) CountHit();  // waited for, but not another origin read
     return f->result;
   }
   Result<std::shared_ptr<const std::string>> result{Status(Code::kInternal, "")};
@@ -1310,11 +1373,16 @@ Result<std::shared_ptr<const std::string>> CachedVolume::Block(
   // The miss above may have raced a leader that stored the block and left just before this
   // flight began: look again now that no one else can start fetching it.
   if (auto hit = store_->Get(id)) {
-    CountHit();
+    if (reader) CountHit();
     result = std::make_shared<const std::string>(std::move(*hit));
   } else {
-    n_.misses++;
-    (*g_misses_)++;
+    if (reader) {
+      n_.misses++;
+      (*g_misses_)++;
+    } else if (asker == Asker::kReadAhead) {
+      n_.read_ahead++;
+      (*g_read_ahead_)++;
+    }
     auto got = fetch();
     if (!got.ok()) {
       result = got.status();
@@ -1326,7 +1394,7 @@ Result<std::shared_ptr<const std::string>> CachedVolume::Block(
       // 2026-12-06); the flight stays listed until the write ends, so that a reader arriving
       // meanwhile joins it rather than fetching the block again.
       answer();
-      if (!(admit || Admit(id)) || !store_->Put(id, **result)) {
+      if (!(!reader || Admit(id)) || !store_->Put(id, **result)) {
         n_.rejects++;
         (*g_rejects_)++;
       }
@@ -1448,7 +1516,194 @@ Result<std::unique_ptr<StagingWriter>> CachedVolume::OpenStaging(const VFolderId
                                                                  const std::string& session,
                                                                  std::chrono::milliseconds wait) {
   SLUICE_ASSIGN_OR_RETURN(auto w, ForwardingVolume::OpenStaging(vfid, session, wait));
-  return std::unique_ptr<StagingWriter>(new InvalidatingWriter(std::move(w), this, vfid));
+  auto spool = opts_.ingest ? TakeSpool(vfid, session, w->state().staged_size) : nullptr;
+  return std::unique_ptr<StagingWriter>(
+      new IngestingWriter(std::move(w), this, vfid, session, std::move(spool)));
+}
+
+Status CachedVolume::DiscardStaging(const VFolderId& vfid, const std::string& session) {
+  std::shared_ptr<Spool> gone;  // freed after the lock is let go
+  {
+    std::lock_guard lk(mu_);
+    if (auto it = spools_.find(vfid.ToString() + '\0' + session); it != spools_.end()) {
+      gone = std::move(it->second);
+      spools_.erase(it);
+    }
+  }
+  return ForwardingVolume::DiscardStaging(vfid, session);
+}
+
+// ---- ingest on write
+
+struct CachedVolume::Spool {
+  // Bytes [0, size) of the session as written through this node: in `mem` up to kInMemory
+  // (a small object never costs an inode on the cache disk), else in `fd`.
+  static constexpr uint64_t kInMemory = 256 << 10;
+  std::string mem;
+  UniqueFd fd;
+  uint64_t size = 0;  // counted in CachedVolume::spooled_
+  bool ok = true;
+  Steady::time_point returned;
+  std::atomic<uint64_t>* spooled = nullptr;
+  ~Spool() {
+    if (spooled) *spooled -= size;
+  }
+  Result<std::string> Read(uint64_t off, uint64_t len) const {
+    if (off + len > size) return Status(Code::kInternal, "read past the spool");
+    if (fd.get() < 0) return mem.substr(static_cast<size_t>(off), static_cast<size_t>(len));
+    std::string out(static_cast<size_t>(len), '\0');
+    for (size_t got = 0; got < out.size();) {
+      ssize_t k =
+          ::pread(fd.get(), out.data() + got, out.size() - got, static_cast<off_t>(off + got));
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) return Status::FromErrno(k < 0 ? errno : EIO, "read the ingest spool");
+      got += static_cast<size_t>(k);
+    }
+    return out;
+  }
+};
+
+std::shared_ptr<CachedVolume::Spool> CachedVolume::TakeSpool(const VFolderId& vfid,
+                                                             const std::string& session,
+                                                             uint64_t staged_size) {
+  std::shared_ptr<Spool> s;
+  {
+    std::lock_guard lk(mu_);
+    if (auto it = spools_.find(vfid.ToString() + '\0' + session); it != spools_.end()) {
+      s = std::move(it->second);
+      spools_.erase(it);
+    }
+  }
+  if (s && s->ok && staged_size <= s->size) {
+    CutSpool(*s, staged_size);  // a PATCH cut back to its durable offset, say
+    if (s->ok) return s;
+  }
+  if (staged_size > 0) return nullptr;  // bytes another node (or an earlier process) wrote
+  s = std::make_shared<Spool>();
+  s->spooled = &spooled_;
+  return s;
+}
+
+void CachedVolume::ReturnSpool(const VFolderId& vfid, const std::string& session,
+                               std::shared_ptr<Spool> s) {
+  if (!s->ok || stopping_) return;
+  s->returned = Steady::now();
+  std::shared_ptr<Spool> dropped;  // freed after the lock is let go
+  std::lock_guard lk(mu_);
+  if (spools_.size() >= kMaxSpools) {
+    auto oldest = std::min_element(spools_.begin(), spools_.end(), [](auto& a, auto& b) {
+      return a.second->returned < b.second->returned;
+    });
+    dropped = std::move(oldest->second);
+    spools_.erase(oldest);
+    n_.ingests_dropped++;
+  }
+  spools_[vfid.ToString() + '\0' + session] = std::move(s);
+}
+
+void CachedVolume::DropSpool(Spool& s) {
+  if (!s.ok) return;
+  s.ok = false;
+  spooled_ -= s.size;
+  s.size = 0;
+  s.mem = std::string();
+  s.fd.reset();
+  n_.ingests_dropped++;
+}
+
+void CachedVolume::CutSpool(Spool& s, uint64_t offset) {
+  if (!s.ok || offset >= s.size) return;
+  if (s.fd.get() >= 0 ? ::ftruncate(s.fd.get(), static_cast<off_t>(offset)) != 0
+                      : (s.mem.resize(static_cast<size_t>(offset)), false))
+    return DropSpool(s);
+  spooled_ -= s.size - offset;
+  s.size = offset;
+}
+
+void CachedVolume::Spooled(Spool& s, uint64_t offset, const char* data, size_t n) {
+  if (!s.ok) return;
+  if (offset > s.size) return DropSpool(s);  // a gap: bytes this node did not see
+  const uint64_t end = offset + n, grow = end > s.size ? end - s.size : 0;
+  // Spooled files wait on the cache disk beside the blocks (their blocks are written from
+  // them): bounded together, and never past the disk's floor.
+  if (grow > 0 &&
+      (spooled_ + grow > opts_.max_size / 4 || (end > Spool::kInMemory && !store_->HasRoom(grow))))
+    return DropSpool(s);
+  if (s.fd.get() < 0 && end > Spool::kInMemory) {
+    UniqueFd fd(::open(opts_.path.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+    if (fd.get() < 0 || !WriteFully(fd.get(), s.mem)) return DropSpool(s);
+    s.fd = std::move(fd);
+    s.mem = std::string();
+  }
+  if (s.fd.get() < 0) {
+    if (s.mem.size() < end) s.mem.resize(static_cast<size_t>(end));
+    std::memcpy(s.mem.data() + offset, data, n);
+  } else {
+    for (size_t done = 0; done < n;) {
+      ssize_t k = ::pwrite(s.fd.get(), data + done, n - done, static_cast<off_t>(offset + done));
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) return DropSpool(s);
+      done += static_cast<size_t>(k);
+    }
+  }
+  s.size += grow;
+  spooled_ += grow;
+}
+
+namespace {
+
+// Whether two entries name one version of a file: the same entity tag, or (none on either)
+// the same validator.
+bool SameVersion(const DirEntry& a, const DirEntry& b) {
+  if (a.size != b.size || a.etag.empty() != b.etag.empty()) return false;
+  return ValidatorOf(a) == ValidatorOf(b);
+}
+
+}  // namespace
+
+void CachedVolume::Ingest(const VFolderId& vfid, const std::string& rel, std::shared_ptr<Spool> s,
+                          const std::optional<DirEntry>& landed, uint64_t gen) {
+  // Not where the volume cannot say which version the commit made, nor for what this node
+  // did not see whole (a spool given up, or one shorter than the file).
+  if (!s->ok || !landed || landed->size != s->size) return DropSpool(*s);
+  auto task = [this, vfid, rel, s, entry = *landed, gen] { IngestNow(vfid, rel, *s, entry, gen); };
+  if (!ahead_) return task();
+  if (!ahead_->Submit([this, task = std::move(task)] {
+        if (!stopping_) task();
+      }))
+    n_.ingests_dropped++;  // the pool is backed up: the file is cached at its first read
+}
+
+void CachedVolume::IngestNow(const VFolderId& vfid, const std::string& rel, const Spool& s,
+                             const DirEntry& landed, uint64_t gen) {
+  // The origin's version now: another node may have written the file since this commit, and
+  // these bytes are only ever kept under the version they made.
+  const auto asked = Steady::now();
+  auto r = inner().OpenReader(vfid, rel);
+  if (!r.ok() || !SameVersion(landed, (*r)->info())) {
+    n_.ingests_dropped++;
+    return;
+  }
+  const DirEntry now = (*r)->info();
+  auto blob = (*r)->ReadMeta();
+  OriginAnswered();
+  KeepMeta(vfid, rel, {now, blob.ok() ? std::move(blob).value() : std::string(), asked}, gen);
+  const std::string validator = ValidatorOf(now);
+  const uint64_t bs = opts_.block_size;
+  for (uint64_t first = 0; first < now.size; first += bs) {
+    const uint64_t len = std::min(bs, now.size - first);
+    const std::string id = BlockId(vfid, rel, validator, first / bs);
+    if (store_->Has(id)) continue;  // read meanwhile
+    auto data = s.Read(first, len);
+    if (!data.ok() || !store_->Put(id, *data)) {
+      n_.ingests_dropped++;
+      break;  // the disk is full, or failed: the rest is cached as it is read
+    }
+    n_.ingested++;
+    n_.ingested_bytes += len;
+    (*g_ingest_bytes_) += len;
+  }
+  PublishStore();
 }
 
 }  // namespace sluice

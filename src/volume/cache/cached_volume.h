@@ -58,11 +58,17 @@ struct CacheOptions {
   // at most max(1 Mi, 2 x max-listing) entries, the oldest dropped first.
   uint64_t max_listing = 100000;
   uint64_t max_listed_entries = 1 << 20;  // not read from the config (tests lower it)
+  // Ingest on write: a file written through this node whole, from its first byte on (an S3
+  // PutObject or multipart Complete, a tus upload over one or more PATCHes on this node), is
+  // kept in the cache as written, once the origin shows the version it made: its first read
+  // is a hit. Files larger than a quarter of max-size are not (nor is more than that spooled
+  // at once).
+  bool ingest = true;
   uint64_t ListedEntriesBound() const { return std::max(max_listed_entries, 2 * max_listing); }
 
   // From the volume's `cache` table: path (required), max-size, min-free, block-size, ttl,
   // admission ("first-miss" | "second-miss"), eviction ("s3-fifo" | "lru"), serve-stale,
-  // revalidate-timeout, read-ahead (blocks), fetch-threads, max-listing (entries).
+  // revalidate-timeout, read-ahead (blocks), fetch-threads, max-listing (entries), ingest.
   static Result<CacheOptions> FromJson(const std::string& volume, const nlohmann::json& j);
   BlockStoreOptions StoreOptions() const { return {path, max_size, min_free, eviction}; }
 };
@@ -97,6 +103,7 @@ class CachedVolume : public ForwardingVolume {
   Result<std::unique_ptr<StagingWriter>> OpenStaging(const VFolderId& vfid,
                                                      const std::string& session,
                                                      std::chrono::milliseconds wait) override;
+  Status DiscardStaging(const VFolderId& vfid, const std::string& session) override;
   // From what the cache knows within the TTL (a file's attributes, a directory's listing, a
   // parent's listing), and from what it knew when the origin does not answer (serve-stale).
   Result<DirEntry> Stat(const VFolderId& vfid, std::string_view relpath) override;
@@ -112,9 +119,12 @@ class CachedVolume : public ForwardingVolume {
 
   struct Stats {
     uint64_t hits = 0, misses = 0, origin_bytes = 0, admission_rejects = 0, stale_served = 0;
-    bool origin_silent = false;                 // see Revalidate
+    uint64_t read_ahead = 0;     // blocks fetched from the origin ahead of a sequential reader
+    bool origin_silent = false;  // see Revalidate
     uint64_t listings = 0, listed_entries = 0;  // directory listings kept, and their entries
     uint64_t listings_passed = 0;               // listings too large to keep, sent to the origin
+    uint64_t ingested = 0, ingested_bytes = 0;  // blocks kept as they were written (ingest)
+    uint64_t ingests_dropped = 0;  // files written whole whose bytes were not kept (see Ingest)
     BlockStore::Stats store;
   };
   Stats stats() const;
@@ -131,13 +141,18 @@ class CachedVolume : public ForwardingVolume {
   // Drops every block and every cached attribute; the number of blocks dropped.
   uint64_t EvictAll();
 
+  // Who asks for a block. Only a reader's asking counts as a hit or a miss, so that
+  // hits / (hits + misses) is the ratio readers saw: a block read ahead counts as read ahead
+  // (and the reader's read of it later as a hit), a warm counts in its task's progress.
+  // Read-ahead and warm keep what they fetch whatever the admission policy; a warm that joins
+  // another's fetch waits for it even once the origin counts as silent, where the others get
+  // kUnavailable.
+  enum class Asker { kReader, kReadAhead, kWarm };
   // For readers (cached_volume.cc): block `index` of a file version, from the cache or, once
-  // for all concurrent askers, from `fetch`. `admit`: keep it whatever the admission policy.
-  // `wait`: an asker that joins another's fetch waits for it even once the origin counts as
-  // silent (an operator's warm); others then get kUnavailable.
+  // for all concurrent askers, from `fetch`.
   Result<std::shared_ptr<const std::string>> Block(
-      const std::string& id, const std::function<Result<std::string>()>& fetch, bool admit = false,
-      bool wait = false);
+      const std::string& id, const std::function<Result<std::string>()>& fetch,
+      Asker asker = Asker::kReader);
   // What names block `index` of a file version on disk.
   std::string BlockId(const VFolderId& vfid, const std::string& rel, const std::string& validator,
                       uint64_t index) const;
@@ -149,6 +164,27 @@ class CachedVolume : public ForwardingVolume {
   void Invalidate(const VFolderId& vfid, const std::vector<std::string>& paths = {});
   BlockStore& store() { return *store_; }
   void SyncJournal();
+
+  // Ingest on write, for the staging writers (cached_volume.cc). The bytes a session was
+  // written with through this node, from its first byte on: in memory while small, else in an
+  // unlinked file on the cache disk. A writer takes its session's spool (none: the session
+  // holds bytes this node did not see) and gives it back when it closes uncommitted.
+  struct Spool;
+  std::shared_ptr<Spool> TakeSpool(const VFolderId& vfid, const std::string& session,
+                                   uint64_t staged_size);
+  void ReturnSpool(const VFolderId& vfid, const std::string& session, std::shared_ptr<Spool> s);
+  // Bytes [offset, offset+n) written to the session: spooled, or the spool given up (a gap,
+  // past the bound, the cache disk at its floor).
+  void Spooled(Spool& s, uint64_t offset, const char* data, size_t n);
+  void CutSpool(Spool& s, uint64_t offset);  // the session was cut back to `offset`
+  void DropSpool(Spool& s);
+  // A commit of the spooled session landed on `rel` as `landed` (StagingWriter::Landed): its
+  // blocks and attributes are kept once the origin shows that version (in the background
+  // where read-ahead has a pool, else now). Written after `gen` (Gen() after the commit's
+  // invalidation): a later write through this node keeps its attributes out.
+  void Ingest(const VFolderId& vfid, const std::string& rel, std::shared_ptr<Spool> s,
+              const std::optional<DirEntry>& landed, uint64_t gen);
+  uint64_t Gen(const VFolderId& vfid);
   // Runs `fn` on the read-ahead pool; false when there is none or it is busy.
   bool Ahead(std::function<void()> fn);
   // Whether the origin counts as silent (see Revalidate); if so, a round trip about `rel`
@@ -206,7 +242,6 @@ class CachedVolume : public ForwardingVolume {
   void KeepMeta(const VFolderId& vfid, const std::string& rel, Meta m, uint64_t gen);
   // Which writes through this node the vfolder has seen (Invalidate, EvictAll); mu_ held.
   uint64_t GenLocked(const std::string& vfid) const;
-  uint64_t Gen(const VFolderId& vfid);
   // Applies `apply` (the change to memory) and appends `record`, in that order, under the
   // journal's lock; JournalIf appends only when `apply` returns true.
   void Journal(const nlohmann::json& record, const std::function<void()>& apply);
@@ -248,15 +283,24 @@ class CachedVolume : public ForwardingVolume {
   std::map<std::string, std::chrono::steady_clock::time_point> large_dirs_;
   std::atomic<uint64_t> passed_{0};
   std::map<std::string, std::shared_ptr<Flight>> flights_;
+  // Spools of sessions between two writers ("<vfid>\0<session>"; mu_), at most kMaxSpools,
+  // the least recently given back dropped first; and the bytes all spools hold, at most a
+  // quarter of max-size.
+  std::atomic<uint64_t> spooled_{0};  // (before spools_: their destructors count it down)
+  std::map<std::string, std::shared_ptr<Spool>> spools_;
+  static constexpr size_t kMaxSpools = 64;
+  void IngestNow(const VFolderId& vfid, const std::string& rel, const Spool& s,
+                 const DirEntry& landed, uint64_t gen);
   uint64_t next_gen_ = 0, all_gen_ = 0;     // mu_
   std::map<std::string, uint64_t> vf_gen_;  // vfid -> the generation of its last write; mu_
   MissFilter second_miss_;
   // This cache's counts, and the process's Prometheus counters they are added to.
   struct Counters {
     std::atomic<uint64_t> hits{0}, misses{0}, origin_bytes{0}, rejects{0}, stale{0};
+    std::atomic<uint64_t> ingested{0}, ingested_bytes{0}, ingests_dropped{0}, read_ahead{0};
   } n_;
   std::atomic<uint64_t>*g_hits_, *g_misses_, *g_origin_bytes_, *g_rejects_, *g_stale_,
-      *g_evictions_, *g_fill_bytes_;
+      *g_evictions_, *g_fill_bytes_, *g_ingest_bytes_, *g_read_ahead_;
   std::atomic<int64_t>*g_bytes_, *g_blocks_, *g_silent_;
   std::atomic<bool> stopping_{false};
   std::unique_ptr<ThreadPool> revalidate_;  // origin round trips waited for with a deadline

@@ -261,6 +261,7 @@ class MemStagingWriter : public StagingWriter {
                     fmt::format("'{}' exists", JoinComponents(parts, parts.size())), EEXIST);
     auto file = st_->NewNode(EntryType::kFile, 0644);
     file->data = std::make_shared<const std::string>(std::move(*s->data));
+    landed_ = Describe(parts.back(), *file);
     slot = std::move(file);
     dir->modified = Clock::now();  // a directory's times move with its entries, as on a disk
     s->staged = false;             // the record stays: the session reads as complete
@@ -271,9 +272,11 @@ class MemStagingWriter : public StagingWriter {
     no_replace_ = true;
     return true;
   }
+  std::optional<DirEntry> Landed() const override { return landed_; }
 
  private:
   bool no_replace_ = false;
+  std::optional<DirEntry> landed_;
   MemVolume::State::Staged* Find() {
     auto it = st_->staging.find(session_);
     return it == st_->staging.end() || !it->second.staged ? nullptr : &it->second;

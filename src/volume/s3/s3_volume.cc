@@ -567,11 +567,17 @@ struct S3Volume::Origin {
   // `dst_key` of the volume's bucket, its metadata copied or `replace`d: one CopyObject up to
   // max-copy-size, else a multipart upload of UploadPartCopy parts of that size, 8 at once:
   // the source's HEAD first (a multipart upload takes the metadata at its creation), then every
-  // part copied only from the version it described.
+  // part copied only from the version it described. `etag`, when given, gets the new object's
+  // entity tag where the answer names it (the single copy), "" otherwise.
   Status CopyObject(std::string_view from, const std::string& src_key, const std::string& dst_key,
-                    uint64_t size, const s3c::UserMeta* replace = nullptr) {
-    if (size <= opts.max_copy_size)
-      return Note(Client()->Copy(bucket(), src_key, dst_key, replace, Bucket(from))).status();
+                    uint64_t size, const s3c::UserMeta* replace = nullptr,
+                    std::string* etag = nullptr) {
+    if (etag) etag->clear();
+    if (size <= opts.max_copy_size) {
+      auto copied = Note(Client()->Copy(bucket(), src_key, dst_key, replace, Bucket(from)));
+      if (copied.ok() && etag) *etag = *copied;
+      return copied.status();
+    }
     SLUICE_ASSIGN_OR_RETURN(auto head, Note(Client()->Head(Bucket(from), src_key)));
     size = head.size;
     const uint64_t part = opts.max_copy_size;
@@ -1862,6 +1868,7 @@ class S3Volume::Writer : public StagingWriter {
   }
 
   uint64_t SyncGranule() const override { return v_->opts_.part_size; }
+  std::optional<DirEntry> Landed() const override { return landed_; }
 
   Status Sync(uint64_t offset, bool quota_checked) override {
     SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));
@@ -1940,9 +1947,11 @@ class S3Volume::Writer : public StagingWriter {
                      v_->cfg_.name, rel, blob.size(), kMaxMetaBlob);
       }
     }
+    landed_.reset();
+    std::string etag;  // the new object's, where the origin's answer names it
     if (rec_.parts.empty() && pending_.empty()) {  // one PUT
-      SLUICE_RETURN_IF_ERROR(
-          o.Note(o.Client()->Put(o.bucket(), target, s3c::Body{buf_}, {}, user)).status());
+      SLUICE_ASSIGN_OR_RETURN(
+          etag, o.Note(o.Client()->Put(o.bucket(), target, s3c::Body{buf_}, {}, user)));
       // A multipart upload begun for this session whose first part failed: nothing of it is
       // used, and the record about to be written no longer names it for a sweep.
       if (!rec_.upload.empty())
@@ -1964,7 +1973,15 @@ class S3Volume::Writer : public StagingWriter {
       all.insert(all.end(), pending_.begin(), pending_.end());
       SLUICE_RETURN_IF_ERROR(CompleteData(all));
       // Server-side, onto the target (in parts past max-copy-size; see docs/s3-volumes.md).
-      SLUICE_RETURN_IF_ERROR(o.CopyObject({}, key_ + ".data", target, total, &user));
+      SLUICE_RETURN_IF_ERROR(o.CopyObject({}, key_ + ".data", target, total, &user, &etag));
+    }
+    if (!etag.empty()) {
+      DirEntry e;  // what a Stat names this version by (EntryOf): its entity tag, quoted
+      e.name = final_parts.back();
+      e.type = EntryType::kFile;
+      e.size = total;
+      e.etag = "\"" + etag + "\"";
+      landed_ = std::move(e);
     }
     const bool had_data = !rec_.upload.empty();
     v_->Account(vfid_, static_cast<int64_t>(total) - (there.ok() ? int64_t(there->size) : 0),
@@ -2003,6 +2020,7 @@ class S3Volume::Writer : public StagingWriter {
     return st;
   }
   bool data_complete_ = false;
+  std::optional<DirEntry> landed_;  // what the last Publish made, when its answer said
 
   // Where buf_ begins: the bytes in parts sent, recorded or not.
   uint64_t Base() const { return rec_.parts_bytes() + Bytes(pending_); }

@@ -79,6 +79,7 @@ class Origin : public ForwardingVolume {
   Result<std::shared_ptr<FileReader>> OpenReader(const VFolderId& vfid, std::string_view rel,
                                                  Lookup lookup, const LookupHint* hint) override {
     if (down) return Status(Code::kUnavailable, "the origin is down");
+    if (auto fn = std::exchange(before_open, nullptr)) fn();
     ++opens;
     SLUICE_ASSIGN_OR_RETURN(auto r, ForwardingVolume::OpenReader(vfid, rel, lookup, hint));
     Hold();
@@ -119,6 +120,7 @@ class Origin : public ForwardingVolume {
   std::atomic<int> opens{0}, opened{0}, reads{0}, lists{0}, stats{0};
   std::atomic<int> listed{0};  // entries the origin's listings yielded
   std::atomic<bool> down{false};
+  std::function<void()> before_open;  // run once, by the next open (not thread-safe)
 
  private:
   void Hold() {
@@ -224,6 +226,34 @@ class Cache : public ::testing::Test {
       done += *n;
     }
     return out;
+  }
+  // Writes `data` to `rel` through the cache as a tus upload does: one session, `pieces`
+  // writers (one per PATCH) each syncing what it wrote, then the commit. `first` bytes are
+  // written by the volume below instead (another node began the session).
+  Status Upload(const std::string& rel, const std::string& data, int pieces = 1, size_t first = 0) {
+    SLUICE_ASSIGN_OR_RETURN(std::string session, cache_->CreateStaging(vf_));
+    if (first > 0) {
+      SLUICE_ASSIGN_OR_RETURN(auto w, cache_->inner().OpenStaging(vf_, session));
+      size_t n = 0;
+      SLUICE_RETURN_IF_ERROR(w->WriteAt(0, data.data(), first, &n));
+      SLUICE_RETURN_IF_ERROR(w->Sync(first, true));
+    }
+    const size_t piece = (data.size() - first + pieces - 1) / pieces;
+    for (size_t at = first; at < data.size() || (at == 0 && data.empty());) {
+      SLUICE_ASSIGN_OR_RETURN(auto w,
+                              cache_->OpenStaging(vf_, session, std::chrono::milliseconds(0)));
+      const size_t k = std::min(piece, data.size() - at);
+      size_t n = 0;
+      SLUICE_RETURN_IF_ERROR(w->WriteAt(at, data.data() + at, k, &n));
+      SLUICE_RETURN_IF_ERROR(w->Sync(at + k, true));
+      at += k;
+      if (at == data.size()) {
+        auto parts = SplitRelPath(rel);
+        SLUICE_RETURN_IF_ERROR(parts.status());
+        return w->Commit(*parts);
+      }
+    }
+    return Status::Ok();
   }
   // A cache on `tmpfs` (a SmallTmpfs) that keeps attributes for an hour, with file "a" read
   // once (its attributes journaled, its block kept).
@@ -369,6 +399,36 @@ class CacheOverFiles : public ::testing::Test {
           .value();
 };
 
+// Over a file system: a file uploaded through the cache, its parts copied in with
+// copy_file_range (a multipart Complete), is kept as written under the version the rename
+// made: read afterwards with no origin read at all.
+TEST_F(CacheOverFiles, AnUploadAssembledFromLocalPartsIsIngested) {
+  const std::string data(3 * kMiB / 2, 'p');
+  std::ofstream(path, std::ios::binary) << data;  // the "part"
+  CacheOptions opts = Options(std::chrono::milliseconds(3600000));
+  auto store = BlockStore::Open(opts.StoreOptions());
+  ASSERT_OK(store);
+  CachedVolume cache(std::move(made), opts, std::move(store).value());
+  auto part = cache.inner().OpenReader(vf, "ckpt");
+  ASSERT_OK(part);
+  ASSERT_GE((*part)->native_fd(), 0);
+  auto session = cache.CreateStaging(vf);
+  ASSERT_OK(session);
+  {
+    auto w = cache.OpenStaging(vf, *session, std::chrono::milliseconds(0));
+    ASSERT_OK(w);
+    ASSERT_OK((*w)->CopyFrom(**part, 0, data.size(), 0));
+    ASSERT_OK((*w)->Publish({"out", "model"}, nullptr, true));
+  }
+  EXPECT_EQ(cache.stats().ingested, 2u);
+  auto r = cache.OpenReader(vf, "out/model");
+  ASSERT_OK(r);
+  EXPECT_TRUE(ReadAll(**r, data.size()) == data);
+  auto s = cache.stats();
+  EXPECT_EQ(s.hits, 2u);
+  EXPECT_EQ(s.misses, 0u);
+}
+
 // A cache in front of a shared file system (a vfs volume here): a file rewritten in place
 // (same inode, same size) while a reader has it open is not cached as the old version (before,
 // the reader's next block came from the new bytes and was kept under the old version's key,
@@ -442,6 +502,105 @@ TEST_F(CacheOverFiles, AFileRewrittenWithItsMtimePutBackIsNeverMixed) {
 
 // Upload staging (tus sessions, S3 multipart parts) is read from the volume below as it is now:
 // never kept (a part is read once, by its Complete) and never stale (another node's new part).
+// Ingest on write: a file written through this node is kept as it was written, so its first
+// read needs no origin (served here with the origin down). Before, every new version was
+// fetched back from the origin at its first read.
+TEST_F(Cache, AFileWrittenThroughTheNodeIsCachedAsWritten) {
+  opts_.ttl = std::chrono::hours(1);
+  Start();
+  const std::string data = Bytes(3 * kMiB + 17, 3), small = "a small object";
+  ASSERT_OK(Upload("out/ckpt", data, /*pieces=*/3));  // spooled on the cache disk
+  ASSERT_OK(Upload("out/small", small));              // in memory
+  auto s = cache_->stats();
+  EXPECT_EQ(s.ingested, 5u);
+  EXPECT_EQ(s.ingested_bytes, data.size() + small.size());
+  EXPECT_EQ(s.ingests_dropped, 0u);
+  origin_->down = true;
+  EXPECT_TRUE(ReadAll("out/ckpt") == data);
+  EXPECT_EQ(ReadAll("out/small"), small);
+  s = cache_->stats();
+  EXPECT_EQ(s.hits, 5u);
+  EXPECT_EQ(s.misses, 0u);
+  EXPECT_EQ(origin_->reads, 0);
+}
+
+// A PATCH cut back to its durable offset (unsynced bytes dropped) and written on with other
+// bytes: what is kept is what was committed.
+TEST_F(Cache, ASessionCutBackIsIngestedAsCommitted) {
+  opts_.ttl = std::chrono::hours(1);
+  Start();
+  const std::string data = Bytes(2 * kMiB, 4);
+  auto session = cache_->CreateStaging(vf_);
+  ASSERT_OK(session);
+  {
+    auto w = cache_->OpenStaging(vf_, *session, std::chrono::milliseconds(0));
+    ASSERT_OK(w);
+    size_t n = 0;
+    ASSERT_OK((*w)->WriteAt(0, data.data(), kMiB, &n));
+    ASSERT_OK((*w)->Sync(kMiB, true));
+    const std::string junk(kMiB, 'j');  // never synced: cut off at the next open
+    ASSERT_OK((*w)->WriteAt(kMiB, junk.data(), junk.size(), &n));
+  }
+  auto w = cache_->OpenStaging(vf_, *session, std::chrono::milliseconds(0));
+  ASSERT_OK(w);
+  EXPECT_EQ((*w)->state().staged_size, kMiB);
+  size_t n = 0;
+  ASSERT_OK((*w)->WriteAt(kMiB, data.data() + kMiB, kMiB, &n));
+  ASSERT_OK((*w)->Sync(2 * kMiB, true));
+  ASSERT_OK((*w)->Commit({"f"}));
+  w->reset();
+  EXPECT_EQ(cache_->stats().ingested, 2u);
+  origin_->down = true;
+  EXPECT_TRUE(ReadAll("f") == data);
+}
+
+// Bytes this node did not see (a session another node began), or a version replaced at the
+// origin before the ingest looked (another node's write right after this one): nothing is
+// kept, and reads get the origin's bytes.
+TEST_F(Cache, WhatTheNodeDidNotSeeOrNoLongerThereIsNotIngested) {
+  opts_.ttl = std::chrono::hours(1);
+  Start();
+  const std::string data = Bytes(2 * kMiB + 3, 5), other = Bytes(2 * kMiB + 3, 6);
+  ASSERT_OK(Upload("begun-elsewhere", data, 1, /*first=*/kMiB));
+  EXPECT_EQ(cache_->stats().ingested, 0u);
+  EXPECT_TRUE(ReadAll("begun-elsewhere") == data);
+  origin_->before_open = [&] { Put("replaced", other); };
+  ASSERT_OK(Upload("replaced", data));
+  EXPECT_EQ(cache_->stats().ingested, 0u);
+  EXPECT_EQ(cache_->stats().ingests_dropped, 1u);  // (the first had no spool to drop)
+  EXPECT_TRUE(ReadAll("replaced") == other);
+}
+
+// A file assembled by copies (a multipart Complete, a CopyObject) is kept too.
+TEST_F(Cache, ACopiedFileIsIngested) {
+  opts_.ttl = std::chrono::hours(1);
+  Start();
+  const std::string data = Bytes(kMiB + 100, 7);
+  Put("part", data);
+  auto src = cache_->inner().OpenReader(vf_, "part");
+  ASSERT_OK(src);
+  auto session = cache_->CreateStaging(vf_);
+  ASSERT_OK(session);
+  auto w = cache_->OpenStaging(vf_, *session, std::chrono::milliseconds(0));
+  ASSERT_OK(w);
+  ASSERT_OK((*w)->CopyFrom(**src, 0, 100, 0));
+  ASSERT_OK((*w)->CopyFrom(**src, 100, data.size() - 100, 100));
+  ASSERT_OK((*w)->Publish({"whole"}, nullptr, true));
+  w->reset();
+  EXPECT_EQ(cache_->stats().ingested, 2u);
+  origin_->down = true;
+  EXPECT_TRUE(ReadAll("whole") == data);
+}
+
+TEST_F(Cache, IngestCanBeTurnedOff) {
+  opts_.ingest = false;
+  Start();
+  ASSERT_OK(Upload("f", "bytes"));
+  EXPECT_EQ(cache_->stats().ingested, 0u);
+  EXPECT_EQ(ReadAll("f"), "bytes");
+  EXPECT_EQ(cache_->stats().misses, 1u);
+}
+
 TEST_F(Cache, StagingIsNeverCached) {
   opts_.ttl = std::chrono::milliseconds(60000);
   Start();
@@ -915,6 +1074,12 @@ TEST_F(Cache, SequentialReadersAreReadAhead) {
   WaitForBlocks(9);
   EXPECT_EQ(cache_->stats().store.blocks, 9u);  // reading blocks 1-4 read blocks 5-8 ahead
   EXPECT_EQ(origin_->reads, 9);                 // each block once
+  // What the reader saw: block 0 missed, blocks 1-4 read ahead and then hits; blocks 5-8 read
+  // ahead, not yet read.
+  auto s = cache_->stats();
+  EXPECT_EQ(s.misses, 1u);
+  EXPECT_EQ(s.hits, 4u);
+  EXPECT_EQ(s.read_ahead, 8u);
   const uint64_t before = cache_->stats().store.blocks;
   auto j = cache_->OpenReader(vf_, "jump");
   ASSERT_OK(j);

@@ -314,6 +314,22 @@ TEST_P(VolumeInterface, StagingLifecycle) {
   ASSERT_OK(vol_->Mkdir(vf_, "taken", true, false));
   EXPECT_ERROR((*w)->Commit({"taken"}), Code::kConflict);
   ASSERT_OK((*w)->Commit({"out", "greeting.txt"}));
+  // The version the commit says it made is the one the volume shows: a cache keeps the bytes
+  // it saw written under it (ingest on write).
+  {
+    auto landed = (*w)->Landed();
+    ASSERT_TRUE(landed.has_value());
+    auto now = vol_->Stat(vf_, "out/greeting.txt");
+    ASSERT_OK(now);
+    EXPECT_EQ(landed->size, 11u);
+    EXPECT_EQ(landed->size, now->size);
+    EXPECT_EQ(landed->etag, now->etag);
+    if (landed->etag.empty()) {  // named by inode, size and times
+      EXPECT_EQ(landed->ino, now->ino);
+      EXPECT_EQ(landed->modified, now->modified);
+      EXPECT_EQ(landed->changed, now->changed);
+    }
+  }
   w->reset();
   EXPECT_EQ(ReadAll(**vol_->OpenReader(vf_, "out/greeting.txt")), "hello world");
   st = vol_->InspectStaging(vf_, *session);

@@ -160,7 +160,26 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
       if (last_ && last_index_ == index) return last_;
     }
     ReadAhead(index);
-    SLUICE_ASSIGN_OR_RETURN(auto block, v_->Block(Id(index), [&] { return Fetch(first, len); }));
+    std::shared_ptr<const std::string> block;
+    {
+      std::lock_guard lk(mu_);
+      if (auto it = ahead_held_.find(index); it != ahead_held_.end()) block = it->second;
+      ahead_held_.erase(ahead_held_.begin(), ahead_held_.upper_bound(index));
+    }
+    if (block) {
+      v_->CountHit();  // read ahead, without a wait for the origin
+    } else {
+      // Looked for again once this miss leads the block's flight: a read-ahead fetch of it
+      // that ended just before is then held.
+      SLUICE_ASSIGN_OR_RETURN(block, v_->Block(
+                                         Id(index), [&] { return Fetch(first, len); },
+                                         CachedVolume::Asker::kReader, nullptr,
+                                         [&]() -> std::shared_ptr<const std::string> {
+                                           std::lock_guard lk(mu_);
+                                           auto it = ahead_held_.find(index);
+                                           return it == ahead_held_.end() ? nullptr : it->second;
+                                         }));
+    }
     std::lock_guard lk(mu_);
     last_ = block;
     last_index_ = index;
@@ -189,13 +208,38 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
       const uint64_t first = i * bs, len = std::min(bs, info_.size - first);
       // A queued fetch does not keep its reader (and the block it holds) alive: one gone by
       // the time the fetch's turn comes (a one-byte read, say) has nothing to read ahead for.
-      v_->Ahead([weak = weak_from_this(), id = std::move(id), first, len] {
+      v_->Ahead([weak = weak_from_this(), id = std::move(id), first, len, bs] {
         auto self = weak.lock();
         if (!self) return;
-        (void)self->v_->Block(
-            id, [&] { return self->Fetch(first, len); }, CachedVolume::Asker::kReadAhead);
+        // Held for the reader as soon as it is fetched, and let go once the cache keeps it: one
+        // not kept (second-miss admission, the disk at its floor) would otherwise be fetched
+        // again when the reader gets there.
+        const uint64_t index = first / bs;
+        {
+          std::lock_guard lk(self->mu_);
+          if (index < self->next_) return;  // the reader got there first: it fetched the block
+        }
+        auto got = self->v_->Block(
+            id, [&] { return self->Fetch(first, len); }, CachedVolume::Asker::kReadAhead,
+            [&](const std::shared_ptr<const std::string>& b) { self->HoldAhead(index, b); });
+        if (got.ok() && self->v_->store().Has(id)) self->LetGoAhead(index);
       });
     }
+  }
+  // A block read ahead that the cache did not keep, for this reader's read of it: only the
+  // one it reads now and the `read-ahead` blocks after it.
+  void HoldAhead(uint64_t index, std::shared_ptr<const std::string> block) {
+    std::lock_guard lk(mu_);
+    // From the block the reader is reading now (next_ moves before it looks for it here) to
+    // the last read ahead of it.
+    const uint64_t from = next_ > 0 ? next_ - 1 : 0, end = next_ + v_->options().read_ahead;
+    ahead_held_.erase(ahead_held_.begin(), ahead_held_.lower_bound(from));
+    ahead_held_.erase(ahead_held_.lower_bound(end), ahead_held_.end());
+    if (index >= from && index < end) ahead_held_[index] = std::move(block);
+  }
+  void LetGoAhead(uint64_t index) {
+    std::lock_guard lk(mu_);
+    ahead_held_.erase(index);
   }
   // Bytes [first, first+len) of this version from the volume below.
   // `wait`: an operator's warm waits for the origin whatever its state; readers and read-ahead
@@ -262,6 +306,7 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
   uint64_t ext_index_ = 0;
   uint64_t next_ = 0;         // the block a sequential reader reads next
   uint64_t ahead_until_ = 0;  // blocks before this one were read ahead
+  std::map<uint64_t, std::shared_ptr<const std::string>> ahead_held_;  // see HoldAhead
 };
 
 // Writes go through; what they replace is dropped once they land, and what they wrote is kept
@@ -1330,7 +1375,9 @@ bool CachedVolume::Admit(const std::string& id) {
 }
 
 Result<std::shared_ptr<const std::string>> CachedVolume::Block(
-    const std::string& id, const std::function<Result<std::string>()>& fetch, Asker asker) {
+    const std::string& id, const std::function<Result<std::string>()>& fetch, Asker asker,
+    const std::function<void(const std::shared_ptr<const std::string>&)>& fetched,
+    const std::function<std::shared_ptr<const std::string>()>& held) {
   const bool reader = asker == Asker::kReader, wait = asker == Asker::kWarm;
   if (auto hit = store_->Get(id)) {
     if (reader) CountHit();
@@ -1375,6 +1422,9 @@ Result<std::shared_ptr<const std::string>> CachedVolume::Block(
   if (auto hit = store_->Get(id)) {
     if (reader) CountHit();
     result = std::make_shared<const std::string>(std::move(*hit));
+  } else if (auto h = held ? held() : nullptr) {
+    if (reader) CountHit();
+    result = std::move(h);
   } else {
     if (reader) {
       n_.misses++;
@@ -1394,7 +1444,8 @@ Result<std::shared_ptr<const std::string>> CachedVolume::Block(
       // 2026-12-06); the flight stays listed until the write ends, so that a reader arriving
       // meanwhile joins it rather than fetching the block again.
       answer();
-      if (!(!reader || Admit(id)) || !store_->Put(id, **result)) {
+      if (fetched) fetched(*result);
+      if (!(asker == Asker::kWarm || Admit(id)) || !store_->Put(id, **result)) {
         n_.rejects++;
         (*g_rejects_)++;
       }

@@ -144,15 +144,19 @@ class CachedVolume : public ForwardingVolume {
   // Who asks for a block. Only a reader's asking counts as a hit or a miss, so that
   // hits / (hits + misses) is the ratio readers saw: a block read ahead counts as read ahead
   // (and the reader's read of it later as a hit), a warm counts in its task's progress.
-  // Read-ahead and warm keep what they fetch whatever the admission policy; a warm that joins
-  // another's fetch waits for it even once the origin counts as silent, where the others get
-  // kUnavailable.
+  // A warm keeps what it fetches whatever the admission policy (read-ahead applies it, and
+  // its reader holds a block read ahead but not kept); a warm that joins another's fetch
+  // waits for it even once the origin counts as silent, where the others get kUnavailable.
   enum class Asker { kReader, kReadAhead, kWarm };
   // For readers (cached_volume.cc): block `index` of a file version, from the cache or, once
-  // for all concurrent askers, from `fetch`.
+  // for all concurrent askers, from `fetch`; `fetched` is shown the bytes `fetch` got before
+  // they are written into the cache; `held`, asked before `fetch` (by the one asker that would
+  // fetch), may have the block already (read ahead, not kept).
   Result<std::shared_ptr<const std::string>> Block(
       const std::string& id, const std::function<Result<std::string>()>& fetch,
-      Asker asker = Asker::kReader);
+      Asker asker = Asker::kReader,
+      const std::function<void(const std::shared_ptr<const std::string>&)>& fetched = nullptr,
+      const std::function<std::shared_ptr<const std::string>()>& held = nullptr);
   // What names block `index` of a file version on disk.
   std::string BlockId(const VFolderId& vfid, const std::string& rel, const std::string& validator,
                       uint64_t index) const;

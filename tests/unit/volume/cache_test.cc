@@ -939,6 +939,26 @@ TEST_F(Cache, SecondMissAdmission) {
   EXPECT_EQ(origin_->reads, 4);
 }
 
+// Read-ahead applies second-miss admission too (before 2026-12-06 it kept every block, so one
+// scan of a large file filled the cache), and a block it fetched but the cache did not keep is
+// held for its reader, not fetched again.
+TEST_F(Cache, ReadAheadAppliesSecondMissAdmission) {
+  opts_.second_miss = true;
+  opts_.read_ahead = 4;
+  Start();
+  const std::string data = Bytes(16 * kMiB, 12);
+  Put("scan", data);
+  EXPECT_EQ(ReadAll("scan"), data);
+  EXPECT_EQ(origin_->reads, 16);                // each block once
+  EXPECT_EQ(cache_->stats().store.blocks, 0u);  // seen once: not kept
+  EXPECT_EQ(ReadAll("scan"), data);
+  EXPECT_EQ(origin_->reads, 32);
+  WaitForBlocks(16);
+  EXPECT_EQ(cache_->stats().store.blocks, 16u);  // seen twice: kept
+  EXPECT_EQ(ReadAll("scan"), data);
+  EXPECT_EQ(origin_->reads, 32);
+}
+
 TEST_F(Cache, WritesThroughThisNodeDropWhatTheyReplace) {
   opts_.ttl = std::chrono::hours(1);
   Start();

@@ -160,30 +160,21 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
       if (last_ && last_index_ == index) return last_;
     }
     ReadAhead(index);
-    std::shared_ptr<const std::string> block;
-    {
-      std::lock_guard lk(mu_);
-      if (auto it = ahead_held_.find(index); it != ahead_held_.end()) block = it->second;
-      ahead_held_.erase(ahead_held_.begin(), ahead_held_.upper_bound(index));
-    }
-    if (block) {
-      v_->CountHit();  // read ahead, without a wait for the origin
-    } else {
-      // Looked for again once this miss leads the block's flight: a read-ahead fetch of it
-      // that ended just before is then held.
-      SLUICE_ASSIGN_OR_RETURN(block, v_->Block(
-                                         Id(index), [&] { return Fetch(first, len); },
-                                         CachedVolume::Asker::kReader, nullptr,
-                                         [&]() -> std::shared_ptr<const std::string> {
-                                           std::lock_guard lk(mu_);
-                                           auto it = ahead_held_.find(index);
-                                           return it == ahead_held_.end() ? nullptr : it->second;
-                                         }));
-    }
+    // A block read ahead but not kept is held here: looked for once this miss leads the
+    // block's flight, so that a read-ahead fetch of it that ended just before is found.
+    auto block = v_->Block(
+        Id(index), [&] { return Fetch(first, len); }, CachedVolume::Asker::kReader, nullptr,
+        [&]() -> std::shared_ptr<const std::string> {
+          std::lock_guard lk(mu_);
+          auto it = ahead_held_.find(index);
+          return it == ahead_held_.end() ? nullptr : it->second;
+        });
     std::lock_guard lk(mu_);
-    last_ = block;
+    ahead_held_.erase(ahead_held_.begin(), ahead_held_.upper_bound(index));
+    if (!block.ok()) return block.status();
+    last_ = *block;
     last_index_ = index;
-    return block;
+    return last_;
   }
   std::string Id(uint64_t index) const { return v_->BlockId(vfid_, rel_, validator_, index); }
   // A reader that moves on to the next block is sequential: the blocks after it are fetched
@@ -1576,10 +1567,7 @@ Status CachedVolume::DiscardStaging(const VFolderId& vfid, const std::string& se
   std::shared_ptr<Spool> gone;  // freed after the lock is let go
   {
     std::lock_guard lk(mu_);
-    if (auto it = spools_.find(vfid.ToString() + '\0' + session); it != spools_.end()) {
-      gone = std::move(it->second);
-      spools_.erase(it);
-    }
+    gone = UnlistSpool(vfid, session);
   }
   return ForwardingVolume::DiscardStaging(vfid, session);
 }
@@ -1620,10 +1608,7 @@ std::shared_ptr<CachedVolume::Spool> CachedVolume::TakeSpool(const VFolderId& vf
   std::shared_ptr<Spool> s;
   {
     std::lock_guard lk(mu_);
-    if (auto it = spools_.find(vfid.ToString() + '\0' + session); it != spools_.end()) {
-      s = std::move(it->second);
-      spools_.erase(it);
-    }
+    s = UnlistSpool(vfid, session);
   }
   if (s && s->ok && staged_size <= s->size) {
     CutSpool(*s, staged_size);  // a PATCH cut back to its durable offset, say
@@ -1649,7 +1634,16 @@ void CachedVolume::ReturnSpool(const VFolderId& vfid, const std::string& session
     spools_.erase(oldest);
     n_.ingests_dropped++;
   }
-  spools_[vfid.ToString() + '\0' + session] = std::move(s);
+  spools_[SpoolKey(vfid, session)] = std::move(s);
+}
+
+std::shared_ptr<CachedVolume::Spool> CachedVolume::UnlistSpool(const VFolderId& vfid,
+                                                               const std::string& session) {
+  auto it = spools_.find(SpoolKey(vfid, session));
+  if (it == spools_.end()) return nullptr;
+  auto s = std::move(it->second);
+  spools_.erase(it);
+  return s;
 }
 
 void CachedVolume::DropSpool(Spool& s) {

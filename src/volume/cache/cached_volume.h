@@ -293,6 +293,10 @@ class CachedVolume : public ForwardingVolume {
   std::atomic<uint64_t> spooled_{0};  // (before spools_: their destructors count it down)
   std::map<std::string, std::shared_ptr<Spool>> spools_;
   static constexpr size_t kMaxSpools = 64;
+  static std::string SpoolKey(const VFolderId& vfid, const std::string& session) {
+    return vfid.ToString() + '\0' + session;
+  }
+  std::shared_ptr<Spool> UnlistSpool(const VFolderId& vfid, const std::string& session);  // mu_
   void IngestNow(const VFolderId& vfid, const std::string& rel, const Spool& s,
                  const DirEntry& landed, uint64_t gen);
   uint64_t next_gen_ = 0, all_gen_ = 0;     // mu_

@@ -1975,13 +1975,13 @@ class S3Volume::Writer : public StagingWriter {
       // Server-side, onto the target (in parts past max-copy-size; see docs/s3-volumes.md).
       SLUICE_RETURN_IF_ERROR(o.CopyObject({}, key_ + ".data", target, total, &user, &etag));
     }
-    if (!etag.empty()) {
-      DirEntry e;  // what a Stat names this version by (EntryOf): its entity tag, quoted
-      e.name = final_parts.back();
-      e.type = EntryType::kFile;
-      e.size = total;
-      e.etag = "\"" + etag + "\"";
-      landed_ = std::move(e);
+    if (!etag.empty()) {  // described as a Stat of it would be
+      s3c::ObjectInfo made;
+      made.key = target;
+      made.size = total;
+      made.etag = etag;
+      made.meta = user;
+      landed_ = FileEntry(final_parts.back(), made);
     }
     const bool had_data = !rec_.upload.empty();
     v_->Account(vfid_, static_cast<int64_t>(total) - (there.ok() ? int64_t(there->size) : 0),

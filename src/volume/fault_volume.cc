@@ -63,6 +63,10 @@ class FaultReader : public ForwardingFileReader {
   Extent LocalExtent(uint64_t offset) override {
     return ruled_ ? Extent{} : inner_->LocalExtent(offset);
   }
+  // Nor copied on the origin, which the rules would not see.
+  const OriginObject* origin_object() const override {
+    return ruled_ ? nullptr : inner_->origin_object();
+  }
 
  private:
   FaultVolume* vol_;

@@ -150,6 +150,7 @@ class ForwardingFileReader : public FileReader {
   int native_fd() const override { return inner_->native_fd(); }
   Extent LocalExtent(uint64_t offset) override { return inner_->LocalExtent(offset); }
   void CountSent(uint64_t bytes) override { inner_->CountSent(bytes); }
+  const OriginObject* origin_object() const override { return inner_->origin_object(); }
   Result<std::string> ReadMeta() override { return inner_->ReadMeta(); }
 
  protected:
@@ -208,6 +209,7 @@ class ForwardingStagingWriter : public StagingWriter {
   Status CopyFrom(FileReader& src, uint64_t src_offset, uint64_t n, uint64_t at) override {
     return inner_->CopyFrom(src, src_offset, n, at);
   }
+  bool CopiesOnOrigin(const FileReader& src) const override { return inner_->CopiesOnOrigin(src); }
   std::optional<DirEntry> Landed() const override { return inner_->Landed(); }
 
  protected:

@@ -73,6 +73,14 @@ struct DirEntry {
   std::string etag;
 };
 
+// An object of an S3 origin as the reader that reads it names it, so that a writer of the
+// volume that opened it has the origin copy its bytes (UploadPartCopy) instead of reading them.
+struct OriginObject {
+  const void* origin = nullptr;  // the opening volume's origin, compared by identity
+  std::string bucket, key;
+  std::string etag;  // the version opened, unquoted ("": the origin sends none); copies pin it
+};
+
 // An open file of a volume: its attributes when opened, and its bytes.
 class FileReader {
  public:
@@ -105,6 +113,9 @@ class FileReader {
   }
   // Bytes of this file sent from native_fd() without ReadAt (zero-copy), for accounting.
   virtual void CountSent(uint64_t bytes) {}
+  // The origin object this reader reads where it reads one as it is (an s3 volume's file, no
+  // cache or fault rules between); nullptr otherwise.
+  virtual const OriginObject* origin_object() const { return nullptr; }
   // The object metadata stored with the file (kObjectMetaAttr), "" when it has none or the
   // volume keeps none.
   virtual Result<std::string> ReadMeta() { return std::string(); }
@@ -219,6 +230,10 @@ class StagingWriter {
   // space where both are local files (copy_file_range: a reflink on btrfs and XFS); read and
   // written otherwise.
   virtual Status CopyFrom(FileReader& src, uint64_t src_offset, uint64_t n, uint64_t at);
+  // True where CopyFrom(src, ...) has the origin copy src's bytes itself, the reader's
+  // origin_object() being one of this volume's origin (an s3 volume: UploadPartCopy): little
+  // of them, or none, passes through this process.
+  virtual bool CopiesOnOrigin(const FileReader& src) const { return false; }
   // After a Commit or Publish that succeeded: the new file's entry as a Stat shows it now (a
   // local file's inode, size and times; an object's entity tag and size), so that a cache
   // keeps the bytes it saw written (ingest on write) only under the version they made, and

@@ -30,14 +30,22 @@ def _local(tag):
 
 
 class AwsRulesProxy:
-    def __init__(self, origin_host, origin_port):
+    def __init__(self, origin_host, origin_port, enforce=True):
+        """`enforce`: False to forward and count only (for an origin whose answers make the
+        rule impossible to follow, as RGW's CopyPartResult, which names no checksum)."""
         self.origin = (origin_host, origin_port)
+        self.enforce = enforce
         self.algorithms = {}  # upload id -> checksum algorithm it was created with
         self.refused = []     # (upload id, part number) of each Complete refused
         # Completes whose answer is lost: forwarded, done by the origin, then the connection
         # closed unanswered (the client retries, and finds the upload gone).
         self.lose_completes = 0
         self.lost = 0
+        # Traffic through here: request bodies sent on, answer bodies brought back, and
+        # requests naming x-amz-copy-source (copies the origin makes itself).
+        self.sent = 0
+        self.received = 0
+        self.copies = 0
         self.lock = threading.Lock()
         proxy = self
 
@@ -52,7 +60,7 @@ class AwsRulesProxy:
                 body = self.rfile.read(n) if n else b""
                 url = urlsplit(self.path)
                 q = parse_qs(url.query, keep_blank_values=True)
-                if self.command == "POST" and "uploadId" in q:
+                if self.command == "POST" and "uploadId" in q and proxy.enforce:
                     refusal = proxy._check_complete(q["uploadId"][0], body)
                     if refusal:
                         return self._answer(400, refusal.encode(),
@@ -63,6 +71,10 @@ class AwsRulesProxy:
                     conn.request(self.command, self.path, body=body, headers=headers)
                     r = conn.getresponse()
                     data = r.read()
+                    with proxy.lock:
+                        proxy.sent += len(body)
+                        proxy.received += len(data)
+                        proxy.copies += "x-amz-copy-source" in self.headers
                     if self.command == "POST" and "uploadId" in q and r.status == 200:
                         with proxy.lock:
                             lose = proxy.lose_completes > 0
@@ -121,6 +133,11 @@ class AwsRulesProxy:
                         "the checksum for each part. It was missing for part "
                         f"{number} in the request.</Message></Error>")
         return None
+
+    def traffic(self):
+        """(sent, received, copies) so far."""
+        with self.lock:
+            return self.sent, self.received, self.copies
 
     @property
     def url(self):

@@ -636,6 +636,57 @@ def test_objects_past_max_copy_size_copy_in_parts(tmp_path, origin):
         assert not origin.boto.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
 
 
+def test_completes_and_copies_are_assembled_on_the_origin(tmp_path, origin):
+    """A multipart Complete and a CopyObject on an s3 volume have the origin copy the bytes
+    (UploadPartCopy, pinned to the ETag of what was opened): no part comes back through the
+    proxy, and only a last part shorter than S3's smallest (5 MiB) is read and sent again.
+    Before, every byte of a Complete was read back from the origin and uploaded once more."""
+    port = int(origin.s3_url().rsplit(":", 1)[1])
+    with AwsRulesProxy("127.0.0.1", port) as rules, running_daemon(
+            tmp_path / "proxy", s3={},
+            extra_toml=s3_volume(origin, endpoint=rules.url, **{"part-size": "5m"})) as d:
+        s3 = d.s3_client(*d.s3_key(d.s3_user(volume="remote")["id"]))
+        s3.create_bucket(Bucket="asm")
+        sizes = [6 * MiB, 7 * MiB, 3 * MiB + 3]
+        body = os.urandom(sum(sizes))
+        up = s3.create_multipart_upload(Bucket="asm", Key="big.bin",
+                                        ChecksumAlgorithm="CRC32C")["UploadId"]
+        parts, at = [], 0
+        for i, n in enumerate(sizes):
+            r = s3.upload_part(Bucket="asm", Key="big.bin", UploadId=up, PartNumber=i + 1,
+                               Body=body[at:at + n], ChecksumAlgorithm="CRC32C")
+            parts.append({"PartNumber": i + 1, "ETag": r["ETag"],
+                          "ChecksumCRC32C": r["ChecksumCRC32C"]})
+            at += n
+        sent, received, copies = rules.traffic()
+        done = s3.complete_multipart_upload(Bucket="asm", Key="big.bin", UploadId=up,
+                                            MultipartUpload={"Parts": parts})
+        sent, received, copies = [b - a for a, b in zip((sent, received, copies),
+                                                        rules.traffic())]
+        # The last part (3 MiB) is read and sent; of the others only the first bytes that
+        # opening a part reads (256 KiB each), and records.
+        assert sizes[2] <= received < sizes[2] + 3 * 256 * 1024 + 64 * 1024, received
+        assert sizes[2] <= sent < sizes[2] + 64 * 1024, sent
+        assert copies >= 3, copies  # two parts, then the assembled upload onto its key
+        assert done["ETag"].strip('"').endswith("-3"), done
+        got = s3.get_object(Bucket="asm", Key="big.bin")
+        assert got["Body"].read() == body and got["ETag"] == done["ETag"]
+
+        before = rules.traffic()
+        s3.copy_object(Bucket="asm", Key="copy.bin",
+                       CopySource={"Bucket": "asm", "Key": "big.bin"})
+        sent, received, copies = [b - a for a, b in zip(before, rules.traffic())]
+        # The source's first bytes and the copy's, read as each is opened.
+        assert sent < 64 * 1024 and received < 2 * 256 * 1024 + 64 * 1024, (sent, received)
+        assert copies >= 2, copies
+        got = s3.get_object(Bucket="asm", Key="copy.bin")
+        assert got["Body"].read() == body and got["ETag"] == done["ETag"]
+        # Every copy made its part numbers as AWS takes them: each Complete named the parts'
+        # checksums, and none is left in progress on the origin.
+        assert rules.refused == []
+        assert not origin.boto.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+
+
 def test_s3_api_over_an_s3_volume(proxy, origin):
     d = proxy
     user = d.s3_user(volume="remote")["id"]

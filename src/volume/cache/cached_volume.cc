@@ -131,6 +131,16 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
     return done;
   }
 
+  // The object below, the version this reader opened, so that a copy of it on the origin (a
+  // CopyObject through the cache) reads nothing back. Of a file past S3's smallest part only
+  // (smaller ones are read and written anyway), opened below if need be: asked by writers,
+  // which run on worker pools, never by an event loop.
+  const OriginObject* origin_object() const override {
+    if (info_.size < (5 << 20)) return nullptr;
+    auto r = const_cast<CachedReader*>(this)->Inner();
+    return r.ok() ? (*r)->origin_object() : nullptr;
+  }
+
   // Every block into the cache (an operator's warm); `*bytes` grows as they land.
   Status Warm(std::atomic<uint64_t>* bytes) {
     const uint64_t size = info_.size, bs = v_->options().block_size;
@@ -241,24 +251,7 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
     if (!wait && v_->ProbeIfSilent(vfid_, rel_))
       return Status(Code::kUnavailable,
                     fmt::format("'{}': not cached, and the origin is not answering", rel_));
-    std::shared_ptr<FileReader> r;
-    {
-      std::lock_guard lk(mu_);
-      r = inner_;
-    }
-    if (!r) {
-      // Opened at the origin without the lock: event loops take it (LocalExtent) and must
-      // not wait on a network round trip.
-      auto opened = v_->inner().OpenReader(vfid_, rel_);
-      if (!opened.ok()) return opened.status();
-      if (ValidatorOf((*opened)->info()) != validator_ || (*opened)->info().size != info_.size) {
-        v_->Invalidate(vfid_, {rel_});
-        return Status(Code::kConflict, fmt::format("'{}' changed since it was opened", rel_));
-      }
-      std::lock_guard lk(mu_);
-      if (!inner_) inner_ = std::move(opened).value();
-      r = inner_;
-    }
+    SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<FileReader> r, Inner());
     std::string out(static_cast<size_t>(len), '\0');
     size_t got = 0;
     while (got < out.size()) {
@@ -281,6 +274,26 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
     }
     v_->OriginAnswered();
     return out;
+  }
+
+  // The file below, opened at the first need when the open was cached: the version this
+  // reader opened, or kConflict.
+  Result<std::shared_ptr<FileReader>> Inner() {
+    {
+      std::lock_guard lk(mu_);
+      if (inner_) return inner_;
+    }
+    // Opened at the origin without the lock: event loops take it (LocalExtent) and must not
+    // wait on a network round trip.
+    auto opened = v_->inner().OpenReader(vfid_, rel_);
+    if (!opened.ok()) return opened.status();
+    if (ValidatorOf((*opened)->info()) != validator_ || (*opened)->info().size != info_.size) {
+      v_->Invalidate(vfid_, {rel_});
+      return Status(Code::kConflict, fmt::format("'{}' changed since it was opened", rel_));
+    }
+    std::lock_guard lk(mu_);
+    if (!inner_) inner_ = std::move(opened).value();
+    return inner_;
   }
 
   CachedVolume* v_;
@@ -332,8 +345,15 @@ class IngestingWriter : public ForwardingStagingWriter {
   // Local files are still copied without the bytes passing through here, and then read into
   // the spool (from the page cache: they were just written); anything else was copied
   // through memory anyway, and is now spooled on the way.
+  // Bytes the origin copies itself (an s3 volume's UploadPartCopy) pass through no spool: the
+  // file is fetched back once it landed instead (CachedVolume::Refill).
   Status CopyFrom(FileReader& src, uint64_t src_offset, uint64_t n, uint64_t at) override {
     if (!spool_) return ForwardingStagingWriter::CopyFrom(src, src_offset, n, at);
+    if (inner_->CopiesOnOrigin(src)) {
+      v_->DropSpool(*spool_, /*refilled=*/true);
+      refill_ = true;
+      return ForwardingStagingWriter::CopyFrom(src, src_offset, n, at);
+    }
     if (src.native_fd() < 0) return StagingWriter::CopyFrom(src, src_offset, n, at);
     SLUICE_RETURN_IF_ERROR(ForwardingStagingWriter::CopyFrom(src, src_offset, n, at));
     std::string buf(static_cast<size_t>(std::min<uint64_t>(n, 1 << 20)), '\0');
@@ -366,7 +386,9 @@ class IngestingWriter : public ForwardingStagingWriter {
       // A multipart upload's part lands in staging, never read through the cache: its spool
       // goes quietly (the Complete that reads it spools the object).
       if (IsStaging(parts)) return st;
-      if (st.ok() && !target.empty())
+      if (st.ok() && !target.empty() && refill_)
+        v_->Refill(vfid_, target, Landed());
+      else if (st.ok() && !target.empty())
         v_->Ingest(vfid_, target, std::move(spool), Landed(), v_->Gen(vfid_));
       else
         v_->DropSpool(*spool);
@@ -377,6 +399,7 @@ class IngestingWriter : public ForwardingStagingWriter {
   VFolderId vfid_;
   std::string session_;
   std::shared_ptr<CachedVolume::Spool> spool_;  // none: this node does not keep what it writes
+  bool refill_ = false;  // bytes were copied on the origin: fetched back once landed
 };
 
 }  // namespace
@@ -1646,14 +1669,14 @@ std::shared_ptr<CachedVolume::Spool> CachedVolume::UnlistSpool(const VFolderId& 
   return s;
 }
 
-void CachedVolume::DropSpool(Spool& s) {
+void CachedVolume::DropSpool(Spool& s, bool refilled) {
   if (!s.ok) return;
   s.ok = false;
   spooled_ -= s.size;
   s.size = 0;
   s.mem = std::string();
   s.fd.reset();
-  n_.ingests_dropped++;
+  if (!refilled) n_.ingests_dropped++;
 }
 
 void CachedVolume::CutSpool(Spool& s, uint64_t offset) {
@@ -1717,6 +1740,34 @@ void CachedVolume::Ingest(const VFolderId& vfid, const std::string& rel, std::sh
         if (!stopping_) task();
       }))
     n_.ingests_dropped++;  // the pool is backed up: the file is cached at its first read
+}
+
+void CachedVolume::Refill(const VFolderId& vfid, const std::string& rel,
+                          const std::optional<DirEntry>& landed) {
+  // Bounded as a spool is: a file larger than spools may grow is cached as it is read.
+  if (!landed || landed->size > opts_.max_size / 4) {
+    n_.ingests_dropped++;
+    return;
+  }
+  auto task = [this, vfid, rel, entry = *landed] {
+    auto r = OpenReader(vfid, rel);
+    if (!r.ok() || !SameVersion(entry, (*r)->info())) {
+      n_.ingests_dropped++;
+      return;
+    }
+    std::atomic<uint64_t> bytes{0};
+    Status st = static_cast<CachedReader&>(**r).Warm(&bytes);
+    const uint64_t bs = opts_.block_size;
+    n_.ingested += (bytes + bs - 1) / bs;
+    n_.ingested_bytes += bytes;
+    (*g_ingest_bytes_) += bytes;
+    if (!st.ok()) n_.ingests_dropped++;
+  };
+  if (!ahead_) return task();
+  if (!ahead_->Submit([this, task = std::move(task)] {
+        if (!stopping_) task();
+      }))
+    n_.ingests_dropped++;
 }
 
 void CachedVolume::IngestNow(const VFolderId& vfid, const std::string& rel, const Spool& s,

@@ -181,13 +181,19 @@ class CachedVolume : public ForwardingVolume {
   // past the bound, the cache disk at its floor).
   void Spooled(Spool& s, uint64_t offset, const char* data, size_t n);
   void CutSpool(Spool& s, uint64_t offset);  // the session was cut back to `offset`
-  void DropSpool(Spool& s);
+  // `refilled`: given up for a Refill, not counted as an ingest dropped.
+  void DropSpool(Spool& s, bool refilled = false);
   // A commit of the spooled session landed on `rel` as `landed` (StagingWriter::Landed): its
   // blocks and attributes are kept once the origin shows that version (in the background
   // where read-ahead has a pool, else now). Written after `gen` (Gen() after the commit's
   // invalidation): a later write through this node keeps its attributes out.
   void Ingest(const VFolderId& vfid, const std::string& rel, std::shared_ptr<Spool> s,
               const std::optional<DirEntry>& landed, uint64_t gen);
+  // A commit whose bytes the origin copied itself (StagingWriter::CopiesOnOrigin: none passed
+  // through a spool) landed on `rel` as `landed`: fetched back into the cache in the background,
+  // as a warm fetches (every block kept), once the origin shows that version, and only when it
+  // is no larger than spools may grow.
+  void Refill(const VFolderId& vfid, const std::string& rel, const std::optional<DirEntry>& landed);
   uint64_t Gen(const VFolderId& vfid);
   // Runs `fn` on the read-ahead pool; false when there is none or it is busy.
   bool Ahead(std::function<void()> fn);

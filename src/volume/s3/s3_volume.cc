@@ -705,8 +705,13 @@ class S3Reader : public FileReader {
         key_(std::move(key)),
         info_(std::move(info)),
         head_(std::move(head)),
-        meta_(std::move(meta)) {}
+        meta_(std::move(meta)) {
+    std::string_view etag(info_.etag);
+    if (etag.size() >= 2) etag = etag.substr(1, etag.size() - 2);
+    object_ = {origin_.get(), bucket_, key_, std::string(etag)};
+  }
   const DirEntry& info() const override { return info_; }
+  const OriginObject* origin_object() const override { return &object_; }
   Result<std::string> ReadMeta() override { return meta_; }
   Result<size_t> ReadAt(uint64_t offset, char* buf, size_t n) override {
     if (offset >= info_.size || n == 0) return size_t{0};
@@ -723,10 +728,8 @@ class S3Reader : public FileReader {
       return Status::Ok();
     };
     // Pinned to the version opened: a replaced object fails the read (412), never mixes.
-    std::string_view etag(info_.etag);
-    if (etag.size() >= 2) etag = etag.substr(1, etag.size() - 2);
-    auto r = origin_->Note(
-        origin_->Client()->Get(bucket_, key_, sink, std::make_pair(offset, uint64_t{n}), etag));
+    auto r = origin_->Note(origin_->Client()->Get(
+        bucket_, key_, sink, std::make_pair(offset, uint64_t{n}), object_.etag));
     if (!r.ok()) {
       if (r.status().code() == Code::kConflict || IsNotFound(r.status()))
         return Status(Code::kConflict,
@@ -750,6 +753,7 @@ class S3Reader : public FileReader {
   DirEntry info_;
   std::string head_;  // the first bytes (all of a small file), read at open
   std::string meta_;  // the object metadata Sluice published with it, "" for none
+  OriginObject object_;
 };
 
 std::string MetaOf(const s3c::ObjectInfo& o) {
@@ -1870,6 +1874,38 @@ class S3Volume::Writer : public StagingWriter {
   uint64_t SyncGranule() const override { return v_->opts_.part_size; }
   std::optional<DirEntry> Landed() const override { return landed_; }
 
+  bool CopiesOnOrigin(const FileReader& src) const override {
+    const OriginObject* o = src.origin_object();
+    return o && o->origin == v_->origin_.get();
+  }
+  // An object of this origin is copied by the origin (UploadPartCopy into the session's upload,
+  // pinned to the version opened): a multipart Complete or a CopyObject sends no byte of it
+  // through here. Parts but the last are at least S3's smallest, so what is buffered is topped
+  // up to that and sent first, and a piece too short to be a part is read and written instead.
+  Status CopyFrom(FileReader& src, uint64_t src_offset, uint64_t n, uint64_t at) override {
+    if (!CopiesOnOrigin(src) || at != Base() + buf_.size())
+      return StagingWriter::CopyFrom(src, src_offset, n, at);
+    const OriginObject from = *src.origin_object();
+    if (!buf_.empty()) {
+      const uint64_t k = buf_.size() < kMinPart ? std::min(n, kMinPart - buf_.size()) : 0;
+      SLUICE_RETURN_IF_ERROR(StagingWriter::CopyFrom(src, src_offset, k, at));
+      src_offset += k;
+      n -= k;
+      if (n == 0) return Status::Ok();
+      SLUICE_RETURN_IF_ERROR(SendFront(buf_.size()));
+    }
+    if (n < kMinPart) return StagingWriter::CopyFrom(src, src_offset, n, Base());
+    // Pieces of max-copy-size; the remainder joins the last one rather than be a short part.
+    const uint64_t piece = std::clamp(v_->opts_.max_copy_size, kMinPart, kMaxPart - kMinPart);
+    while (n > 0) {
+      const uint64_t len = n < piece + kMinPart ? n : piece;
+      SLUICE_RETURN_IF_ERROR(CopyPart(from, src_offset, len));
+      src_offset += len;
+      n -= len;
+    }
+    return Status::Ok();
+  }
+
   Status Sync(uint64_t offset, bool quota_checked) override {
     SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));
     const uint64_t base = Base();
@@ -2032,6 +2068,35 @@ class S3Volume::Writer : public StagingWriter {
   // Sends the first `n` bytes of buf_ as the next part (fixed-size but the last: part N always
   // holds the same bytes, so one sent again after a crash replaces itself).
   Status SendFront(uint64_t n) {
+    SLUICE_ASSIGN_OR_RETURN(const int number, NextPart());
+    auto& o = *v_->origin_;
+    std::string_view bytes = std::string_view(buf_).substr(0, static_cast<size_t>(n));
+    std::string crc;
+    SLUICE_ASSIGN_OR_RETURN(std::string etag,
+                            o.Note(o.Client()->UploadPart(o.bucket(), key_ + ".data", rec_.upload,
+                                                          number, s3c::Body{bytes}, &crc)));
+    pending_.push_back({number, bytes.size(), etag, crc});
+    buf_.erase(0, static_cast<size_t>(n));
+    return Status::Ok();
+  }
+  // Bytes [first, first + len) of `from` copied on the origin as the next part.
+  Status CopyPart(const OriginObject& from, uint64_t first, uint64_t len) {
+    SLUICE_ASSIGN_OR_RETURN(const int number, NextPart());
+    auto& o = *v_->origin_;
+    std::string crc;
+    auto etag =
+        o.Note(o.Client()->CopyPart(o.bucket(), key_ + ".data", rec_.upload, number, from.bucket,
+                                    from.key, first, first + len - 1, from.etag, &crc));
+    if (!etag.ok() && etag.status().code() == Code::kConflict)
+      return Status(Code::kConflict,
+                    fmt::format("s3://{}/{} changed on the origin while being copied", from.bucket,
+                                from.key));
+    if (!etag.ok()) return etag.status();
+    pending_.push_back({number, len, std::move(etag).value(), crc});
+    return Status::Ok();
+  }
+  // The number the next part gets, the session's origin upload created first if need be.
+  Result<int> NextPart() {
     SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));
     auto& o = *v_->origin_;
     if (rec_.upload.empty()) {
@@ -2044,15 +2109,9 @@ class S3Volume::Writer : public StagingWriter {
     if (number > s3c::kMaxParts)
       return Status(Code::kTooLarge, fmt::format("upload {}: more than {} parts of {} bytes",
                                                  session_, s3c::kMaxParts, v_->opts_.part_size));
-    std::string_view bytes = std::string_view(buf_).substr(0, static_cast<size_t>(n));
-    std::string crc;
-    SLUICE_ASSIGN_OR_RETURN(std::string etag,
-                            o.Note(o.Client()->UploadPart(o.bucket(), key_ + ".data", rec_.upload,
-                                                          number, s3c::Body{bytes}, &crc)));
-    pending_.push_back({number, bytes.size(), etag, crc});
-    buf_.erase(0, static_cast<size_t>(n));
-    return Status::Ok();
+    return number;
   }
+  static constexpr uint64_t kMinPart = 5 << 20, kMaxPart = 5ULL << 30;  // S3's part sizes
   Status PutTail(uint64_t n) {
     SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));
     auto& o = *v_->origin_;

@@ -211,6 +211,7 @@ class ForwardingStagingWriter : public StagingWriter {
   }
   bool CopiesOnOrigin(const FileReader& src) const override { return inner_->CopiesOnOrigin(src); }
   std::optional<DirEntry> Landed() const override { return inner_->Landed(); }
+  void ReadOnceByAnother() override { inner_->ReadOnceByAnother(); }
 
  protected:
   std::unique_ptr<StagingWriter> inner_;

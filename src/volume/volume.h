@@ -239,6 +239,9 @@ class StagingWriter {
   // keeps the bytes it saw written (ingest on write) only under the version they made, and
   // only while the volume still shows that version. nullopt where the volume cannot tell.
   virtual std::optional<DirEntry> Landed() const { return std::nullopt; }
+  // Says, before the first write, that the file will be read once, by the commit of another
+  // (an S3 multipart part): a decorator need not keep its bytes (the cache's ingest spool).
+  virtual void ReadOnceByAnother() {}
 };
 
 struct StagingSweep {

@@ -775,6 +775,7 @@ Result<std::unique_ptr<ObjectWriter>> ObjectStore::BeginWrite(Volume& v, const V
     return staging.status();
   }
   w->staging_ = std::move(staging).value();
+  if (!w->parts_.empty() && w->parts_.front() == kStagingDirName) w->staging_->ReadOnceByAnother();
   if (size && *size > 0) {
     Status q = ReserveScopeQuota(*reservations_, v, vfid, w->reservation_key_, *size);
     if (!q.ok()) return q;  // the writer's destructor discards the staging file

@@ -345,12 +345,18 @@ class IngestingWriter : public ForwardingStagingWriter {
   // Local files are still copied without the bytes passing through here, and then read into
   // the spool (from the page cache: they were just written); anything else was copied
   // through memory anyway, and is now spooled on the way.
+  // A multipart part: its Complete reads it (and the cache keeps the object it makes), never
+  // a reader, so its bytes are not spooled.
+  void ReadOnceByAnother() override {
+    if (spool_) v_->DropSpool(*spool_, /*quietly=*/true);
+    ForwardingStagingWriter::ReadOnceByAnother();
+  }
   // Bytes the origin copies itself (an s3 volume's UploadPartCopy) pass through no spool: the
   // file is fetched back once it landed instead (CachedVolume::Refill).
   Status CopyFrom(FileReader& src, uint64_t src_offset, uint64_t n, uint64_t at) override {
     if (!spool_) return ForwardingStagingWriter::CopyFrom(src, src_offset, n, at);
     if (inner_->CopiesOnOrigin(src)) {
-      v_->DropSpool(*spool_, /*refilled=*/true);
+      v_->DropSpool(*spool_, /*quietly=*/true);
       refill_ = true;
       return ForwardingStagingWriter::CopyFrom(src, src_offset, n, at);
     }
@@ -383,8 +389,8 @@ class IngestingWriter : public ForwardingStagingWriter {
     v_->Invalidate(vfid_, {target});
     if (spool_) {
       auto spool = std::move(spool_);
-      // A multipart upload's part lands in staging, never read through the cache: its spool
-      // goes quietly (the Complete that reads it spools the object).
+      // A commit into staging (a multipart part: said ReadOnceByAnother) is never read
+      // through the cache: its spool goes quietly.
       if (IsStaging(parts)) return st;
       if (st.ok() && !target.empty() && refill_)
         v_->Refill(vfid_, target, Landed());
@@ -1669,14 +1675,14 @@ std::shared_ptr<CachedVolume::Spool> CachedVolume::UnlistSpool(const VFolderId& 
   return s;
 }
 
-void CachedVolume::DropSpool(Spool& s, bool refilled) {
+void CachedVolume::DropSpool(Spool& s, bool quietly) {
   if (!s.ok) return;
   s.ok = false;
   spooled_ -= s.size;
   s.size = 0;
   s.mem = std::string();
   s.fd.reset();
-  if (!refilled) n_.ingests_dropped++;
+  if (!quietly) n_.ingests_dropped++;
 }
 
 void CachedVolume::CutSpool(Spool& s, uint64_t offset) {

@@ -181,8 +181,8 @@ class CachedVolume : public ForwardingVolume {
   // past the bound, the cache disk at its floor).
   void Spooled(Spool& s, uint64_t offset, const char* data, size_t n);
   void CutSpool(Spool& s, uint64_t offset);  // the session was cut back to `offset`
-  // `refilled`: given up for a Refill, not counted as an ingest dropped.
-  void DropSpool(Spool& s, bool refilled = false);
+  // `quietly`: not counted as an ingest dropped (never to be kept, or kept by a Refill).
+  void DropSpool(Spool& s, bool quietly = false);
   // A commit of the spooled session landed on `rel` as `landed` (StagingWriter::Landed): its
   // blocks and attributes are kept once the origin shows that version (in the background
   // where read-ahead has a pool, else now). Written after `gen` (Gen() after the commit's

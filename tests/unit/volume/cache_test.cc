@@ -601,6 +601,30 @@ TEST_F(Cache, IngestCanBeTurnedOff) {
   EXPECT_EQ(cache_->stats().misses, 1u);
 }
 
+// A multipart part's writer says ReadOnceByAnother before it writes: nothing of it is spooled
+// (before, its bytes went to the cache disk as well, and were dropped at its commit). Here it is
+// committed where a reader could read it, so a spool kept would show as blocks ingested.
+TEST_F(Cache, AWriterReadOnceByAnotherSpoolsNothing) {
+  Start();
+  auto session = cache_->CreateStaging(vf_);
+  ASSERT_OK(session);
+  const std::string data = Bytes(2 * kMiB, 3);
+  {
+    auto w = cache_->OpenStaging(vf_, *session, std::chrono::milliseconds(0));
+    ASSERT_OK(w);
+    (*w)->ReadOnceByAnother();
+    size_t n = 0;
+    ASSERT_OK((*w)->WriteAt(0, data.data(), data.size(), &n));
+    ASSERT_OK((*w)->Sync(data.size(), true));
+    ASSERT_OK((*w)->Commit({"part"}));
+  }
+  auto s = cache_->stats();
+  EXPECT_EQ(s.ingested, 0u);
+  EXPECT_EQ(s.ingests_dropped, 0u);  // not counted as a drop: never to be kept
+  EXPECT_EQ(ReadAll("part"), data);
+  EXPECT_EQ(cache_->stats().misses, 2u);
+}
+
 TEST_F(Cache, StagingIsNeverCached) {
   opts_.ttl = std::chrono::milliseconds(60000);
   Start();

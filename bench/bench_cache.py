@@ -43,7 +43,7 @@ import time
 import types
 import uuid
 
-from bench_s3 import Rgw, S3Sluiced, make_objects, s3_client
+from bench_s3 import Rgw, S3Sluiced, SluiceOrigin, make_objects, remote_volume, s3_client
 from benchlib import BIN, parse_size
 
 SLUICE = os.path.join(BIN, "sluice")
@@ -231,17 +231,6 @@ def model(args, origin, proxy, on_remote, local_path, local_bucket, remote_bucke
           f"{cold / one:.2f}x, warm/local {warm / local:.2f}x")
 
 
-class SluiceOrigin:
-    """A second sluiced as the origin (--origin sluice)."""
-
-    def __init__(self, root):
-        self.d = S3Sluiced(root)
-        self.s3_url, self.ak, self.sk, self.client = self.d.s3_url, self.d.ak, self.d.sk, self.d.client
-
-    def stop(self):
-        self.d.stop()
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -276,16 +265,7 @@ def main():
         print(f"cache: {cache_path} ({args.cache_disk})", flush=True)
         origin = Rgw() if args.origin == "rgw" else SluiceOrigin(os.path.join(root, "origin"))
         origin.client.create_bucket(Bucket=BUCKET)
-        remote = f"""
-[volume.remote]
-backend = "s3"
-path = "s3://{BUCKET}/ds"
-[volume.remote.options]
-endpoint = "{origin.s3_url}"
-bucket = "{BUCKET}"
-prefix = "ds"
-access-key = "{origin.ak}"
-secret-key = "{origin.sk}"
+        remote = remote_volume(origin, BUCKET) + f"""
 [volume.remote.cache]
 path = "{cache_path}"
 block-size = "{args.block}"

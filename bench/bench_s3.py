@@ -111,6 +111,35 @@ durable = true
         return name, path
 
 
+class SluiceOrigin:
+    """A second sluiced as an origin (the benchmarks' --origin sluice)."""
+
+    def __init__(self, root):
+        self.d = S3Sluiced(root)
+        self.s3_url, self.ak, self.sk, self.client = (self.d.s3_url, self.d.ak, self.d.sk,
+                                                       self.d.client)
+
+    def stop(self):
+        self.d.stop()
+
+
+def remote_volume(origin, bucket, **options):
+    """The TOML of s3 volume "remote" on `origin` (an Rgw or a SluiceOrigin), its keys below
+    "ds/" of `bucket`, with more `options` (e.g. part_size="8m")."""
+    more = "".join(f'{k.replace("_", "-")} = "{v}"\n' for k, v in options.items())
+    return f"""
+[volume.remote]
+backend = "s3"
+path = "s3://{bucket}/ds"
+[volume.remote.options]
+endpoint = "{origin.s3_url}"
+bucket = "{bucket}"
+prefix = "ds"
+access-key = "{origin.ak}"
+secret-key = "{origin.sk}"
+{more}"""
+
+
 class Rgw:
     """A throw-away single-node Ceph cluster with radosgw, and a boto3 client for it."""
 

@@ -2005,6 +2005,7 @@ class S3Volume::Writer : public StagingWriter {
         }
         if (!sent.ok() && !data_complete_) return sent;
       }
+      SLUICE_RETURN_IF_ERROR(RunCopies());
       std::vector<s3c::PartInfo> all = rec_.parts;
       all.insert(all.end(), pending_.begin(), pending_.end());
       SLUICE_RETURN_IF_ERROR(CompleteData(all));
@@ -2079,22 +2080,45 @@ class S3Volume::Writer : public StagingWriter {
     buf_.erase(0, static_cast<size_t>(n));
     return Status::Ok();
   }
-  // Bytes [first, first + len) of `from` copied on the origin as the next part.
+  // Bytes [first, first + len) of `from` as the next part, copied on the origin with the
+  // ones queued before it, kCopiesAtOnce at once (a Complete hands its parts over one by one;
+  // each copy is a round trip that waits on the origin). Numbered and placed now; its ETag
+  // comes when the queue runs (RunCopies: before a record or the Complete names it).
   Status CopyPart(const OriginObject& from, uint64_t first, uint64_t len) {
     SLUICE_ASSIGN_OR_RETURN(const int number, NextPart());
-    auto& o = *v_->origin_;
-    std::string crc;
-    auto etag =
-        o.Note(o.Client()->CopyPart(o.bucket(), key_ + ".data", rec_.upload, number, from.bucket,
-                                    from.key, first, first + len - 1, from.etag, &crc));
-    if (!etag.ok() && etag.status().code() == Code::kConflict)
-      return Status(Code::kConflict,
-                    fmt::format("s3://{}/{} changed on the origin while being copied", from.bucket,
-                                from.key));
-    if (!etag.ok()) return etag.status();
-    pending_.push_back({number, len, std::move(etag).value(), crc});
-    return Status::Ok();
+    pending_.push_back({number, len, "", ""});
+    copies_.push_back({pending_.size() - 1, from, first, len});
+    return copies_.size() >= kCopiesAtOnce ? RunCopies() : Status::Ok();
   }
+  Status RunCopies() {
+    auto& o = *v_->origin_;
+    Status st = Origin::ParallelFor(copies_.size(), kCopiesAtOnce, [&](size_t i) {
+      const QueuedCopy& c = copies_[i];
+      s3c::PartInfo& p = pending_[c.slot];
+      if (!p.etag.empty()) return Status::Ok();  // copied by a run that failed on another
+      std::string crc;
+      auto etag = o.Note(o.Client()->CopyPart(o.bucket(), key_ + ".data", rec_.upload, p.number,
+                                              c.from.bucket, c.from.key, c.first,
+                                              c.first + c.len - 1, c.from.etag, &crc));
+      if (!etag.ok() && etag.status().code() == Code::kConflict)
+        return Status(Code::kConflict,
+                      fmt::format("s3://{}/{} changed on the origin while being copied",
+                                  c.from.bucket, c.from.key));
+      if (!etag.ok()) return etag.status();
+      p.etag = std::move(etag).value();
+      p.crc32c = std::move(crc);
+      return Status::Ok();
+    });
+    if (st.ok()) copies_.clear();
+    return st;
+  }
+  struct QueuedCopy {
+    size_t slot;  // its part in pending_
+    OriginObject from;
+    uint64_t first, len;
+  };
+  static constexpr size_t kCopiesAtOnce = 8;
+  std::vector<QueuedCopy> copies_;
   // The number the next part gets, the session's origin upload created first if need be.
   Result<int> NextPart() {
     SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));
@@ -2125,6 +2149,7 @@ class S3Volume::Writer : public StagingWriter {
   // `leased`: false for the record of a commit that already went out (Publish checked first).
   Status Record(uint64_t durable, bool quota_checked, bool leased = true) {
     if (leased) SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));
+    SLUICE_RETURN_IF_ERROR(RunCopies());  // a part is recorded with its ETag
     const std::string named = rec_.TailKey(key_);
     rec_.parts.insert(rec_.parts.end(), pending_.begin(), pending_.end());
     pending_.clear();

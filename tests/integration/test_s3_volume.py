@@ -18,6 +18,7 @@ import time
 import uuid
 import zipfile
 
+import botocore.exceptions
 import pytest
 import requests
 
@@ -687,6 +688,40 @@ def test_completes_and_copies_are_assembled_on_the_origin(tmp_path, origin):
         # checksums, and none is left in progress on the origin.
         assert rules.refused == []
         assert not origin.boto.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+
+
+def test_a_complete_whose_part_changed_on_the_origin_leaves_nothing(proxy, origin):
+    """A staged part replaced on the origin behind the proxy (after parts before it were
+    queued for copying): the Complete is refused, nothing appears at the key, the upload is
+    given back (its parts listed as before), and no multipart upload of the failed assembly is
+    left in progress on the origin; the Abort then removes the rest."""
+    d = proxy
+    s3 = d.s3_client(*d.s3_key(d.s3_user(volume="remote")["id"]))
+    s3.create_bucket(Bucket="changed")
+    vfid = next(b for b in d.mgr("GET", "/s3/buckets").json()["buckets"]
+                if b["name"] == "changed")["vfid"]
+    body = os.urandom(16 * MiB)
+    up = s3.create_multipart_upload(Bucket="changed", Key="m.bin")["UploadId"]
+    parts = []
+    for i, at in enumerate(range(0, len(body), 8 * MiB)):
+        r = s3.upload_part(Bucket="changed", Key="m.bin", UploadId=up, PartNumber=i + 1,
+                           Body=body[at:at + 8 * MiB])
+        parts.append({"PartNumber": i + 1, "ETag": r["ETag"]})
+    staged = vfolder_prefix(vfid) + f".upload/mp-{up}/p00002"
+    origin.boto.head_object(Bucket=BUCKET, Key=staged)  # where the proxy staged part 2
+    origin.boto.put_object(Bucket=BUCKET, Key=staged, Body=os.urandom(8 * MiB))
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.complete_multipart_upload(Bucket="changed", Key="m.bin", UploadId=up,
+                                     MultipartUpload={"Parts": parts})
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] in (400, 409), e.value.response
+    with pytest.raises(botocore.exceptions.ClientError):
+        s3.head_object(Bucket="changed", Key="m.bin")
+    listed = s3.list_parts(Bucket="changed", Key="m.bin", UploadId=up)["Parts"]
+    assert [p["PartNumber"] for p in listed] == [1], listed  # part 2 is no longer Sluice's
+    assert not origin.boto.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+    s3.abort_multipart_upload(Bucket="changed", Key="m.bin", UploadId=up)
+    left = origin.boto.list_objects_v2(Bucket=BUCKET, Prefix=vfolder_prefix(vfid) + ".upload/")
+    assert not left.get("Contents"), left
 
 
 def test_s3_api_over_an_s3_volume(proxy, origin):

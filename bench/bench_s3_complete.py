@@ -75,6 +75,11 @@ def main():
         through.create_bucket(Bucket=bucket)
         direct = f"direct-{uuid.uuid4().hex[:8]}"
         origin.client.create_bucket(Bucket=direct)
+        # RGW's first multipart upload takes a second or two to create (once per cluster):
+        # made and aborted here, so that neither side's timing pays for it.
+        for b in (BUCKET, direct):
+            up = origin.client.create_multipart_upload(Bucket=b, Key="warm-up")["UploadId"]
+            origin.client.abort_multipart_upload(Bucket=b, Key="warm-up", UploadId=up)
         body = os.urandom(args.size)
         n = (args.size + args.part - 1) // args.part
         print(f"{args.size} bytes in {n} parts of {args.part}, origin {args.origin}", flush=True)

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <fstream>
+#include <future>
 #include <set>
 #include <thread>
 
@@ -1847,6 +1849,7 @@ class S3Volume::Writer : public StagingWriter {
     state_ = {true, rec_.recorded, rec_.durable, rec_.quota_checked, rec_.durable};
   }
   ~Writer() override {
+    copies_.clear();  // waits for copies in flight: none outlives the session's lock
     v_->Unhold(held_);
     v_->Unlock(session_);
   }
@@ -2080,45 +2083,53 @@ class S3Volume::Writer : public StagingWriter {
     buf_.erase(0, static_cast<size_t>(n));
     return Status::Ok();
   }
-  // Bytes [first, first + len) of `from` as the next part, copied on the origin with the
-  // ones queued before it, kCopiesAtOnce at once (a Complete hands its parts over one by one;
-  // each copy is a round trip that waits on the origin). Numbered and placed now; its ETag
-  // comes when the queue runs (RunCopies: before a record or the Complete names it).
+  // Bytes [first, first + len) of `from` as the next part, copied on the origin. A Complete
+  // hands its parts over one by one, each copy a round trip that waits on the origin: so each
+  // runs on a thread of its own from when it is numbered and placed, at most kCopiesAtOnce at
+  // once, while the caller goes on to its next part. Its ETag is taken before a record or the
+  // Complete names it (RunCopies).
   Status CopyPart(const OriginObject& from, uint64_t first, uint64_t len) {
     SLUICE_ASSIGN_OR_RETURN(const int number, NextPart());
+    while (copies_.size() >= kCopiesAtOnce) SLUICE_RETURN_IF_ERROR(SettleOldest());
     pending_.push_back({number, len, "", ""});
-    copies_.push_back({pending_.size() - 1, from, first, len});
-    return copies_.size() >= kCopiesAtOnce ? RunCopies() : Status::Ok();
-  }
-  Status RunCopies() {
-    auto& o = *v_->origin_;
-    Status st = Origin::ParallelFor(copies_.size(), kCopiesAtOnce, [&](size_t i) {
-      const QueuedCopy& c = copies_[i];
-      s3c::PartInfo& p = pending_[c.slot];
-      if (!p.etag.empty()) return Status::Ok();  // copied by a run that failed on another
-      std::string crc;
-      auto etag = o.Note(o.Client()->CopyPart(o.bucket(), key_ + ".data", rec_.upload, p.number,
-                                              c.from.bucket, c.from.key, c.first,
-                                              c.first + c.len - 1, c.from.etag, &crc));
+    auto copy = [o = v_->origin_, key = key_ + ".data", upload = rec_.upload, number, from, first,
+                 len]() -> Result<s3c::PartInfo> {
+      s3c::PartInfo p{number, len, "", ""};
+      auto etag =
+          o->Note(o->Client()->CopyPart(o->bucket(), key, upload, number, from.bucket, from.key,
+                                        first, first + len - 1, from.etag, &p.crc32c));
       if (!etag.ok() && etag.status().code() == Code::kConflict)
         return Status(Code::kConflict,
                       fmt::format("s3://{}/{} changed on the origin while being copied",
-                                  c.from.bucket, c.from.key));
+                                  from.bucket, from.key));
       if (!etag.ok()) return etag.status();
       p.etag = std::move(etag).value();
-      p.crc32c = std::move(crc);
-      return Status::Ok();
-    });
-    if (st.ok()) copies_.clear();
-    return st;
+      return p;
+    };
+    copies_.push_back({pending_.size() - 1, std::async(std::launch::async, std::move(copy))});
+    return Status::Ok();
+  }
+  // Waits for the oldest copy in flight and fills in its part; the first failure stays the
+  // answer (the part it left without an ETag is never named).
+  Status SettleOldest() {
+    QueuedCopy c = std::move(copies_.front());
+    copies_.pop_front();
+    auto p = c.done.get();
+    if (!p.ok() && copy_failed_.ok()) copy_failed_ = p.status();
+    if (p.ok()) pending_[c.slot] = std::move(p).value();
+    return copy_failed_;
+  }
+  Status RunCopies() {
+    while (!copies_.empty()) SLUICE_RETURN_IF_ERROR(SettleOldest());
+    return copy_failed_;
   }
   struct QueuedCopy {
     size_t slot;  // its part in pending_
-    OriginObject from;
-    uint64_t first, len;
+    std::future<Result<s3c::PartInfo>> done;
   };
   static constexpr size_t kCopiesAtOnce = 8;
-  std::vector<QueuedCopy> copies_;
+  std::deque<QueuedCopy> copies_;  // in flight, oldest first (their futures wait when freed)
+  Status copy_failed_;
   // The number the next part gets, the session's origin upload created first if need be.
   Result<int> NextPart() {
     SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));

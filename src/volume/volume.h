@@ -73,10 +73,12 @@ struct DirEntry {
   std::string etag;
 };
 
-// An object of an S3 origin as the reader that reads it names it, so that a writer of the
-// volume that opened it has the origin copy its bytes (UploadPartCopy) instead of reading them.
+// An object of an S3 origin as the reader that reads it names it, so that a writer on that
+// origin has it copy the bytes (UploadPartCopy) instead of reading them.
 struct OriginObject {
-  const void* origin = nullptr;  // the opening volume's origin, compared by identity
+  // Who can copy it: the origin's endpoint and the access key the opening volume reads it
+  // with (two volumes on one origin with the same key copy each other's objects there).
+  std::string origin;
   std::string bucket, key;
   std::string etag;  // the version opened, unquoted ("": the origin sends none); copies pin it
 };
@@ -231,8 +233,8 @@ class StagingWriter {
   // written otherwise.
   virtual Status CopyFrom(FileReader& src, uint64_t src_offset, uint64_t n, uint64_t at);
   // True where CopyFrom(src, ...) has the origin copy src's bytes itself, the reader's
-  // origin_object() being one of this volume's origin (an s3 volume: UploadPartCopy): little
-  // of them, or none, passes through this process.
+  // origin_object() being on this volume's origin, read with its key (an s3 volume:
+  // UploadPartCopy): little of them, or none, passes through this process.
   virtual bool CopiesOnOrigin(const FileReader& src) const { return false; }
   // After a Commit or Publish that succeeded: the new file's entry as a Stat shows it now (a
   // local file's inode, size and times; an object's entity tag and size), so that a cache

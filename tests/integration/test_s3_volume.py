@@ -50,8 +50,8 @@ def origin(tmp_path_factory):
     ctx.__exit__(None, None, None)
 
 
-def s3_volume(o, prefix="ds", endpoint=None, **options):
-    return toml_section("volume.remote", {
+def s3_volume(o, prefix="ds", endpoint=None, name="remote", **options):
+    return toml_section(f"volume.{name}", {
         "backend": "s3", "path": f"s3://{BUCKET}/{prefix}",
         "options": {"endpoint": endpoint or o.s3_url(), "bucket": BUCKET, "prefix": prefix,
                     "access-key": o.ak, "secret-key": o.sk, **options}})
@@ -638,15 +638,19 @@ def test_objects_past_max_copy_size_copy_in_parts(tmp_path, origin):
 
 
 def test_completes_and_copies_are_assembled_on_the_origin(tmp_path, origin):
-    """A multipart Complete and a CopyObject on an s3 volume have the origin copy the bytes
-    (UploadPartCopy, pinned to the ETag of what was opened): no part comes back through the
-    proxy, and only a last part shorter than S3's smallest (5 MiB) is read and sent again.
+    """A multipart Complete and a CopyObject on an s3 volume (also onto another s3 volume of the
+    same origin and key) have the origin copy the bytes (UploadPartCopy, pinned to the ETag of
+    what was opened): no part comes back through the proxy, and only a last part shorter than
+    S3's smallest (5 MiB) is read and sent again.
     Before, every byte of a Complete was read back from the origin and uploaded once more."""
     port = int(origin.s3_url().rsplit(":", 1)[1])
+    # A second volume on the same origin, read with the same key (another prefix).
     with AwsRulesProxy("127.0.0.1", port) as rules, running_daemon(
             tmp_path / "proxy", s3={},
-            extra_toml=s3_volume(origin, endpoint=rules.url, **{"part-size": "5m"})) as d:
-        s3 = d.s3_client(*d.s3_key(d.s3_user(volume="remote")["id"]))
+            extra_toml=s3_volume(origin, endpoint=rules.url, **{"part-size": "5m"}) +
+            s3_volume(origin, prefix="other", endpoint=rules.url, name="remote2")) as d:
+        user = d.s3_user(volume="remote")["id"]
+        s3 = d.s3_client(*d.s3_key(user))
         s3.create_bucket(Bucket="asm")
         # Ten parts copied (eight at once, then two), and a short last one.
         sizes = [6 * MiB, 7 * MiB] + [5 * MiB] * 8 + [3 * MiB + 3]
@@ -684,6 +688,18 @@ def test_completes_and_copies_are_assembled_on_the_origin(tmp_path, origin):
         assert copies >= 2, copies
         got = s3.get_object(Bucket="asm", Key="copy.bin")
         assert got["Body"].read() == body and got["ETag"] == done["ETag"]
+        # Onto a bucket of the other volume: the origin copies across them too.
+        r = d.mgr("POST", "/s3/buckets", json={"name": "elsewhere", "volume": "remote2",
+                                               "vfid": d.create_vfolder(volume="remote2"),
+                                               "owner": user})
+        assert r.status_code == 201, r.text
+        before = rules.traffic()
+        s3.copy_object(Bucket="elsewhere", Key="copy.bin",
+                       CopySource={"Bucket": "asm", "Key": "big.bin"})
+        sent, received, copies = [b - a for a, b in zip(before, rules.traffic())]
+        assert sent < 64 * 1024 and received < 2 * 256 * 1024 + 64 * 1024, (sent, received)
+        assert copies >= 2, copies
+        assert s3.get_object(Bucket="elsewhere", Key="copy.bin")["Body"].read() == body
         # Every copy made its part numbers as AWS takes them: each Complete named the parts'
         # checksums, and none is left in progress on the origin.
         assert rules.refused == []

@@ -340,7 +340,8 @@ struct S3Volume::Origin {
       : opts(WithTransport(o, volume)),
         clients(opts.client),
         control_clients(Control(opts.client)),
-        volume(std::move(volume)) {}
+        volume(std::move(volume)),
+        identity(fmt::format("{}\n{}", opts.client.endpoint, opts.client.creds.access_key)) {}
   // Every client of the volume sends through one transport: shared connections, at most
   // max-connections of them.
   static S3VolumeOptions WithTransport(S3VolumeOptions o, const std::string& volume) {
@@ -355,6 +356,7 @@ struct S3Volume::Origin {
   S3VolumeOptions opts;
   Clients clients, control_clients;
   std::string volume;
+  std::string identity;  // OriginObject::origin of what the volume reads
   std::mutex mu;
   std::string last_error;  // the last failure to reach the origin, "" after a success
   std::atomic<bool> creds_refused{false};  // the origin refused the credentials last (Note)
@@ -710,7 +712,7 @@ class S3Reader : public FileReader {
         meta_(std::move(meta)) {
     std::string_view etag(info_.etag);
     if (etag.size() >= 2) etag = etag.substr(1, etag.size() - 2);
-    object_ = {origin_.get(), bucket_, key_, std::string(etag)};
+    object_ = {origin_->identity, bucket_, key_, std::string(etag)};
   }
   const DirEntry& info() const override { return info_; }
   const OriginObject* origin_object() const override { return &object_; }
@@ -1879,7 +1881,7 @@ class S3Volume::Writer : public StagingWriter {
 
   bool CopiesOnOrigin(const FileReader& src) const override {
     const OriginObject* o = src.origin_object();
-    return o && o->origin == v_->origin_.get();
+    return o && o->origin == v_->origin_->identity;
   }
   // An object of this origin is copied by the origin (UploadPartCopy into the session's upload,
   // pinned to the version opened): a multipart Complete or a CopyObject sends no byte of it
@@ -2069,8 +2071,9 @@ class S3Volume::Writer : public StagingWriter {
     for (const auto& p : ps) n += p.size;
     return n;
   }
-  // Sends the first `n` bytes of buf_ as the next part (fixed-size but the last: part N always
-  // holds the same bytes, so one sent again after a crash replaces itself).
+  // Sends the first `n` bytes of buf_ as the next part (in a session written by WriteAt, as tus
+  // uploads are, fixed-size but the last: part N always holds the same bytes, so one sent again
+  // after a crash replaces itself; CopyFrom, for writers that never resume, makes others).
   Status SendFront(uint64_t n) {
     SLUICE_ASSIGN_OR_RETURN(const int number, NextPart());
     auto& o = *v_->origin_;

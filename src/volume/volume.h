@@ -82,6 +82,9 @@ struct OriginObject {
   std::string bucket, key;
   std::string etag;  // the version opened, unquoted ("": the origin sends none); copies pin it
 };
+// S3's smallest part (all but an upload's last): a piece shorter than this is never copied on
+// the origin, but read and written.
+inline constexpr uint64_t kMinOriginPart = 5 << 20;
 
 // An open file of a volume: its attributes when opened, and its bytes.
 class FileReader {

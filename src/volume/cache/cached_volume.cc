@@ -136,7 +136,7 @@ class CachedReader : public FileReader, public std::enable_shared_from_this<Cach
   // (smaller ones are read and written anyway), opened below if need be: asked by writers,
   // which run on worker pools, never by an event loop.
   const OriginObject* origin_object() const override {
-    if (info_.size < (5 << 20)) return nullptr;
+    if (info_.size < kMinOriginPart) return nullptr;
     auto r = const_cast<CachedReader*>(this)->Inner();
     return r.ok() ? (*r)->origin_object() : nullptr;
   }
@@ -342,17 +342,17 @@ class IngestingWriter : public ForwardingStagingWriter {
     if (spool_) st.ok() ? v_->CutSpool(*spool_, offset) : v_->DropSpool(*spool_);
     return st;
   }
-  // Local files are still copied without the bytes passing through here, and then read into
-  // the spool (from the page cache: they were just written); anything else was copied
-  // through memory anyway, and is now spooled on the way.
   // A multipart part: its Complete reads it (and the cache keeps the object it makes), never
   // a reader, so its bytes are not spooled.
   void ReadOnceByAnother() override {
     if (spool_) v_->DropSpool(*spool_, /*quietly=*/true);
     ForwardingStagingWriter::ReadOnceByAnother();
   }
-  // Bytes the origin copies itself (an s3 volume's UploadPartCopy) pass through no spool: the
-  // file is fetched back once it landed instead (CachedVolume::Refill).
+  // Local files are still copied without the bytes passing through here, and then read into
+  // the spool (from the page cache: they were just written); anything else was copied
+  // through memory anyway, and is now spooled on the way. Bytes the origin copies itself (an
+  // s3 volume's UploadPartCopy) pass through no spool: the file is fetched back once it
+  // landed instead (CachedVolume::Refill).
   Status CopyFrom(FileReader& src, uint64_t src_offset, uint64_t n, uint64_t at) override {
     if (!spool_) return ForwardingStagingWriter::CopyFrom(src, src_offset, n, at);
     if (inner_->CopiesOnOrigin(src)) {
@@ -1740,11 +1740,13 @@ void CachedVolume::Ingest(const VFolderId& vfid, const std::string& rel, std::sh
   // Not where the volume cannot say which version the commit made, nor for what this node
   // did not see whole (a spool given up, or one shorter than the file).
   if (!s->ok || !landed || landed->size != s->size) return DropSpool(*s);
-  auto task = [this, vfid, rel, s, entry = *landed, gen] { IngestNow(vfid, rel, *s, entry, gen); };
+  KeepInBackground(
+      [this, vfid, rel, s, entry = *landed, gen] { IngestNow(vfid, rel, *s, entry, gen); });
+}
+
+void CachedVolume::KeepInBackground(std::function<void()> task) {
   if (!ahead_) return task();
-  if (!ahead_->Submit([this, task = std::move(task)] {
-        if (!stopping_) task();
-      }))
+  if (!Ahead(std::move(task)))
     n_.ingests_dropped++;  // the pool is backed up: the file is cached at its first read
 }
 
@@ -1755,7 +1757,7 @@ void CachedVolume::Refill(const VFolderId& vfid, const std::string& rel,
     n_.ingests_dropped++;
     return;
   }
-  auto task = [this, vfid, rel, entry = *landed] {
+  KeepInBackground([this, vfid, rel, entry = *landed] {
     auto r = OpenReader(vfid, rel);
     if (!r.ok() || !SameVersion(entry, (*r)->info())) {
       n_.ingests_dropped++;
@@ -1768,12 +1770,7 @@ void CachedVolume::Refill(const VFolderId& vfid, const std::string& rel,
     n_.ingested_bytes += bytes;
     (*g_ingest_bytes_) += bytes;
     if (!st.ok()) n_.ingests_dropped++;
-  };
-  if (!ahead_) return task();
-  if (!ahead_->Submit([this, task = std::move(task)] {
-        if (!stopping_) task();
-      }))
-    n_.ingests_dropped++;
+  });
 }
 
 void CachedVolume::IngestNow(const VFolderId& vfid, const std::string& rel, const Spool& s,

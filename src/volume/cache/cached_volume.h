@@ -195,6 +195,9 @@ class CachedVolume : public ForwardingVolume {
   // is no larger than spools may grow.
   void Refill(const VFolderId& vfid, const std::string& rel, const std::optional<DirEntry>& landed);
   uint64_t Gen(const VFolderId& vfid);
+  // Runs an ingest's or a refill's `task` on the read-ahead pool (now where there is none); a
+  // pool backed up counts an ingest dropped.
+  void KeepInBackground(std::function<void()> task);
   // Runs `fn` on the read-ahead pool; false when there is none or it is busy.
   bool Ahead(std::function<void()> fn);
   // Whether the origin counts as silent (see Revalidate); if so, a round trip about `rel`

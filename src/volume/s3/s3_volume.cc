@@ -2149,7 +2149,7 @@ class S3Volume::Writer : public StagingWriter {
                                                  session_, s3c::kMaxParts, v_->opts_.part_size));
     return number;
   }
-  static constexpr uint64_t kMinPart = 5 << 20, kMaxPart = 5ULL << 30;  // S3's part sizes
+  static constexpr uint64_t kMinPart = kMinOriginPart, kMaxPart = 5ULL << 30;  // S3's part sizes
   Status PutTail(uint64_t n) {
     SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));
     auto& o = *v_->origin_;

@@ -414,7 +414,23 @@ Result<std::pair<int, std::string>> OpenTemp(const std::string& dst, bool in_pla
 
 Status Transfer::RunUnit(S3Client& c, Job& j, const Unit& u) {
   if (j.kind == Job::kDelete) {
-    SLUICE_ASSIGN_OR_RETURN(auto failed, c.DeleteMany(j.bucket, j.delete_keys));
+    auto batch = no_batch_delete_
+                     ? Result<std::vector<std::string>>(Status(Code::kUnsupported, "DeleteObjects"))
+                     : c.DeleteMany(j.bucket, j.delete_keys);
+    if (!batch.ok() && batch.status().code() == Code::kUnsupported) {
+      // A server without DeleteObjects (GCS's XML API, for one): a DELETE per key.
+      if (!no_batch_delete_.exchange(true))
+        Say("the server has no DeleteObjects (" + batch.status().message() +
+            "): deleting one key at a time");
+      std::vector<std::string> refused;
+      for (const auto& k : j.delete_keys) {
+        Status st = c.Delete(j.bucket, k);
+        if (!st.ok() && st.code() != Code::kNotFound)
+          refused.push_back(fmt::format("{}: {}", k, st.message()));
+      }
+      batch = std::move(refused);
+    }
+    SLUICE_ASSIGN_OR_RETURN(auto failed, std::move(batch));
     j.some_deleted = true;  // each key's failure, if any, is said here
     for (const auto& f : failed) Say("delete failed: " + f);
     stats_.files_done += j.delete_keys.size() - failed.size();
@@ -953,8 +969,10 @@ Result<TransferResult> Transfer::Remove(const S3Url& url, bool recursive) {
   if (!url.key.empty() && url.key.back() != '/') {
     S3Client c(opts_.s3);
     auto head = c.Head(url.bucket, url.key);
-    if (head.ok()) keys.push_back(url.key);
-    else if (head.status().code() != Code::kNotFound) return head.status();
+    if (head.ok())
+      keys.push_back(url.key);
+    else if (head.status().code() != Code::kNotFound)
+      return head.status();
   }
   if (keys.empty() && markers.empty()) {
     Say(fmt::format("nothing to delete under s3://{}/{}", url.bucket, prefix));

@@ -100,6 +100,7 @@ class Transfer {
 
   TransferOptions opts_;
   TransferStats stats_;
+  std::atomic<bool> no_batch_delete_{false};  // the server answered DeleteObjects NotImplemented
   std::mutex say_mu_;
   void Say(const std::string& line);
 };

@@ -12,6 +12,11 @@ part's checksum when its upload was created with `x-amz-checksum-algorithm`:
 (AWS's behaviour: docs.aws.amazon.com/AmazonS3/latest/API/API_CompleteMultipartUpload.html and
 the answers quoted in apache/opendal#4580.) Origins that compute the missing checksums
 themselves hide a client that forgets them; against AWS every such upload fails.
+
+On request (`lacks`), it also stands in for an origin without some operations, as GCS's XML API
+is without DeleteObjects (it answers `400 NotImplemented: A header or query you provided
+requested a function that is not implemented.`, quoted in supabase/storage#898) and some
+gateways are without UploadPartCopy: those requests get that answer and reach nothing.
 """
 
 import http.client
@@ -30,11 +35,15 @@ def _local(tag):
 
 
 class AwsRulesProxy:
-    def __init__(self, origin_host, origin_port, enforce=True):
+    def __init__(self, origin_host, origin_port, enforce=True, lacks=()):
         """`enforce`: False to forward and count only (for an origin whose answers make the
-        rule impossible to follow, as RGW's CopyPartResult, which names no checksum)."""
+        rule impossible to follow, as RGW's CopyPartResult, which names no checksum).
+        `lacks`: operations answered NotImplemented ("DeleteObjects", "UploadPartCopy"); how
+        many times each was asked is in `not_implemented`."""
         self.origin = (origin_host, origin_port)
         self.enforce = enforce
+        self.lacks = set(lacks)
+        self.not_implemented = {}
         self.algorithms = {}  # upload id -> checksum algorithm it was created with
         self.refused = []     # (upload id, part number) of each Complete refused
         # Completes whose answer is lost: forwarded, done by the origin, then the connection
@@ -60,6 +69,20 @@ class AwsRulesProxy:
                 body = self.rfile.read(n) if n else b""
                 url = urlsplit(self.path)
                 q = parse_qs(url.query, keep_blank_values=True)
+                op = None
+                if self.command == "POST" and "delete" in q:
+                    op = "DeleteObjects"
+                elif (self.command == "PUT" and "uploadId" in q and
+                      "x-amz-copy-source" in self.headers):
+                    op = "UploadPartCopy"
+                if op in proxy.lacks:
+                    with proxy.lock:
+                        proxy.not_implemented[op] = proxy.not_implemented.get(op, 0) + 1
+                    return self._answer(400, (
+                        "<?xml version='1.0' encoding='UTF-8'?><Error><Code>NotImplemented"
+                        "</Code><Message>A header or query you provided requested a function "
+                        "that is not implemented.</Message></Error>").encode(),
+                        {"Content-Type": "application/xml"})
                 if self.command == "POST" and "uploadId" in q and proxy.enforce:
                     refusal = proxy._check_complete(q["uploadId"][0], body)
                     if refusal:

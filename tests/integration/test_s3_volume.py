@@ -703,6 +703,82 @@ def test_completes_and_copies_are_assembled_on_the_origin(tmp_path, origin):
         assert not origin.boto.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
 
 
+def test_an_origin_without_delete_objects_or_upload_part_copy(tmp_path, origin):
+    """An origin that answers NotImplemented to DeleteObjects and UploadPartCopy (GCS's XML API
+    has no DeleteObjects; some gateways no UploadPartCopy; staged by AwsRulesProxy): the volume
+    learns each from its first refusal, says so once in the log, and does the work another way.
+    A Complete, a CopyObject and a rename past max-copy-size read the bytes and write them
+    again; a vfolder's keys are deleted one DELETE each. So does `sluice s3 rm -r`. Every
+    answer and every byte is as on an origin that has both."""
+    port = int(origin.s3_url().rsplit(":", 1)[1])
+    with AwsRulesProxy("127.0.0.1", port, lacks={"DeleteObjects", "UploadPartCopy"}) as rules, \
+            running_daemon(tmp_path / "proxy", s3={}, extra_toml=s3_volume(
+                origin, endpoint=rules.url, **{"part-size": "5m", "max-copy-size": "5m"})) as d:
+        user = d.s3_user(volume="remote")["id"]
+        s3 = d.s3_client(*d.s3_key(user))
+        s3.create_bucket(Bucket="plain")
+        vfid = next(b for b in d.mgr("GET", "/s3/buckets").json()["buckets"]
+                    if b["name"] == "plain")["vfid"]
+        body = os.urandom(13 * MiB)
+        multipart_put(s3, "plain", "m.bin", body, 6 * MiB, ContentType="x-model/w",
+                      Metadata={"epoch": "7"})
+        # The Complete's first part asked the origin to copy it once; every byte then went
+        # through the node (and the assembled upload onto its key, past max-copy-size, too).
+        assert rules.not_implemented == {"UploadPartCopy": 1}, rules.not_implemented
+        got = s3.get_object(Bucket="plain", Key="m.bin")
+        assert got["Body"].read() == body and got["ETag"].strip('"').endswith("-3"), got
+
+        def not_copied_on_the_origin(fn):
+            copies = rules.traffic()[2]
+            fn()
+            assert rules.traffic()[2] == copies  # nothing more was asked of the origin's copy
+
+        not_copied_on_the_origin(lambda: s3.copy_object(
+            Bucket="plain", Key="copy.bin", CopySource={"Bucket": "plain", "Key": "m.bin"}))
+        assert s3.get_object(Bucket="plain", Key="copy.bin")["Body"].read() == body
+
+        def rename():
+            r = d.file_op("remote", "rename", vfid=vfid, relpath="m.bin", new_name="n.bin")
+            assert r.status_code in (200, 204), r.text
+
+        not_copied_on_the_origin(rename)
+        got = s3.get_object(Bucket="plain", Key="n.bin")
+        assert got["Body"].read() == body
+        assert got["ContentType"] == "x-model/w" and got["Metadata"] == {"epoch": "7"}, got
+        # The rename's delete of its source was a first DeleteObjects, refused.
+        assert rules.not_implemented == {"UploadPartCopy": 1, "DeleteObjects": 1}
+        with pytest.raises(botocore.exceptions.ClientError):
+            s3.head_object(Bucket="plain", Key="m.bin")
+        # A vfolder's deletion: a DELETE per key.
+        gone = d.create_vfolder(volume="remote")
+        for i in range(40):
+            origin.boto.put_object(Bucket=BUCKET, Key=vfolder_prefix(gone) + f"d/{i}", Body=b"x")
+        d.delete_vfolder(gone, volume="remote")
+        assert "Contents" not in origin.boto.list_objects_v2(Bucket=BUCKET,
+                                                             Prefix=vfolder_prefix(gone))
+        assert rules.not_implemented == {"UploadPartCopy": 1, "DeleteObjects": 1}
+        log = d.log_path.read_text(errors="replace")
+        for op in ("DeleteObjects", "UploadPartCopy"):
+            assert log.count(f"the origin has no {op}") == 1, log[-3000:]
+        # Every upload the node made named its parts' checksums; none is left in progress.
+        assert rules.refused == []
+        assert not origin.boto.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+
+        # The CLI against such a server.
+        for i in range(30):
+            origin.boto.put_object(Bucket=BUCKET, Key=f"cli/{i}", Body=b"y")
+        p = subprocess.run(
+            [str(BIN_DIR / "sluice"), "s3", "rm", "-r", "-j", "2", f"s3://{BUCKET}/cli/",
+             "--s3-endpoint", rules.url],
+            env={"PATH": os.environ["PATH"], "HOME": str(tmp_path),
+                 "AWS_ACCESS_KEY_ID": origin.ak, "AWS_SECRET_ACCESS_KEY": origin.sk},
+            capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "has no DeleteObjects" in p.stdout + p.stderr, p.stdout + p.stderr
+        assert "Contents" not in origin.boto.list_objects_v2(Bucket=BUCKET, Prefix="cli/")
+        assert rules.not_implemented["DeleteObjects"] == 2, rules.not_implemented
+
+
 def test_a_complete_whose_part_changed_on_the_origin_leaves_nothing(proxy, origin):
     """A staged part replaced on the origin behind the proxy (after parts before it were
     queued for copying): the Complete is refused, nothing appears at the key, the upload is

@@ -40,6 +40,9 @@ Code CodeOf(unsigned status, std::string_view s3code) {
   if (s3code == "BucketAlreadyExists" || s3code == "BucketAlreadyOwnedByYou")
     return Code::kAlreadyExists;
   if (s3code == "QuotaExceeded") return Code::kQuotaExceeded;
+  // An operation the server does not have, whatever the status: AWS answers 501, GCS's XML API
+  // 400 (to DeleteObjects, for one). Callers that can do without it take this as the sign.
+  if (s3code == "NotImplemented") return Code::kUnsupported;
   // The credentials themselves are refused (not a permission on one bucket or object).
   // So is every request signed with this clock or this region (a 403 and a 400 that are no
   // permission on one object, nor the caller's bad input).

@@ -360,6 +360,23 @@ struct S3Volume::Origin {
   std::mutex mu;
   std::string last_error;  // the last failure to reach the origin, "" after a success
   std::atomic<bool> creds_refused{false};  // the origin refused the credentials last (Note)
+  // Operations an S3 origin may not have (GCS's XML API has no DeleteObjects; some gateways no
+  // UploadPartCopy): learned from the first NotImplemented, after which the work is done
+  // another way and the operation is not asked for again.
+  enum class Has { kUnknown, kYes, kNo };
+  std::atomic<Has> batch_delete{Has::kUnknown}, part_copy{Has::kUnknown};
+  // Learns from `st`, the answer to operation `what` (`has` says whether the origin has it):
+  // true when the origin has not (NotImplemented).
+  bool Lacks(const Status& st, std::atomic<Has>& has, std::string_view what) {
+    if (st.code() != Code::kUnsupported) {
+      if (st.ok()) has = Has::kYes;
+      return false;
+    }
+    if (has.exchange(Has::kNo) != Has::kNo)
+      spdlog::warn("volume {}: the origin has no {} ({}); done without it from now on", volume,
+                   what, st.message());
+    return true;
+  }
 
   Clients::Lease Client() {
     return ControlRequests::active() ? control_clients.Take() : clients.Take();
@@ -510,17 +527,28 @@ struct S3Volume::Origin {
     return DeleteKeys(keys);
   }
 
-  // Deletes `keys` (DeleteObjects batches of 1000, 4 at once); refusals are errors.
+  // Deletes `keys` (DeleteObjects batches of 1000, 4 at once; one DELETE each on an origin
+  // without DeleteObjects); refusals are errors.
   Status DeleteKeys(const std::vector<std::string>& keys) {
+    if (batch_delete == Has::kNo) return DeleteEach(keys);
     return ParallelFor((keys.size() + 999) / 1000, 4, [&](size_t b) {
       std::vector<std::string> batch(keys.begin() + b * 1000,
                                      keys.begin() + std::min(keys.size(), b * 1000 + 1000));
       auto failed = Note(Client()->DeleteMany(bucket(), batch));
+      if (Lacks(failed.status(), batch_delete, "DeleteObjects")) return DeleteEach(batch);
       if (!failed.ok()) return failed.status();
       if (!failed->empty())
         return Status(Code::kIoError, fmt::format("the origin refused to delete {} keys: {}",
                                                   failed->size(), failed->front()));
       return Status::Ok();
+    });
+  }
+
+  // One DELETE per key, 16 at once; a key already gone is deleted.
+  Status DeleteEach(const std::vector<std::string>& keys) {
+    return ParallelFor(keys.size(), 16, [&](size_t i) {
+      Status st = Note(Client()->Delete(bucket(), keys[i]));
+      return IsNotFound(st) ? Status::Ok() : st;
     });
   }
 
@@ -569,10 +597,8 @@ struct S3Volume::Origin {
 
   // A server-side copy of `src_key` (`size` bytes, in bucket `from`: "" for the volume's) to
   // `dst_key` of the volume's bucket, its metadata copied or `replace`d: one CopyObject up to
-  // max-copy-size, else a multipart upload of UploadPartCopy parts of that size, 8 at once:
-  // the source's HEAD first (a multipart upload takes the metadata at its creation), then every
-  // part copied only from the version it described. `etag`, when given, gets the new object's
-  // entity tag where the answer names it (the single copy), "" otherwise.
+  // max-copy-size, else a multipart upload of its parts (CopyInParts). `etag`, when given, gets
+  // the new object's entity tag where the answer names it (the single copy), "" otherwise.
   Status CopyObject(std::string_view from, const std::string& src_key, const std::string& dst_key,
                     uint64_t size, const s3c::UserMeta* replace = nullptr,
                     std::string* etag = nullptr) {
@@ -582,9 +608,26 @@ struct S3Volume::Origin {
       if (copied.ok() && etag) *etag = *copied;
       return copied.status();
     }
+    // The source's HEAD first: a multipart upload takes the metadata at its creation, and
+    // every part is copied only from the version it described.
     SLUICE_ASSIGN_OR_RETURN(auto head, Note(Client()->Head(Bucket(from), src_key)));
-    size = head.size;
-    const uint64_t part = opts.max_copy_size;
+    const bool on_origin = part_copy != Has::kNo;
+    Status st = CopyInParts(from, src_key, dst_key, head, replace, on_origin);
+    if (on_origin && part_copy == Has::kNo && st.code() == Code::kUnsupported)
+      st = CopyInParts(from, src_key, dst_key, head, replace, false);
+    return st;
+  }
+
+  // A multipart upload of `head`'s object as `dst_key`. `on_origin`: UploadPartCopy parts of
+  // max-copy-size, 8 at once. Otherwise (an origin without UploadPartCopy) each part is read and
+  // uploaded again: part-size (more where 10,000 parts would not hold the object), 4 at once,
+  // each held in memory while it is sent.
+  Status CopyInParts(std::string_view from, const std::string& src_key, const std::string& dst_key,
+                     const s3c::ObjectInfo& head, const s3c::UserMeta* replace, bool on_origin) {
+    const uint64_t size = head.size;
+    const uint64_t part =
+        on_origin ? opts.max_copy_size
+                  : std::max(opts.part_size, (size + s3c::kMaxParts - 1) / s3c::kMaxParts);
     const size_t n = static_cast<size_t>((size + part - 1) / part);
     if (n > static_cast<size_t>(s3c::kMaxParts))
       return Status(Code::kTooLarge,
@@ -596,14 +639,35 @@ struct S3Volume::Origin {
     SLUICE_ASSIGN_OR_RETURN(std::string id,
                             Note(Client()->CreateMultipart(bucket(), dst_key, type, meta)));
     std::vector<s3c::PartInfo> parts(n);
-    Status st = ParallelFor(n, 8, [&](size_t i) {
+    Status st = ParallelFor(n, on_origin ? 8 : 4, [&](size_t i) {
       const uint64_t first = i * part, last = std::min(size, first + part) - 1;
-      SLUICE_ASSIGN_OR_RETURN(
-          parts[i].etag,
-          Note(Client()->CopyPart(bucket(), dst_key, id, static_cast<int>(i + 1), Bucket(from),
-                                  src_key, first, last, head.etag, &parts[i].crc32c)));
-      parts[i].number = static_cast<int>(i + 1);
-      parts[i].size = last - first + 1;
+      const int number = static_cast<int>(i + 1);
+      auto& p = parts[i];
+      if (on_origin) {
+        auto copied = Note(Client()->CopyPart(bucket(), dst_key, id, number, Bucket(from), src_key,
+                                              first, last, head.etag, &p.crc32c));
+        (void)Lacks(copied.status(), part_copy, "UploadPartCopy");
+        SLUICE_ASSIGN_OR_RETURN(p.etag, std::move(copied));
+      } else {
+        std::string bytes;
+        bytes.reserve(static_cast<size_t>(last - first + 1));
+        SLUICE_RETURN_IF_ERROR(Note(Client()->Get(
+                                        Bucket(from), src_key,
+                                        [&](std::string_view piece) {
+                                          bytes.append(piece);
+                                          return Status::Ok();
+                                        },
+                                        std::make_pair(first, last - first + 1), head.etag))
+                                   .status());
+        if (bytes.size() != last - first + 1)
+          return Status(Code::kIoError,
+                        fmt::format("copy of s3://{}/{}: bytes {}-{} came back as {} bytes",
+                                    Bucket(from), src_key, first, last, bytes.size()));
+        SLUICE_ASSIGN_OR_RETURN(p.etag, Note(Client()->UploadPart(bucket(), dst_key, id, number,
+                                                                  s3c::Body{bytes}, &p.crc32c)));
+      }
+      p.number = number;
+      p.size = last - first + 1;
       return Status::Ok();
     });
     if (st.ok()) st = CompleteUpload(dst_key, id, parts);
@@ -1880,6 +1944,7 @@ class S3Volume::Writer : public StagingWriter {
   std::optional<DirEntry> Landed() const override { return landed_; }
 
   bool CopiesOnOrigin(const FileReader& src) const override {
+    if (v_->origin_->part_copy == Origin::Has::kNo) return false;  // (before a cache opens one)
     const OriginObject* o = src.origin_object();
     return o && o->origin == v_->origin_->identity;
   }
@@ -1904,7 +1969,11 @@ class S3Volume::Writer : public StagingWriter {
     const uint64_t piece = std::clamp(v_->opts_.max_copy_size, kMinPart, kMaxPart - kMinPart);
     while (n > 0) {
       const uint64_t len = n < piece + kMinPart ? n : piece;
-      SLUICE_RETURN_IF_ERROR(CopyPart(from, src_offset, len));
+      Status st = CopyPart(from, src_offset, len);
+      // The origin has no UploadPartCopy (learned from this, its first): read and written.
+      if (st.code() == Code::kUnsupported && v_->origin_->part_copy == Origin::Has::kNo)
+        return StagingWriter::CopyFrom(src, src_offset, n, Base());
+      SLUICE_RETURN_IF_ERROR(st);
       src_offset += len;
       n -= len;
     }
@@ -2101,6 +2170,7 @@ class S3Volume::Writer : public StagingWriter {
       auto etag =
           o->Note(o->Client()->CopyPart(o->bucket(), key, upload, number, from.bucket, from.key,
                                         first, first + len - 1, from.etag, &p.crc32c));
+      (void)o->Lacks(etag.status(), o->part_copy, "UploadPartCopy");
       if (!etag.ok() && etag.status().code() == Code::kConflict)
         return Status(Code::kConflict,
                       fmt::format("s3://{}/{} changed on the origin while being copied",
@@ -2109,6 +2179,14 @@ class S3Volume::Writer : public StagingWriter {
       p.etag = std::move(etag).value();
       return p;
     };
+    if (v_->origin_->part_copy == Origin::Has::kUnknown) {
+      // The origin's first copy is waited for: an origin without UploadPartCopy refuses it,
+      // and the part is then given back (its number too) to be read and written instead.
+      auto p = copy();
+      if (!p.ok()) pending_.pop_back();
+      if (p.ok()) pending_.back() = std::move(p).value();
+      return p.status();
+    }
     copies_.push_back({pending_.size() - 1, std::async(std::launch::async, std::move(copy))});
     return Status::Ok();
   }

@@ -620,14 +620,14 @@ struct S3Volume::Origin {
 
   // A multipart upload of `head`'s object as `dst_key`. `on_origin`: UploadPartCopy parts of
   // max-copy-size, 8 at once. Otherwise (an origin without UploadPartCopy) each part is read and
-  // uploaded again: part-size (more where 10,000 parts would not hold the object), 4 at once,
-  // each held in memory while it is sent.
+  // uploaded again: part-size up to 64 MiB (more where 10,000 parts would not hold the object),
+  // 4 at once, each held in memory while it is sent.
   Status CopyInParts(std::string_view from, const std::string& src_key, const std::string& dst_key,
                      const s3c::ObjectInfo& head, const s3c::UserMeta* replace, bool on_origin) {
     const uint64_t size = head.size;
-    const uint64_t part =
-        on_origin ? opts.max_copy_size
-                  : std::max(opts.part_size, (size + s3c::kMaxParts - 1) / s3c::kMaxParts);
+    const uint64_t part = on_origin ? opts.max_copy_size
+                                    : std::max(std::min<uint64_t>(opts.part_size, 64 << 20),
+                                               (size + s3c::kMaxParts - 1) / s3c::kMaxParts);
     const size_t n = static_cast<size_t>((size + part - 1) / part);
     if (n > static_cast<size_t>(s3c::kMaxParts))
       return Status(Code::kTooLarge,

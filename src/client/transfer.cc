@@ -423,10 +423,24 @@ Status Transfer::RunUnit(S3Client& c, Job& j, const Unit& u) {
         Say("the server has no DeleteObjects (" + batch.status().message() +
             "): deleting one key at a time");
       std::vector<std::string> refused;
-      for (const auto& k : j.delete_keys) {
-        Status st = c.Delete(j.bucket, k);
-        if (!st.ok() && st.code() != Code::kNotFound)
-          refused.push_back(fmt::format("{}: {}", k, st.message()));
+      for (size_t i = 0; i < j.delete_keys.size(); ++i) {
+        Status st = c.Delete(j.bucket, j.delete_keys[i]);
+        if (st.ok() || st.code() == Code::kNotFound) continue;
+        if (st.code() != Code::kUnavailable && st.code() != Code::kUnauthenticated) {
+          refused.push_back(fmt::format("{}: {}", j.delete_keys[i], st.message()));
+          continue;
+        }
+        // The server gone or the credentials refused: that is about every key left, which is
+        // not tried (nor said) one by one. Nothing deleted yet: the request failed whole.
+        if (i == 0) return st;
+        const size_t left = j.delete_keys.size() - i;
+        j.some_deleted = true;
+        for (const auto& f : refused) Say("delete failed: " + f);
+        Say(fmt::format("delete failed: {} key{} from s3://{}/{}: {}", left, left == 1 ? "" : "s",
+                        j.bucket, j.delete_keys[i], st.message()));
+        stats_.files_done += i - refused.size();
+        stats_.files_failed += refused.size() + left;
+        return st;
       }
       batch = std::move(refused);
     }

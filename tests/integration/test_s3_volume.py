@@ -765,18 +765,27 @@ def test_an_origin_without_delete_objects_or_upload_part_copy(tmp_path, origin):
         assert not origin.boto.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
 
         # The CLI against such a server.
+        def rm(*args, sk=origin.sk):
+            return subprocess.run(
+                [str(BIN_DIR / "sluice"), "s3", "rm", *args, "--s3-endpoint", rules.url],
+                env={"PATH": os.environ["PATH"], "HOME": str(tmp_path),
+                     "AWS_ACCESS_KEY_ID": origin.ak, "AWS_SECRET_ACCESS_KEY": sk},
+                capture_output=True, text=True, timeout=120)
+
         for i in range(30):
             origin.boto.put_object(Bucket=BUCKET, Key=f"cli/{i}", Body=b"y")
-        p = subprocess.run(
-            [str(BIN_DIR / "sluice"), "s3", "rm", "-r", "-j", "2", f"s3://{BUCKET}/cli/",
-             "--s3-endpoint", rules.url],
-            env={"PATH": os.environ["PATH"], "HOME": str(tmp_path),
-                 "AWS_ACCESS_KEY_ID": origin.ak, "AWS_SECRET_ACCESS_KEY": origin.sk},
-            capture_output=True, text=True, timeout=120)
+        p = rm("-r", "-j", "2", f"s3://{BUCKET}/cli/")
         assert p.returncode == 0, p.stdout + p.stderr
         assert "has no DeleteObjects" in p.stdout + p.stderr, p.stdout + p.stderr
         assert "Contents" not in origin.boto.list_objects_v2(Bucket=BUCKET, Prefix="cli/")
         assert rules.not_implemented["DeleteObjects"] == 2, rules.not_implemented
+        # Credentials refused on the DELETEs: the whole delete failed, by that cause (exit 5,
+        # as with DeleteObjects), not one key's failure (exit 1).
+        origin.boto.put_object(Bucket=BUCKET, Key="cli/kept", Body=b"y")
+        p = rm(f"s3://{BUCKET}/cli/kept", sk="wrong")
+        assert p.returncode == 5 and "failed: delete of 1 key" in p.stderr, (p.returncode,
+                                                                             p.stderr)
+        origin.boto.head_object(Bucket=BUCKET, Key="cli/kept")
 
 
 def test_a_complete_whose_part_changed_on_the_origin_leaves_nothing(proxy, origin):

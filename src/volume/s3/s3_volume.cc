@@ -8,6 +8,7 @@
 #include <deque>
 #include <fstream>
 #include <future>
+#include <semaphore>
 #include <set>
 #include <thread>
 
@@ -365,6 +366,9 @@ struct S3Volume::Origin {
   // another way and the operation is not asked for again.
   enum class Has { kUnknown, kYes, kNo };
   std::atomic<Has> batch_delete{Has::kUnknown}, part_copy{Has::kUnknown};
+  // Parts held in memory at once by copies read and written again (CopyInParts without
+  // UploadPartCopy), over every copy of the volume: a clone copies 16 objects at once.
+  std::counting_semaphore<> parts_in_memory{4};
   // Learns from `st`, the answer to operation `what` (`has` says whether the origin has it):
   // true when the origin has not (NotImplemented).
   bool Lacks(const Status& st, std::atomic<Has>& has, std::string_view what) {
@@ -621,7 +625,7 @@ struct S3Volume::Origin {
   // A multipart upload of `head`'s object as `dst_key`. `on_origin`: UploadPartCopy parts of
   // max-copy-size, 8 at once. Otherwise (an origin without UploadPartCopy) each part is read and
   // uploaded again: part-size up to 64 MiB (more where 10,000 parts would not hold the object),
-  // 4 at once, each held in memory while it is sent.
+  // each held in memory while it is sent, 4 at once in the whole volume.
   Status CopyInParts(std::string_view from, const std::string& src_key, const std::string& dst_key,
                      const s3c::ObjectInfo& head, const s3c::UserMeta* replace, bool on_origin) {
     const uint64_t size = head.size;
@@ -649,6 +653,11 @@ struct S3Volume::Origin {
         (void)Lacks(copied.status(), part_copy, "UploadPartCopy");
         SLUICE_ASSIGN_OR_RETURN(p.etag, std::move(copied));
       } else {
+        parts_in_memory.acquire();
+        struct Release {
+          std::counting_semaphore<>& s;
+          ~Release() { s.release(); }
+        } release{parts_in_memory};
         std::string bytes;
         bytes.reserve(static_cast<size_t>(last - first + 1));
         SLUICE_RETURN_IF_ERROR(Note(Client()->Get(
@@ -2161,6 +2170,9 @@ class S3Volume::Writer : public StagingWriter {
   // once, while the caller goes on to its next part. Its ETag is taken before a record or the
   // Complete names it (RunCopies).
   Status CopyPart(const OriginObject& from, uint64_t first, uint64_t len) {
+    // Learned since CopiesOnOrigin said yes (another writer's refused copy): read and written.
+    if (v_->origin_->part_copy == Origin::Has::kNo)
+      return Status(Code::kUnsupported, "the origin has no UploadPartCopy");
     SLUICE_ASSIGN_OR_RETURN(const int number, NextPart());
     while (copies_.size() >= kCopiesAtOnce) SLUICE_RETURN_IF_ERROR(SettleOldest());
     pending_.push_back({number, len, "", ""});
@@ -2179,9 +2191,10 @@ class S3Volume::Writer : public StagingWriter {
       p.etag = std::move(etag).value();
       return p;
     };
-    if (v_->origin_->part_copy == Origin::Has::kUnknown) {
-      // The origin's first copy is waited for: an origin without UploadPartCopy refuses it,
-      // and the part is then given back (its number too) to be read and written instead.
+    if (v_->origin_->part_copy != Origin::Has::kYes) {
+      // Until the origin has copied one, each copy is waited for: an origin without
+      // UploadPartCopy refuses it, and the part is then given back (its number too) to be read
+      // and written instead.
       auto p = copy();
       if (!p.ok()) pending_.pop_back();
       if (p.ok()) pending_.back() = std::move(p).value();

@@ -289,7 +289,9 @@ size_t ArchiveWriter::Take(char* buf, size_t cap) {
   if (out_pos_ == out_.size()) {
     out_.clear();
     out_pos_ = 0;
-  } else if (out_pos_ > (1 << 20)) {  // keep the buffer from growing with what was taken
+  } else if (out_pos_ > (1 << 20) && out_pos_ >= pending()) {
+    // Keeps the buffer from growing with what was taken, moving no more than was taken since
+    // the last move (a large pending tail moved at every MiB taken was quadratic).
     out_.erase(0, out_pos_);
     out_pos_ = 0;
   }

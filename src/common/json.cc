@@ -40,10 +40,33 @@ size_t JsonNestingDepth(std::string_view text, size_t stop_after) {
   return deepest;
 }
 
-Result<nlohmann::json> ParseJson(std::string_view text, std::string_view what, size_t max_depth) {
+size_t JsonValueBound(std::string_view text, size_t stop_after) {
+  size_t n = 1;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if ((c == '{' || c == '[' || c == ',') && ++n > stop_after) {
+      return n;
+    }
+  }
+  return n;
+}
+
+Result<nlohmann::json> ParseJson(std::string_view text, std::string_view what, size_t max_depth,
+                                 size_t max_values) {
   if (JsonNestingDepth(text, max_depth) > max_depth)
     return Status(Code::kInvalidArgument,
                   fmt::format("{} nests deeper than {} levels", what, max_depth));
+  if (max_values != SIZE_MAX && JsonValueBound(text, max_values) > max_values)
+    return Status(Code::kInvalidArgument,
+                  fmt::format("{} holds more than {} values", what, max_values));
   auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded())
     return Status(Code::kInvalidArgument, fmt::format("{} is not valid JSON", what));

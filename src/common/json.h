@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -21,10 +22,15 @@ inline constexpr size_t kMaxJsonDepth = 400;
 // soon as it passes `stop_after`. Linear, no allocation.
 size_t JsonNestingDepth(std::string_view text, size_t stop_after = kMaxJsonDepth);
 
-// Parses `text`; kInvalidArgument naming `what` when it is not valid JSON or nests deeper than
-// `max_depth`.
+// A bound on the values in `text`: one more than its openings and separators ('{', '[', ','),
+// strings skipped, stopping as soon as it passes `stop_after`. Linear, no allocation.
+size_t JsonValueBound(std::string_view text, size_t stop_after);
+
+// Parses `text`; kInvalidArgument naming `what` when it is not valid JSON, nests deeper than
+// `max_depth` or holds more than `max_values` values (checked before parsing: a parsed document
+// costs tens of bytes a value, so 16 MiB of "{}," would take half a gigabyte).
 Result<nlohmann::json> ParseJson(std::string_view text, std::string_view what,
-                                 size_t max_depth = kMaxJsonDepth);
+                                 size_t max_depth = kMaxJsonDepth, size_t max_values = SIZE_MAX);
 
 // Bytes that are not valid UTF-8 become U+FFFD (JSON text, ZIP and pax names, events: every
 // reader can decode them).

@@ -2259,6 +2259,49 @@ def test_batch_get_errors(s3d, s3, user):
     assert r.status_code == 400 and "names no bucket" in r.text
 
 
+def test_batch_get_cut_after_a_full_piece_and_a_long_manifest(s3d, s3, user):
+    """The cut's header (pax-extended: a non-ASCII name) goes out whole though the piece before
+    it was nearly full; before, what did not fit in that read was dropped, and the stream ended
+    in a pax header with no entry after it. A manifest far larger than one piece (long keys
+    that all fail, their placeholder names percent-encoded) is streamed piece by piece, and
+    reads back whole."""
+    import json as _json
+
+    name = new_bucket(s3)
+    body = os.urandom(261120)  # with its header, one block short of the 256 KiB a read takes
+    s3.put_object(Bucket=name, Key="full", Body=body)
+    ak, sk = s3d.s3_key(user)
+    r = batch_get(s3d, ak, sk, f"/{name}?batch-get",
+                  {"items": [{"key": "full"}, {"key": "\u00e9-missing"}], "manifest": False},
+                  stream=True)
+    assert r.status_code == 200, r.text
+    got = bytearray()
+    with pytest.raises(requests.exceptions.ChunkedEncodingError):
+        for chunk in r.iter_content(65536):
+            got += chunk
+    # The entry, then the placeholder's pax header block, its record and its ustar header,
+    # which promises the byte that never comes.
+    assert len(got) == 512 + len(body) + 3 * 512, len(got)
+    assert got[512:512 + len(body)] == body
+    last = bytes(got[-512:])
+    assert last[156:157] == b"0" and last[124:135] == b"00000000001", last[:160]
+    assert "-missing".encode() in bytes(got[-1024:-512])  # the pax record names it
+
+    items = [{"key": "/".join(["%" * 200] * 5) + f"/{i}"} for i in range(1500)]
+    r = batch_get(s3d, ak, sk, f"/{name}?batch-get", {"items": items, "continue-on-error": True})
+    assert r.status_code == 200, r.text
+    entries = untar(r.content)
+    assert len(entries) == 1501 and entries[-1][0] == "__manifest__.json"
+    m = _json.loads(entries[-1][1])
+    assert len(entries[-1][1]) > 4 << 20  # many pieces
+    assert m["ok"] == 0 and m["errors"] == 1500 and len(m["items"]) == 1500
+    assert [x["index"] for x in m["items"]] == list(range(1500))
+    assert [x["name"] for x in m["items"]] == [n for n, _, _ in entries[:-1]]
+    assert [(x["status"], x["key"]) for x in m["items"][:2]] == [
+        (404, it["key"]) for it in items[:2]], m["items"][:2]
+    assert all(x["status"] == 404 and x["key"] == it["key"] for x, it in zip(m["items"], items))
+
+
 def test_metadata_cache_follows_the_file(s3d, s3):
     """GETs answer from cached metadata (on the event loop when nothing needs I/O), but never
     past a change to the file: removing or replacing its attribute on the volume shows at once."""

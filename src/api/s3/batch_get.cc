@@ -51,7 +51,7 @@ std::optional<S3Error> BatchGetStream::Prepare() {
   if (st.ok() && !items_.empty()) st = StartItem();
   if (stop_) return stop_;
   if (!st.ok()) {
-    failed_ = true;
+    failure_ = st;
     return FromStatus(st);
   }
   return std::nullopt;
@@ -255,47 +255,67 @@ void AppendJsonString(std::string& out, std::string_view raw) {
 
 }  // namespace
 
-Status BatchGetStream::WriteManifest() {
-  manifest_written_ = true;
-  std::string text = "{\"items\":[";
-  text.reserve(items_.size() * 96);
+void BatchGetStream::ManifestItem(std::string& text, size_t i) const {
+  const Outcome& o = outcomes_[i];
+  const BatchItem& it = items_[i];
   auto out = std::back_inserter(text);
-  for (size_t i = 0; i < outcomes_.size(); ++i) {
-    const Outcome& o = outcomes_[i];
-    const BatchItem& it = items_[i];
-    if (i > 0) text += ',';
-    fmt::format_to(out, "{{\"index\":{},\"bucket\":", i);
-    AppendJsonString(text, it.bucket);
-    text += ",\"key\":";
-    AppendJsonString(text, it.key);
-    fmt::format_to(out, ",\"status\":{},\"name\":", o.status);
-    if (o.code.empty()) {
-      AppendJsonString(text, it.name);
-      fmt::format_to(out, ",\"size\":{}", o.size);
-      if (o.range_total)
-        fmt::format_to(out, ",\"range\":\"bytes {}-{}/{}\"", o.range_first,
-                       o.range_first + o.size - 1, o.range_total);
-    } else {
-      AppendJsonString(text, PlaceholderName(o.status, it));
-      text += ",\"code\":";
-      AppendJsonString(text, o.code);
-      text += ",\"message\":";
-      AppendJsonString(text, o.message);
-    }
-    if (!it.opaque.empty()) {
-      text += ",\"opaque\":";
-      AppendJsonString(text, it.opaque);
-    }
-    text += '}';
+  if (i > 0) text += ',';
+  fmt::format_to(out, "{{\"index\":{},\"bucket\":", i);
+  AppendJsonString(text, it.bucket);
+  text += ",\"key\":";
+  AppendJsonString(text, it.key);
+  fmt::format_to(out, ",\"status\":{},\"name\":", o.status);
+  if (o.code.empty()) {
+    AppendJsonString(text, it.name);
+    fmt::format_to(out, ",\"size\":{}", o.size);
+    if (o.range_total)
+      fmt::format_to(out, ",\"range\":\"bytes {}-{}/{}\"", o.range_first,
+                     o.range_first + o.size - 1, o.range_total);
+  } else {
+    AppendJsonString(text, PlaceholderName(o.status, it));
+    text += ",\"code\":";
+    AppendJsonString(text, o.code);
+    text += ",\"message\":";
+    AppendJsonString(text, o.message);
   }
-  fmt::format_to(out, "],\"ok\":{},\"errors\":{}}}\n", ok_, errors_);
-  ArchiveWriter::Entry e;
-  e.name = kBatchManifestName;
-  e.size = text.size();
-  SetMtime(e, std::chrono::system_clock::now());
-  SLUICE_RETURN_IF_ERROR(tar_.Header(e));
-  SLUICE_RETURN_IF_ERROR(tar_.Data(text.data(), text.size()));
-  return tar_.FinishEntry(e.name);
+  if (!it.opaque.empty()) {
+    text += ",\"opaque\":";
+    AppendJsonString(text, it.opaque);
+  }
+  text += '}';
+}
+
+// The manifest is written as it is read, as the objects are: its size is counted first (each
+// item's record made and dropped), then its records go out a piece at a time. Held whole, a
+// batch of long keys that all fail (placeholder names percent-encoded: three bytes a byte)
+// made a manifest ten times the request's body, and copied it once more into the stream.
+Status BatchGetStream::WriteManifest() {
+  constexpr std::string_view kHead = "{\"items\":[";
+  const std::string tail = fmt::format("],\"ok\":{},\"errors\":{}}}\n", ok_, errors_);
+  std::string piece;
+  if (manifest_next_ == 0 && !manifest_started_) {
+    uint64_t size = kHead.size() + tail.size();
+    for (size_t i = 0; i < outcomes_.size(); ++i) {
+      piece.clear();
+      ManifestItem(piece, i);
+      size += piece.size();
+    }
+    ArchiveWriter::Entry e;
+    e.name = kBatchManifestName;
+    e.size = size;
+    SetMtime(e, std::chrono::system_clock::now());
+    SLUICE_RETURN_IF_ERROR(tar_.Header(e));
+    SLUICE_RETURN_IF_ERROR(tar_.Data(kHead.data(), kHead.size()));
+    manifest_started_ = true;
+  }
+  piece.clear();
+  while (manifest_next_ < outcomes_.size() && piece.size() < kReadChunk)
+    ManifestItem(piece, manifest_next_++);
+  SLUICE_RETURN_IF_ERROR(tar_.Data(piece.data(), piece.size()));
+  if (manifest_next_ < outcomes_.size()) return Status::Ok();
+  SLUICE_RETURN_IF_ERROR(tar_.Data(tail.data(), tail.size()));
+  manifest_written_ = true;
+  return tar_.FinishEntry(kBatchManifestName);
 }
 
 Status BatchGetStream::Step() {
@@ -306,12 +326,13 @@ Status BatchGetStream::Step() {
 }
 
 Result<size_t> BatchGetStream::Read(char* buf, size_t cap) {
-  if (failed_) return Status(Code::kInternal, fmt::format("{} already failed", label_));
+  // What the stream holds up to the failed item still goes out, over as many reads as it
+  // takes (the cut's header may follow a nearly full piece); the cut follows it.
+  if (!failure_.ok()) return tar_.pending() > 0 ? Result<size_t>(tar_.Take(buf, cap)) : failure_;
   while (tar_.pending() < cap && !tar_.closed()) {
     if (Status st = Step(); !st.ok()) {
-      failed_ = true;
+      failure_ = st;
       spdlog::warn("{}: {}", label_, st.ToString());
-      // What the stream holds up to the failed item still goes out; the cut follows it.
       if (tar_.pending() > 0) return tar_.Take(buf, cap);
       return st;
     }

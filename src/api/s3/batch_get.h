@@ -51,6 +51,7 @@ class BatchGetStream {
   Status FileData();
   Status Failed(const S3Error& e);
   Status WriteManifest();
+  void ManifestItem(std::string& text, size_t i) const;  // item i's record, ',' before it
 
   ObjectStore* objects_;
   std::vector<BatchItem> items_;
@@ -69,7 +70,9 @@ class BatchGetStream {
   };
   std::vector<Outcome> outcomes_;
   Outcome* Record();  // this item's outcome, when a manifest is kept
-  bool manifest_written_ = false, failed_ = false;
+  bool manifest_started_ = false, manifest_written_ = false;
+  size_t manifest_next_ = 0;     // the next item the manifest names
+  Status failure_;               // the step that cut the stream
   std::optional<S3Error> stop_;  // the item that ended a batch without continue-on-error
   uint64_t ok_ = 0, errors_ = 0, bytes_ = 0;
 };

@@ -102,7 +102,10 @@ bool OneByteRange(std::string_view r) {
 
 Result<BatchRequest> ParseBatchRequest(std::string_view body, std::string_view default_bucket) {
   auto bad = [](std::string msg) { return Status(Code::kInvalidArgument, std::move(msg)); };
-  SLUICE_ASSIGN_OR_RETURN(auto j, ParseJson(body, "the batch-get request"));
+  // Each item an object of at most four fields: more values than that cannot be a batch
+  // this takes, and are refused before a document of them is built.
+  SLUICE_ASSIGN_OR_RETURN(
+      auto j, ParseJson(body, "the batch-get request", kMaxJsonDepth, kMaxBatchItems * 6 + 16));
   if (!j.is_object() || !j.contains("items") || !j["items"].is_array())
     return bad("the body must be a JSON object with an \"items\" array");
   BatchRequest r;

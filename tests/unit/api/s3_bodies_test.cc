@@ -109,6 +109,14 @@ TEST(S3Bodies, BatchRequest) {
   EXPECT_NE(long_key.status().message().find("item 0: the key is over 1024 bytes"),
             std::string::npos);
   EXPECT_ERROR(ParseBatchRequest(one("a"), bucket + "b"), Code::kInvalidArgument);
+  // Values past what 100,000 items can hold are refused before any document is built.
+  std::string empties = R"({"items": [)";
+  for (size_t i = 0; i < kMaxBatchItems * 7; ++i) empties += "{},";
+  empties += "{}]}";
+  auto many = ParseBatchRequest(empties, "b");
+  ASSERT_ERROR(many, Code::kInvalidArgument);
+  EXPECT_NE(many.status().message().find("holds more than"), std::string::npos)
+      << many.status().ToString();
 }
 
 }  // namespace

@@ -31,6 +31,22 @@ TEST(Json, TooDeepIsRefusedBeforeParsing) {
   EXPECT_FALSE(ParseJson("[" + ok + "]", "body").ok());
 }
 
+TEST(Json, TooManyValuesAreRefusedBeforeParsing) {
+  EXPECT_EQ(JsonValueBound(R"({"a": [1, 2, "x,y,[{"]})", 100), 5u);
+  EXPECT_EQ(JsonValueBound("7", 100), 1u);
+  std::string many = "[";
+  for (int i = 0; i < 200000; ++i) many += "{},";
+  many += "{}]";
+  EXPECT_EQ(JsonValueBound(many, 1000), 1001u);  // stops once past the bound
+  auto r = ParseJson(many, "the body", kMaxJsonDepth, 1000);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(r.status().message(), "the body holds more than 1000 values");
+  EXPECT_TRUE(ParseJson(many, "the body").ok());  // no bound by default
+  EXPECT_TRUE(ParseJson("[1,2,3]", "the body", kMaxJsonDepth, 4).ok());
+  EXPECT_FALSE(ParseJson("[1,2,3,4]", "the body", kMaxJsonDepth, 4).ok());
+}
+
 TEST(Json, InvalidJsonNamesWhat) {
   auto r = ParseJson("{nope", "the token's claims");
   ASSERT_FALSE(r.ok());

@@ -464,7 +464,10 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
     // Out of inodes with bytes to spare (millions of small objects): every block is a file,
     // so each one evicted gives one back (before 2026-12-06 each new block failed to open
     // and was refused, the cache frozen as it was).
-    auto few_files = [&] { return inodes && inodes->free + freed_files <= inodes->floor; };
+    // (Counting the blocks other writers are making now, as for bytes.)
+    auto few_files = [&] {
+      return inodes && inodes->free + freed_files <= inodes->floor + reserved_files_;
+    };
     // Possible at all: within max-size with everything else evicted, and the floor kept with
     // every block's disk space back, counted at least (each block takes its header and data
     // rounded up to 4 KiB pages: at least one page, at least its bytes). An estimate above
@@ -479,8 +482,11 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
     const uint64_t blocks = index_.blocks() - held_blocks;
     const uint64_t evictable =
         std::max(index_.bytes() - held_bytes + blocks * kHeader, blocks * 4096);
+    // And the inode floor kept with every block's file back (before 2026-12-07 a disk whose
+    // other files took the inodes had the whole cache evicted, then the block refused).
     room = free && data.size() + reserved_ <= opts_.max_bytes &&
-           opts_.min_free + reserved_disk_ + need <= *free + evictable;
+           opts_.min_free + reserved_disk_ + need <= *free + evictable &&
+           (!inodes || inodes->free + blocks > inodes->floor + reserved_files_);
     while (room && (over() || low() || few_files())) {
       uint64_t size = 0;
       auto k = EvictOne(&size);
@@ -496,6 +502,7 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
     if (room) {
       reserved_ += data.size();
       reserved_disk_ += need;
+      reserved_files_ += 1;
     } else {
       stats_.rejected += 1;
     }
@@ -514,6 +521,7 @@ bool BlockStore::Put(const std::string& id, std::string_view data) {
   std::lock_guard lk(mu_);
   reserved_ -= data.size();
   reserved_disk_ -= need;
+  reserved_files_ -= 1;
   written_disk_ += need;
   if (w == Written::kFailed) {
     stats_.rejected += 1;

@@ -129,7 +129,7 @@ class BlockStore {
   BlockIndex index_;
   Stats stats_;
   // Blocks being written now: their bytes, and what they take on the disk.
-  uint64_t reserved_ = 0, reserved_disk_ = 0;
+  uint64_t reserved_ = 0, reserved_disk_ = 0, reserved_files_ = 0;
   // What the writes that ended took on the disk, ever (Put's free-space sample is corrected by
   // what ended after it was taken). Read outside mu_, written under it.
   std::atomic<uint64_t> written_disk_{0};

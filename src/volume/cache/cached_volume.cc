@@ -614,12 +614,19 @@ Result<T> CachedVolume::Revalidate(const std::string& key, std::function<Result<
         p->done = true;
         p->cv.notify_all();
       };
-      const bool queued = revalidate_->Submit([this, ask = std::move(ask), done] {
+      const bool queued = revalidate_->Submit([this, key, ask = std::move(ask), done] {
         if (stopping_)
           return done(Status(Code::kUnavailable, "the node is stopping"),
                       std::chrono::nanoseconds::max());
         const auto t0 = Steady::now();
-        Result<T> r = ask();
+        // (Answered however the ask ends, or its key would stay taken and every caller of it
+        // wait out the timeout, then call the origin silent.)
+        Result<T> r = Status(Code::kInternal, "");
+        try {
+          r = ask();
+        } catch (const std::exception& e) {
+          r = Status(Code::kInternal, fmt::format("revalidation of {}: {}", key, e.what()));
+        }
         done(std::move(r), Steady::now() - t0);
       });
       if (!queued)
@@ -908,11 +915,12 @@ void CachedVolume::KeepMeta(const VFolderId& vfid, const std::string& rel, Meta 
       {"e", EntryJson(m.entry)},
       {"m", Base64Encode(m.meta)}};
   auto apply = [&] {
+    decltype(meta_) full;  // (freed after the lock is let go)
     std::lock_guard lk(mu_);
     if (GenLocked(vfid.ToString()) != gen) return false;  // a write since: maybe older than it
     if (auto it = meta_.find(key); it != meta_.end() && it->second.fetched > m.fetched)
-      return false;                              // a younger answer is there (this one was late)
-    if (meta_.size() > kMaxMeta) meta_.clear();  // bounded: a full table starts over
+      return false;                                 // a younger answer is there (this one was late)
+    if (meta_.size() > kMaxMeta) full.swap(meta_);  // bounded: a full table starts over
     meta_[key] = std::move(m);
     return true;
   };
@@ -1136,6 +1144,7 @@ void CachedVolume::Invalidate(const VFolderId& vfid, const std::vector<std::stri
   }
   if (roots.empty()) roots.push_back(prefix);
   std::vector<decltype(meta_)::node_type> gone;
+  Freed freed;
   auto drop = [&](const std::string& root) {
     // (A root names a file or a directory: its key, and keys below it; "a" is not "ab".)
     auto below = [&](const std::string& k) {
@@ -1160,7 +1169,7 @@ void CachedVolume::Invalidate(const VFolderId& vfid, const std::vector<std::stri
       // Unlinked here, freed after the lock is let go (as in EvictAll).
       drop(root);
       for (auto it = dirs_.lower_bound(prefix); it != dirs_.end() && it->first.starts_with(prefix);)
-        DropListingLocked(it++);
+        DropListingLocked(it++, &freed);
       // (Directories found too large stay so: what is listed from the origin is always fresh.)
     });
   SyncJournal();
@@ -1221,8 +1230,9 @@ Result<DirEntry> CachedVolume::Stat(const VFolderId& vfid, std::string_view relp
   return r;
 }
 
-void CachedVolume::KeepListingLocked(const std::string& key, std::shared_ptr<const Listing> l) {
-  if (auto it = dirs_.find(key); it != dirs_.end()) DropListingLocked(it);
+void CachedVolume::KeepListingLocked(const std::string& key, std::shared_ptr<const Listing> l,
+                                     Freed* freed) {
+  if (auto it = dirs_.find(key); it != dirs_.end()) DropListingLocked(it, freed);
   listed_entries_ += l->entries.size();
   dirs_.emplace(key, std::move(l));
   // Bounded by count and by entries: past either, the oldest listings go, down to 7/8 of
@@ -1236,13 +1246,14 @@ void CachedVolume::KeepListingLocked(const std::string& key, std::shared_ptr<con
   std::sort(by_age.begin(), by_age.end());
   for (const auto& [fetched, k] : by_age) {
     if (dirs_.size() <= max_dirs / 8 * 7 && listed_entries_ <= max_entries / 8 * 7) break;
-    DropListingLocked(dirs_.find(k));
+    DropListingLocked(dirs_.find(k), freed);
   }
 }
 
 void CachedVolume::DropListingLocked(
-    std::map<std::string, std::shared_ptr<const Listing>>::iterator it) {
+    std::map<std::string, std::shared_ptr<const Listing>>::iterator it, Freed* freed) {
   listed_entries_ -= it->second->entries.size();
+  if (freed) freed->push_back(std::move(it->second));
   dirs_.erase(it);
 }
 
@@ -1276,8 +1287,9 @@ Result<std::pair<std::shared_ptr<const CachedVolume::Listing>, std::string>> Cac
         if (!n) break;
         if (fresh->entries.size() >= opts_.max_listing) {  // listed from the origin instead
           OriginAnswered();
+          Freed freed;
           std::lock_guard lk(mu_);
-          if (auto it = dirs_.find(key); it != dirs_.end()) DropListingLocked(it);
+          if (auto it = dirs_.find(key); it != dirs_.end()) DropListingLocked(it, &freed);
           if (large_dirs_.size() >= (1u << 16)) large_dirs_.clear();
           large_dirs_[key] = asked;
           return std::shared_ptr<const Listing>();
@@ -1301,12 +1313,13 @@ Result<std::pair<std::shared_ptr<const CachedVolume::Listing>, std::string>> Cac
                es.end());
       OriginAnswered();
       fresh->fetched = asked;  // as old as the question: a late answer is not made younger
+      Freed freed;
       std::lock_guard lk(mu_);
       auto kept = dirs_.find(key);
       // Not kept over a write since (it may predate it), nor over a younger answer.
       if (GenLocked(vfid.ToString()) == gen &&
           (kept == dirs_.end() || kept->second->fetched <= asked))
-        KeepListingLocked(key, fresh);
+        KeepListingLocked(key, fresh, &freed);
       large_dirs_.erase(key);
       return std::shared_ptr<const Listing>(fresh);
     };
@@ -1437,40 +1450,48 @@ Result<std::shared_ptr<const std::string>> CachedVolume::Block(
     f->cv.notify_all();
     answered = true;
   };
-  // The miss above may have raced a leader that stored the block and left just before this
-  // flight began: look again now that no one else can start fetching it.
-  if (auto hit = store_->Get(id)) {
-    if (reader) CountHit();
-    result = std::make_shared<const std::string>(std::move(*hit));
-  } else if (auto h = held ? held() : nullptr) {
-    if (reader) CountHit();
-    result = std::move(h);
-  } else {
-    if (reader) {
-      n_.misses++;
-      (*g_misses_)++;
-    } else if (asker == Asker::kReadAhead) {
-      n_.read_ahead++;
-      (*g_read_ahead_)++;
-    }
-    auto got = fetch();
-    if (!got.ok()) {
-      result = got.status();
+  // However the fetch ends (an exception too: bad_alloc of a block's buffer, say), the flight
+  // is unlisted and its readers answered below; else they, and every later miss of the block,
+  // would wait on it for good.
+  try {
+    // The miss above may have raced a leader that stored the block and left just before this
+    // flight began: look again now that no one else can start fetching it.
+    if (auto hit = store_->Get(id)) {
+      if (reader) CountHit();
+      result = std::make_shared<const std::string>(std::move(*hit));
+    } else if (auto h = held ? held() : nullptr) {
+      if (reader) CountHit();
+      result = std::move(h);
     } else {
-      n_.origin_bytes += got->size();
-      (*g_origin_bytes_) += got->size();
-      result = std::make_shared<const std::string>(std::move(got).value());
-      // The joined readers have the bytes before the block's disk write, not after it (since
-      // 2026-12-06); the flight stays listed until the write ends, so that a reader arriving
-      // meanwhile joins it rather than fetching the block again.
-      answer();
-      if (fetched) fetched(*result);
-      if (!(asker == Asker::kWarm || Admit(id)) || !store_->Put(id, **result)) {
-        n_.rejects++;
-        (*g_rejects_)++;
+      if (reader) {
+        n_.misses++;
+        (*g_misses_)++;
+      } else if (asker == Asker::kReadAhead) {
+        n_.read_ahead++;
+        (*g_read_ahead_)++;
       }
-      PublishStore();
+      auto got = fetch();
+      if (!got.ok()) {
+        result = got.status();
+      } else {
+        n_.origin_bytes += got->size();
+        (*g_origin_bytes_) += got->size();
+        result = std::make_shared<const std::string>(std::move(got).value());
+        // The joined readers have the bytes before the block's disk write, not after it (since
+        // 2026-12-06); the flight stays listed until the write ends, so that a reader arriving
+        // meanwhile joins it rather than fetching the block again.
+        answer();
+        if (fetched) fetched(*result);
+        if (!(asker == Asker::kWarm || Admit(id)) || !store_->Put(id, **result)) {
+          n_.rejects++;
+          (*g_rejects_)++;
+        }
+        PublishStore();
+      }
     }
+  } catch (const std::exception& e) {
+    spdlog::warn("cache {}: block {}: {}", name(), id, e.what());
+    if (!answered) result = Status(Code::kInternal, fmt::format("block {}: {}", id, e.what()));
   }
   {
     std::lock_guard lk(mu_);
@@ -1564,9 +1585,15 @@ Status CachedVolume::Mkdir(const VFolderId& vfid, std::string_view relpath, bool
 Status CachedVolume::Rename(const VFolderId& vfid, std::string_view relpath,
                             std::string_view new_name) {
   Status st = ForwardingVolume::Rename(vfid, relpath, new_name);
-  // The old name and the new one, next to it.
-  std::string_view parent = relpath.substr(0, relpath.find_last_of('/') + 1);
-  Invalidate(vfid, {std::string(relpath), std::string(parent) + std::string(new_name)});
+  // The old name and the new one, next to it (by the path's components, as the volume reads
+  // it: "d/f/" renames d/f to d/<new_name>). A path that does not split: the whole vfolder.
+  auto parts = SplitRelPath(relpath);
+  if (!parts.ok() || parts->empty()) {
+    Invalidate(vfid, {});
+    return st;
+  }
+  parts->back() = std::string(new_name);
+  Invalidate(vfid, {std::string(relpath), JoinComponents(*parts, parts->size())});
   return st;
 }
 

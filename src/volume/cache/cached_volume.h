@@ -287,8 +287,14 @@ class CachedVolume : public ForwardingVolume {
   // OpenDir (`from` null) or OpenDirFrom.
   Result<std::unique_ptr<DirHandle>> OpenListed(const VFolderId& vfid, std::string_view relpath,
                                                 const ListFrom* from);
-  void KeepListingLocked(const std::string& key, std::shared_ptr<const Listing> l);
-  void DropListingLocked(std::map<std::string, std::shared_ptr<const Listing>>::iterator it);
+  // Listings dropped under mu_ go into `*freed` (when given), a vector the caller declared before
+  // taking the lock: a listing of a million entries is freed after the lock is let go, not while
+  // the event loops' opens wait on it.
+  using Freed = std::vector<std::shared_ptr<const Listing>>;
+  void KeepListingLocked(const std::string& key, std::shared_ptr<const Listing> l,
+                         Freed* freed = nullptr);
+  void DropListingLocked(std::map<std::string, std::shared_ptr<const Listing>>::iterator it,
+                         Freed* freed = nullptr);
   std::map<std::string, std::shared_ptr<const Listing>> dirs_;  // "<vfid>\0<relpath>"; mu_
   uint64_t listed_entries_ = 0;                                 // in dirs_; mu_
   // Directories found larger than max-listing, and when: listed from the origin within the

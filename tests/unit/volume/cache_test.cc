@@ -35,8 +35,10 @@ class CountingReader : public ForwardingFileReader {
         reads_(reads),
         down_(down),
         hold_(std::move(hold)) {}
+  std::atomic<int>* throws = nullptr;  // reads that throw, when above 0
   Result<size_t> ReadAt(uint64_t offset, char* buf, size_t n) override {
     if (*down_) return Status(Code::kUnavailable, "the origin is down");
+    if (throws && throws->fetch_sub(1) > 0) throw std::bad_alloc();
     ++*reads_;
     hold_();
     std::this_thread::sleep_for(std::chrono::milliseconds(2));  // an origin takes its time
@@ -85,8 +87,9 @@ class Origin : public ForwardingVolume {
     Hold();
     if (down) return Status(Code::kUnavailable, "the origin is down");  // went down meanwhile
     ++opened;
-    return std::shared_ptr<FileReader>(
-        std::make_shared<CountingReader>(r, &reads, &down, [this] { HoldRead(); }));
+    auto counting = std::make_shared<CountingReader>(r, &reads, &down, [this] { HoldRead(); });
+    counting->throws = &throwing_reads;
+    return std::shared_ptr<FileReader>(std::move(counting));
   }
   Result<std::unique_ptr<DirHandle>> OpenDir(const VFolderId& vfid, std::string_view rel) override {
     if (down) return Status(Code::kUnavailable, "the origin is down");
@@ -120,7 +123,8 @@ class Origin : public ForwardingVolume {
   std::atomic<int> opens{0}, opened{0}, reads{0}, lists{0}, stats{0};
   std::atomic<int> listed{0};  // entries the origin's listings yielded
   std::atomic<bool> down{false};
-  std::function<void()> before_open;  // run once, by the next open (not thread-safe)
+  std::atomic<int> throwing_reads{0};  // the next reads throw bad_alloc (a buffer not had)
+  std::function<void()> before_open;   // run once, by the next open (not thread-safe)
 
  private:
   void Hold() {
@@ -325,6 +329,20 @@ TEST_F(Cache, ConcurrentMissesMakeOneOriginReadPerBlock) {
   for (auto& t : ts) t.join();
   EXPECT_EQ(good, 64);
   EXPECT_EQ(origin_->reads, 4);
+}
+
+// A fetch that throws (bad_alloc of the block's buffer) is the reader's error, and leaves no
+// flight behind: the next reader of the block fetches it (before, the exception left the
+// flight listed and unanswered, and every later reader of the block waited on it for good).
+TEST_F(Cache, AFetchThatThrowsLeavesNoFlightBehind) {
+  Start();
+  const std::string data = Bytes(kMiB / 2, 4);
+  Put("f", data);
+  origin_->throwing_reads = 1;
+  Status st;
+  EXPECT_NO_THROW(EXPECT_EQ(ReadAll("f", &st), "")) << st.ToString();
+  EXPECT_EQ(st.code(), Code::kInternal) << st.ToString();
+  EXPECT_EQ(ReadAll("f"), data);
 }
 
 // A restart with another block size: block N of a file is other bytes now, and must not be
@@ -996,6 +1014,15 @@ TEST_F(Cache, WritesThroughThisNodeDropWhatTheyReplace) {
   ASSERT_OK(cache_->DeleteFiles(vf_, {"b"}, false));
   EXPECT_EQ(ReadAll("b", &st), "");
   EXPECT_EQ(st.code(), Code::kNotFound);
+  // A rename of "d/f/" (a trailing slash, as a manager-API relpath may have it) lands on d/g,
+  // and drops what the cache knew of d/g (gone below it meanwhile), not of "d/f/g".
+  Put("d/f", "first");
+  Put("d/g", "gee");
+  EXPECT_EQ(ReadAll("d/g"), "gee");
+  auto& mem = dynamic_cast<MemVolume&>(ForwardingVolume::Innermost(*cache_));
+  ASSERT_OK(mem.DeleteFiles(vf_, {"d/g"}, false));
+  ASSERT_OK(cache_->Rename(vf_, "d/f/", "g"));
+  EXPECT_EQ(ReadAll("d/g"), "first");
 }
 
 // A write through this node drops what it lands on, not the rest of the vfolder: before
@@ -1569,6 +1596,30 @@ TEST(BlockStore, ACacheDiskOutOfInodesEvictsForNewBlocks) {
   EXPECT_LT(st.blocks, 150u);
   EXPECT_GE(st.evictions, 250u);
   EXPECT_EQ((*store)->Get(id(399)), std::string(100, static_cast<char>(399)));
+}
+
+// Inodes taken by other files, so that even every block's file back would leave the disk
+// below the floor: the block is refused with nothing evicted (before, the whole cache went).
+TEST(BlockStore, ABlockNoInodeCanBeFoundForEvictsNothing) {
+  SmallTmpfs tmpfs("size=64m,nr_inodes=400");
+  ASSERT_TRUE(tmpfs.mounted) << std::strerror(errno);
+  auto store = BlockStore::Open(StoreOn(tmpfs));
+  ASSERT_OK(store);
+  auto id = [](int i) { return BlockIndex::KeyHex(K(i)); };
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*store)->Put(id(i), std::string(100, 'b'))) << i;
+  // Other files take every inode but one (the floor is 4: 1% of 400).
+  const std::string other = tmpfs.dir + "/other";
+  ASSERT_EQ(::mkdir(other.c_str(), 0755), 0);
+  for (int i = 0;; ++i) {
+    struct statvfs sv;
+    ASSERT_EQ(::statvfs(tmpfs.dir.c_str(), &sv), 0);
+    if (sv.f_favail <= 1) break;
+    std::ofstream(other + "/" + std::to_string(i)) << "x";
+    ASSERT_LT(i, 1000);
+  }
+  EXPECT_FALSE((*store)->Put(id(9), std::string(100, 'n')));
+  EXPECT_EQ((*store)->stats().blocks, 3u);
+  EXPECT_EQ((*store)->Get(id(0)), std::string(100, 'b'));
 }
 
 TEST(BlockStore, ABlockThatCannotFitEvictsNothing) {

@@ -793,6 +793,10 @@ constexpr const char* kUploadRecord = "upload";
 // request that may end it (a rename onto a name that does not exist: the other finds no
 // record), so that of a Complete and an Abort, or two Completes, one wins.
 constexpr const char* kEndingRecord = "ending";
+// Written by the request that ends an upload when it claims it, and again as a Complete goes on
+// (its time is the claim's last sign of life): a claim silent for longer than the lease was
+// cut short by a crash or a restart, and the upload is given back (ObjectStore::GetMultipart).
+constexpr const char* kEndingBeat = "ending.beat";
 
 std::string UploadDir(std::string_view id) {
   return fmt::format("mp-{}", id);
@@ -942,10 +946,40 @@ Result<MultipartUpload> ObjectStore::CreateMultipart(Volume& v, const VFolderId&
   return u;
 }
 
+bool ObjectStore::ClaimLapsed(Volume& v, const VFolderId& vfid, std::string_view id) {
+  auto ending = v.Stat(vfid, UploadRel(id) + "/" + kEndingRecord);
+  if (!ending.ok()) return false;
+  // The claim's rename changed the record (its ctime; an origin's rename is a copy, a new
+  // mtime); each beat after it is newer.
+  auto last = std::max(ending->modified, ending->changed);
+  if (auto beat = v.Stat(vfid, UploadRel(id) + "/" + kEndingBeat); beat.ok())
+    last = std::max(last, beat->modified);
+  return std::chrono::system_clock::now() - last > claim_lease_;
+}
+
+void ObjectStore::Beat(Volume& v, const VFolderId& vfid, std::string_view id) {
+  auto w = BeginWrite(v, vfid, {kStagingDirName, UploadDir(id), kEndingBeat}, 0, false);
+  Status st =
+      w.ok() ? (*w)->PublishWith([](const DirEntry&) { return std::string(); }, false) : w.status();
+  if (!st.ok())
+    spdlog::warn("s3: upload {}: its claim's beat was not written: {}", id, st.ToString());
+}
+
 Result<MultipartUpload> ObjectStore::GetMultipart(Volume& v, const VFolderId& vfid,
                                                   std::string_view id) {
   if (!IsLowerHex(id, 32, 32)) return NoUpload(id);
   auto f = v.OpenReader(vfid, UploadRel(id) + "/" + kUploadRecord);
+  // Claimed by a request that has not been heard of for the lease (its node crashed or
+  // restarted mid-Complete): the upload is given back, so that a retried Complete finds it
+  // and the sweep does not take its parts for a completed upload's leftovers. (Of two taking it
+  // back, one renames; the other finds the record.)
+  if (!f.ok() && IsObjectNotFound(f.status()) && ClaimLapsed(v, vfid, id)) {
+    Status back = v.Rename(vfid, UploadRel(id) + "/" + kEndingRecord, kUploadRecord);
+    spdlog::warn("s3: upload {}: a claim silent for {} s given back{}", id,
+                 std::chrono::duration_cast<std::chrono::seconds>(claim_lease_).count(),
+                 back.ok() ? "" : ": " + back.ToString());
+    f = v.OpenReader(vfid, UploadRel(id) + "/" + kUploadRecord);
+  }
   if (!f.ok()) return IsObjectNotFound(f.status()) ? NoUpload(id) : f.status();
   SLUICE_ASSIGN_OR_RETURN(std::string blob, (*f)->ReadMeta());
   if (blob.empty()) {  // kept as content only (no user xattrs)
@@ -976,6 +1010,9 @@ Result<std::unique_ptr<ObjectWriter>> ObjectStore::BeginPart(Volume& v, const VF
       // leftover for the sweep). Before, it went: the client heard NoSuchUpload, and a
       // Complete that failed gave back an upload without the part its client had listed.
       if (v.Stat(vfid, UploadRel(id) + "/" + kEndingRecord).ok()) return Status::Ok();
+      // Given back between the two looks (the Complete this part's replacement made refuse):
+      // the part is the upload's. (Before, it went, and the upload had no part of its number.)
+      if (GetMultipart(v, vfid, id).ok()) return Status::Ok();
       (void)v.DeleteFiles(vfid, {rel}, false);
       (void)v.DeleteFiles(vfid, {UploadRel(id)}, false);  // only while empty
       return NoUpload(id);
@@ -1029,6 +1066,13 @@ Result<std::string> ObjectStore::CompleteMultipart(Volume& v, const VFolderId& v
   for (const auto& p : parts) size += p.size;
   SLUICE_RETURN_IF_ERROR(v.CheckStagedSize(size));  // before the claim: the upload stays whole
   SLUICE_RETURN_IF_ERROR(ClaimUpload(v, vfid, u.id));
+  Beat(v, vfid, u.id);
+  auto beaten = std::chrono::steady_clock::now();
+  auto keep_claim = [&] {  // a sign of life well within the lease, between parts
+    if (std::chrono::steady_clock::now() - beaten < claim_lease_ / 4) return;
+    Beat(v, vfid, u.id);
+    beaten = std::chrono::steady_clock::now();
+  };
   // Until the object is published, a failure gives the upload back to its client.
   auto build = [&]() -> Result<std::string> {
     SLUICE_ASSIGN_OR_RETURN(auto w, BeginWrite(v, vfid, std::move(key_parts), 0, false));
@@ -1056,6 +1100,7 @@ Result<std::string> ObjectStore::CompleteMultipart(Volume& v, const VFolderId& v
         return Status(Code::kConflict, fmt::format("part {} changed while completing", p.number));
       SLUICE_RETURN_IF_ERROR(w->CopyFrom(*f, p.size));
       md5s.push_back(p.md5);
+      keep_claim();
     }
     ObjectMeta meta = u.meta;
     meta.etag = MultipartETag(md5s);
@@ -1155,8 +1200,12 @@ size_t ObjectStore::SweepMultipart(Volume& v, const VFolderId& vfid, std::chrono
         continue;
       auto e = (*dir)->StatEntry(name);
       if (!e.ok() || e->modified > leftover_cutoff) continue;
+      // (A claim that lapsed is given back here; one still alive is a Complete or an Abort
+      // at work, however long: its parts are not leftovers.)
       auto u = GetMultipart(v, vfid, name.substr(3));
-      if (!u.ok() && u.status().code() == Code::kNotFound) gone.push_back(name);
+      if (!u.ok() && u.status().code() == Code::kNotFound &&
+          !v.Stat(vfid, UploadRel(name.substr(3)) + "/" + kEndingRecord).ok())
+        gone.push_back(name);
     }
     for (const auto& name : gone)
       if (v.DeleteFiles(vfid, {std::string(kStagingDirName) + "/" + name}, true).ok())

@@ -253,6 +253,11 @@ class ObjectStore {
         meta_cache_(std::make_shared<ObjectMetaCache>()),
         key_order_cache_(std::make_shared<KeyOrderCache>()) {}
 
+  // A Complete or an Abort claims its upload (see ClaimUpload); a claim not heard of for this
+  // long (a Complete gives a sign of life between parts) was cut short by a crash or a
+  // restart, and the upload is given back to the next request that asks for it. 15 minutes.
+  void SetClaimLease(std::chrono::milliseconds lease) { claim_lease_ = lease; }
+
   // --- multipart uploads ---
   Result<MultipartUpload> CreateMultipart(Volume& v, const VFolderId& vfid, std::string_view key,
                                           ObjectMeta meta, std::string checksum_algo = "",
@@ -331,10 +336,15 @@ class ObjectStore {
   // Makes this request the one that ends upload `id` (Complete or Abort): NoSuchUpload when
   // it is gone or another request is ending it.
   Status ClaimUpload(Volume& v, const VFolderId& vfid, const std::string& id);
+  // Whether upload `id` is claimed by a request silent for longer than the claim lease.
+  bool ClaimLapsed(Volume& v, const VFolderId& vfid, std::string_view id);
+  // A claim's sign of life (its failure is logged: the claim then lapses sooner).
+  void Beat(Volume& v, const VFolderId& vfid, std::string_view id);
 
   std::shared_mutex& GateOf(const Volume& v, const VFolderId& vfid);
 
   static constexpr size_t kGates = 64;
+  std::chrono::milliseconds claim_lease_{std::chrono::minutes(15)};
   QuotaReservations* reservations_;
   ThreadPool* background_;
   std::unique_ptr<std::shared_mutex[]> gates_;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -410,6 +411,50 @@ TEST_F(VfsObjects, CompletedUploadsEndAtOnceAndTheSweepTakesWhatTheyLeave) {
   auto odd_object = store.Open(vol, vf, raw_key);
   ASSERT_OK(odd_object);
   EXPECT_EQ(odd_object->entry.size, 1u);
+}
+
+// A Complete cut short by a crash leaves its claim (the record renamed "ending") behind. While
+// the claim is within its lease the upload is being ended: NoSuchUpload, and the sweep keeps its
+// parts however old the directory. Once the lease has passed without a sign of life, the upload
+// is given back: the client's retried Complete completes it. Before 2026-12-07 it answered
+// NoSuchUpload for good, and the sweep removed the parts an hour later.
+TEST_F(VfsObjects, ACompleteCutShortGivesTheUploadBackOnceItsClaimLapses) {
+  auto& vol = *vol_;
+  QuotaReservations reservations;
+  ObjectStore store(&reservations);
+  store.SetClaimLease(std::chrono::milliseconds(1500));
+  auto u = store.CreateMultipart(vol, vf, "cut", {});
+  ASSERT_OK(u);
+  const std::string first(5 << 20, 'a');
+  for (int n = 1; n <= 2; ++n) {
+    auto w = store.BeginPart(vol, vf, *u, n, n == 1 ? first.size() : 4, false);
+    ASSERT_OK(w);
+    ASSERT_OK(n == 1 ? (*w)->Write(first.data(), first.size()) : (*w)->Write("tail", 4));
+    ASSERT_OK((*w)->Publish(ObjectMeta{}, false));
+  }
+  auto parts = store.ListParts(vol, vf, *u);
+  ASSERT_OK(parts);
+  const std::string dir = std::string(kStagingDirName) + "/mp-" + u->id;
+  ASSERT_OK(vol.Rename(vf, dir + "/upload", "ending"));  // claimed, then the node went down
+  EXPECT_ERROR(store.CompleteMultipart(vol, vf, *u, *parts, {}, false), Code::kNotFound);
+  // An hour-old directory with a live claim: not a completed upload's leftovers.
+  auto hour_ago = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now()) - 3601;
+  const std::string path = vol.MountPath(vf, "").value() + "/" + dir;
+  struct timespec times[2] = {{hour_ago, 0}, {hour_ago, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0) << path;
+  EXPECT_EQ(store.SweepMultipart(vol, vf, std::chrono::hours(24)), 0u);
+  ASSERT_OK(vol.Stat(vf, dir + "/p00001"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1700));
+  auto back = store.GetMultipart(vol, vf, u->id);  // the retry's lookup gives it back
+  ASSERT_OK(back);
+  auto again = store.ListParts(vol, vf, *back);
+  ASSERT_OK(again);
+  EXPECT_EQ(again->size(), 2u);
+  ASSERT_OK(store.CompleteMultipart(vol, vf, *back, *again, {}, false));
+  auto o = store.Open(vol, vf, "cut");
+  ASSERT_OK(o);
+  EXPECT_EQ(o->entry.size, first.size() + 4);
+  EXPECT_ERROR(store.GetMultipart(vol, vf, u->id), Code::kNotFound);
 }
 
 // An S3 write's reservation is what is still to come: the bytes it wrote are in the scope's

@@ -3,6 +3,7 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -142,6 +143,14 @@ Status WriteAll(int fd, std::string_view data, uint64_t* off) {
                     : ::write(fd, data.data(), data.size());
     if (n < 0) {
       if (errno == EINTR) continue;
+      // A non-blocking stdout (left so by the process that started this one) that is full:
+      // waited for. Failed instead, the GET would be resumed and resend what was written.
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        struct pollfd p {
+          fd, POLLOUT, 0
+        };
+        if (::poll(&p, 1, -1) >= 0 || errno == EINTR) continue;
+      }
       return Status::FromErrno(errno, "write");
     }
     data.remove_prefix(static_cast<size_t>(n));
@@ -298,6 +307,10 @@ void Transfer::Say(const std::string& line) {
 uint64_t Transfer::PartSizeFor(uint64_t size) const {
   uint64_t ps = opts_.part_size;
   while ((size + ps - 1) / ps > kMaxParts) ps *= 2;
+  // Doubling may pass S3's largest part (5 GiB) where the fewest parts that hold the file do
+  // not: a file over 40 TiB in 16 MiB parts doubled to 8 GiB.
+  constexpr uint64_t kMaxPart = 5ULL << 30;
+  if (ps > kMaxPart) ps = std::max<uint64_t>((size + kMaxParts - 1) / kMaxParts, opts_.part_size);
   return ps;
 }
 
@@ -310,6 +323,14 @@ std::string Transfer::StatePath(const Job& j) const {
 Status Transfer::StartUpload(S3Client& c, Job& j) {
   j.fd = ::open(j.local.c_str(), O_RDONLY | O_CLOEXEC);
   if (j.fd < 0) return Errno("open", j.local);
+  // Its parts are planned from the size seen when the tree was walked: a file that changed
+  // since (a sync's listing can take minutes) would go up as a prefix of itself.
+  struct stat sb {};
+  if (::fstat(j.fd, &sb) != 0) return Errno("stat", j.local);
+  if (static_cast<uint64_t>(sb.st_size) != j.size || sb.st_mtime != j.mtime)
+    return Status(Code::kConflict,
+                  fmt::format("{} changed since it was listed ({} bytes then, {} now)", j.local,
+                              j.size, sb.st_size));
   std::string state = StatePath(j);
   if (opts_.resume) {
     std::ifstream in(state);

@@ -780,6 +780,24 @@ Result<ObjectInfo> S3Client::Get(std::string_view bucket, std::string_view key, 
     uint64_t before = req.delivered;
     auto r = Send(req);
     if (r.ok()) {
+      // Every byte asked for came, up to the end asked for or the object's, as the answer's
+      // own length tells it (libcurl fails a body cut short of its Content-Length). Before
+      // 2026-12-07 a 206 covering less than asked passed, and a download landed short.
+      const uint64_t reached = (range ? range->first : 0) + req.delivered;
+      std::optional<uint64_t> end;
+      std::string cr = r->header("content-range");  // bytes a-b/total
+      if (r->status == 206) {
+        if (size_t slash = cr.rfind('/'); slash != std::string::npos && slash + 1 < cr.size())
+          end = std::strtoull(cr.c_str() + slash + 1, nullptr, 10);
+      } else if (std::string cl = r->header("content-length"); !cl.empty()) {
+        end = req.range_first.value_or(0) + std::strtoull(cl.c_str(), nullptr, 10);
+      }
+      if (end && range) end = std::min(*end, range->first + range->second);
+      if (end && reached != *end)
+        return Status(Code::kIoError,
+                      fmt::format("{}: the answer ({} {}) ended at byte {} of {}", req.what,
+                                  r->status, cr, reached, *end),
+                      EIO);
       if (!have_info) {
         info = InfoFrom(key, r->headers);
         etag = info.etag;

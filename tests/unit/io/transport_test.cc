@@ -477,6 +477,35 @@ TEST(S3Client, A200WhoseBodyIsNotTheResultIsAnError) {
   EXPECT_EQ(copies.load(), 2);
 }
 
+// A 206 that covers less than was asked for, short of the object's end, is an error, not a
+// short read taken for the whole range (a download then landed with zeros where the rest
+// belonged). One that stops at the object's end is the range asked for past it.
+TEST(S3Client, ARangeAnsweredShortIsAnError) {
+  TinyHttp server;
+  server.Handle([&](const std::string& head, int fd) {
+    const bool past = head.find("GET /b/past") != std::string::npos;
+    const std::string a =
+        std::string("HTTP/1.1 206 Partial Content\r\nContent-Length: 4\r\n") +
+        (past ? "Content-Range: bytes 0-3/4\r\n" : "Content-Range: bytes 0-3/100\r\n") +
+        "ETag: \"e\"\r\n\r\nabcd";
+    ::send(fd, a.data(), a.size(), MSG_NOSIGNAL);
+    return true;
+  });
+  s3::S3Client c(Options(server, nullptr));
+  std::string got;
+  auto sink = [&](std::string_view p) {
+    got.append(p);
+    return Status::Ok();
+  };
+  auto shorter = c.Get("b", "short", sink, std::make_pair(uint64_t{0}, uint64_t{10}));
+  EXPECT_ERROR(shorter, Code::kIoError);
+  EXPECT_NE(shorter.status().message().find("ended at byte 4 of 10"), std::string::npos)
+      << shorter.status().ToString();
+  got.clear();
+  ASSERT_OK(c.Get("b", "past", sink, std::make_pair(uint64_t{0}, uint64_t{10})));
+  EXPECT_EQ(got, "abcd");
+}
+
 // What a listing's callers do with its names (cut the prefix off, copy, delete, page on until
 // the end) needs them below the prefix and advancing. Before, a key shorter than the prefix
 // threw std::out_of_range on an s3 volume's threads (the process ended), and tokens that go

@@ -380,6 +380,12 @@ Status Transfer::FinishDownload(Job& j) {
   const bool in_place = j.tmp.empty();  // a device or a pipe (OpenTemp)
   struct timespec ts[2] = {{j.mtime, 0}, {j.mtime, 0}};
   if (!in_place && j.mtime > 0 && ::futimens(j.fd, ts) != 0) return Errno("set the time of", j.tmp);
+  // A file written in parts was preallocated at its size: renamed before its bytes reach the
+  // disk, a crash could leave the name with the object's size and mtime over zeros, which
+  // `sync` would take for up to date ever after. Its bytes are flushed first (a cost small
+  // beside the transfer of a file that large; small files are not flushed, as other tools do
+  // not).
+  if (!in_place && j.in_parts && ::fdatasync(j.fd) != 0) return Errno("flush", j.tmp);
   if (::close(j.fd) != 0) {
     j.fd = -1;
     return Errno("close", in_place ? j.local : j.tmp);

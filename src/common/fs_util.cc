@@ -60,7 +60,13 @@ int RenameNoReplace(int olddirfd, const char* oldpath, int newdirfd, const char*
   if (::fstatat(olddirfd, oldpath, &sb, AT_SYMLINK_NOFOLLOW) != 0) return -1;
   if (S_ISREG(sb.st_mode)) {
     if (::linkat(olddirfd, oldpath, newdirfd, newpath, 0) != 0) return -1;
-    ::unlinkat(olddirfd, oldpath, 0);
+    if (::unlinkat(olddirfd, oldpath, 0) != 0) {
+      // Not moved (the file under both names would count twice): the new name goes again.
+      const int err = errno;
+      ::unlinkat(newdirfd, newpath, 0);
+      errno = err;
+      return -1;
+    }
     return 0;
   }
   if (::fstatat(newdirfd, newpath, &sb, AT_SYMLINK_NOFOLLOW) == 0) {

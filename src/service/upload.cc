@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -307,7 +308,7 @@ Result<UploadProgress> UploadService::Query(const UploadTarget& t) {
 
     // Every byte is durable but the file was not committed yet: a writer is doing it now, or
     // one crashed in between. Take the writer's place and finish.
-    auto w = t.volume->OpenStaging(t.vfid, t.session, kFinalizeWait);
+    auto w = TakeToFinish(t);
     if (!w.ok()) {
       // Finished (or swept) meanwhile: look again.
       if (w.status().code() == Code::kNotFound && attempt < 3) continue;
@@ -332,6 +333,34 @@ Result<UploadProgress> UploadService::Query(const UploadTarget& t) {
     svc_->reservations().Release(ReservationKey(t));
     p.complete = true;
     return p;
+  }
+}
+
+Result<std::unique_ptr<StagingWriter>> UploadService::TakeToFinish(const UploadTarget& t) {
+  // Before 2026-12-07 the wait was the volume's (OpenStaging's `wait`), inside its operation
+  // limit: HEADs of one session whose PATCH held it could take every slot for 5 s, and the
+  // volume answered 503 to everyone else.
+  const std::string key = t.vfid.hex + "/" + t.session;
+  {
+    std::lock_guard lk(finishing_mu_);
+    if (!finishing_.insert(key).second)
+      return Status(Code::kConflict, "another request is waiting to complete the session");
+  }
+  struct Unlist {
+    UploadService* s;
+    const std::string& key;
+    ~Unlist() {
+      std::lock_guard lk(s->finishing_mu_);
+      s->finishing_.erase(key);
+    }
+  } unlist{this, key};
+  const auto deadline = std::chrono::steady_clock::now() + kFinalizeWait;
+  for (;;) {
+    auto w = t.volume->OpenStaging(t.vfid, t.session);
+    if (w.ok() || w.status().code() != Code::kConflict ||
+        std::chrono::steady_clock::now() >= deadline)
+      return w;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }
 

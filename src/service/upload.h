@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -162,8 +163,13 @@ class UploadService {
   // Refuses `more_bytes` that do not fit the scope's limit, counting what other sessions of the
   // scope have reserved; reserves them for session `t.session` when they fit.
   Status ReserveQuota(const UploadTarget& t, uint64_t more_bytes) const;
+  // The session's writer, for a HEAD that finishes it: waits for another writer to let go by
+  // polling, outside the volume's operation limit, and one request per session at a time.
+  Result<std::unique_ptr<StagingWriter>> TakeToFinish(const UploadTarget& t);
 
   StorageService* svc_;
+  std::mutex finishing_mu_;
+  std::set<std::string> finishing_;  // sessions a HEAD waits to finish
 };
 
 }  // namespace sluice

@@ -7,8 +7,10 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -17,9 +19,13 @@ namespace sluice {
 namespace {
 
 std::chrono::system_clock::time_point ToTimePoint(const struct statx_timestamp& ts) {
+  // The clock's nanoseconds reach about year 2262 either way: a file's time past that (touch
+  // -d 2400-01-01) is clamped, not wrapped into the past by an overflow.
+  constexpr int64_t kMaxSeconds = std::numeric_limits<int64_t>::max() / 1'000'000'000 - 1;
+  const int64_t sec = std::clamp<int64_t>(ts.tv_sec, -kMaxSeconds, kMaxSeconds);
   return std::chrono::system_clock::time_point(
       std::chrono::duration_cast<std::chrono::system_clock::duration>(
-          std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec)));
+          std::chrono::seconds(sec) + std::chrono::nanoseconds(ts.tv_nsec)));
 }
 
 EntryType TypeOf(mode_t m) {
@@ -218,8 +224,13 @@ Result<std::unique_ptr<DirHandle>> PosixDirHandle::OpenSubdir(const std::string&
   if (d < 0) {
     if (errno == ELOOP)
       return Status(Code::kInvalidPath, fmt::format("'{}' is a symbolic link", name), ELOOP);
-    if (errno == ENOTDIR)
+    if (errno == ENOTDIR) {
+      // O_DIRECTORY is checked before O_NOFOLLOW: a link says ENOTDIR, and is still a link.
+      struct stat sb;
+      if (::fstatat(fd(), name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(sb.st_mode))
+        return Status(Code::kInvalidPath, fmt::format("'{}' is a symbolic link", name), ELOOP);
       return Status(Code::kInvalidArgument, fmt::format("'{}' is not a directory", name), ENOTDIR);
+    }
     return Status::FromErrno(errno, fmt::format("open '{}'", name));
   }
   return FromFd(UniqueFd(d), name);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include <fmt/format.h>
@@ -292,8 +293,24 @@ class PosixStagingWriter : public StagingWriter {
   Status Place(const std::vector<std::string>& parts, const std::string& final_rel,
                OpenDir& open_dir) {
     std::vector<size_t> made;  // levels that got a new directory (their entries need syncing)
+    // Into the staging directory only as itself (S3 multipart parts live below it, spelled so;
+    // the APIs refuse that spelling from clients): a symlink in the vfolder ("lnk" -> ".")
+    // would make "lnk/.upload/<session>" another upload's staging file.
+    struct stat staging;
+    if (::fstat(updir_.get(), &staging) != 0) return Status::FromErrno(errno, "stat staging");
+    auto not_staging = [&](int dir, size_t level) -> Status {
+      if (level == 1 && parts[0] == kStagingDirName) return Status::Ok();
+      struct stat sb;
+      if (::fstat(dir, &sb) != 0) return Status::FromErrno(errno, "stat upload directory");
+      if (sb.st_dev == staging.st_dev && sb.st_ino == staging.st_ino)
+        return Status(Code::kInvalidPath,
+                      fmt::format("'{}' is the upload staging directory; uploads cannot go there",
+                                  JoinComponents(parts, level)));
+      return Status::Ok();
+    };
     for (size_t i = 0; i + 1 < parts.size(); ++i) {
       SLUICE_ASSIGN_OR_RETURN(UniqueFd dir, open_dir(i, O_PATH));
+      SLUICE_RETURN_IF_ERROR(not_staging(dir.get(), i));
       if (::mkdirat(dir.get(), parts[i].c_str(), 0755) == 0) {
         Account(0, 1);
         made.push_back(i);
@@ -302,6 +319,7 @@ class PosixStagingWriter : public StagingWriter {
             errno, fmt::format("create directory '{}'", JoinComponents(parts, i + 1)));
     }
     SLUICE_ASSIGN_OR_RETURN(UniqueFd parent, open_dir(parts.size() - 1, O_RDONLY));
+    SLUICE_RETURN_IF_ERROR(not_staging(parent.get(), parts.size() - 1));
     const std::string& name = parts.back();
     struct stat replaced;
     bool replaces = ::fstatat(parent.get(), name.c_str(), &replaced, AT_SYMLINK_NOFOLLOW) == 0 &&
@@ -374,6 +392,10 @@ class PosixStagingWriter : public StagingWriter {
 };
 
 bool OlderThan(const struct stat& sb, std::chrono::seconds age) {
+  // A time far off (touched by hand) would overflow the clock's nanoseconds.
+  constexpr int64_t kMaxSeconds = std::numeric_limits<int64_t>::max() / 1'000'000'000 - 1;
+  if (sb.st_mtim.tv_sec > kMaxSeconds) return false;
+  if (sb.st_mtim.tv_sec < -kMaxSeconds) return true;
   auto mtime = std::chrono::system_clock::time_point(
       std::chrono::duration_cast<std::chrono::system_clock::duration>(
           std::chrono::seconds(sb.st_mtim.tv_sec) + std::chrono::nanoseconds(sb.st_mtim.tv_nsec)));
@@ -458,6 +480,10 @@ StagingSweep SweepDir(int updir, const std::string& where, std::chrono::seconds 
 Result<std::string> CreateStagingAt(int root, const StagingAccount& account) {
   if (::mkdirat(root, kStagingDirName, 0700) == 0) {
     if (account) account(0, 1);
+    // Its entry in the vfolder survives a power loss, or so would no offset synced in it.
+    UniqueFd r(::openat(root, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (r.get() < 0 || (::fsync(r.get()) != 0 && errno != EINVAL))
+      return Status::FromErrno(errno, "sync the vfolder after creating its staging directory");
   } else if (errno != EEXIST) {
     return Status::FromErrno(errno, "create upload staging directory");
   }

@@ -576,10 +576,15 @@ Status PosixVolume::DeleteFiles(const VFolderId& vfid, const std::vector<std::st
     }
   }
   for (size_t i = 0; i < relpaths.size(); ++i) {
-    SLUICE_ASSIGN_OR_RETURN(ParentRef t, OpenParentBeneath(root.get(), relpaths[i]));
+    // A path named twice, or below another path of the batch, may be gone by now: gone is
+    // what was asked (before, the batch failed after deleting).
+    auto opened = OpenParentBeneath(root.get(), relpaths[i]);
+    if (!opened.ok() && opened.status().code() == Code::kNotFound) continue;
+    SLUICE_ASSIGN_OR_RETURN(ParentRef t, std::move(opened));
     if (rmdir[i]) {
       // Something may have been created in it since the check: rmdir fails then, atomically.
       if (::unlinkat(t.dir.get(), t.name.c_str(), AT_REMOVEDIR) != 0) {
+        if (errno == ENOENT) continue;
         if (errno == ENOTEMPTY || errno == EEXIST)
           return Status(Code::kNotEmpty,
                         fmt::format("directory '{}' is not empty; pass recursive=true to delete it",

@@ -441,8 +441,12 @@ def test_s3_volume_lists_no_key_a_path_cannot_name(servers, tmp_path):
         rgw.put_object(Bucket=bucket, Key=key, Body=b"odd")
     for rel, body in fine.items():
         rgw.put_object(Bucket=bucket, Key=base + rel, Body=body)
+    # A key that is also a prefix: no file system holds both, S3 does.
+    both = {"both": b"file", "both/inner": b"inner"}
+    for rel, body in both.items():
+        rgw.put_object(Bucket=bucket, Key=base + rel, Body=body)
     keys = {o["Key"] for o in rgw.list_objects_v2(Bucket=bucket)["Contents"]}
-    assert keys == set(odd) | {base + k for k in fine}  # RGW keeps them as they are
+    assert keys == set(odd) | {base + k for k in fine} | {base + k for k in both}
     volume = toml_section("volume.remote", {
         "backend": "s3", "path": f"s3://{bucket}/vols",
         "options": {"endpoint": url, "bucket": bucket, "prefix": "vols", "access-key": ak,
@@ -456,8 +460,11 @@ def test_s3_volume_lists_no_key_a_path_cannot_name(servers, tmp_path):
             assert r.status_code == 200, r.text
             return sorted(i["name"] for i in r.json()["items"])
 
-        assert names("") == ["ok.txt", "sub"]
+        assert names("") == ["both", "ok.txt", "sub"]
         assert names("sub") == ["x"]
+        # Listed as a directory, and walked as one (before, the walk found the file and
+        # failed: not a directory).
+        assert names("both") == ["inner"]
         r = requests.get(d.client_url("/download-archive"),
                          params={"token": archive_token(d, vfid, ["ok.txt", "sub"], volume="remote")},
                          timeout=60)
@@ -479,7 +486,7 @@ def test_s3_volume_lists_no_key_a_path_cannot_name(servers, tmp_path):
         dst = clone_vfolder(d, "remote", vfid, "remote")
         r = d.file_op("remote", "list", vfid=dst, relpath="")
         assert r.status_code == 200, r.text
-        assert sorted(i["name"] for i in r.json()["items"]) == ["ok.txt", "sub"]
+        assert sorted(i["name"] for i in r.json()["items"]) == ["both", "ok.txt", "sub"]
         copied = {o["Key"] for o in rgw.list_objects_v2(Bucket=bucket, Prefix="vols/").get(
             "Contents", [])}
         assert not any(".." in k or "//" in k.split("vols/", 1)[1] or "/./" in k

@@ -515,6 +515,29 @@ def test_symlink_out_of_the_vfolder_is_refused(daemon, vfid, tmp_path):
     assert staging(daemon, vfid, token).read_bytes() == data
 
 
+def test_the_staging_directory_is_refused_through_a_symlink(daemon, vfid):
+    """A symlink in the vfolder to the vfolder itself spells the staging directory another way:
+    an upload to lnk/.upload/<another session> must not replace that session's staged bytes."""
+    vf = daemon.vfolder_path(vfid)
+    victim = os.urandom(1000)
+    vtoken = new_session(daemon, vfid, "victim.bin", len(victim))
+    assert patch(daemon, vtoken, 0, victim[:400]).status_code == 204
+    vstage = staging(daemon, vfid, vtoken)
+    os.symlink(".", vf / "lnk")
+    for rel in (f"lnk/.upload/{vstage.name}", "lnk/.upload/sub/x.bin"):
+        data = b"A" * 1000
+        token = new_session(daemon, vfid, rel, len(data))
+        r = patch(daemon, token, 0, data)
+        assert r.status_code == 400 and "staging directory" in r.text, (rel, r.text)
+    assert not (vf / ".upload" / "sub").exists()
+    assert vstage.read_bytes()[:400] == victim[:400]
+    # The victim's upload goes on from where it was, and lands whole.
+    r = head(daemon, vtoken)
+    assert r.status_code == 200 and r.headers["Upload-Offset"] == "400"
+    assert patch(daemon, vtoken, 400, victim[400:]).status_code == 204
+    assert (vf / "victim.bin").read_bytes() == victim
+
+
 def test_existing_directory_is_not_replaced_but_a_file_is(daemon, vfid):
     vf = daemon.vfolder_path(vfid)
     (vf / "adir").mkdir()

@@ -32,6 +32,20 @@ std::string StripQuotes(std::string_view s) {
   return std::string(s);
 }
 
+// An upload id or ETag the origin answered, which this client sends back and callers keep
+// (records are JSON): printable ASCII, as S3 makes them, or the answer is not one to trust.
+// Not `required`: an empty one is taken as none.
+Result<std::string> OriginToken(std::string v, const std::string& what, const char* name,
+                                bool required = true) {
+  if (v.empty() && required)
+    return Status(Code::kUnavailable, fmt::format("{}: no {} in the answer", what, name));
+  if (v.size() > 1024 ||
+      std::any_of(v.begin(), v.end(), [](char c) { return c < 0x20 || c > 0x7e; }))
+    return Status(Code::kUnavailable,
+                  fmt::format("{}: the answer's {} is not printable ASCII", what, name));
+  return v;
+}
+
 // The code an S3 error answer stands for.
 Code CodeOf(unsigned status, std::string_view s3code) {
   if (s3code == "NoSuchKey" || s3code == "NoSuchBucket" || s3code == "NoSuchUpload")
@@ -843,7 +857,7 @@ Result<std::string> S3Client::Put(std::string_view bucket, std::string_view key,
     req.headers.emplace_back("x-amz-checksum-crc32c", crc);
   }
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
-  return StripQuotes(a.header("etag"));
+  return OriginToken(StripQuotes(a.header("etag")), req.what, "ETag", false);
 }
 
 Result<std::string> S3Client::PutIfAbsent(std::string_view bucket, std::string_view key,
@@ -855,7 +869,7 @@ Result<std::string> S3Client::PutIfAbsent(std::string_view bucket, std::string_v
   req.body = Body{body};
   req.headers.emplace_back("If-None-Match", "*");
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
-  return StripQuotes(a.header("etag"));
+  return OriginToken(StripQuotes(a.header("etag")), req.what, "ETag", false);
 }
 
 namespace {
@@ -865,8 +879,8 @@ namespace {
 Result<std::string> CopiedETag(const std::string& body, const std::string& what, const char* result,
                                std::string* crc32c = nullptr) {
   SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(body, what, result));
-  std::string etag = StripQuotes(Child(doc.child(result), "ETag"));
-  if (etag.empty()) return Status(Code::kUnavailable, what + ": no ETag in the answer");
+  SLUICE_ASSIGN_OR_RETURN(std::string etag,
+                          OriginToken(StripQuotes(Child(doc.child(result), "ETag")), what, "ETag"));
   if (crc32c) *crc32c = Child(doc.child(result), "ChecksumCRC32C");
   return etag;
 }
@@ -875,7 +889,7 @@ Result<std::string> CopiedETag(const std::string& body, const std::string& what,
 
 Result<std::string> S3Client::Copy(std::string_view bucket, std::string_view src_key,
                                    std::string_view dst_key, const UserMeta* replace,
-                                   std::string_view src_bucket) {
+                                   std::string_view src_bucket, std::string_view if_match) {
   if (src_bucket.empty()) src_bucket = bucket;
   Request req;
   req.method = "PUT";
@@ -886,6 +900,8 @@ Result<std::string> S3Client::Copy(std::string_view bucket, std::string_view src
   req.headers.emplace_back("x-amz-metadata-directive", replace ? "REPLACE" : "COPY");
   if (replace)
     for (const auto& [k, v] : *replace) req.headers.emplace_back("x-amz-meta-" + k, v);
+  if (!if_match.empty())
+    req.headers.emplace_back("x-amz-copy-source-if-match", "\"" + std::string(if_match) + "\"");
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
   return CopiedETag(a.body, req.what, "CopyObjectResult");
 }
@@ -967,9 +983,8 @@ Result<std::string> S3Client::CreateMultipart(std::string_view bucket, std::stri
   if (opts_.checksums) req.headers.emplace_back("x-amz-checksum-algorithm", "CRC32C");
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
   SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what, "InitiateMultipartUploadResult"));
-  std::string id = Child(doc.child("InitiateMultipartUploadResult"), "UploadId");
-  if (id.empty()) return Status(Code::kUnavailable, req.what + ": no UploadId in the answer");
-  return id;
+  return OriginToken(Child(doc.child("InitiateMultipartUploadResult"), "UploadId"), req.what,
+                     "UploadId");
 }
 
 Result<std::string> S3Client::UploadPart(std::string_view bucket, std::string_view key,
@@ -995,9 +1010,7 @@ Result<std::string> S3Client::UploadPart(std::string_view bucket, std::string_vi
     if (crc32c) *crc32c = crc;
   }
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
-  std::string etag = StripQuotes(a.header("etag"));
-  if (etag.empty()) return Status(Code::kUnavailable, req.what + ": no ETag in the answer");
-  return etag;
+  return OriginToken(StripQuotes(a.header("etag")), req.what, "ETag");
 }
 
 Result<std::vector<PartInfo>> S3Client::ListParts(std::string_view bucket, std::string_view key,
@@ -1013,10 +1026,13 @@ Result<std::vector<PartInfo>> S3Client::ListParts(std::string_view bucket, std::
     SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
     SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what, "ListPartsResult"));
     auto root = doc.child("ListPartsResult");
-    for (auto p : root.children("Part"))
+    for (auto p : root.children("Part")) {
+      SLUICE_ASSIGN_OR_RETURN(std::string etag,
+                              OriginToken(StripQuotes(Child(p, "ETag")), req.what, "ETag"));
       out.push_back({std::atoi(Child(p, "PartNumber").c_str()),
-                     std::strtoull(Child(p, "Size").c_str(), nullptr, 10),
-                     StripQuotes(Child(p, "ETag")), Child(p, "ChecksumCRC32C")});
+                     std::strtoull(Child(p, "Size").c_str(), nullptr, 10), std::move(etag),
+                     Child(p, "ChecksumCRC32C")});
+    }
     if (Child(root, "IsTruncated") != "true") break;
     std::string next = Child(root, "NextPartNumberMarker");
     if (next.empty() || next == marker) break;
@@ -1059,7 +1075,8 @@ Result<std::string> S3Client::CompleteMultipart(std::string_view bucket, std::st
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
   // (S3 may answer 200 with an <Error> body once the answer has begun: SendOnce.)
   SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what, "CompleteMultipartUploadResult"));
-  return StripQuotes(Child(doc.child("CompleteMultipartUploadResult"), "ETag"));
+  return OriginToken(StripQuotes(Child(doc.child("CompleteMultipartUploadResult"), "ETag")),
+                     req.what, "ETag", false);
 }
 
 Status S3Client::AbortMultipart(std::string_view bucket, std::string_view key,

@@ -163,7 +163,7 @@ class S3Client {
   // `bucket`.
   Result<std::string> Copy(std::string_view bucket, std::string_view src_key,
                            std::string_view dst_key, const UserMeta* replace = nullptr,
-                           std::string_view src_bucket = {});
+                           std::string_view src_bucket = {}, std::string_view if_match = {});
   Status Delete(std::string_view bucket, std::string_view key);
   // Deletes up to 1000 keys in one request; returns "key: code message" for each refused one.
   Result<std::vector<std::string>> DeleteMany(std::string_view bucket,

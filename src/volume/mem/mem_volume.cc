@@ -521,10 +521,10 @@ Status MemVolume::Rename(const VFolderId& vfid, std::string_view relpath,
   to.back() = std::string(new_name);
   {
     // A rename never moves into a directory of the new name, as Move does: the name is taken
-    // (EEXIST), as on a POSIX volume.
+    // (EEXIST), as on a POSIX volume; its own name too (RENAME_NOREPLACE there).
     std::lock_guard lk(state_->mu);
     SLUICE_ASSIGN_OR_RETURN(auto root, state_->Root(vfid, name()));
-    if (new_name != parts.back() && state_->Walk(root, to, to.size()).ok())
+    if (state_->Walk(root, to, to.size()).ok())
       return Status::FromErrno(EEXIST, fmt::format("rename '{}' to '{}'", relpath, new_name));
   }
   return Move(vfid, relpath, JoinComponents(to, to.size()));

@@ -444,15 +444,22 @@ struct S3Volume::Origin {
   }
 
   // Whether any key other than `dir` itself (its marker) lies below `dir` ("a/b/").
+  // Pages are followed: an origin may end a page short (even empty) and say it is truncated.
   Result<bool> HasChildren(const std::string& dir, std::string_view in = {}) {
     s3c::ListRequest lr;
     lr.prefix = dir;
     lr.max_keys = 2;
-    auto page = Note(Client()->ListObjects(Bucket(in), lr));
-    if (!page.ok()) return page.status();
-    for (const auto& o : page->objects)
-      if (o.key != dir) return true;
-    return !page->prefixes.empty();
+    bool found = false;
+    const Status kFound(Code::kAlreadyExists, "found");  // ends the listing early
+    Status st = Note(Client()->ForEachPage(Bucket(in), lr, [&](s3c::ListPage& page) {
+      for (const auto& o : page.objects)
+        if (o.key != dir) found = true;
+      if (!page.prefixes.empty()) found = true;
+      return found ? kFound : Status::Ok();
+    }));
+    if (found) return true;
+    SLUICE_RETURN_IF_ERROR(st);
+    return false;
   }
 
   // Every key below `prefix`, page after page.
@@ -519,16 +526,22 @@ struct S3Volume::Origin {
 
   // Deletes every key below `prefix` (DeleteObjects batches of 1000, 4 at once); refusals are
   // errors. `bytes`: what the keys held.
+  // Deleted as they are listed, 4000 at a time (keys already listed do not move a listing's
+  // continuation), so that a prefix of any size costs bounded memory.
   Status DeletePrefix(const std::string& prefix, uint64_t* bytes = nullptr) {
     std::vector<std::string> keys;
     uint64_t held = 0;
-    SLUICE_RETURN_IF_ERROR(ForEachKey(prefix, [&](const s3c::ObjectInfo& o) {
+    Status st = ForEachKey(prefix, [&](const s3c::ObjectInfo& o) {
       keys.push_back(o.key);
       held += o.size;
-      return Status::Ok();
-    }));
+      if (keys.size() < 4000) return Status::Ok();
+      Status d = DeleteKeys(keys);
+      keys.clear();
+      return d;
+    });
+    if (st.ok()) st = DeleteKeys(keys);
     if (bytes) *bytes = held;
-    return DeleteKeys(keys);
+    return st;
   }
 
   // Deletes `keys` (DeleteObjects batches of 1000, 4 at once; one DELETE each on an origin
@@ -605,16 +618,20 @@ struct S3Volume::Origin {
   // the new object's entity tag where the answer names it (the single copy), "" otherwise.
   Status CopyObject(std::string_view from, const std::string& src_key, const std::string& dst_key,
                     uint64_t size, const s3c::UserMeta* replace = nullptr,
-                    std::string* etag = nullptr) {
+                    std::string* etag = nullptr, std::string_view if_match = {}) {
     if (etag) etag->clear();
     if (size <= opts.max_copy_size) {
-      auto copied = Note(Client()->Copy(bucket(), src_key, dst_key, replace, Bucket(from)));
+      auto copied =
+          Note(Client()->Copy(bucket(), src_key, dst_key, replace, Bucket(from), if_match));
       if (copied.ok() && etag) *etag = *copied;
       return copied.status();
     }
     // The source's HEAD first: a multipart upload takes the metadata at its creation, and
     // every part is copied only from the version it described.
     SLUICE_ASSIGN_OR_RETURN(auto head, Note(Client()->Head(Bucket(from), src_key)));
+    if (!if_match.empty() && head.etag != if_match)
+      return Status(Code::kConflict,
+                    fmt::format("s3://{}/{} changed before it was copied", Bucket(from), src_key));
     const bool on_origin = part_copy != Has::kNo;
     Status st = CopyInParts(from, src_key, dst_key, head, replace, on_origin);
     if (on_origin && part_copy == Has::kNo && st.code() == Code::kUnsupported)
@@ -758,7 +775,13 @@ struct S3Volume::Origin {
   }
   Status PutRecord(const std::string& key, const nlohmann::json& j) {
     if (opts.read_only) return Status(Code::kPermissionDenied, "the volume is read-only");
-    std::string text = j.dump();
+    std::string text;
+    try {
+      text = j.dump();
+    } catch (const nlohmann::json::exception& e) {  // a string from the origin that is no text
+      return Status(Code::kUnavailable, fmt::format("the record s3://{}/{} cannot be written: {}",
+                                                    bucket(), key, e.what()));
+    }
     return Note(Client()->Put(bucket(), key, s3c::Body{text}, "application/json")).status();
   }
   std::string RecordKey(std::string_view what) const {
@@ -1613,9 +1636,15 @@ Result<std::pair<S3Volume::Level, S3Volume::Location>> S3Volume::LocateDir(
   Level l;
   l.rel = Join(parts, parts.size());
   SLUICE_ASSIGN_OR_RETURN(l.info, Stat(vfid, l.rel));
-  if (l.info.type != EntryType::kDirectory)
-    return Status(Code::kInvalidArgument, fmt::format("'{}' is not a directory", l.rel), ENOTDIR);
   Location at = Locate(vfid, l.rel);
+  if (l.info.type != EntryType::kDirectory) {
+    // A key that is also a prefix (a foreign bucket's "x" beside "x/y") is listed as a
+    // directory (ListLevel), so it is walked as one.
+    SLUICE_ASSIGN_OR_RETURN(bool children, origin_->HasChildren(at.key + "/", at.bucket));
+    if (!children)
+      return Status(Code::kInvalidArgument, fmt::format("'{}' is not a directory", l.rel), ENOTDIR);
+    l.info = DirEntryOf(parts.back());
+  }
   if (!l.rel.empty()) at.key += '/';
   return std::pair{std::move(l), std::move(at)};
 }
@@ -1702,7 +1731,21 @@ Status S3Volume::MoveEntry(const VFolderId& vfid, const std::vector<std::string>
   const std::string skey = LayoutKey(vfid, from);
   const std::string dkey = LayoutKey(vfid, Join(dst, dst.size()));
   if (e.type != EntryType::kDirectory) {
-    SLUICE_RETURN_IF_ERROR(origin_->CopyObject({}, skey, dkey, e.size));
+    // The version stat'ed is the one copied, and the one deleted: a source written again
+    // meanwhile is kept (the copy holds the version before), not lost.
+    const std::string pinned =
+        e.etag.size() >= 2 ? e.etag.substr(1, e.etag.size() - 2) : std::string();
+    SLUICE_RETURN_IF_ERROR(origin_->CopyObject({}, skey, dkey, e.size, nullptr, nullptr, pinned));
+    if (!pinned.empty()) {
+      SLUICE_ASSIGN_OR_RETURN(auto now, origin_->HeadOpt(skey));
+      if (now && now->etag != pinned) {
+        Account(vfid, static_cast<int64_t>(e.size), 1);
+        return Status(Code::kConflict,
+                      fmt::format("'{}' was written while it was moved: it is kept, and the "
+                                  "destination holds the version before",
+                                  from));
+      }
+    }
     Status st = origin_->Note(origin_->Client()->Delete(opts_.bucket, skey));
     // Both are there now: the copy counts.
     if (!st.ok()) Account(vfid, static_cast<int64_t>(e.size), 1);
@@ -1733,8 +1776,9 @@ Status S3Volume::Rename(const VFolderId& vfid, std::string_view relpath,
   if (parts.empty()) return Status(Code::kInvalidPath, "the vfolder root cannot be renamed");
   std::vector<std::string> to = parts;
   to.back() = std::string(new_name);
-  // A rename never moves into a directory of the new name, as Move does: the name is taken.
-  if (new_name != parts.back() && Stat(vfid, Join(to, to.size())).ok())
+  // A rename never moves into a directory of the new name, as Move does: the name is taken
+  // (its own name too, as renameat2's RENAME_NOREPLACE says on a file system).
+  if (Stat(vfid, Join(to, to.size())).ok())
     return Status::FromErrno(EEXIST, fmt::format("rename '{}' to '{}'", relpath, new_name));
   return Move(vfid, relpath, Join(to, to.size()));
 }
@@ -2256,16 +2300,19 @@ class S3Volume::Writer : public StagingWriter {
     if (leased) SLUICE_RETURN_IF_ERROR(v_->KeepLease(*held_));
     SLUICE_RETURN_IF_ERROR(RunCopies());  // a part is recorded with its ETag
     const std::string named = rec_.TailKey(key_);
-    rec_.parts.insert(rec_.parts.end(), pending_.begin(), pending_.end());
+    // Nothing changes here until the record is written: a sync that failed claims nothing.
+    SessionRecord next = rec_;
+    next.parts.insert(next.parts.end(), pending_.begin(), pending_.end());
+    next.durable = durable;
+    next.quota_checked = quota_checked;
+    next.recorded = true;
+    next.tail_keyed = true;
+    SLUICE_RETURN_IF_ERROR(v_->origin_->PutRecord(key_, next.ToJson()));
+    rec_ = std::move(next);
     pending_.clear();
-    rec_.durable = durable;
-    rec_.quota_checked = quota_checked;
-    rec_.recorded = true;
-    rec_.tail_keyed = true;
     state_.durable = durable;
     state_.quota_checked = quota_checked;
     state_.recorded = true;
-    SLUICE_RETURN_IF_ERROR(v_->origin_->PutRecord(key_, rec_.ToJson()));
     // The tail the record named before, now that it names another (a failure leaves it to the
     // session's end, which removes every tail).
     if (rec_.staged && rec_.TailKey(key_) != named)

@@ -143,6 +143,9 @@ TEST_P(VolumeInterface, FileOperations) {
   ASSERT_OK(vol_->Move(vf_, "x/g.txt", "x/y"));  // into an existing directory
   EXPECT_OK(vol_->Stat(vf_, "x/y/g.txt"));
   ASSERT_OK(vol_->Move(vf_, "x/y/g.txt", "h.txt"));
+  // Onto its own name: the name is taken, as renameat2 with RENAME_NOREPLACE says.
+  EXPECT_ERROR(vol_->Rename(vf_, "h.txt", "h.txt"), Code::kAlreadyExists);
+  EXPECT_EQ(vol_->Stat(vf_, "h.txt")->size, 4u);
   // A rename onto a directory's name never moves into it, and a directory never moves onto
   // itself (the in-memory volume used to make it its own child, and lose it): refused, and
   // nothing changes.
@@ -165,8 +168,13 @@ TEST_P(VolumeInterface, FileOperations) {
   // One bad path deletes nothing.
   EXPECT_ERROR(vol_->DeleteFiles(vf_, {"h.txt", "../x"}, true), Code::kInvalidPath);
   EXPECT_OK(vol_->Stat(vf_, "h.txt"));
-  ASSERT_OK(vol_->DeleteFiles(vf_, {"x", "h.txt"}, true));
+  // A path below another of the batch, or named twice, is deleted with it: the batch
+  // succeeds (it used to delete, then fail on the path already gone).
+  ASSERT_OK(vol_->DeleteFiles(vf_, {"x", "x/y/z", "h.txt", "h.txt"}, true));
   EXPECT_TRUE(vol_->ListSorted(vf_, ".", "", SIZE_MAX)->empty());
+  ASSERT_OK(vol_->Mkdir(vf_, "e", false, false));
+  ASSERT_OK(vol_->DeleteFiles(vf_, {"e", "e"}, false));
+  EXPECT_ERROR(vol_->Stat(vf_, "e"), Code::kNotFound);
 }
 
 TEST_P(VolumeInterface, ReadersSeeTheVersionTheyOpened) {

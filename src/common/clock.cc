@@ -1,6 +1,8 @@
 #include "common/clock.h"
 
+#include <algorithm>
 #include <ctime>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -61,6 +63,14 @@ double MonotonicSeconds() {
 const TimeSource& TimeSource::Real() {
   static const TimeSource real;
   return real;
+}
+
+std::chrono::system_clock::time_point UnixTime(int64_t sec, int64_t nsec) {
+  constexpr int64_t kMaxSeconds = std::numeric_limits<int64_t>::max() / 1'000'000'000 - 1;
+  sec = std::clamp<int64_t>(sec, -kMaxSeconds, kMaxSeconds);
+  return std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(
+          std::chrono::seconds(sec) + std::chrono::nanoseconds(nsec)));
 }
 
 }  // namespace sluice

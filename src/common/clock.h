@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 namespace sluice {
@@ -12,6 +13,11 @@ std::string FormatIso8601(std::chrono::system_clock::time_point tp);
 // ISO 8601 in UTC with milliseconds and a Z, as S3 writes times: "2026-12-02T04:15:52.123Z"
 // (floored to the millisecond, before 1970 too).
 std::string FormatIso8601Millis(std::chrono::system_clock::time_point tp);
+
+// A file's time (seconds and nanoseconds since the epoch, as stat gives it) on the system
+// clock. Its nanoseconds reach about year 2262 either way: a time past that (touch -d
+// 2400-01-01) is clamped, not wrapped into the past by an overflow.
+std::chrono::system_clock::time_point UnixTime(int64_t sec, int64_t nsec);
 
 // Seconds on a monotonic clock, for durations.
 double MonotonicSeconds();

@@ -7,25 +7,19 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <climits>
-#include <limits>
 
 #include <fmt/format.h>
+
+#include "common/clock.h"
 
 namespace sluice {
 
 namespace {
 
 std::chrono::system_clock::time_point ToTimePoint(const struct statx_timestamp& ts) {
-  // The clock's nanoseconds reach about year 2262 either way: a file's time past that (touch
-  // -d 2400-01-01) is clamped, not wrapped into the past by an overflow.
-  constexpr int64_t kMaxSeconds = std::numeric_limits<int64_t>::max() / 1'000'000'000 - 1;
-  const int64_t sec = std::clamp<int64_t>(ts.tv_sec, -kMaxSeconds, kMaxSeconds);
-  return std::chrono::system_clock::time_point(
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(
-          std::chrono::seconds(sec) + std::chrono::nanoseconds(ts.tv_nsec)));
+  return UnixTime(ts.tv_sec, ts.tv_nsec);
 }
 
 EntryType TypeOf(mode_t m) {

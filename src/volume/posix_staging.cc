@@ -7,12 +7,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <limits>
 #include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/clock.h"
 #include "common/dir_reader.h"
 #include "common/fs_util.h"
 #include "common/json.h"
@@ -392,14 +392,7 @@ class PosixStagingWriter : public StagingWriter {
 };
 
 bool OlderThan(const struct stat& sb, std::chrono::seconds age) {
-  // A time far off (touched by hand) would overflow the clock's nanoseconds.
-  constexpr int64_t kMaxSeconds = std::numeric_limits<int64_t>::max() / 1'000'000'000 - 1;
-  if (sb.st_mtim.tv_sec > kMaxSeconds) return false;
-  if (sb.st_mtim.tv_sec < -kMaxSeconds) return true;
-  auto mtime = std::chrono::system_clock::time_point(
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(
-          std::chrono::seconds(sb.st_mtim.tv_sec) + std::chrono::nanoseconds(sb.st_mtim.tv_nsec)));
-  return std::chrono::system_clock::now() - mtime > age;
+  return std::chrono::system_clock::now() - UnixTime(sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec) > age;
 }
 
 // Removes abandoned sessions from the staging directory `updir`.

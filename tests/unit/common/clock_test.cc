@@ -41,5 +41,15 @@ TEST(Clock, Iso8601MillisAgreesWithGmtime) {
   }
 }
 
+TEST(Clock, UnixTimesPastTheClocksRangeAreClampedNotWrapped) {
+  using namespace std::chrono;
+  EXPECT_EQ(duration_cast<seconds>(UnixTime(1'700'000'000, 5).time_since_epoch()).count(),
+            1'700'000'000);
+  // 2400-01-01 overflows nanoseconds since 1970: it stays after now, not in 1815.
+  const auto far = UnixTime(13'569'465'600, 0);
+  EXPECT_GT(far, system_clock::now());
+  EXPECT_LT(UnixTime(-13'569'465'600, 0), system_clock::time_point{});
+}
+
 }  // namespace
 }  // namespace sluice

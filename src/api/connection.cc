@@ -892,46 +892,94 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
                       });
   }
 
-  // ---- generated bodies (archives, multipart ranges)
+  // ---- generated bodies (archives, multipart ranges, batch gets)
 
-  // Runs the generator on the pool, then sends what it produced as one chunk.
+  // Two pieces at most are in hand: the one being sent (io_buf_) and the next, generated on the
+  // pool into gen_buf_ meanwhile, so the disk reads and the encoding of a stream overlap its
+  // sending (one after the other, a batch get left a core idle). The generator runs for one
+  // piece at a time; the connection moves on (AfterWrite) only once neither is in flight.
   void GeneratePiece(bool close) {
-    if (io_buf_.empty()) io_buf_.resize(kIoChunk);
-    ExpireNever();
-    auto self = this->shared_from_this();
-    bool queued = router().pool()->Submit([self, close] {
-      Result<size_t> n = Guarded(
-          "response body", [&] { return self->gen_(self->io_buf_.data(), self->io_buf_.size()); });
-      asio::post(self->Sock().get_executor(), [self, close, n] { self->SendPiece(n, close); });
-    });
-    if (!queued) AfterWrite(beast::error_code(EAGAIN, beast::system_category()), true);
+    gen_close_ = close;
+    gen_failed_ = {};
+    gen_ready_.reset();
+    Generate();
   }
 
-  void SendPiece(const Result<size_t>& n, bool close) {
+  void Generate() {
+    if (gen_buf_.empty()) gen_buf_.resize(kIoChunk);
+    generating_ = true;
+    if (!sending_) ExpireNever();
+    auto self = this->shared_from_this();
+    bool queued = router().pool()->Submit([self, dst = gen_buf_.data(), cap = gen_buf_.size()] {
+      Result<size_t> n = Guarded("response body", [&] { return self->gen_(dst, cap); });
+      asio::post(self->Sock().get_executor(), [self, n] { self->Generated(n); });
+    });
+    if (!queued) {
+      generating_ = false;
+      gen_failed_ = beast::error_code(EAGAIN, beast::system_category());
+      if (!sending_) GenFailed(gen_failed_);  // else Sent ends the response
+    }
+  }
+
+  void Generated(const Result<size_t>& n) {
+    generating_ = false;
+    if (gen_failed_) return GenFailed(gen_failed_);
+    if (sending_) {
+      gen_ready_ = n;
+      return;
+    }
+    SendPiece(n);
+  }
+
+  // The piece in gen_buf_, with neither a send nor a generation in flight.
+  void SendPiece(const Result<size_t>& n) {
     if (!n.ok()) {
       spdlog::warn("{} listener: response body failed midway: {}", opts().name,
                    n.status().ToString());
-      return AfterWrite(beast::error_code(EIO, beast::system_category()), true);
+      return GenFailed(beast::error_code(EIO, beast::system_category()));
     }
     ExpireAfter(opts().request_timeout);
     auto self = this->shared_from_this();
+    const bool close = gen_close_;
     if (*n == 0) {
       gen_ = nullptr;
+      gen_buf_ = {};  // held only while a generated body goes out
       if (!chunked_) return AfterWrite({}, true);
       asio::async_write(
           stream_, asio::buffer("0\r\n\r\n", 5),
           [self, close](beast::error_code ec, size_t) { self->AfterWrite(ec, close); });
       return;
     }
+    std::swap(io_buf_, gen_buf_);
     chunk_head_ = fmt::format("{:x}\r\n", *n);
-    std::vector<asio::const_buffer> bufs;
-    if (chunked_) bufs.push_back(asio::buffer(chunk_head_));
-    bufs.push_back(asio::buffer(io_buf_.data(), *n));
-    if (chunked_) bufs.push_back(asio::buffer("\r\n", 2));
-    asio::async_write(stream_, bufs, [self, close](beast::error_code ec, size_t) {
-      if (ec) return self->AfterWrite(ec, true);
-      self->GeneratePiece(close);
-    });
+    // (The write holds a copy of the array; an empty buffer is skipped.)
+    std::array<asio::const_buffer, 3> bufs{
+        chunked_ ? asio::buffer(chunk_head_) : asio::const_buffer(),
+        asio::buffer(io_buf_.data(), *n),
+        chunked_ ? asio::buffer("\r\n", 2) : asio::const_buffer()};
+    sending_ = true;
+    asio::async_write(stream_, bufs, [self](beast::error_code ec, size_t) { self->Sent(ec); });
+    Generate();
+  }
+
+  void Sent(beast::error_code ec) {
+    sending_ = false;
+    if (!ec) ec = gen_failed_;
+    if (ec) {
+      if (generating_) {
+        gen_failed_ = ec;  // AfterWrite waits for the generator to give its piece back
+        return;
+      }
+      return GenFailed(ec);
+    }
+    if (generating_) return ExpireNever();  // the generator, not the client, is slow now
+    SendPiece(*std::exchange(gen_ready_, std::nullopt));
+  }
+
+  void GenFailed(beast::error_code ec) {
+    gen_ready_.reset();
+    gen_buf_ = {};
+    AfterWrite(ec, true);
   }
 
   // ---- after a response
@@ -1036,6 +1084,10 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
   uint64_t resident_until_ = 0;  // [file_off_, resident_until_) was found in the page cache
   uint64_t file_sent_ = 0;       // bytes of file_ sent zero-copy
   std::function<Result<size_t>(char*, size_t)> gen_;
+  std::vector<char> gen_buf_;                // the generated piece that goes out next
+  std::optional<Result<size_t>> gen_ready_;  // generated while the piece before was being sent
+  beast::error_code gen_failed_;             // the send failed while the generator ran
+  bool generating_ = false, sending_ = false, gen_close_ = false;
   std::string chunk_head_;
   std::string head_;  // the response header being written
   std::string body_;  // a response body being written

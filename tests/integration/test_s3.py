@@ -2302,6 +2302,39 @@ def test_batch_get_cut_after_a_full_piece_and_a_long_manifest(s3d, s3, user):
     assert all(x["status"] == 404 and x["key"] == it["key"] for x, it in zip(m["items"], items))
 
 
+def test_batch_get_readers_that_go_away_mid_stream(s3d, s3, user):
+    """The next piece of a stream is made while the one before is sent: readers that vanish
+    mid-stream (the send fails while the next piece is being made) each end their connection,
+    and nothing they leave behind changes what the next batch gets."""
+    name = new_bucket(s3)
+    bodies = [os.urandom(64 << 10) for _ in range(48)]  # 3 MiB: about 12 pieces
+    for i, b in enumerate(bodies):
+        s3.put_object(Bucket=name, Key=f"o/{i:02d}", Body=b)
+    ak, sk = s3d.s3_key(user)
+    items = [{"key": f"o/{i:02d}"} for i in range(len(bodies))]
+
+    def s3_connections():
+        text = requests.get(s3d.internal_url("/metrics"), timeout=10).text
+        return sum(float(line.rpartition(" ")[2]) for line in text.splitlines()
+                   if line.startswith('sluice_http_connections{listener="s3"'))
+
+    before = s3_connections()
+    for n in (1, 600 << 10, 2 << 20):  # after the head, within the second piece, near the end
+        for _ in range(3):
+            r = batch_get(s3d, ak, sk, f"/{name}?batch-get", {"items": items}, stream=True)
+            assert r.status_code == 200, r.text
+            got = r.raw.read(n)
+            assert len(got) == n
+            r.close()  # unread: the connection is closed, not put back
+    deadline = time.monotonic() + 20
+    while s3_connections() > before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert s3_connections() <= before
+    r = batch_get(s3d, ak, sk, f"/{name}?batch-get", {"items": items, "manifest": False})
+    assert r.status_code == 200, r.text
+    assert [d for _, d, _ in untar(r.content)] == bodies
+
+
 def test_metadata_cache_follows_the_file(s3d, s3):
     """GETs answer from cached metadata (on the event loop when nothing needs I/O), but never
     past a change to the file: removing or replacing its attribute on the volume shows at once."""

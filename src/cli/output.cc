@@ -53,10 +53,16 @@ std::string FormatTime(std::string_view iso) {
   return out;
 }
 
+void AppendPrintable(std::string& out, std::string_view s) {
+  const size_t at = out.size();
+  out.append(s);
+  for (size_t i = at; i < out.size(); ++i)
+    if (static_cast<unsigned char>(out[i]) < 0x20 || out[i] == 0x7f) out[i] = '?';
+}
+
 std::string Printable(std::string_view s) {
-  std::string out(s);
-  for (auto& c : out)
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  std::string out;
+  AppendPrintable(out, s);
   return out;
 }
 

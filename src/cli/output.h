@@ -18,6 +18,8 @@ std::string FormatSizeExact(uint64_t bytes);
 std::string FormatTime(std::string_view iso8601);
 // Control characters (a newline in a file name, say) become '?' so one entry is one line.
 std::string Printable(std::string_view s);
+// Printable(s), appended to `out`.
+void AppendPrintable(std::string& out, std::string_view s);
 
 class Table {
  public:

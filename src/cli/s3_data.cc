@@ -257,17 +257,23 @@ bool ProgressOn(const DataArgs& a) {
   return a.progress || ::isatty(STDERR_FILENO) == 1;
 }
 
-std::string Date(std::time_t t) {
+// Valid until the next call on this thread.
+std::string_view DateText(std::time_t t) {
   // Keys listed together mostly share their second: the last one formatted is kept.
   thread_local std::optional<std::time_t> last;
   thread_local char buf[32];
+  thread_local size_t len = 0;
   if (t != last) {
     struct tm tm {};
     gmtime_r(&t, &tm);
-    std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+    len = std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
     last = t;
   }
-  return buf;
+  return {buf, len};
+}
+
+std::string Date(std::time_t t) {
+  return std::string(DateText(t));
 }
 
 int RunTransfer(DataArgs& a, const DataGlobals& g, const char* verb,
@@ -396,26 +402,43 @@ void AddS3DataCommands(CLI::App* s3, const std::function<void(DataAction)>& set_
       ::signal(SIGPIPE, SIG_DFL);
       ::raise(SIGPIPE);
     };
+    // Lines are formatted into one buffer and written 64 KiB at a time: a printf per key made
+    // the printing of a split listing's last ranges, after their fetch, its longest step.
+    std::string lines;
+    auto flush = [&] {
+      if (lines.empty()) return;
+      std::fwrite(lines.data(), 1, lines.size(), stdout);
+      lines.clear();
+      printed();
+    };
+    auto line_done = [&] {
+      lines += '\n';
+      if (lines.size() >= (64 << 10)) flush();
+    };
     Status st = client::ListKeys(
         *conn, *url, a.recursive, a.jobs,
         [&](const io::s3::ObjectInfo& o) {
-          if (g.json)
+          if (g.json) {
             element({{"key", o.key},
                      {"size", o.size},
                      {"etag", o.etag},
                      {"last_modified", Date(o.mtime)}});
-          else
-            std::printf("%s %10llu %s\n", Date(o.mtime).c_str(),
-                        static_cast<unsigned long long>(o.size), Printable(o.key).c_str());
-          printed();
+            return printed();
+          }
+          fmt::format_to(std::back_inserter(lines), "{} {:>10} ", DateText(o.mtime), o.size);
+          AppendPrintable(lines, o.key);
+          line_done();
         },
         [&](const std::string& p) {
-          if (g.json)
+          if (g.json) {
             element({{"prefix", p}});
-          else
-            std::printf("%30s %s\n", "PRE", Printable(p).c_str());
-          printed();
+            return printed();
+          }
+          fmt::format_to(std::back_inserter(lines), "{:>30} ", "PRE");
+          AppendPrintable(lines, p);
+          line_done();
         });
+    flush();
     if (!st.ok()) {
       if (elements) std::printf("\n");
       std::fflush(stdout);

@@ -442,19 +442,19 @@ Result<std::pair<int, std::string>> OpenTemp(const std::string& dst, bool in_pla
 Status Transfer::RunUnit(S3Client& c, Job& j, const Unit& u) {
   if (j.kind == Job::kDelete) {
     auto batch = no_batch_delete_
-                     ? Result<std::vector<std::string>>(Status(Code::kUnsupported, "DeleteObjects"))
+                     ? Result<std::vector<Status>>(Status(Code::kUnsupported, "DeleteObjects"))
                      : c.DeleteMany(j.bucket, j.delete_keys);
     if (!batch.ok() && batch.status().code() == Code::kUnsupported) {
       // A server without DeleteObjects (GCS's XML API, for one): a DELETE per key.
       if (!no_batch_delete_.exchange(true))
         Say("the server has no DeleteObjects (" + batch.status().message() +
             "): deleting one key at a time");
-      std::vector<std::string> refused;
+      std::vector<Status> refused;
       for (size_t i = 0; i < j.delete_keys.size(); ++i) {
         Status st = c.Delete(j.bucket, j.delete_keys[i]);
         if (st.ok() || st.code() == Code::kNotFound) continue;
         if (st.code() != Code::kUnavailable && st.code() != Code::kUnauthenticated) {
-          refused.push_back(fmt::format("{}: {}", j.delete_keys[i], st.message()));
+          refused.push_back(st.WithContext(j.delete_keys[i]));
           continue;
         }
         // The server gone or the credentials refused: that is about every key left, which is
@@ -462,7 +462,7 @@ Status Transfer::RunUnit(S3Client& c, Job& j, const Unit& u) {
         if (i == 0) return st;
         const size_t left = j.delete_keys.size() - i;
         j.some_deleted = true;
-        for (const auto& f : refused) Say("delete failed: " + f);
+        for (const auto& f : refused) Say("delete failed: " + f.message());
         Say(fmt::format("delete failed: {} key{} from s3://{}/{}: {}", left, left == 1 ? "" : "s",
                         j.bucket, j.delete_keys[i], st.message()));
         stats_.files_done += i - refused.size();
@@ -473,12 +473,17 @@ Status Transfer::RunUnit(S3Client& c, Job& j, const Unit& u) {
     }
     SLUICE_ASSIGN_OR_RETURN(auto failed, std::move(batch));
     j.some_deleted = true;  // each key's failure, if any, is said here
-    for (const auto& f : failed) Say("delete failed: " + f);
+    for (const auto& f : failed) Say("delete failed: " + f.message());
     stats_.files_done += j.delete_keys.size() - failed.size();
     stats_.files_failed += failed.size();
-    if (!failed.empty())
-      return Status(Code::kIoError, fmt::format("{} keys not deleted", failed.size()));
-    return Status::Ok();
+    if (failed.empty()) return Status::Ok();
+    // Keys refused for one reason say it by the exit status (5: the credentials may not
+    // delete them), as a request refused whole does; mixed reasons are a plain failure.
+    const bool agree = std::all_of(failed.begin(), failed.end(), [&](const Status& f) {
+      return f.code() == failed.front().code();
+    });
+    return Status(agree ? failed.front().code() : Code::kIoError,
+                  fmt::format("{} keys not deleted", failed.size()));
   }
   // A tree's directories are made one by one as its files come, each checked as it is used
   // (not only when the run was planned).

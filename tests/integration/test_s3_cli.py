@@ -500,6 +500,28 @@ def test_rm(s3d, bucket):
     assert p.returncode == 3, (p.returncode, p.stderr)
 
 
+def test_rm_of_keys_refused_one_by_one_exits_by_why(s3d, bucket):
+    """Keys the server refuses inside a DeleteObjects answer (here: files made immutable, which
+    even root cannot remove: AccessDenied) are each said, and the exit status says why (5) as
+    for a delete refused whole; before, every such failure exited 1."""
+    b = next(b for b in s3d.mgr("GET", "/s3/buckets").json()["buckets"] if b["name"] == bucket)
+    root = s3d.vfolder_path(b["vfid"], b["volume"])
+    (root / "imm").mkdir()
+    files = [root / "imm" / n for n in ("a", "b")]
+    for f in files:
+        f.write_bytes(b"kept")
+    subprocess.run(["chattr", "+i", *map(str, files)], check=True)
+    try:
+        p = cli(s3d, "rm", "-r", f"s3://{bucket}/imm/", check=False)
+        assert p.returncode == 5, (p.returncode, p.stderr)
+        for n in ("a", "b"):
+            assert b"delete failed: imm/%s: AccessDenied" % n.encode() in p.stderr, p.stderr
+        assert b"2 FAILED" in p.stderr, p.stderr
+        assert all(f.read_bytes() == b"kept" for f in files)
+    finally:
+        subprocess.run(["chattr", "-i", *map(str, files)], check=True)
+
+
 def test_get_batch(s3d, bucket, tmp_path):
     objs = {f"train/{i:03d}.jpg": os.urandom(1000 + i) for i in range(50)}
     for k, v in objs.items():

@@ -936,10 +936,10 @@ Status S3Client::Delete(std::string_view bucket, std::string_view key) {
   return r.status();
 }
 
-Result<std::vector<std::string>> S3Client::DeleteMany(std::string_view bucket,
-                                                      const std::vector<std::string>& keys) {
+Result<std::vector<Status>> S3Client::DeleteMany(std::string_view bucket,
+                                                 const std::vector<std::string>& keys) {
   std::string xml = "<Delete><Quiet>true</Quiet>";
-  std::vector<std::string> failed;
+  std::vector<Status> failed;
   size_t batched = 0;
   for (const auto& k : keys) {
     // A control byte other than tab, LF and CR has no place in XML 1.0, escaped or not (AWS
@@ -948,7 +948,7 @@ Result<std::vector<std::string>> S3Client::DeleteMany(std::string_view bucket,
           return static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r';
         })) {
       if (Status st = Delete(bucket, k); !st.ok() && st.code() != Code::kNotFound)
-        failed.push_back(fmt::format("{}: {}", k, st.message()));
+        failed.push_back(st.WithContext(k));
       continue;
     }
     xml += "<Object><Key>" + XmlEscape(k) + "</Key></Object>";
@@ -965,9 +965,14 @@ Result<std::vector<std::string>> S3Client::DeleteMany(std::string_view bucket,
   req.headers = {{"Content-Type", "application/xml"}, {"Content-MD5", Base64Encode(Md5(xml))}};
   SLUICE_ASSIGN_OR_RETURN(Answer a, Send(req));
   SLUICE_ASSIGN_OR_RETURN(auto doc, ParseXml(a.body, req.what, "DeleteResult"));
-  for (auto e : doc.child("DeleteResult").children("Error"))
-    failed.push_back(
-        fmt::format("{}: {} {}", Child(e, "Key"), Child(e, "Code"), Child(e, "Message")));
+  for (auto e : doc.child("DeleteResult").children("Error")) {
+    // Each key's refusal keeps its cause, as a request's would (a key the credentials may not
+    // delete is a refusal; a code of no known meaning, a plain failure).
+    const std::string code = Child(e, "Code");
+    Code c = code == "AccessDenied" ? Code::kPermissionDenied : CodeOf(0, code);
+    if (c == Code::kInvalidArgument) c = Code::kIoError;
+    failed.emplace_back(c, fmt::format("{}: {} {}", Child(e, "Key"), code, Child(e, "Message")));
+  }
   return failed;
 }
 

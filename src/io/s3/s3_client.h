@@ -165,9 +165,10 @@ class S3Client {
                            std::string_view dst_key, const UserMeta* replace = nullptr,
                            std::string_view src_bucket = {}, std::string_view if_match = {});
   Status Delete(std::string_view bucket, std::string_view key);
-  // Deletes up to 1000 keys in one request; returns "key: code message" for each refused one.
-  Result<std::vector<std::string>> DeleteMany(std::string_view bucket,
-                                              const std::vector<std::string>& keys);
+  // Deletes up to 1000 keys in one request; returns each refused one's error ("key: code
+  // message"), with the code its S3 error code means.
+  Result<std::vector<Status>> DeleteMany(std::string_view bucket,
+                                         const std::vector<std::string>& keys);
 
   Result<std::string> CreateMultipart(std::string_view bucket, std::string_view key,
                                       std::string_view content_type = {},

@@ -556,7 +556,7 @@ struct S3Volume::Origin {
       if (!failed.ok()) return failed.status();
       if (!failed->empty())
         return Status(Code::kIoError, fmt::format("the origin refused to delete {} keys: {}",
-                                                  failed->size(), failed->front()));
+                                                  failed->size(), failed->front().message()));
       return Status::Ok();
     });
   }

@@ -830,12 +830,20 @@ class S3Reader : public FileReader {
     // Pinned to the version opened: a replaced object fails the read (412), never mixes.
     auto r = origin_->Note(origin_->Client()->Get(
         bucket_, key_, sink, std::make_pair(offset, uint64_t{n}), object_.etag));
+    auto changed = [&] {
+      return Status(Code::kConflict,
+                    fmt::format("'{}' changed on the origin since it was opened", info_.name));
+    };
     if (!r.ok()) {
-      if (r.status().code() == Code::kConflict || IsNotFound(r.status()))
-        return Status(Code::kConflict,
-                      fmt::format("'{}' changed on the origin since it was opened", info_.name));
+      if (r.status().code() == Code::kConflict || IsNotFound(r.status())) return changed();
       return r.status();
     }
+    // Pinned by what the answer says too: an origin that sends no ETag (nothing to pin with
+    // If-Match) or ignores If-Match still names the object's size in each answer, and another
+    // size or ETag is another version (before, its bytes were served after the old one's).
+    if ((r->size != 0 && r->size != info_.size) ||
+        (!object_.etag.empty() && !r->etag.empty() && r->etag != object_.etag))
+      return changed();
     return got;
   }
   // Bytes read at open never wait.

@@ -895,7 +895,7 @@ def test_what_an_origin_answers_is_checked(tmp_path):
 def test_get_batch_extracts_only_files(tmp_path):
     """A batch stream from a server that is not Sluice's (hostile, or a proxy) may hold a hard
     link naming any file: `get-batch -x` refuses it instead of linking that file in and
-    writing the entry's data into it."""
+    writing the entry's data into it, and stops receiving the stream."""
     victim = tmp_path / "victim.txt"
     victim.write_bytes(b"precious")
     buf = io.BytesIO()
@@ -907,6 +907,11 @@ def test_get_batch_extracts_only_files(tmp_path):
         link.type = tarfile.LNKTYPE
         link.linkname = str(victim)
         t.addfile(link)
+        # Far more behind it than the client holds in flight: the walk that stops at the link
+        # must stop the receiving side too, which otherwise waits for the walk forever.
+        rest = tarfile.TarInfo("b/rest")
+        rest.size = 32 << 20
+        t.addfile(rest, io.BytesIO(bytes(rest.size)))
     stream = buf.getvalue()
 
     class Batch(http.server.BaseHTTPRequestHandler):

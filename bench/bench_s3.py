@@ -298,11 +298,16 @@ def one_batch(s, bucket, keys, size, keys_file, deep):
     p = subprocess.Popen([os.path.join(BIN, "sluice"), "s3", "--json", "get-batch", "--keys-from",
                           keys_file, "-o", "-" if deep else "/dev/null", f"s3://{bucket}"],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    failed = None
     try:
         got = (batch_stream_check(PipeStream(p), [f"{bucket}/{k}" for k in keys], size) if deep
                else None)
+    except RuntimeError as e:
+        failed = e  # an empty stream: the command's own error (a refused batch) says why
     finally:
         out, err = p.communicate()
+    if failed and p.returncode == 0:
+        raise failed
     if p.returncode != 0:
         raise RuntimeError(f"sluice s3 get-batch: {p.returncode}: {err.decode()[-500:]}")
     summary = json.loads((err if deep else out).decode().strip().splitlines()[-1])

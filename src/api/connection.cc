@@ -249,14 +249,13 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     RecvHeader();
   }
 
-  // Through Asio's own receive, so that Asio knows when the socket was drained: a read that
-  // returned less than its buffer marks it so, and the next one is queued for the next
-  // readiness event with no system call. (Read with recv here until 2026-12-07, Asio still
-  // took the socket for readable after it, and each wait for the next request cost a call:
-  // an async_wait re-arms the descriptor with epoll_ctl. Now only a readiness event for bytes
-  // already read makes Asio try a recv that fails with EAGAIN: 0.42 a request in the GET
-  // benchmark, against one epoll_ctl each before.) Its completion never runs inside the call
-  // that started it, so a client that keeps sending cannot make this recurse.
+  // Through Asio's own receive, not recv plus an async_wait (until 2026-12-07): Asio's read
+  // tries a recv at once, which in a busy keep-alive connection often finds the next request
+  // there already (the answer's client runs on another core), and otherwise fails with EAGAIN
+  // and is queued for the next readiness event with no further call; the async_wait re-armed
+  // the descriptor with epoll_ctl on every request and always waited for the next poll. (GET
+  // benchmark: no epoll_ctl, 0.42 failed recv a request.) Its completion never runs inside
+  // the call that started it, so a client that keeps sending cannot make this recurse.
   void RecvHeader() {
     size_t room = buf_.max_size() - buf_.size();
     if (room == 0) return HandleHeader(Chain::kRecv, http::error::buffer_overflow);
@@ -1044,8 +1043,9 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
   bool dispatching_ = false;
   std::optional<HttpResponse> answered_;  // given while dispatching_
   std::string remote_;                    // the peer's address, looked up once
-  // Where the request being handled in the current call came from, while that call lasts:
-  // kRecv means the loop has not polled since the recv that brought it.
+  // Where the request being handled in the current call came from, while that call lasts (a
+  // receive, or bytes left in buf_): either way the next request is read from a new turn of
+  // the loop when it is already buffered (ReadHeader).
   Chain chain_ = Chain::kNone;
   bool first_ = true;
   bool keep_alive_ = true;

@@ -1209,7 +1209,10 @@ class StreamHandoff {
     if (!full(std::string_view(fill_))) return false;
     std::unique_lock lk(mu_);
     cv_.wait(lk, [&] { return full_.size() < blocks_ || stopped_; });
-    if (stopped_) return false;
+    if (stopped_) {
+      fill_.clear();  // written to the output already: Finish must not write it again
+      return false;
+    }
     full_.push_back(std::move(fill_));
     cv_.notify_all();
     fill_.clear();
@@ -1409,9 +1412,9 @@ Result<BatchGetResult> BatchGet(const io::s3::ClientOptions& opts, const std::st
   }
   S3Client c(opts);
   BatchGetResult res;
-  // The stream goes to the TAR file (or stdout) as it comes, and through a pipe to
-  // ReadBatchTar, which extracts it or only walks it: either way every entry is checked and
-  // the manifest read, so the exit status can say whether any item failed.
+  // The stream goes to the TAR file (or stdout) as it comes, block by block, and through a
+  // StreamHandoff to ReadBatchTar, which extracts it or only walks it: either way every entry is
+  // checked and the manifest read, so the exit status can say whether any item failed.
   int fd = -1;
   std::string tmp;
   if (bo.extract_dir.empty()) {

@@ -892,6 +892,39 @@ def test_what_an_origin_answers_is_checked(tmp_path):
                     else b"changed while it was read") in p.stderr, p.stderr
 
 
+def foreign_batch(tmp_path, stream, *args):
+    """`sluice s3 get-batch s3://b ARGS...` against a server that is not Sluice's (hostile, or a
+    proxy), which answers every batch get with `stream` as its TAR."""
+
+    class Batch(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-tar")
+            self.send_header("Content-Length", str(len(stream)))
+            self.end_headers()
+            try:
+                self.wfile.write(stream)
+            except OSError:
+                pass  # the client stopped reading
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Batch)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "AWS_ACCESS_KEY_ID": "AK",
+           "AWS_SECRET_ACCESS_KEY": "SK"}
+    try:
+        return subprocess.run([str(SLUICE), "s3", "get-batch", "s3://b", *args, "--s3-endpoint",
+                               f"http://127.0.0.1:{srv.server_address[1]}"],
+                              env=env, capture_output=True, timeout=60)
+    finally:
+        srv.shutdown()
+
+
 def test_get_batch_extracts_only_files(tmp_path):
     """A batch stream from a server that is not Sluice's (hostile, or a proxy) may hold a hard
     link naming any file: `get-batch -x` refuses it instead of linking that file in and
@@ -913,35 +946,27 @@ def test_get_batch_extracts_only_files(tmp_path):
         rest.size = 32 << 20
         t.addfile(rest, io.BytesIO(bytes(rest.size)))
     stream = buf.getvalue()
-
-    class Batch(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-tar")
-            self.send_header("Content-Length", str(len(stream)))
-            self.end_headers()
-            self.wfile.write(stream)
-
-        def log_message(self, *args):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Batch)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "AWS_ACCESS_KEY_ID": "AK",
-           "AWS_SECRET_ACCESS_KEY": "SK"}
-    try:
-        p = subprocess.run([str(SLUICE), "s3", "get-batch", "s3://b", "first", "x", "-x",
-                            str(tmp_path / "out"), "--s3-endpoint",
-                            f"http://127.0.0.1:{srv.server_address[1]}"],
-                           env=env, capture_output=True, timeout=60)
-    finally:
-        srv.shutdown()
+    p = foreign_batch(tmp_path, stream, "first", "x", "-x", str(tmp_path / "out"))
     assert p.returncode != 0 and b"is a hard link, not an object" in p.stderr, p.stderr
     assert victim.read_bytes() == b"precious" and victim.stat().st_nlink == 1
     assert (tmp_path / "out" / "b" / "first").read_bytes() == b"ok"
+
+
+def test_get_batch_to_stdout_of_a_broken_stream_writes_only_what_came(tmp_path):
+    """`get-batch -o -` of a stream that turns to garbage after its first entry, with megabytes
+    behind: the walk fails and the command exits non-zero, and what reached stdout is the
+    stream as served up to where it stopped, each byte once (a block handed to the output
+    just as the walk stopped was written twice by the first in-memory handoff)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        ok = tarfile.TarInfo("b/first")
+        ok.size = 1000
+        t.addfile(ok, io.BytesIO(os.urandom(ok.size)))
+    stream = buf.getvalue()[:1536] + os.urandom(8 << 20)  # no end blocks: garbage follows
+    for _ in range(3):  # the stop lands at a different block each time
+        p = foreign_batch(tmp_path, stream, "first", "-o", "-")
+        assert p.returncode != 0, p.stderr
+        assert len(p.stdout) >= 1536 and stream.startswith(p.stdout), (len(p.stdout), p.stderr)
 
 
 def test_get_batch_cut_mid_entry_leaves_no_partial_file(tmp_path):

@@ -449,6 +449,29 @@ def test_pipelined_and_split_requests(daemon, files):
         assert read_responses(s, 1)[0][0] == 400
 
 
+def test_a_client_that_half_closes_after_its_request_is_let_go_at_once(daemon, files):
+    """A client that sends its last request and its FIN together (`shutdown(SHUT_WR)` right
+    after it, as `nc -N` and some HTTP/1.0 tools do) gets its answer and then the server's
+    close at once, not at keepalive-timeout (75 s): the FIN may come within the readiness edge
+    of the request, so the read after the answer must try the socket rather than wait for an
+    edge (since 2026-12-07 Asio's receive tries a recv at once; before, the async_wait's
+    epoll_ctl re-checked readiness). Passes on the builds before and after that change."""
+    vfid, _, _ = files
+    token = urllib.parse.quote(download_token(daemon, vfid, "small.txt"))
+    req = f"GET /download?token={token} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    for _ in range(20):
+        with socket.create_connection(("127.0.0.1", daemon.client_port), timeout=5) as s:
+            s.sendall(req)
+            s.shutdown(socket.SHUT_WR)
+            got = b""
+            while True:  # the answer, then the end of the stream within the 5 s timeout
+                piece = s.recv(1 << 16)
+                if not piece:
+                    break
+                got += piece
+            assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"hello, sluice\n"), got
+
+
 def test_small_files_to_a_reader_that_lags(daemon, vfid):
     """Small files go out with their header in one send; when the socket takes only part (a
     client that reads slowly behind many pipelined requests), the rest follows intact."""

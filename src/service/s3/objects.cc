@@ -1,6 +1,7 @@
 #include "service/s3/objects.h"
 
 #include <algorithm>
+#include <bit>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -8,7 +9,6 @@
 #include <mutex>
 #include <random>
 #include <tuple>
-#include <unordered_map>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -598,23 +598,35 @@ int64_t Ns(std::chrono::system_clock::time_point t) {
 }
 }  // namespace
 
+// Open addressing: a key's entry sits in one of kProbe slots from its home slot, so a lookup
+// reads one or two cache lines (std::unordered_map walked to the bucket, the node before and
+// the node, dependent misses that were 2.75% of a 4 KiB GET's CPU). A full neighbourhood
+// gives up its home slot: the cache forgets one entry, where the map forgot its whole shard.
 struct ObjectMetaCache::Shard {
-  struct KeyHash {
-    size_t operator()(const std::pair<const Volume*, uint64_t>& k) const {
-      return std::hash<uint64_t>()(k.second) ^ (std::hash<const void*>()(k.first) << 1);
-    }
+  struct alignas(64) Slot {
+    const Volume* v = nullptr;
+    uint64_t ino = 0;  // 0: empty (no file has inode 0)
+    Entry e{};
   };
+  static constexpr size_t kProbe = 4;
   std::mutex mu;
-  std::unordered_map<std::pair<const Volume*, uint64_t>, Entry, KeyHash> map;
+  std::vector<Slot> slots;  // a power of two of them, made at the first Put
 };
 
+namespace {
+uint64_t MixKey(const void* v, uint64_t ino) {
+  return (ino * 0x9E3779B97F4A7C15ULL) ^ (reinterpret_cast<uintptr_t>(v) * 0xC2B2AE3D27D4EB4FULL);
+}
+}  // namespace
+
 ObjectMetaCache::ObjectMetaCache(size_t capacity)
-    : per_shard_(std::max<size_t>(1, capacity / kShards)), shards_(new Shard[kShards]) {}
+    : per_shard_(std::bit_ceil(std::max<size_t>(Shard::kProbe, capacity / kShards))),
+      shards_(new Shard[kShards]) {}
 
 ObjectMetaCache::~ObjectMetaCache() = default;
 
 ObjectMetaCache::Shard& ObjectMetaCache::ShardOf(const Volume* v, uint64_t ino) const {
-  return shards_[(ino * 0x9E3779B97F4A7C15ULL >> 60) % kShards];
+  return shards_[(MixKey(v, ino) >> 60) % kShards];
 }
 
 std::optional<std::shared_ptr<const ObjectMeta>> ObjectMetaCache::Find(const Volume* v,
@@ -622,21 +634,39 @@ std::optional<std::shared_ptr<const ObjectMeta>> ObjectMetaCache::Find(const Vol
   if (e.ino == 0) return std::nullopt;
   Shard& s = ShardOf(v, e.ino);
   std::lock_guard lk(s.mu);
-  auto it = s.map.find({v, e.ino});
-  if (it == s.map.end() || it->second.size != e.size || it->second.mtime_ns != Ns(e.modified) ||
-      it->second.ctime_ns != Ns(e.changed))
-    return std::nullopt;
-  return it->second.meta;
+  if (s.slots.empty()) return std::nullopt;
+  const size_t mask = s.slots.size() - 1, home = static_cast<size_t>(MixKey(v, e.ino) >> 8);
+  for (size_t k = 0; k < Shard::kProbe; ++k) {
+    const Shard::Slot& x = s.slots[(home + k) & mask];
+    if (x.ino == 0) break;
+    if (x.ino != e.ino || x.v != v) continue;
+    if (x.e.size != e.size || x.e.mtime_ns != Ns(e.modified) || x.e.ctime_ns != Ns(e.changed))
+      return std::nullopt;
+    return x.e.meta;
+  }
+  return std::nullopt;
 }
 
 void ObjectMetaCache::Put(const Volume* v, const DirEntry& e,
                           const std::optional<ObjectMeta>& meta) {
   if (e.ino == 0 || e.changed.time_since_epoch().count() == 0) return;
+  Entry entry{e.size, Ns(e.modified), Ns(e.changed),
+              meta ? std::make_shared<const ObjectMeta>(*meta) : nullptr};
   Shard& s = ShardOf(v, e.ino);
   std::lock_guard lk(s.mu);
-  if (s.map.size() >= per_shard_) s.map.clear();
-  s.map[{v, e.ino}] = Entry{e.size, Ns(e.modified), Ns(e.changed),
-                            meta ? std::make_shared<const ObjectMeta>(*meta) : nullptr};
+  if (s.slots.empty()) s.slots.resize(per_shard_);
+  const size_t mask = s.slots.size() - 1, home = static_cast<size_t>(MixKey(v, e.ino) >> 8);
+  Shard::Slot* at = &s.slots[home & mask];  // taken over when the neighbourhood is full
+  for (size_t k = 0; k < Shard::kProbe; ++k) {
+    Shard::Slot& x = s.slots[(home + k) & mask];
+    if (x.ino == 0 || (x.ino == e.ino && x.v == v)) {
+      at = &x;
+      break;
+    }
+  }
+  at->v = v;
+  at->ino = e.ino;
+  at->e = std::move(entry);
 }
 
 // ------------------------------------------------------------------------------------ writing

@@ -218,9 +218,10 @@ inline constexpr int kMaxPartNumber = 10000;
 // Object metadata by file version, so that GET, HEAD and listings need not read a file's
 // extended attribute again (and an event loop can answer them with no I/O at all). An entry
 // holds for its inode while the file's size, mtime and ctime are those it was read with: writing
-// the file or any of its attributes moves ctime, which nobody can set back. Bounded: a full
-// shard starts over. An entry is about 90 bytes (its node, a bucket, the metadata apart when a
-// file has any): 2^18 entries, a dataset of a quarter million objects, take about 24 MB.
+// the file or any of its attributes moves ctime, which nobody can set back. Bounded: slots of
+// 64 bytes (the metadata apart when a file has any), 2^18 of them for a dataset of a quarter
+// million objects, 16 MB once every shard is in use; a new entry whose slots are all taken
+// replaces one of them.
 class ObjectMetaCache {
  public:
   explicit ObjectMetaCache(size_t capacity = 1 << 18);

@@ -556,5 +556,75 @@ TEST_F(VfsObjects, CompleteReservesTheCopyOfItsParts) {
   EXPECT_EQ(o->entry.size, 12u << 20);
 }
 
+// The metadata cache answers for a file version only: its size, mtime and ctime must be those it
+// was kept with; files of another volume with the same inode are other files; and past its
+// capacity it keeps working, forgetting some entries rather than mixing them up.
+TEST(ObjectMetaCache, AnswersForTheVersionKeptOnly) {
+  ObjectMetaCache cache(1 << 10);
+  int a = 0, b = 0;  // two volumes: only their addresses matter
+  auto* va = reinterpret_cast<const Volume*>(&a);
+  auto* vb = reinterpret_cast<const Volume*>(&b);
+  auto entry = [](uint64_t ino, uint64_t size) {
+    DirEntry e;
+    e.ino = ino;
+    e.size = size;
+    e.modified = std::chrono::system_clock::time_point(std::chrono::seconds(1000 + ino));
+    e.changed = std::chrono::system_clock::time_point(std::chrono::seconds(2000 + ino));
+    return e;
+  };
+  auto meta = [](const std::string& etag) {
+    ObjectMeta m;
+    m.etag = etag;
+    return m;
+  };
+  EXPECT_FALSE(cache.Find(va, entry(7, 10)));
+  cache.Put(va, entry(7, 10), meta("seven"));
+  cache.Put(va, entry(8, 10), std::nullopt);  // a file without metadata
+  auto hit = cache.Find(va, entry(7, 10));
+  ASSERT_TRUE(hit && *hit);
+  EXPECT_EQ((*hit)->etag, "seven");
+  hit = cache.Find(va, entry(8, 10));
+  ASSERT_TRUE(hit);
+  EXPECT_EQ(*hit, nullptr);
+  EXPECT_FALSE(cache.Find(vb, entry(7, 10)));  // another volume's inode 7
+  EXPECT_FALSE(cache.Find(va, entry(7, 11)));  // another size
+  DirEntry touched = entry(7, 10);
+  touched.changed += std::chrono::nanoseconds(1);  // an attribute written since
+  EXPECT_FALSE(cache.Find(va, touched));
+  touched = entry(7, 10);
+  touched.modified -= std::chrono::seconds(1);
+  EXPECT_FALSE(cache.Find(va, touched));
+  cache.Put(va, entry(7, 11), meta("seven again"));  // the new version replaces the old
+  EXPECT_EQ((*cache.Find(va, entry(7, 11)))->etag, "seven again");
+  EXPECT_FALSE(cache.Find(va, entry(7, 10)));
+  // Inode 0 (a backend without inodes) and a file without ctime are never kept.
+  cache.Put(va, entry(0, 1), meta("zero"));
+  EXPECT_FALSE(cache.Find(va, entry(0, 1)));
+  DirEntry no_ctime = entry(9, 1);
+  no_ctime.changed = {};
+  cache.Put(va, no_ctime, meta("nine"));
+  EXPECT_FALSE(cache.Find(va, no_ctime));
+  // Twenty times its capacity: whatever it still answers is right, and it answers most of
+  // the last entries put.
+  for (uint64_t ino = 100; ino < 100 + 20 * 1024; ++ino)
+    cache.Put(ino % 2 ? va : vb, entry(ino, ino), meta(std::to_string(ino)));
+  size_t recent = 0;
+  for (uint64_t ino = 100; ino < 100 + 20 * 1024; ++ino) {
+    auto h = cache.Find(ino % 2 ? va : vb, entry(ino, ino));
+    if (h) EXPECT_EQ((*h)->etag, std::to_string(ino));
+    EXPECT_FALSE(cache.Find(ino % 2 ? vb : va, entry(ino, ino)));
+    if (h && ino >= 100 + 20 * 1024 - 256) ++recent;
+  }
+  EXPECT_GE(recent, 160u);
+  // A cache of 4 slots a shard: another volume's key of the same inode shares its slots
+  // whenever it falls in the same shard, and still must not be taken for it.
+  ObjectMetaCache tiny(1);
+  for (uint64_t ino = 1; ino <= 256; ++ino) {
+    tiny.Put(va, entry(ino, 1), meta("a"));
+    EXPECT_FALSE(tiny.Find(vb, entry(ino, 1))) << ino;
+    ASSERT_TRUE(tiny.Find(va, entry(ino, 1))) << ino;
+  }
+}
+
 }  // namespace
 }  // namespace sluice

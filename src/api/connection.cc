@@ -212,9 +212,6 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
 
   // ---- reading requests
 
-  // Where a request being handled came from (see chain_).
-  enum class Chain { kNone, kRecv, kBuffer };
-
   void ReadHeader() {
     cors_ = false;  // until a header with Origin is read
     parser_.emplace(opts().parser_limits);
@@ -224,7 +221,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     first_ = false;
     if constexpr (!kTls) {
       if (buf_.size() == 0) return RecvHeader();  // nothing left over from the last read
-      if (chain_ != Chain::kNone) {  // pipelined requests: a new turn of the loop, not recursion
+      if (in_header_call_) {  // pipelined requests: a new turn of the loop, not recursion
         asio::post(Sock().get_executor(),
                    [self = this->shared_from_this()] { self->ParseOrRecvHeader(); });
         return;
@@ -244,7 +241,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
       beast::error_code ec;
       size_t used = parser_->put(buf_.data(), ec);
       buf_.consume(used);
-      if (ec != http::error::need_more) return HandleHeader(Chain::kBuffer, ec);
+      if (ec != http::error::need_more) return HandleHeader(ec);
     }
     RecvHeader();
   }
@@ -258,7 +255,7 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
   // the call that started it, so a client that keeps sending cannot make this recurse.
   void RecvHeader() {
     size_t room = buf_.max_size() - buf_.size();
-    if (room == 0) return HandleHeader(Chain::kRecv, http::error::buffer_overflow);
+    if (room == 0) return HandleHeader(http::error::buffer_overflow);
     auto space =
         buf_.prepare(std::min(room, std::max<size_t>(4096, buf_.capacity() - buf_.size())));
     Sock().async_read_some(space,
@@ -276,13 +273,13 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
     size_t used = parser_->put(buf_.data(), ec);
     buf_.consume(used);
     if (ec == http::error::need_more) return RecvHeader();
-    HandleHeader(Chain::kRecv, ec);
+    HandleHeader(ec);
   }
 
-  void HandleHeader(Chain chain, beast::error_code ec) {
-    chain_ = chain;
+  void HandleHeader(beast::error_code ec) {
+    in_header_call_ = true;
     OnHeader(ec);
-    chain_ = Chain::kNone;
+    in_header_call_ = false;
   }
 
   const std::string& Remote() {
@@ -1043,10 +1040,9 @@ class Connection : public std::enable_shared_from_this<Connection<kTls>> {
   bool dispatching_ = false;
   std::optional<HttpResponse> answered_;  // given while dispatching_
   std::string remote_;                    // the peer's address, looked up once
-  // Where the request being handled in the current call came from, while that call lasts (a
-  // receive, or bytes left in buf_): either way the next request is read from a new turn of
-  // the loop when it is already buffered (ReadHeader).
-  Chain chain_ = Chain::kNone;
+  // A request's header is being handled in the current call (HandleHeader): a next request
+  // already buffered is read from a new turn of the loop, not by recursion (ReadHeader).
+  bool in_header_call_ = false;
   bool first_ = true;
   bool keep_alive_ = true;
   bool is_head_ = false;

@@ -1453,6 +1453,7 @@ Result<BatchGetResult> BatchGet(const io::s3::ClientOptions& opts, const std::st
   StreamHandoff handoff;
   Status fetch, output;
   bool walk_stopped = false;  // the walk stopped reading: its error is the cause
+  const Status not_read(Code::kIoError, "batch get: the stream is no longer read", EPIPE);
   // Each block goes to the TAR file (or stdout) before the walk gets it.
   auto to_output = [&](std::string_view block) {
     if (fd >= 0 && output.ok()) output = WriteAll(fd, block, nullptr);
@@ -1465,12 +1466,11 @@ Result<BatchGetResult> BatchGet(const io::s3::ClientOptions& opts, const std::st
       if (handoff.Put(d, to_output)) return Status::Ok();
       if (!output.ok()) return output;
       walk_stopped = true;
-      return Status(Code::kIoError, "batch get: the stream is no longer read", EPIPE);
+      return not_read;
     });
     if (!handoff.Finish(to_output) && fetch.ok()) {
       walk_stopped = output.ok();
-      fetch = output.ok() ? Status(Code::kIoError, "batch get: the stream is no longer read", EPIPE)
-                          : output;
+      fetch = output.ok() ? not_read : output;
     }
   });
   std::string manifest;

@@ -598,6 +598,12 @@ int64_t Ns(std::chrono::system_clock::time_point t) {
 }
 }  // namespace
 
+namespace {
+uint64_t MixKey(const void* v, uint64_t ino) {
+  return (ino * 0x9E3779B97F4A7C15ULL) ^ (reinterpret_cast<uintptr_t>(v) * 0xC2B2AE3D27D4EB4FULL);
+}
+}  // namespace
+
 // Open addressing: a key's entry sits in one of kProbe slots from its home slot, so a lookup
 // reads one or two cache lines (std::unordered_map walked to the bucket, the node before and
 // the node, dependent misses that were 2.75% of a 4 KiB GET's CPU). A full neighbourhood
@@ -611,13 +617,12 @@ struct ObjectMetaCache::Shard {
   static constexpr size_t kProbe = 4;
   std::mutex mu;
   std::vector<Slot> slots;  // a power of two of them, made at the first Put
-};
 
-namespace {
-uint64_t MixKey(const void* v, uint64_t ino) {
-  return (ino * 0x9E3779B97F4A7C15ULL) ^ (reinterpret_cast<uintptr_t>(v) * 0xC2B2AE3D27D4EB4FULL);
-}
-}  // namespace
+  // The k-th slot of the key's neighbourhood (slots not empty).
+  Slot& At(const Volume* v, uint64_t ino, size_t k) {
+    return slots[(static_cast<size_t>(MixKey(v, ino) >> 8) + k) & (slots.size() - 1)];
+  }
+};
 
 ObjectMetaCache::ObjectMetaCache(size_t capacity)
     : per_shard_(std::bit_ceil(std::max<size_t>(Shard::kProbe, capacity / kShards))),
@@ -635,9 +640,8 @@ std::optional<std::shared_ptr<const ObjectMeta>> ObjectMetaCache::Find(const Vol
   Shard& s = ShardOf(v, e.ino);
   std::lock_guard lk(s.mu);
   if (s.slots.empty()) return std::nullopt;
-  const size_t mask = s.slots.size() - 1, home = static_cast<size_t>(MixKey(v, e.ino) >> 8);
   for (size_t k = 0; k < Shard::kProbe; ++k) {
-    const Shard::Slot& x = s.slots[(home + k) & mask];
+    const Shard::Slot& x = s.At(v, e.ino, k);
     if (x.ino == 0) break;
     if (x.ino != e.ino || x.v != v) continue;
     if (x.e.size != e.size || x.e.mtime_ns != Ns(e.modified) || x.e.ctime_ns != Ns(e.changed))
@@ -655,10 +659,9 @@ void ObjectMetaCache::Put(const Volume* v, const DirEntry& e,
   Shard& s = ShardOf(v, e.ino);
   std::lock_guard lk(s.mu);
   if (s.slots.empty()) s.slots.resize(per_shard_);
-  const size_t mask = s.slots.size() - 1, home = static_cast<size_t>(MixKey(v, e.ino) >> 8);
-  Shard::Slot* at = &s.slots[home & mask];  // taken over when the neighbourhood is full
+  Shard::Slot* at = &s.At(v, e.ino, 0);  // taken over when the neighbourhood is full
   for (size_t k = 0; k < Shard::kProbe; ++k) {
-    Shard::Slot& x = s.slots[(home + k) & mask];
+    Shard::Slot& x = s.At(v, e.ino, k);
     if (x.ino == 0 || (x.ino == e.ino && x.v == v)) {
       at = &x;
       break;

@@ -57,6 +57,7 @@ Result<DirEntry> StatAt(int dirfd, const std::string& name, bool dont_sync, bool
   e.mode = sx.stx_mode;
   e.size = sx.stx_size;
   e.ino = sx.stx_ino;
+  e.dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
   e.modified = ToTimePoint(sx.stx_mtime);
   e.changed = ToTimePoint(sx.stx_ctime);
   e.created = (sx.stx_mask & STATX_BTIME) ? ToTimePoint(sx.stx_btime) : ToTimePoint(sx.stx_ctime);

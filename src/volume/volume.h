@@ -70,6 +70,9 @@ struct DirEntry {
   // backend has one, and the backend's own entity tag where it keeps one (an origin's ETag).
   // The API derives validators (ETag, Last-Modified) from these.
   uint64_t ino = 0;
+  // The device the inode is on, where the backend has one: btrfs subvolumes (each vfolder
+  // one) number their inodes alike, so an inode is a file only with its device.
+  uint64_t dev = 0;
   std::string etag;
 };
 

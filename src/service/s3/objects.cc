@@ -306,12 +306,12 @@ class Lister {
       std::shared_ptr<const ObjectMeta> known;
       std::optional<ObjectMeta> read;
       if (q_.want_etag && e->etag.empty()) {
-        if (auto hit = cache_ ? cache_->Find(&v_, *e) : std::nullopt) {
+        if (auto hit = cache_ ? cache_->Find(&v_, vfid_, *e) : std::nullopt) {
           known = std::move(*hit);
           meta = known.get();
         } else if (auto blob = dir.EntryMeta(name); blob.ok()) {
           read = ObjectMeta::Decode(*blob, *e);
-          if (cache_) cache_->Put(&v_, *e, read);
+          if (cache_) cache_->Put(&v_, vfid_, *e, read);
           if (read) meta = &*read;
         }
       }
@@ -598,9 +598,22 @@ int64_t Ns(std::chrono::system_clock::time_point t) {
 }
 }  // namespace
 
+// What names a file: the volume, the inode, and (hashed) the vfolder and device it is in.
+struct ObjectMetaCache::Key {
+  const Volume* v;
+  uint64_t ino, place;
+  Key(const Volume* vol, const VFolderId& vfid, const DirEntry& e)
+      : v(vol), ino(e.ino), place(std::hash<std::string_view>{}(vfid.hex) ^ (e.dev * kMix2)) {}
+  static constexpr uint64_t kMix1 = 0x9E3779B97F4A7C15ULL, kMix2 = 0xC2B2AE3D27D4EB4FULL;
+  uint64_t Mix() const {
+    return ((ino ^ place) * kMix1) ^ (reinterpret_cast<uintptr_t>(v) * kMix2);
+  }
+};
+
 namespace {
-uint64_t MixKey(const void* v, uint64_t ino) {
-  return (ino * 0x9E3779B97F4A7C15ULL) ^ (reinterpret_cast<uintptr_t>(v) * 0xC2B2AE3D27D4EB4FULL);
+uint64_t StampOf(const DirEntry& e) {
+  const auto ctime = static_cast<uint64_t>(Ns(e.changed));
+  return e.etag.empty() ? ctime : ctime ^ std::hash<std::string_view>{}(e.etag);
 }
 }  // namespace
 
@@ -612,15 +625,18 @@ struct ObjectMetaCache::Shard {
   struct alignas(64) Slot {
     const Volume* v = nullptr;
     uint64_t ino = 0;  // 0: empty (no file has inode 0)
+    uint64_t place = 0;
     Entry e{};
+    bool Is(const Key& k) const { return ino == k.ino && v == k.v && place == k.place; }
   };
+  static_assert(sizeof(Slot) == 64);
   static constexpr size_t kProbe = 4;
   std::mutex mu;
   std::vector<Slot> slots;  // a power of two of them, made at the first Put
 
   // The k-th slot of the key's neighbourhood (slots not empty).
-  Slot& At(const Volume* v, uint64_t ino, size_t k) {
-    return slots[(static_cast<size_t>(MixKey(v, ino) >> 8) + k) & (slots.size() - 1)];
+  Slot& At(const Key& key, size_t k) {
+    return slots[(static_cast<size_t>(key.Mix() >> 8) + k) & (slots.size() - 1)];
   }
 };
 
@@ -630,45 +646,49 @@ ObjectMetaCache::ObjectMetaCache(size_t capacity)
 
 ObjectMetaCache::~ObjectMetaCache() = default;
 
-ObjectMetaCache::Shard& ObjectMetaCache::ShardOf(const Volume* v, uint64_t ino) const {
-  return shards_[(MixKey(v, ino) >> 60) % kShards];
+ObjectMetaCache::Shard& ObjectMetaCache::ShardOf(const Key& k) const {
+  return shards_[(k.Mix() >> 60) % kShards];
 }
 
 std::optional<std::shared_ptr<const ObjectMeta>> ObjectMetaCache::Find(const Volume* v,
+                                                                       const VFolderId& vfid,
                                                                        const DirEntry& e) const {
   if (e.ino == 0) return std::nullopt;
-  Shard& s = ShardOf(v, e.ino);
+  const Key key(v, vfid, e);
+  Shard& s = ShardOf(key);
   std::lock_guard lk(s.mu);
   if (s.slots.empty()) return std::nullopt;
   for (size_t k = 0; k < Shard::kProbe; ++k) {
-    const Shard::Slot& x = s.At(v, e.ino, k);
+    const Shard::Slot& x = s.At(key, k);
     if (x.ino == 0) break;
-    if (x.ino != e.ino || x.v != v) continue;
-    if (x.e.size != e.size || x.e.mtime_ns != Ns(e.modified) || x.e.ctime_ns != Ns(e.changed))
+    if (!x.Is(key)) continue;
+    if (x.e.size != e.size || x.e.mtime_ns != Ns(e.modified) || x.e.stamp != StampOf(e))
       return std::nullopt;
     return x.e.meta;
   }
   return std::nullopt;
 }
 
-void ObjectMetaCache::Put(const Volume* v, const DirEntry& e,
+void ObjectMetaCache::Put(const Volume* v, const VFolderId& vfid, const DirEntry& e,
                           const std::optional<ObjectMeta>& meta) {
   if (e.ino == 0 || e.changed.time_since_epoch().count() == 0) return;
-  Entry entry{e.size, Ns(e.modified), Ns(e.changed),
+  Entry entry{e.size, Ns(e.modified), StampOf(e),
               meta ? std::make_shared<const ObjectMeta>(*meta) : nullptr};
-  Shard& s = ShardOf(v, e.ino);
+  const Key key(v, vfid, e);
+  Shard& s = ShardOf(key);
   std::lock_guard lk(s.mu);
   if (s.slots.empty()) s.slots.resize(per_shard_);
-  Shard::Slot* at = &s.At(v, e.ino, 0);  // taken over when the neighbourhood is full
+  Shard::Slot* at = &s.At(key, 0);  // taken over when the neighbourhood is full
   for (size_t k = 0; k < Shard::kProbe; ++k) {
-    Shard::Slot& x = s.At(v, e.ino, k);
-    if (x.ino == 0 || (x.ino == e.ino && x.v == v)) {
+    Shard::Slot& x = s.At(key, k);
+    if (x.ino == 0 || x.Is(key)) {
       at = &x;
       break;
     }
   }
   at->v = v;
   at->ino = e.ino;
+  at->place = key.place;
   at->e = std::move(entry);
 }
 
@@ -1313,7 +1333,7 @@ Result<ObjectStore::Opened> ObjectStore::OpenWith(Volume& v, const VFolderId& vf
   o.file = std::move(f).value();
   o.entry = o.file->info();
   if (!want_meta) return o;
-  if (auto hit = meta_cache_->Find(&v, o.entry)) {
+  if (auto hit = meta_cache_->Find(&v, vfid, o.entry)) {
     if (*hit) o.meta = **hit;
     return o;
   }
@@ -1321,7 +1341,7 @@ Result<ObjectStore::Opened> ObjectStore::OpenWith(Volume& v, const VFolderId& vf
   auto blob = o.file->ReadMeta();
   if (!blob.ok()) return o;  // no metadata this time; not remembered
   o.meta = ObjectMeta::Decode(*blob, o.entry);
-  meta_cache_->Put(&v, o.entry, o.meta);
+  meta_cache_->Put(&v, vfid, o.entry, o.meta);
   return o;
 }
 

@@ -216,32 +216,38 @@ struct UploadedPart {
 inline constexpr int kMaxPartNumber = 10000;
 
 // Object metadata by file version, so that GET, HEAD and listings need not read a file's
-// extended attribute again (and an event loop can answer them with no I/O at all). An entry
-// holds for its inode while the file's size, mtime and ctime are those it was read with: writing
-// the file or any of its attributes moves ctime, which nobody can set back. Bounded: slots of
-// 64 bytes (the metadata apart when a file has any), 2^18 of them for a dataset of a quarter
-// million objects, 16 MB once every shard is in use; a new entry whose slots are all taken
-// replaces one of them.
+// extended attribute again (and an event loop can answer them with no I/O at all). An entry is
+// a file's: its inode with its device and vfolder (btrfs gives each vfolder a subvolume, whose
+// inodes are numbered like the others'), and holds while the file's size, mtime and ctime are
+// those it was read with: writing the file or any of its attributes moves ctime, which nobody
+// can set back. A backend's own entity tag (an origin's ETag: its objects have no ctime) is
+// part of the version too. Bounded: slots of 64 bytes (the metadata apart when a file has any),
+// 2^18 of them for a dataset of a quarter million objects, 16 MB once every shard is in use; a
+// new entry whose slots are all taken replaces one of them.
 class ObjectMetaCache {
  public:
   explicit ObjectMetaCache(size_t capacity = 1 << 18);
   ~ObjectMetaCache();
   // Found: what the file carries (null inside for none).
-  std::optional<std::shared_ptr<const ObjectMeta>> Find(const Volume* v, const DirEntry& e) const;
-  void Put(const Volume* v, const DirEntry& e, const std::optional<ObjectMeta>& meta);
+  std::optional<std::shared_ptr<const ObjectMeta>> Find(const Volume* v, const VFolderId& vfid,
+                                                        const DirEntry& e) const;
+  void Put(const Volume* v, const VFolderId& vfid, const DirEntry& e,
+           const std::optional<ObjectMeta>& meta);
 
  private:
   // Small, so that a lookup touches one cache line of its node (the metadata lives apart).
   struct Entry {
     uint64_t size;
-    int64_t mtime_ns, ctime_ns;
+    int64_t mtime_ns;
+    uint64_t stamp;  // ctime, with the entity tag's hash folded in
     std::shared_ptr<const ObjectMeta> meta;
   };
+  struct Key;
   struct Shard;
   static constexpr size_t kShards = 16;
   size_t per_shard_;
   std::unique_ptr<Shard[]> shards_;
-  Shard& ShardOf(const Volume* v, uint64_t ino) const;
+  Shard& ShardOf(const Key& k) const;
 };
 
 class ObjectStore {

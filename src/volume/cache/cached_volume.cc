@@ -807,6 +807,7 @@ nlohmann::json EntryJson(const DirEntry& e) {
                       {"modified", ns(e.modified)},
                       {"changed", ns(e.changed)},
                       {"ino", e.ino},
+                      {"dev", e.dev},
                       {"etag", e.etag}};
   if (e.symlink_target) j["symlink_target"] = *e.symlink_target;
   return j;
@@ -828,6 +829,7 @@ std::optional<DirEntry> EntryFromJson(const nlohmann::json& j) {
     e.modified = at("modified");
     e.changed = at("changed");
     e.ino = j.at("ino").get<uint64_t>();
+    e.dev = j.value("dev", uint64_t{0});  // (kept since 2026-12-07)
     e.etag = j.at("etag").get<std::string>();
     if (j.contains("symlink_target")) e.symlink_target = j["symlink_target"].get<std::string>();
     return e;

@@ -556,14 +556,16 @@ TEST_F(VfsObjects, CompleteReservesTheCopyOfItsParts) {
   EXPECT_EQ(o->entry.size, 12u << 20);
 }
 
-// The metadata cache answers for a file version only: its size, mtime and ctime must be those it
-// was kept with; files of another volume with the same inode are other files; and past its
-// capacity it keeps working, forgetting some entries rather than mixing them up.
+// The metadata cache answers for a file version only: its size, mtime and ctime (and entity
+// tag, where the backend has one) must be those it was kept with; files of another volume,
+// vfolder or device with the same inode are other files; and past its capacity it keeps
+// working, forgetting some entries rather than mixing them up.
 TEST(ObjectMetaCache, AnswersForTheVersionKeptOnly) {
   ObjectMetaCache cache(1 << 10);
   int a = 0, b = 0;  // two volumes: only their addresses matter
   auto* va = reinterpret_cast<const Volume*>(&a);
   auto* vb = reinterpret_cast<const Volume*>(&b);
+  VFolderId vf{std::nullopt, std::string(32, 'a')}, other_vf{std::nullopt, std::string(32, 'b')};
   auto entry = [](uint64_t ino, uint64_t size) {
     DirEntry e;
     e.ino = ino;
@@ -577,42 +579,63 @@ TEST(ObjectMetaCache, AnswersForTheVersionKeptOnly) {
     m.etag = etag;
     return m;
   };
-  EXPECT_FALSE(cache.Find(va, entry(7, 10)));
-  cache.Put(va, entry(7, 10), meta("seven"));
-  cache.Put(va, entry(8, 10), std::nullopt);  // a file without metadata
-  auto hit = cache.Find(va, entry(7, 10));
+  EXPECT_FALSE(cache.Find(va, vf, entry(7, 10)));
+  cache.Put(va, vf, entry(7, 10), meta("seven"));
+  cache.Put(va, vf, entry(8, 10), std::nullopt);  // a file without metadata
+  auto hit = cache.Find(va, vf, entry(7, 10));
   ASSERT_TRUE(hit && *hit);
   EXPECT_EQ((*hit)->etag, "seven");
-  hit = cache.Find(va, entry(8, 10));
+  hit = cache.Find(va, vf, entry(8, 10));
   ASSERT_TRUE(hit);
   EXPECT_EQ(*hit, nullptr);
-  EXPECT_FALSE(cache.Find(vb, entry(7, 10)));  // another volume's inode 7
-  EXPECT_FALSE(cache.Find(va, entry(7, 11)));  // another size
+  EXPECT_FALSE(cache.Find(vb, vf, entry(7, 10)));  // another volume's inode 7
+  EXPECT_FALSE(cache.Find(va, vf, entry(7, 11)));  // another size
+  // Another vfolder's inode 7, and another device's (btrfs: each vfolder a subvolume, whose
+  // first files have the same inode numbers as those of the others), with the same times.
+  EXPECT_FALSE(cache.Find(va, other_vf, entry(7, 10)));
+  DirEntry elsewhere = entry(7, 10);
+  elsewhere.dev = 42;
+  EXPECT_FALSE(cache.Find(va, vf, elsewhere));
+  cache.Put(va, vf, elsewhere, meta("seven on 42"));
+  cache.Put(va, other_vf, entry(7, 10), meta("seven of b"));
+  EXPECT_EQ((*cache.Find(va, vf, elsewhere))->etag, "seven on 42");
+  EXPECT_EQ((*cache.Find(va, other_vf, entry(7, 10)))->etag, "seven of b");
+  EXPECT_EQ((*cache.Find(va, vf, entry(7, 10)))->etag, "seven");
+  // An origin's object (no ctime of its own: an s3 volume gives it its mtime) replaced by one
+  // of the same size in the same second: only its entity tag tells them apart.
+  DirEntry remote = entry(70, 10);
+  remote.etag = "e1";
+  cache.Put(va, vf, remote, meta("remote"));
+  EXPECT_TRUE(cache.Find(va, vf, remote));
+  remote.etag = "e2";
+  EXPECT_FALSE(cache.Find(va, vf, remote));
   DirEntry touched = entry(7, 10);
   touched.changed += std::chrono::nanoseconds(1);  // an attribute written since
-  EXPECT_FALSE(cache.Find(va, touched));
+  EXPECT_FALSE(cache.Find(va, vf, touched));
   touched = entry(7, 10);
   touched.modified -= std::chrono::seconds(1);
-  EXPECT_FALSE(cache.Find(va, touched));
-  cache.Put(va, entry(7, 11), meta("seven again"));  // the new version replaces the old
-  EXPECT_EQ((*cache.Find(va, entry(7, 11)))->etag, "seven again");
-  EXPECT_FALSE(cache.Find(va, entry(7, 10)));
+  EXPECT_FALSE(cache.Find(va, vf, touched));
+  cache.Put(va, vf, entry(7, 11), meta("seven again"));  // the new version replaces the old
+  EXPECT_EQ((*cache.Find(va, vf, entry(7, 11)))->etag, "seven again");
+  EXPECT_FALSE(cache.Find(va, vf, entry(7, 10)));
   // Inode 0 (a backend without inodes) and a file without ctime are never kept.
-  cache.Put(va, entry(0, 1), meta("zero"));
-  EXPECT_FALSE(cache.Find(va, entry(0, 1)));
+  cache.Put(va, vf, entry(0, 1), meta("zero"));
+  EXPECT_FALSE(cache.Find(va, vf, entry(0, 1)));
   DirEntry no_ctime = entry(9, 1);
   no_ctime.changed = {};
-  cache.Put(va, no_ctime, meta("nine"));
-  EXPECT_FALSE(cache.Find(va, no_ctime));
+  cache.Put(va, vf, no_ctime, meta("nine"));
+  EXPECT_FALSE(cache.Find(va, vf, no_ctime));
   // Twenty times its capacity: whatever it still answers is right, and it answers most of
   // the last entries put.
   for (uint64_t ino = 100; ino < 100 + 20 * 1024; ++ino)
-    cache.Put(ino % 2 ? va : vb, entry(ino, ino), meta(std::to_string(ino)));
+    cache.Put(ino % 2 ? va : vb, vf, entry(ino, ino), meta(std::to_string(ino)));
   size_t recent = 0;
   for (uint64_t ino = 100; ino < 100 + 20 * 1024; ++ino) {
-    auto h = cache.Find(ino % 2 ? va : vb, entry(ino, ino));
-    if (h) EXPECT_EQ((*h)->etag, std::to_string(ino));
-    EXPECT_FALSE(cache.Find(ino % 2 ? vb : va, entry(ino, ino)));
+    auto h = cache.Find(ino % 2 ? va : vb, vf, entry(ino, ino));
+    if (h) {
+      EXPECT_EQ((*h)->etag, std::to_string(ino));
+    }
+    EXPECT_FALSE(cache.Find(ino % 2 ? vb : va, vf, entry(ino, ino)));
     if (h && ino >= 100 + 20 * 1024 - 256) ++recent;
   }
   EXPECT_GE(recent, 160u);
@@ -620,9 +643,9 @@ TEST(ObjectMetaCache, AnswersForTheVersionKeptOnly) {
   // whenever it falls in the same shard, and still must not be taken for it.
   ObjectMetaCache tiny(1);
   for (uint64_t ino = 1; ino <= 256; ++ino) {
-    tiny.Put(va, entry(ino, 1), meta("a"));
-    EXPECT_FALSE(tiny.Find(vb, entry(ino, 1))) << ino;
-    ASSERT_TRUE(tiny.Find(va, entry(ino, 1))) << ino;
+    tiny.Put(va, vf, entry(ino, 1), meta("a"));
+    EXPECT_FALSE(tiny.Find(vb, vf, entry(ino, 1))) << ino;
+    ASSERT_TRUE(tiny.Find(va, vf, entry(ino, 1))) << ino;
   }
 }
 

@@ -1162,6 +1162,9 @@ class StreamHandoff {
   // False once the walk stopped reading.
   template <typename Full>
   bool Put(std::string_view d, Full&& full) {
+    // Checked at once, not only when a block fills: a walk that failed early (a bad entry) must
+    // not leave the fetch receiving up to a block more from a server trickling it.
+    if (stopped_.load(std::memory_order_relaxed)) return false;
     while (!d.empty()) {
       if (fill_.capacity() < block_) fill_.reserve(block_);
       size_t n = std::min(d.size(), block_ - fill_.size());
@@ -1231,7 +1234,8 @@ class StreamHandoff {
   std::deque<std::string> full_;        // blocks for the walk, in order
   std::vector<std::string> spare_;      // blocks the walk is done with, for reuse
   std::optional<std::string> reading_;  // the block the walk reads now
-  bool ended_ = false, stopped_ = false;
+  bool ended_ = false;
+  std::atomic<bool> stopped_ = false;  // set under mu_; read without it by Put
 };
 
 la_ssize_t ReadHandoff(struct archive*, void* h, const void** buf) {
@@ -1481,19 +1485,28 @@ Result<BatchGetResult> BatchGet(const io::s3::ClientOptions& opts, const std::st
   // full disk) fails for the walk's reason; otherwise the fetch's error (the connection, the
   // output) says more than the truncated stream the walk then saw.
   Status st = walk_stopped && !scan.ok() ? scan : !fetch.ok() ? fetch : scan;
+  // The manifest's counts. The request asks for one, and a batch get ends every stream it
+  // finishes with it, counting every item: a stream that ends at an entry's boundary without
+  // it (TAR needs no end blocks; a proxy that closes the connection without framing) or with
+  // one that counts fewer items was cut short, and must not pass for a whole batch.
+  uint64_t m_ok = 0, m_errors = 0;
+  if (st.ok() && manifest.empty())
+    st = Status(Code::kUnavailable,
+                fmt::format("batch get: the stream ended without its manifest, after {} of {} "
+                            "items: cut short, or not a batch get",
+                            res.entries + res.placeholders, keys.size()));
+  else if (st.ok() && !ManifestCounts(manifest, &m_ok, &m_errors))
+    st = Status(Code::kUnavailable, "batch get: the stream's manifest is not a JSON object");
+  else if (st.ok() && m_ok + m_errors != keys.size())
+    st =
+        Status(Code::kUnavailable,
+               fmt::format("batch get: the stream's manifest counts {} items, not the {} asked for",
+                           m_ok + m_errors, keys.size()));
   SLUICE_RETURN_IF_ERROR(drop_tmp(st));
-  // The manifest's counts; without one (or one that does not parse), what the stream held.
-  res.ok = res.entries;
-  res.errors = res.placeholders;
-  if (!manifest.empty()) {
-    uint64_t ok = 0, errors = 0;
-    if (ManifestCounts(manifest, &ok, &errors)) {
-      res.ok = ok;
-      res.errors = std::max(errors, res.placeholders);
-    }
-    if (!bo.extract_dir.empty())
-      std::ofstream(bo.extract_dir + "/__manifest__.json", std::ios::trunc) << manifest;
-  }
+  res.ok = m_ok;
+  res.errors = std::max(m_errors, res.placeholders);
+  if (!bo.extract_dir.empty())
+    std::ofstream(bo.extract_dir + "/__manifest__.json", std::ios::trunc) << manifest;
   if (stats) {
     stats->files_done = res.ok;
     stats->files_failed = res.errors;

@@ -122,7 +122,7 @@ struct BatchGetResult {
   uint64_t bytes = 0;           // TAR bytes received
   uint64_t entries = 0;         // objects received whole (extracted in extract mode)
   uint64_t placeholders = 0;    // entries standing for items that failed
-  uint64_t ok = 0, errors = 0;  // from the manifest (without one: entries, placeholders)
+  uint64_t ok = 0, errors = 0;  // from the manifest, which every whole stream ends with
 };
 
 // Whether `path` names this process's stdout: "-", or the file fd 1 is (/dev/stdout, say).

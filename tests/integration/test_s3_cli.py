@@ -892,9 +892,11 @@ def test_what_an_origin_answers_is_checked(tmp_path):
                     else b"changed while it was read") in p.stderr, p.stderr
 
 
-def foreign_batch(tmp_path, stream, *args):
+def foreign_batch(tmp_path, stream, *args, trickle_after=None, sent=None):
     """`sluice s3 get-batch s3://b ARGS...` against a server that is not Sluice's (hostile, or a
-    proxy), which answers every batch get with `stream` as its TAR."""
+    proxy), which answers every batch get with `stream` as its TAR: at once, or its first
+    `trickle_after` bytes at once and the rest 4 KiB every 10 ms. `sent`, a list, gets the
+    number of bytes written before the client went away."""
 
     class Batch(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -905,10 +907,23 @@ def foreign_batch(tmp_path, stream, *args):
             self.send_header("Content-Type", "application/x-tar")
             self.send_header("Content-Length", str(len(stream)))
             self.end_headers()
+            at = 0
             try:
-                self.wfile.write(stream)
+                if trickle_after is None:
+                    self.wfile.write(stream)
+                    at = len(stream)
+                else:
+                    self.wfile.write(stream[:trickle_after])
+                    at = trickle_after
+                    while at < len(stream):
+                        time.sleep(0.01)
+                        self.wfile.write(stream[at:at + 4096])
+                        self.wfile.flush()
+                        at += 4096
             except OSError:
                 pass  # the client stopped reading
+            if sent is not None:
+                sent.append(at)
 
         def log_message(self, *args):
             pass
@@ -950,6 +965,66 @@ def test_get_batch_extracts_only_files(tmp_path):
     assert p.returncode != 0 and b"is a hard link, not an object" in p.stderr, p.stderr
     assert victim.read_bytes() == b"precious" and victim.stat().st_nlink == 1
     assert (tmp_path / "out" / "b" / "first").read_bytes() == b"ok"
+
+
+def test_get_batch_stops_receiving_once_its_walk_failed(tmp_path):
+    """The walk of a batch stream refuses an entry (a hard link) while the server trickles the
+    rest: the command stops receiving at the next piece that comes, rather than filling one
+    more 256 KiB block first (at 400 KiB/s here, or until the stall timeout from a server
+    slower than libcurl's 64 KiB/s floor)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        link = tarfile.TarInfo("b/x")
+        link.type = tarfile.LNKTYPE
+        link.linkname = "/etc/passwd"
+        t.addfile(link)
+        rest = tarfile.TarInfo("b/rest")
+        rest.size = 4 << 20
+        t.addfile(rest, io.BytesIO(bytes(rest.size)))
+    sent = []
+    # The first block (256 KiB) reaches the walk whole; what follows comes slowly.
+    p = foreign_batch(tmp_path, buf.getvalue(), "x", "-x", str(tmp_path / "out"),
+                      trickle_after=300 << 10, sent=sent)
+    assert p.returncode != 0 and b"is a hard link, not an object" in p.stderr, p.stderr
+    deadline = time.time() + 30
+    while not sent and time.time() < deadline:
+        time.sleep(0.05)
+    # Before the fix the client took a second block (to 512 KiB) before it closed.
+    assert sent and sent[0] < (300 << 10) + (64 << 10), sent
+
+
+def test_get_batch_requires_the_manifest_that_ends_a_whole_stream(tmp_path):
+    """A stream that ends at an entry's boundary (TAR needs no end blocks: a proxy that closes
+    without framing) or with end blocks but no manifest, or whose manifest counts fewer items
+    than were asked for, fails `get-batch` and leaves no `-o` file: it read as a whole batch
+    and exited 0 before. The same stream with a manifest that counts every item passes."""
+    def stream(manifest, end_blocks=True):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
+            for name in ("b/one", "b/two"):
+                e = tarfile.TarInfo(name)
+                e.size = 3
+                t.addfile(e, io.BytesIO(b"abc"))
+            if manifest is not None:
+                m = tarfile.TarInfo("__manifest__.json")
+                m.size = len(manifest)
+                t.addfile(m, io.BytesIO(manifest))
+        data = buf.getvalue()
+        return data if end_blocks else data[:2 * 1024]  # the two entries, nothing after
+    whole = b'{"items":[],"ok":2,"errors":0}\n'
+    out = tmp_path / "batch.tar"
+    p = foreign_batch(tmp_path, stream(whole), "one", "two", "-o", str(out))
+    assert p.returncode == 0 and out.exists(), p.stderr
+    out.unlink()
+    for data, why in ((stream(None, end_blocks=False), b"without its manifest, after 2 of 2"),
+                      (stream(None), b"without its manifest"),
+                      (stream(b'{"items":[],"ok":1,"errors":0}\n'), b"counts 1 items, not the 2"),
+                      (stream(b'[1,2]'), b"manifest is not a JSON object")):
+        p = foreign_batch(tmp_path, data, "one", "two", "-o", str(out))
+        assert p.returncode != 0 and why in p.stderr, (why, p.stderr)
+        assert not out.exists() and not list(tmp_path.glob(".sluice-*")), why
+    p = foreign_batch(tmp_path, stream(None), "one", "two", "-x", str(tmp_path / "x"))
+    assert p.returncode != 0 and b"without its manifest" in p.stderr, p.stderr
 
 
 def test_get_batch_to_stdout_of_a_broken_stream_writes_only_what_came(tmp_path):

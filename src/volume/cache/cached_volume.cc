@@ -1025,49 +1025,6 @@ void CachedVolume::LoadListings() {
   if (kept) spdlog::info("cache {}: {} directory listings kept from the last run", name(), kept);
 }
 
-void CachedVolume::LoadJournal() {
-  const std::string path = opts_.path + "/attributes.log";
-  std::ifstream in(path, std::ios::binary);
-  std::string line;
-  const int64_t now = WallNs();
-  const auto steady = Steady::now();
-  while (in && std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) continue;  // a line torn by a crash
-    if (j.contains("all")) {
-      meta_.clear();
-    } else if (j.contains("p") && j["p"].is_string()) {  // a vfolder's, dropped
-      const std::string prefix = j["p"].get<std::string>();
-      for (auto it = meta_.lower_bound(prefix); it != meta_.end() && it->first.starts_with(prefix);)
-        it = meta_.erase(it);
-    } else if (j.contains("k") && j["k"].is_string()) {
-      const std::string key = j["k"].get<std::string>();
-      if (!j.contains("e")) {  // one file's, dropped
-        meta_.erase(key);
-        continue;
-      }
-      auto entry = EntryFromJson(j["e"]);
-      auto meta = Base64Decode(j.value("m", ""));
-      if (!entry || !meta.ok() || !j.contains("f") || !j["f"].is_number_integer()) continue;
-      // Its age on the wall clock, as the same age on this process's steady one.
-      const auto age = std::chrono::nanoseconds(std::max<int64_t>(0, now - j["f"].get<int64_t>()));
-      if (meta_.size() > kMaxMeta) meta_.clear();
-      meta_[key] = {std::move(*entry), std::move(meta).value(),
-                    steady - std::chrono::duration_cast<Steady::duration>(age)};
-    }
-  }
-  journal_.reset(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
-  if (journal_.get() < 0) {
-    spdlog::warn("cache {}: {}: {}; attributes are not kept across restarts", name(), path,
-                 std::strerror(errno));
-    return;
-  }
-  struct stat st;
-  journal_bytes_ = ::fstat(journal_.get(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
-  std::lock_guard lk(journal_mu_);
-  CompactJournal();  // what replay kept, and nothing else
-}
-
 namespace {
 // All of `data` to `fd` (a single write stops short of 2 GiB).
 bool WriteFully(int fd, std::string_view data) {
@@ -1080,6 +1037,82 @@ bool WriteFully(int fd, std::string_view data) {
   return true;
 }
 }  // namespace
+
+void CachedVolume::LoadJournal() {
+  const std::string path = opts_.path + "/attributes.log";
+  std::ifstream in(path, std::ios::binary);
+  std::string line;
+  const int64_t now = WallNs();
+  const auto steady = Steady::now();
+  uint64_t whole = 0;         // the bytes up to the last line's newline
+  bool tail_torn = false;     // a last line without its newline, and not a record
+  bool tail_unended = false;  // a last line without its newline
+  while (in && std::getline(in, line)) {
+    const bool ended = !in.eof();  // (getline stopped at a newline, not at the end)
+    if (ended) whole += line.size() + 1;
+    tail_unended = !ended && !line.empty();
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {  // a line torn by a crash
+      tail_torn = tail_unended;
+      continue;
+    }
+    // Fields of the wrong type (a disk that corrupted a line into other JSON) skip their line;
+    // they must not fail every start.
+    try {
+      ReplayJournalLine(j, now, steady);
+    } catch (const nlohmann::json::exception&) {
+      tail_torn = tail_unended;
+    }
+  }
+  journal_.reset(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  if (journal_.get() < 0) {
+    spdlog::warn("cache {}: {}: {}; attributes are not kept across restarts", name(), path,
+                 std::strerror(errno));
+    return;
+  }
+  // A last line cut by a crash goes before anything is appended (one that is whole but lacks
+  // its newline gets it): appended to, it would swallow the next line, and that one may drop a
+  // file's attributes, synced before its write was answered. The compaction below would also
+  // rewrite the log without it, but it is skipped when the cache disk is at min-free.
+  if (tail_torn ? ::ftruncate(journal_.get(), static_cast<off_t>(whole)) != 0
+                : tail_unended && !WriteFully(journal_.get(), "\n")) {
+    spdlog::warn(
+        "cache {}: {}: cannot end its last line ({}); attributes are not kept across "
+        "restarts",
+        name(), path, std::strerror(errno));
+    journal_.reset();
+    return;
+  }
+  struct stat st;
+  journal_bytes_ = ::fstat(journal_.get(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  std::lock_guard lk(journal_mu_);
+  CompactJournal();  // what replay kept, and nothing else
+}
+
+void CachedVolume::ReplayJournalLine(const nlohmann::json& j, int64_t now,
+                                     Steady::time_point steady) {
+  if (j.contains("all")) {
+    meta_.clear();
+  } else if (j.contains("p") && j["p"].is_string()) {  // a vfolder's, dropped
+    const std::string prefix = j["p"].get<std::string>();
+    for (auto it = meta_.lower_bound(prefix); it != meta_.end() && it->first.starts_with(prefix);)
+      it = meta_.erase(it);
+  } else if (j.contains("k") && j["k"].is_string()) {
+    const std::string key = j["k"].get<std::string>();
+    if (!j.contains("e")) {  // one file's, dropped
+      meta_.erase(key);
+      return;
+    }
+    auto entry = EntryFromJson(j["e"]);
+    auto meta = Base64Decode(j.value("m", ""));
+    if (!entry || !meta.ok() || !j.contains("f") || !j["f"].is_number_integer()) return;
+    // Its age on the wall clock, as the same age on this process's steady one.
+    const auto age = std::chrono::nanoseconds(std::max<int64_t>(0, now - j["f"].get<int64_t>()));
+    if (meta_.size() > kMaxMeta) meta_.clear();
+    meta_[key] = {std::move(*entry), std::move(meta).value(),
+                  steady - std::chrono::duration_cast<Steady::duration>(age)};
+  }
+}
 
 void CachedVolume::CompactJournal() {
   // journal_mu_ held. The live records, written aside and renamed over the log.

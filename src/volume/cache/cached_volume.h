@@ -260,6 +260,9 @@ class CachedVolume : public ForwardingVolume {
   void Journal(const nlohmann::json& record, const std::function<void()>& apply);
   void JournalIf(const nlohmann::json& record, const std::function<bool()>& apply);
   void LoadJournal();
+  // One record of the journal replayed into meta_ (it may throw on fields of the wrong type).
+  void ReplayJournalLine(const nlohmann::json& j, int64_t now_ns,
+                         std::chrono::steady_clock::time_point now);
   // The listings Shutdown kept, taken in once (the file goes as it is read).
   void LoadListings();
   void SaveListings();

@@ -573,6 +573,13 @@ Result<SplitResult> SplitKeys(Volume& v, const VFolderId& vfid, const SplitQuery
   auto passed = [&] { return seen * double(parts) >= total * double(next_cut) - 1e-6 * total; };
   for (const auto& u : units) {
     seen += u.count;
+    // A key the last range already holds: the file named where an estimated subtree's range
+    // ends ("d/" ends at "d0", and end keys are inclusive). Counted there, and never cut at,
+    // which would make a range from it to itself.
+    if (cur.start_after && u.key <= *cur.start_after) {
+      out.ranges.back().estimated += static_cast<uint64_t>(std::llround(u.count));
+      continue;
+    }
     in_cur += u.count;
     if (next_cut < parts && passed()) {
       std::string end = u.subtree ? AfterSubtree(u.key) : u.key;

@@ -218,6 +218,28 @@ TEST_F(SplitTest, FewerKeysThanPartsAndNoKeys) {
   EXPECT_EQ(s->estimated, 0u);
 }
 
+// More parts than keys, with directories estimated rather than read: a range that ends after
+// one ends at the first name past its subtree ("c05/" -> "c050"), and a file of that very name
+// is that range's, not a range of its own from "c050" to "c050" (empty, and counted there).
+TEST_F(SplitTest, AFileNamedWhereAnEstimatedDirectoryEndsIsNotARangeOfItsOwn) {
+  for (int d = 0; d < 20; ++d) {
+    for (int f = 0; f < 50; ++f) Put(fmt::format("c{:02d}/f{:02d}", d, f));
+    Put(fmt::format("c{:02d}0", d));
+  }
+  SplitQuery q;
+  q.parts = 4000;
+  q.budget = 40 + 5 * 50;  // some class directories are estimated, not read
+  auto s = SplitKeys(*vol_, vf_, q);
+  ASSERT_OK(s);
+  EXPECT_FALSE(s->exact);
+  CheckPartition(*s, "", 1000);
+  for (size_t i = 0; i < s->ranges.size(); ++i) {
+    const KeyRange& r = s->ranges[i];
+    EXPECT_FALSE(r.start_after && r.end_key && *r.start_after >= *r.end_key)
+        << "range " << i << " (" << *r.start_after << ", " << *r.end_key << "]";
+  }
+}
+
 TEST_F(SplitTest, BoundedListingStopsAtItsEndWithPrefixes) {
   for (const char* k : {"a/1", "a/2", "b/1", "c", "d/1"}) Put(k);
   ListQuery q;

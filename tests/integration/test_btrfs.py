@@ -2,8 +2,11 @@
 loop-mounted btrfs image with qgroups (made and removed by tests/tools/btrfs-loop.sh)."""
 
 import errno
+import hashlib
+import json
 import os
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,7 @@ def daemon(tmp_path_factory, btrfs_mount):
     with running_daemon(
         tmp_path_factory.mktemp("sluiced-btrfs"),
         volumes={"bt": btrfs_mount},
+        s3={},
         extra_toml=toml_section("volume.bt", {"backend": "btrfs", "path": str(btrfs_mount)}),
     ) as d:
         yield d
@@ -196,3 +200,45 @@ def test_scope_delete_and_recreate_while_qgroup_cleanup_is_pending(daemon):
     assert daemon.delete_vfolder(vfid, "bt")["status"] == "completed"
     assert scope(daemon, "DELETE", qsid).status_code == 204
     assert_healthy(daemon)
+
+
+def test_s3_objects_of_two_vfolders_with_one_inode_keep_their_own_metadata(daemon):
+    """Every vfolder here is a subvolume, and subvolumes number their inodes alike: the first
+    object of two fresh buckets has the same inode number. Given the same size, mtime and
+    ctime too (set by hand, the ctimes retried until one clock tick holds both), each must
+    still be answered with its own ETag and Content-Type: until 2026-12-07 the metadata cache
+    knew a file by its inode alone, and answered the second bucket with the first's."""
+    qsid = make_scope(daemon)
+    user = daemon.s3_user()["id"]
+    s3 = daemon.s3_client(*daemon.s3_key(user))
+    buckets, paths = [], []
+    for body, ctype in ((b"x" * 10, "text/one"), (b"y" * 10, "text/two")):
+        vfid = daemon.create_vfolder(new_vfid(qsid), volume="bt")
+        name = f"bt-{uuid.uuid4().hex[:12]}"
+        r = daemon.mgr("POST", "/s3/buckets",
+                       json={"name": name, "volume": "bt", "vfid": vfid, "owner": user})
+        assert r.status_code == 201, r.text
+        s3.put_object(Bucket=name, Key="k", Body=body, ContentType=ctype)
+        buckets.append(name)
+        paths.append(daemon.vfolder_path(vfid, "bt") / "k")
+    a, b = (os.stat(p) for p in paths)
+    assert a.st_ino == b.st_ino and a.st_dev != b.st_dev, (a, b)
+    when = a.st_mtime_ns
+    for _ in range(50):
+        for p in paths:  # the stored metadata made for this mtime, then the mtime
+            meta = json.loads(os.getxattr(p, "user.sluice.object"))
+            meta["n"] = when
+            os.setxattr(p, "user.sluice.object", json.dumps(meta).encode())
+            os.utime(p, ns=(when, when))
+        a, b = (os.stat(p) for p in paths)
+        if a.st_ctime_ns == b.st_ctime_ns:
+            break
+    assert (a.st_ino, a.st_size, a.st_mtime_ns, a.st_ctime_ns) == \
+        (b.st_ino, b.st_size, b.st_mtime_ns, b.st_ctime_ns)
+    for _ in range(2):  # the second round from the cache
+        for name, body, ctype in zip(buckets, (b"x" * 10, b"y" * 10), ("text/one", "text/two")):
+            h = s3.head_object(Bucket=name, Key="k")
+            assert (h["ContentType"], h["ETag"]) == \
+                (ctype, '"' + hashlib.md5(body).hexdigest() + '"'), name
+            listed = s3.list_objects_v2(Bucket=name)["Contents"]
+            assert [o["ETag"] for o in listed] == [h["ETag"]], name

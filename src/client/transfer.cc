@@ -160,6 +160,17 @@ Status WriteAll(int fd, std::string_view data, uint64_t* off) {
   return Status::Ok();
 }
 
+// `.sluice-NAME.<16 hex digits>`: a download's temporary file, which only a kill -9 leaves
+// behind (preallocated at the object's size, mostly zeros): never uploaded as an object.
+bool IsLeftoverTemp(const std::string& name) {
+  constexpr size_t kHex = 16;
+  if (!name.starts_with(".sluice-") || name.size() < 8 + 1 + kHex + 1) return false;
+  if (name[name.size() - kHex - 1] != '.') return false;
+  return std::all_of(name.end() - kHex, name.end(), [](char c) {
+    return std::isdigit((unsigned char)c) || (c >= 'a' && c <= 'f');
+  });
+}
+
 struct LocalFile {
   std::string rel, path;
   uint64_t size = 0;
@@ -187,10 +198,27 @@ Result<std::vector<LocalFile>> WalkLocal(const std::string& root,
   for (; it != end; it.increment(ec)) {
     if (ec) return Status(Code::kIoError, fmt::format("walking '{}': {}", root, ec.message()));
     const auto& e = *it;
+    // Only a file gone since its directory was read may be passed over: one that cannot be
+    // looked at (a directory readable but not searchable: EACCES) fails the walk, as a
+    // directory that cannot be read does. Left out, it read as absent, and `sync --delete`
+    // deleted its objects.
+    auto unseen = [&](int err) -> Status {
+      return Status(CodeFromErrno(err),
+                    fmt::format("cannot stat '{}': {}", e.path().string(), std::strerror(err)),
+                    err);
+    };
     auto st = e.symlink_status(ec);
-    if (ec) continue;
+    if (ec) {
+      if (ec.value() == ENOENT) continue;
+      return unseen(ec.value());
+    }
     if (fs::is_directory(st)) continue;
     std::string path = e.path().string();
+    if (IsLeftoverTemp(e.path().filename().string())) {
+      if (skip) skip(fmt::format("skip: '{}' is a download's leftover temporary file", path));
+      if (skipped) skipped->insert(rel_of(e.path()));
+      continue;
+    }
     if (!fs::is_regular_file(st)) {
       if (skip)
         skip(fmt::format("skip: '{}' is {}", path,
@@ -199,7 +227,10 @@ Result<std::vector<LocalFile>> WalkLocal(const std::string& root,
       continue;
     }
     struct stat sb {};
-    if (::lstat(path.c_str(), &sb) != 0) continue;  // gone meanwhile
+    if (::lstat(path.c_str(), &sb) != 0) {
+      if (errno == ENOENT) continue;  // gone meanwhile
+      return unseen(errno);
+    }
     LocalFile f;
     f.rel = rel_of(e.path());
     f.path = path;
@@ -248,6 +279,7 @@ struct Transfer::Job {
   // is stdout, a device or a FIFO): no temporary, no parts, no rename.
   bool in_place = false;
   int fd = -1;
+  struct stat opened {};             // an upload's source as it was when opened
   std::map<int, PartInfo> existing;  // parts the server already had (resume)
   std::vector<PartInfo> parts;
   std::atomic<int> left{1};
@@ -326,7 +358,7 @@ Status Transfer::StartUpload(S3Client& c, Job& j) {
   if (j.fd < 0) return Errno("open", j.local);
   // Its parts are planned from the size seen when the tree was walked: a file that changed
   // since (a sync's listing can take minutes) would go up as a prefix of itself.
-  struct stat sb {};
+  struct stat& sb = j.opened;
   if (::fstat(j.fd, &sb) != 0) return Errno("stat", j.local);
   if (static_cast<uint64_t>(sb.st_size) != j.size || sb.st_mtime != j.mtime)
     return Status(Code::kConflict,
@@ -369,6 +401,24 @@ Status Transfer::StartUpload(S3Client& c, Job& j) {
 }
 
 Status Transfer::FinishUpload(S3Client& c, Job& j) {
+  // Its parts were read over minutes, each checked against itself only: a file written
+  // meanwhile (a log, a database, an image being saved) would complete as a splice of two
+  // states. Any change since it was opened (its ctime moves with every write) completes
+  // nothing; the parts go, as they hold the old bytes.
+  struct stat now {};
+  if (::fstat(j.fd, &now) != 0) return Errno("stat", j.local);
+  if (now.st_size != j.opened.st_size || now.st_mtim.tv_sec != j.opened.st_mtim.tv_sec ||
+      now.st_mtim.tv_nsec != j.opened.st_mtim.tv_nsec ||
+      now.st_ctim.tv_sec != j.opened.st_ctim.tv_sec ||
+      now.st_ctim.tv_nsec != j.opened.st_ctim.tv_nsec) {
+    (void)c.AbortMultipart(j.bucket, j.key, j.upload_id);
+    ::unlink(StatePath(j).c_str());
+    j.upload_id.clear();
+    return Status(Code::kConflict,
+                  fmt::format("{} changed while it was uploaded; the upload was not completed "
+                              "(run it again)",
+                              j.local));
+  }
   std::sort(j.parts.begin(), j.parts.end(),
             [](const PartInfo& a, const PartInfo& b) { return a.number < b.number; });
   auto r = c.CompleteMultipart(j.bucket, j.key, j.upload_id, j.parts);
@@ -955,7 +1005,10 @@ Result<TransferResult> Transfer::Sync(std::string_view src, std::string_view dst
       continue;
     }
     auto it = by_rel.find(rel);
-    if (it != by_rel.end() && it->second->size == o.size && o.mtime <= it->second->mtime) {
+    // (An object whose time could not be read, 0, is never taken for unchanged: every object
+    // of a server whose Last-Modified it cannot parse would be skipped forever.)
+    if (it != by_rel.end() && it->second->size == o.size && o.mtime > 0 &&
+        o.mtime <= it->second->mtime) {
       stats_.files_skipped++;
       continue;
     }

@@ -406,11 +406,7 @@ def test_local_files_it_may_not_read_exit_1(s3d, bucket, tmp_path):
     (tmp_path / "tree").mkdir()
     (tmp_path / "tree" / "f").write_bytes(b"f")
     os.chmod(tmp_path, 0o700)
-
-    def nobody():
-        os.setgid(65534)
-        os.setuid(65534)
-
+    nobody = as_nobody
     cache = pathlib.Path(tempfile.mkdtemp(prefix="sluice-nobody-"))  # a HOME nobody may write
     os.chmod(cache, 0o777)
     for args in (("cp", str(tmp_path / "tree" / "f"), f"s3://{bucket}/f"),
@@ -419,6 +415,86 @@ def test_local_files_it_may_not_read_exit_1(s3d, bucket, tmp_path):
         assert p.returncode == 1, (args, p.returncode, p.stderr)
         assert b"ermission denied" in p.stderr, p.stderr
     shutil.rmtree(cache)
+
+
+def as_nobody():
+    os.setgid(65534)
+    os.setuid(65534)
+
+
+def test_sync_delete_of_a_tree_it_cannot_fully_see_deletes_nothing(s3d, bucket, tmp_path):
+    """A directory the CLI (run as nobody) may list but not search, mode 0644: it sees the
+    names and cannot stat the files. The walk fails, exit 1, and `sync --delete` deletes
+    nothing: before, each such file was passed over as one gone meanwhile, and sync --delete
+    deleted its objects and exited 0."""
+    root = pathlib.Path(tempfile.mkdtemp(prefix="sluice-walk-"))
+    cache = pathlib.Path(tempfile.mkdtemp(prefix="sluice-nobody-"))  # a HOME nobody may write
+    try:
+        os.chmod(root, 0o755)
+        os.chmod(cache, 0o777)
+        write_tree(root, {"top": b"t", "logs/a": b"a", "logs/b": b"b"})
+        cli(s3d, "sync", str(root), f"s3://{bucket}/p")
+        want = ["p/logs/a", "p/logs/b", "p/top"]
+        assert sorted(keys_of(s3d, bucket, "p/")) == want
+        os.chmod(root / "logs", 0o644)
+        for args in (("sync", "--delete", str(root), f"s3://{bucket}/p"),
+                     ("cp", "-r", str(root), f"s3://{bucket}/q")):
+            p = cli(s3d, *args, check=False, cache=cache, preexec_fn=as_nobody)
+            assert p.returncode == 1 and b"ermission denied" in p.stderr, (args, p.stderr)
+        assert sorted(keys_of(s3d, bucket, "p/")) == want
+        assert keys_of(s3d, bucket, "q/") == []  # nothing of a tree it could not see whole
+    finally:
+        os.chmod(root / "logs", 0o755)
+        shutil.rmtree(root)
+        shutil.rmtree(cache)
+
+
+def test_a_file_written_during_its_multipart_upload_is_not_completed(s3d, bucket, tmp_path):
+    """The source of a multipart upload changes while its parts go up (the CLI paused after its
+    first part, the file rewritten in place at its size): the upload is not completed and is
+    aborted, exit 1, and the key keeps what it held. Before, each part matched its own bytes,
+    and the object completed as a splice of the file's two states."""
+    src = tmp_path / "image.bin"
+    src.write_bytes(os.urandom(64 * MiB))
+    s3d.boto.put_object(Bucket=bucket, Key="image.bin", Body=b"before")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "AWS_ACCESS_KEY_ID": s3d.ak,
+           "AWS_SECRET_ACCESS_KEY": s3d.sk}
+    proc = subprocess.Popen(
+        [str(SLUICE), "s3", "cp", "-j", "1", "--part-size", "5MiB", "--multipart-threshold",
+         "5MiB", str(src), f"s3://{bucket}/image.bin", "--s3-endpoint", s3d.s3_url()],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until a part is in
+            ups = s3d.boto.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+            if ups and s3d.boto.list_parts(Bucket=bucket, Key="image.bin",
+                                           UploadId=ups[0]["UploadId"]).get("Parts"):
+                break
+            assert proc.poll() is None, "the upload ended before a part was seen"
+            time.sleep(0.005)
+        pause(proc.pid)
+        with open(src, "r+b") as f:  # its last MiB rewritten in place: the size stays
+            f.seek(63 * MiB)
+            f.write(os.urandom(MiB))
+        os.kill(proc.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1 and b"changed while it was uploaded" in err, err
+    assert body_of(s3d, bucket, "image.bin") == b"before"
+    assert s3d.boto.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+def test_a_downloads_leftover_temporary_file_is_not_uploaded(s3d, bucket, tmp_path):
+    """A `kill -9` in a download leaves `.sluice-NAME.<16 hex>` (preallocated, mostly zeros):
+    an upload of the tree skips it, saying so, and uploads the rest; a name that only looks
+    alike is a file like any other."""
+    write_tree(tmp_path / "t", {"f": b"f", ".sluice-f.0123456789abcdef": bytes(4096),
+                                ".sluice-notes.txt": b"mine"})
+    p = cli(s3d, "cp", "-r", str(tmp_path / "t"), f"s3://{bucket}/t")
+    assert b"leftover temporary file" in p.stdout + p.stderr, (p.stdout, p.stderr)
+    assert sorted(keys_of(s3d, bucket, "t/")) == ["t/.sluice-notes.txt", "t/f"]
 
 
 def test_downloads_of_names_near_name_max(s3d, bucket, tmp_path):

@@ -733,6 +733,22 @@ Result<std::vector<KeyRange>> S3Client::ListSplit(std::string_view bucket, std::
     out.push_back({Child(r, "StartAfter"), Child(r, "EndKey"),
                    std::strtoull(Child(r, "EstimatedKeyCount").c_str(), nullptr, 10)});
   if (out.empty()) return Status(Code::kUnavailable, req.what + ": the answer has no range");
+  // The ranges must partition the keys below the prefix: each starts where the one before it
+  // ended, the ends rise, the first has no start and the last no end. Ranges that do not
+  // chain would lose keys or list some twice (callers list them in parallel, and a sync
+  // deletes what it did not see), so such an answer is refused, and a sequential listing
+  // follows.
+  for (size_t i = 0; i < out.size(); ++i) {
+    const KeyRange& r = out[i];
+    const bool last = i + 1 == out.size();
+    const bool chained = i == 0 ? r.start_after.empty() : r.start_after == out[i - 1].end_key;
+    if (!chained || last != r.end_key.empty() || (!last && !r.end_key.starts_with(prefix)) ||
+        (!last && i > 0 && r.end_key <= r.start_after))
+      return Status(Code::kUnavailable,
+                    fmt::format("{}: range {} of {} does not continue the one before it, or "
+                                "leaves the prefix",
+                                req.what, i + 1, out.size()));
+  }
   return out;
 }
 

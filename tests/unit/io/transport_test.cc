@@ -576,6 +576,46 @@ TEST(S3Client, AListingThatDoesNotAdvanceIsAnError) {
   EXPECT_ERROR(c.ListObjects("b", lr), Code::kUnavailable);
 }
 
+// A split listing's ranges must partition the keys below the prefix: ranges that skip a piece,
+// overlap, repeat a boundary (a range from a key to itself) or leave the prefix are refused
+// (the CLI then lists sequentially), and a chain that holds is taken.
+TEST(S3Client, SplitRangesThatDoNotChainAreRefused) {
+  TinyHttp server;
+  server.Handle([&](const std::string& head, int fd) {
+    const std::string line = head.substr(0, head.find('\n'));
+    if (line.find("list-split") == std::string::npos) return false;
+    auto range = [](std::string_view after, std::string_view end) {
+      std::string r = "<Range>";
+      if (!after.empty()) r += fmt::format("<StartAfter>{}</StartAfter>", after);
+      if (!end.empty()) r += fmt::format("<EndKey>{}</EndKey>", end);
+      return r + "<EstimatedKeyCount>1</EstimatedKeyCount></Range>";
+    };
+    std::string body;
+    if (line.find("prefix=good") != std::string::npos)
+      body = range("", "good/b") + range("good/b", "good/d") + range("good/d", "");
+    else if (line.find("prefix=gap") != std::string::npos)
+      body = range("", "gap/b") + range("gap/c", "");
+    else if (line.find("prefix=open") != std::string::npos)
+      body = range("", "open/b") + range("open/b", "");  // fine, then a start on the first:
+    else if (line.find("prefix=first") != std::string::npos)
+      body = range("first/a", "first/b") + range("first/b", "");
+    else if (line.find("prefix=self") != std::string::npos)
+      body = range("", "self/b") + range("self/b", "self/b") + range("self/b", "");
+    else if (line.find("prefix=out") != std::string::npos)
+      body = range("", "other/b") + range("other/b", "");
+    else  // the last range with an end: keys past it lost
+      body = range("", "end/b") + range("end/b", "end/c");
+    return Answer200(fd, "<ListSplitResult>" + body + "</ListSplitResult>");
+  });
+  s3::S3Client c(Options(server, nullptr));
+  auto good = c.ListSplit("b", "good/", 3);
+  ASSERT_OK(good);
+  EXPECT_EQ(good->size(), 3u);
+  ASSERT_OK(c.ListSplit("b", "open/", 2));
+  for (const char* bad : {"gap/", "first/", "self/", "out/", "end/"})
+    EXPECT_ERROR(c.ListSplit("b", bad, 3), Code::kUnavailable) << bad;
+}
+
 // An origin that sends a byte now and then never stalls outright; it is abandoned once it moves
 // fewer than min_speed bytes a second for the stall timeout, and each resume likewise.
 TEST(S3Client, AnOriginThatTricklesIsAbandoned) {

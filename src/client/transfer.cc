@@ -215,8 +215,8 @@ Result<std::vector<LocalFile>> WalkLocal(const std::string& root,
     if (fs::is_directory(st)) continue;
     std::string path = e.path().string();
     if (IsLeftoverTemp(e.path().filename().string())) {
+      // (Not in `skipped`: a sync down with --delete removes it, as it has no object.)
       if (skip) skip(fmt::format("skip: '{}' is a download's leftover temporary file", path));
-      if (skipped) skipped->insert(rel_of(e.path()));
       continue;
     }
     if (!fs::is_regular_file(st)) {
@@ -411,9 +411,12 @@ Status Transfer::FinishUpload(S3Client& c, Job& j) {
       now.st_mtim.tv_nsec != j.opened.st_mtim.tv_nsec ||
       now.st_ctim.tv_sec != j.opened.st_ctim.tv_sec ||
       now.st_ctim.tv_nsec != j.opened.st_ctim.tv_nsec) {
-    (void)c.AbortMultipart(j.bucket, j.key, j.upload_id);
-    ::unlink(StatePath(j).c_str());
-    j.upload_id.clear();
+    // (The state goes only with the upload: one whose abort failed is resumed, its parts
+    // checked by CRC32C, or swept by the server.)
+    if (c.AbortMultipart(j.bucket, j.key, j.upload_id).ok()) {
+      ::unlink(StatePath(j).c_str());
+      j.upload_id.clear();
+    }
     return Status(Code::kConflict,
                   fmt::format("{} changed while it was uploaded; the upload was not completed "
                               "(run it again)",
@@ -967,7 +970,8 @@ Result<TransferResult> Transfer::Sync(std::string_view src, std::string_view dst
   if (!src_s3) {
     for (const auto& f : files) {
       auto it = objects.find(f.rel);
-      if (it != objects.end() && it->second.size == f.size && f.mtime <= it->second.mtime) {
+      if (it != objects.end() && it->second.size == f.size && it->second.mtime > 0 &&
+          f.mtime <= it->second.mtime) {
         stats_.files_skipped++;
         continue;
       }

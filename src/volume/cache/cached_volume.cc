@@ -1080,6 +1080,7 @@ void CachedVolume::LoadJournal() {
         "cache {}: {}: cannot end its last line ({}); attributes are not kept across "
         "restarts",
         name(), path, std::strerror(errno));
+    ::unlink(path.c_str());  // replayed at the next start, it would bring back what it held
     journal_.reset();
     return;
   }

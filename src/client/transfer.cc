@@ -407,10 +407,11 @@ Status Transfer::FinishUpload(S3Client& c, Job& j) {
   // nothing; the parts go, as they hold the old bytes.
   struct stat now {};
   if (::fstat(j.fd, &now) != 0) return Errno("stat", j.local);
-  if (now.st_size != j.opened.st_size || now.st_mtim.tv_sec != j.opened.st_mtim.tv_sec ||
-      now.st_mtim.tv_nsec != j.opened.st_mtim.tv_nsec ||
-      now.st_ctim.tv_sec != j.opened.st_ctim.tv_sec ||
-      now.st_ctim.tv_nsec != j.opened.st_ctim.tv_nsec) {
+  auto same = [](const timespec& a, const timespec& b) {
+    return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
+  };
+  if (now.st_size != j.opened.st_size || !same(now.st_mtim, j.opened.st_mtim) ||
+      !same(now.st_ctim, j.opened.st_ctim)) {
     // (The state goes only with the upload: one whose abort failed is resumed, its parts
     // checked by CRC32C, or swept by the server.)
     if (c.AbortMultipart(j.bucket, j.key, j.upload_id).ok()) {
@@ -1547,18 +1548,22 @@ Result<BatchGetResult> BatchGet(const io::s3::ClientOptions& opts, const std::st
   // it (TAR needs no end blocks; a proxy that closes the connection without framing) or with
   // one that counts fewer items was cut short, and must not pass for a whole batch.
   uint64_t m_ok = 0, m_errors = 0;
-  if (st.ok() && manifest.empty())
-    st = Status(Code::kUnavailable,
-                fmt::format("batch get: the stream ended without its manifest, after {} of {} "
-                            "items: cut short, or not a batch get",
-                            res.entries + res.placeholders, keys.size()));
-  else if (st.ok() && !ManifestCounts(manifest, &m_ok, &m_errors))
-    st = Status(Code::kUnavailable, "batch get: the stream's manifest is not a JSON object");
-  else if (st.ok() && m_ok + m_errors != keys.size())
-    st =
-        Status(Code::kUnavailable,
-               fmt::format("batch get: the stream's manifest counts {} items, not the {} asked for",
-                           m_ok + m_errors, keys.size()));
+  auto whole = [&]() -> Status {
+    if (manifest.empty())
+      return Status(Code::kUnavailable,
+                    fmt::format("batch get: the stream ended without its manifest, after {} of "
+                                "{} items: cut short, or not a batch get",
+                                res.entries + res.placeholders, keys.size()));
+    if (!ManifestCounts(manifest, &m_ok, &m_errors))
+      return Status(Code::kUnavailable, "batch get: the stream's manifest is not a JSON object");
+    if (m_ok + m_errors != keys.size())
+      return Status(Code::kUnavailable,
+                    fmt::format("batch get: the stream's manifest counts {} items, not the {} "
+                                "asked for",
+                                m_ok + m_errors, keys.size()));
+    return Status::Ok();
+  };
+  if (st.ok()) st = whole();
   SLUICE_RETURN_IF_ERROR(drop_tmp(st));
   res.ok = m_ok;
   res.errors = std::max(m_errors, res.placeholders);

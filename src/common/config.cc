@@ -253,6 +253,7 @@ void ParseApi(const toml::value& api, Config& c) {
       }
       if (auto n = s.Int("max-multipart-uploads", 1, 1000000))
         c.s3.max_multipart_uploads = static_cast<size_t>(*n);
+      if (auto n = s.Int("max-buckets", 1, 1000000)) c.s3.max_buckets = static_cast<size_t>(*n);
       if (auto k = s.Duration("keepalive")) {
         if (*k > std::chrono::seconds(30))
           throw ConfigError("api.s3.keepalive must be at most 30s (clients wait 60 s at most)");
@@ -642,6 +643,9 @@ multipart-expiry = "7d"
 # Multipart uploads in progress a bucket may hold (more are refused until some complete or
 # are aborted): listing them reads every one's record.
 max-multipart-uploads = 10000
+# Buckets one S3 user may own through CreateBucket (RGW's default; a bucket is a vfolder, and
+# every node keeps every bucket's record in memory). Bind more through the manager API or CLI.
+max-buckets = 1000
 # A CopyObject, UploadPartCopy or CompleteMultipartUpload still running after this long (a
 # large object on a volume that copies data) answers 200 at once and sends a space this often
 # until its result or <Error> follows, as S3 does, so that no client times out waiting.

@@ -93,6 +93,9 @@ struct S3Config {
   // Multipart uploads in progress a bucket may hold: listing them reads each one's record,
   // so without a bound one user could make every listing (and the sweep) read millions.
   size_t max_multipart_uploads = 10000;
+  // Buckets one user may own through CreateBucket (each is a vfolder, and a record every node
+  // keeps in memory).
+  size_t max_buckets = 1000;
   // A copy or a Complete still running after this long answers 200 at once and keeps the
   // connection alive with a space this often until its result (as S3 does); 0: off.
   std::chrono::seconds keepalive{5};

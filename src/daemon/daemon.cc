@@ -288,6 +288,7 @@ int RunDaemon(Config cfg) {
     so.durable = cfg.s3.durable;
     so.domain = cfg.s3.domain;
     so.max_multipart_uploads = cfg.s3.max_multipart_uploads;
+    so.max_buckets = cfg.s3.max_buckets;
     so.keepalive = cfg.s3.keepalive;
     st = make_server("s3", cfg.s3.listener,
                      api::MakeS3Router(&service, s3_store.get(), &io_pool, so));

@@ -1218,6 +1218,25 @@ def test_uploads_in_progress_are_bounded_per_bucket(tmp_path):
         assert len(s3.list_multipart_uploads(Bucket=name)["Uploads"]) == 3
 
 
+def test_buckets_a_user_may_create_are_bounded(tmp_path):
+    # Each bucket is a vfolder and a record every node keeps in memory (and, before, reloaded
+    # whole for every bucket made): one user makes at most max-buckets, as RGW allows 1000.
+    with running_daemon(tmp_path / "d", s3={"max-buckets": 2}) as d:
+        s3 = d.s3_client(*d.s3_key(d.s3_user()["id"]))
+        names = [new_bucket(s3), new_bucket(s3)]
+        with pytest.raises(ClientError) as e:
+            s3.create_bucket(Bucket="one-too-many")
+        assert status_of(e) == 400 and code_of(e) == "TooManyBuckets"
+        assert "max-buckets" in e.value.response["Error"]["Message"]
+        s3.create_bucket(Bucket=names[0])  # one's own again is still answered, not refused
+        other = d.s3_client(*d.s3_key(d.s3_user()["id"]))
+        new_bucket(other)  # per user
+        s3.delete_bucket(Bucket=names[1])
+        s3.create_bucket(Bucket="one-too-many")
+        assert sorted(b["Name"] for b in s3.list_buckets()["Buckets"]) == sorted(
+            [names[0], "one-too-many"])
+
+
 def test_key_scopes_and_revocation(s3d, s3, user):
     name = new_bucket(s3)
     s3.put_object(Bucket=name, Key="k", Body=b"v")

@@ -173,6 +173,12 @@ Authenticator MakeSigV4Authenticator(S3Ctx* ctx) {
     if (err) return refuse(*err);
     if (!auth)
       return refuse({403, "AccessDenied", "anonymous access is not allowed; sign requests"});
+    // Keys this node could not confirm on disk lately (the shared directory unreadable) may
+    // have been revoked on another node: nothing is honoured until they are confirmed again.
+    if (!ctx->store->KeysCurrent())
+      return refuse({503, "ServiceUnavailable",
+                     "this node cannot read the shared S3 access keys at present; retry, or ask "
+                     "another node"});
     auto key = ctx->store->FindKey(auth->access_key);
     if (!key)
       return refuse({403, "InvalidAccessKeyId",
@@ -492,6 +498,13 @@ HttpResponse CreateBucket(S3Ctx& ctx, const HttpRequest& req) {
     Status gone = ctx.store->UnbindBucket(name, existing->vfid);
     if (!gone.ok() && gone.code() != Code::kNotFound) return ErrorXml(FromStatus(gone), req.path);
   }
+  // (Two nodes at once may each make the last one allowed.)
+  if (ctx.store->BucketsOf(g.key->user) >= ctx.opts.max_buckets)
+    return ErrorXml({400, "TooManyBuckets",
+                     fmt::format("you have attempted to create more buckets than allowed ({}, "
+                                 "[api.s3] max-buckets)",
+                                 ctx.opts.max_buckets)},
+                    req.path);
   auto user = ctx.store->GetUser(g.key->user);
   if (!user.ok()) return ErrorXml(FromStatus(user.status()), req.path);
   auto scope = QuotaScopeId::Parse(user->default_scope);

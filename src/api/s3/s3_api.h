@@ -21,6 +21,7 @@ struct S3Options {
   bool durable = true;  // fsync objects before answering a write
   std::string domain;   // virtual-hosted buckets: "<bucket>.<domain>" in Host; "" for none
   size_t max_multipart_uploads = 10000;  // in progress, per bucket
+  size_t max_buckets = 1000;             // a user may own through CreateBucket
   // A copy or a Complete still running after this long answers 200 and sends a space this
   // often until its result (s3_api.cc, KeepingAlive); 0: answered when done.
   std::chrono::milliseconds keepalive{5000};

@@ -212,73 +212,127 @@ Result<std::shared_ptr<const S3Key>> S3Store::LoadKey(const std::string& ak) con
   return std::shared_ptr<const S3Key>(std::move(k));
 }
 
+Result<S3User> S3Store::LoadUser(const std::string& id) const {
+  SLUICE_ASSIGN_OR_RETURN(auto text, users_.Get(id));
+  if (!text) return Status(Code::kNotFound, fmt::format("no S3 user '{}'", id));
+  SLUICE_ASSIGN_OR_RETURN(auto j, ParseRecord(*text, "user " + id));
+  return S3User::FromJson(j);
+}
+
+Result<S3Bucket> S3Store::LoadBucket(const std::string& name) const {
+  SLUICE_ASSIGN_OR_RETURN(auto text, buckets_.Get(name));
+  if (!text) return Status(Code::kNotFound, fmt::format("no bucket '{}'", name));
+  SLUICE_ASSIGN_OR_RETURN(auto j, ParseRecord(*text, "bucket " + name));
+  return S3Bucket::FromJson(j);
+}
+
+void S3Store::Publish(std::shared_ptr<const Snapshot> next) {
+  std::lock_guard lk(mu_);
+  snap_ = std::move(next);
+  generation_.fetch_add(1, std::memory_order_release);
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t SteadyNs(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+// A record that reads as missing leaves `items`; one that cannot be read now (errno: out of
+// descriptors, a stale NFS handle) keeps what was known of it, and says so (false); one that
+// reads but does not parse or unseal is left out.
+template <typename T, typename V>
+bool Take(std::map<std::string, T>& items, const std::map<std::string, T>& before,
+          const std::string& name, V loaded, const char* what) {
+  if (loaded.ok()) {
+    items[name] = std::move(loaded).value();
+    return true;
+  }
+  if (loaded.status().code() == Code::kNotFound) {
+    items.erase(name);
+    return true;
+  }
+  spdlog::warn("s3: {} record {} skipped: {}", what, name, loaded.status().message());
+  if (!loaded.status().has_sys_errno()) {
+    items.erase(name);
+    return true;
+  }
+  if (auto it = before.find(name); it != before.end()) items[name] = it->second;
+  return false;
+}
+
+}  // namespace
+
 void S3Store::Refresh() {
   std::lock_guard rl(refresh_mu_);
+  const auto now = Clock::now();
+  const auto reload_every = std::chrono::milliseconds(full_reload_ms_.load());
   auto old = snap();
-  auto next = std::make_shared<Snapshot>(*old);
+  auto next = std::make_shared<Snapshot>(*old);  // shares every directory's records
   bool changed = false;
-  auto stamp_of = [](const RecordDir& d) {
-    auto s = d.Stamp();
-    return s.ok() ? *s : std::string();
-  };
-  // Reloads one directory's records into `into` when its stamp moved. A stamp is kept only
-  // when the reload was whole: a listing or a record that could not be read (out of
-  // descriptors, a stale NFS handle) keeps what was known of it and is tried again next time,
-  // rather than leaving keys or buckets missing until the next change. A record that reads
-  // but does not parse or unseal stays skipped.
-  auto reload = [&](const RecordDir& dir, std::string& have, auto& into, auto load,
-                    const char* what) {
-    std::string now = stamp_of(dir);
-    if (now == have && !now.empty()) return;
+  // Reloads one directory's records when its stamp moved (or `reload_every` passed); true when
+  // what is loaded is current. A stamp is kept only when the reload was whole: a listing or a
+  // record that could not be read keeps what was known of it and is tried again at the next
+  // look, rather than leaving keys or buckets missing until the next change.
+  auto reload = [&](const RecordDir& dir, auto& part, auto load, const char* what) {
+    auto s = dir.Stamp();
+    std::string stamp = s.ok() ? *s : std::string();
+    if (!stamp.empty() && stamp == part->stamp && now - part->loaded < reload_every) return true;
     auto names = dir.List();
     if (!names.ok()) {
       spdlog::warn("s3: {} records not listed: {}", what, names.status().message());
-      have.clear();
-      return;
+      return false;
     }
-    std::remove_reference_t<decltype(into)> fresh;
+    auto fresh = std::make_shared<std::remove_cvref_t<decltype(*part)>>();
     bool whole = true;
-    for (const auto& n : *names) {
-      auto v = load(n);
-      if (v.ok()) {
-        fresh[n] = std::move(v).value();
-      } else if (v.status().code() != Code::kNotFound) {
-        spdlog::warn("s3: {} record {} skipped: {}", what, n, v.status().message());
-        if (v.status().has_sys_errno()) {  // unreadable now, perhaps not for long
-          whole = false;
-          if (auto it = into.find(n); it != into.end()) fresh[n] = it->second;
-        }
-      }
-    }
-    into = std::move(fresh);
-    have = whole ? now : std::string();
+    for (const auto& n : *names) whole &= Take(fresh->items, part->items, n, load(n), what);
+    fresh->stamp = whole ? stamp : std::string();
+    fresh->loaded = whole ? now : part->loaded;
+    part = std::move(fresh);
     changed = true;
-  };
-  auto load_json = [](const RecordDir& dir, const std::string& n, auto parse) {
-    auto text = dir.Get(n);
-    if (!text.ok()) return decltype(parse(nlohmann::json()))(text.status());
-    if (!*text) return decltype(parse(nlohmann::json()))(Status(Code::kNotFound, "gone"));
-    auto j = ParseRecord(**text, n);
-    if (!j.ok()) return decltype(parse(nlohmann::json()))(j.status());
-    return parse(*j);
+    return whole;
   };
   reload(
-      users_, next->users_stamp, next->users,
-      [&](const std::string& n) { return load_json(users_, n, S3User::FromJson); }, "user");
+      users_, next->users, [&](const std::string& n) { return LoadUser(n); }, "user");
+  bool keys = reload(
+      keys_, next->keys, [&](const std::string& n) { return LoadKey(n); }, "access key");
   reload(
-      keys_, next->keys_stamp, next->keys, [&](const std::string& n) { return LoadKey(n); },
-      "access key");
-  reload(
-      buckets_, next->buckets_stamp, next->buckets,
-      [&](const std::string& n) { return load_json(buckets_, n, S3Bucket::FromJson); }, "bucket");
-  if (changed) {
-    std::lock_guard lk(mu_);
-    snap_ = std::move(next);
-    generation_.fetch_add(1, std::memory_order_release);
+      buckets_, next->buckets, [&](const std::string& n) { return LoadBucket(n); }, "bucket");
+  if (changed) Publish(std::move(next));
+  if (keys) keys_checked_ns_.store(SteadyNs(now), std::memory_order_release);
+}
+
+void S3Store::Reread(Dir dir, const std::string& name) {
+  std::lock_guard rl(refresh_mu_);
+  auto next = std::make_shared<Snapshot>(*snap());
+  auto update = [&](auto& part, auto loaded, const char* what) {
+    auto p = std::make_shared<std::remove_cvref_t<decltype(*part)>>(*part);
+    if (!Take(p->items, part->items, name, std::move(loaded), what)) p->stamp.clear();
+    part = std::move(p);
+  };
+  switch (dir) {
+    case Dir::kUsers:
+      update(next->users, LoadUser(name), "user");
+      break;
+    case Dir::kKeys:
+      update(next->keys, LoadKey(name), "access key");
+      break;
+    case Dir::kBuckets:
+      update(next->buckets, LoadBucket(name), "bucket");
+      break;
   }
+  Publish(std::move(next));
+}
+
+bool S3Store::KeysCurrent() const {
+  const int64_t age = SteadyNs(Clock::now()) - keys_checked_ns_.load(std::memory_order_acquire);
+  return age <= key_staleness_ms_.load(std::memory_order_relaxed) * 1000000;
 }
 
 void S3Store::Start(std::chrono::milliseconds interval) {
+  key_staleness_ms_ = std::max<int64_t>(key_staleness_ms_, 10 * interval.count());
   thread_ = std::thread([this, interval] {
     std::unique_lock lk(run_mu_);
     while (!run_cv_.wait_for(lk, interval, [this] { return stop_; })) {
@@ -306,24 +360,21 @@ Status S3Store::CreateUser(S3User u) {
   if (st.code() == Code::kAlreadyExists)
     return Status(Code::kAlreadyExists, fmt::format("S3 user '{}' exists", u.id));
   SLUICE_RETURN_IF_ERROR(st);
-  Refresh();
+  Reread(Dir::kUsers, u.id);
   return Status::Ok();
 }
 
 Result<S3User> S3Store::GetUser(const std::string& id) const {
   auto s = snap();
-  auto it = s->users.find(id);
-  if (it != s->users.end()) return it->second;
+  auto it = s->users->items.find(id);
+  if (it != s->users->items.end()) return it->second;
   SLUICE_RETURN_IF_ERROR(CheckUserId(id));
-  SLUICE_ASSIGN_OR_RETURN(auto text, users_.Get(id));
-  if (!text) return Status(Code::kNotFound, fmt::format("no S3 user '{}'", id));
-  SLUICE_ASSIGN_OR_RETURN(auto j, ParseRecord(*text, "user " + id));
-  return S3User::FromJson(j);
+  return LoadUser(id);
 }
 
 std::vector<S3User> S3Store::Users() const {
   std::vector<S3User> out;
-  for (const auto& [id, u] : snap()->users) out.push_back(u);
+  for (const auto& [id, u] : snap()->users->items) out.push_back(u);
   return out;
 }
 
@@ -372,10 +423,10 @@ Status S3Store::DeleteUser(const std::string& id) {
           "s3: user '{}' deleted while a key or bucket of theirs was made; it could "
           "not be put back: {}",
           id, back.message());
-    Refresh();
+    Reread(Dir::kUsers, id);
     return used;
   }
-  Refresh();
+  Reread(Dir::kUsers, id);
   return Status::Ok();
 }
 
@@ -422,7 +473,8 @@ Result<S3Key> S3Store::CreateKey(const std::string& user, std::optional<std::str
     return Status(Code::kAlreadyExists, fmt::format("access key {} exists", k.access_key));
   SLUICE_RETURN_IF_ERROR(st);
   Status user_there = UserStillThere(users_, user, [&] { (void)keys_.Remove(k.access_key); });
-  Refresh();
+  Reread(Dir::kKeys, k.access_key);
+  if (!user_there.ok()) Reread(Dir::kUsers, user);
   SLUICE_RETURN_IF_ERROR(user_there);
   return k;
 }
@@ -433,22 +485,22 @@ Status S3Store::RevokeKey(const std::string& ak) {
   if (st.code() == Code::kNotFound)
     return Status(Code::kNotFound, fmt::format("no access key {}", ak));
   SLUICE_RETURN_IF_ERROR(st);
-  Refresh();
+  Reread(Dir::kKeys, ak);
   return Status::Ok();
 }
 
 std::vector<S3Key> S3Store::Keys() const {
   std::vector<S3Key> out;
-  for (const auto& [ak, k] : snap()->keys) out.push_back(*k);
+  for (const auto& [ak, k] : snap()->keys->items) out.push_back(*k);
   return out;
 }
 
 std::shared_ptr<const S3Key> S3Store::FindKey(const std::string& ak) const {
   auto s = snap();
-  auto it = s->keys.find(ak);
+  auto it = s->keys->items.find(ak);
   // A key whose user this node does not know authenticates nothing: a user deleted while a
   // key of theirs was unreadable here leaves the key, and a new user of that id inherits nothing.
-  if (it == s->keys.end() || !s->users.count(it->second->user)) return nullptr;
+  if (it == s->keys->items.end() || !s->users->items.count(it->second->user)) return nullptr;
   return it->second;
 }
 
@@ -461,28 +513,28 @@ Status S3Store::BindBucket(S3Bucket b) {
     return Status(Code::kAlreadyExists, fmt::format("bucket '{}' exists", b.name));
   SLUICE_RETURN_IF_ERROR(st);
   st = UserStillThere(users_, b.owner, [&] { (void)buckets_.Remove(b.name); });
-  Refresh();
+  Reread(Dir::kBuckets, b.name);
+  if (!st.ok()) Reread(Dir::kUsers, b.owner);
   return st;
 }
 
 Result<S3Bucket> S3Store::FindBucket(const std::string& name) {
   auto s = snap();
-  auto it = s->buckets.find(name);
-  if (it != s->buckets.end()) return it->second;
+  auto it = s->buckets->items.find(name);
+  if (it != s->buckets->items.end()) return it->second;
   Status nope(Code::kNotFound, fmt::format("no bucket '{}'", name));
   if (!CheckBucketName(name).ok()) return nope;
   // Made on another node since the last reload? A record that cannot be read now is that
   // error (a 5xx), not a bucket that does not exist.
-  SLUICE_ASSIGN_OR_RETURN(auto text, buckets_.Get(name));
-  if (!text) return nope;
-  SLUICE_ASSIGN_OR_RETURN(auto j, ParseRecord(*text, "bucket " + name));
-  return S3Bucket::FromJson(j);
+  auto b = LoadBucket(name);
+  if (!b.ok() && b.status().code() == Code::kNotFound) return nope;
+  return b;
 }
 
 std::optional<S3Bucket> S3Store::FindCachedBucket(const std::string& name) const {
   auto s = snap();
-  auto it = s->buckets.find(name);
-  if (it == s->buckets.end()) return std::nullopt;
+  auto it = s->buckets->items.find(name);
+  if (it == s->buckets->items.end()) return std::nullopt;
   return it->second;
 }
 
@@ -505,18 +557,24 @@ Status S3Store::UnbindBucket(const std::string& name, const std::string& expecte
   if (st.code() == Code::kNotFound || st.code() == Code::kInvalidArgument)
     return Status(Code::kNotFound, fmt::format("no bucket '{}'", name));
   SLUICE_RETURN_IF_ERROR(st);
-  Refresh();
+  Reread(Dir::kBuckets, name);
   return Status::Ok();
 }
 
 std::vector<S3Bucket> S3Store::Buckets() const {
   std::vector<S3Bucket> out;
-  for (const auto& [n, b] : snap()->buckets) out.push_back(b);
+  for (const auto& [n, b] : snap()->buckets->items) out.push_back(b);
   return out;
 }
 
+size_t S3Store::BucketsOf(const std::string& user) const {
+  size_t n = 0;
+  for (const auto& [name, b] : snap()->buckets->items) n += b.owner == user;
+  return n;
+}
+
 bool S3Store::Serves(const std::string& volume, const std::string& vfid) const {
-  for (const auto& [n, b] : snap()->buckets)
+  for (const auto& [n, b] : snap()->buckets->items)
     if (b.vfid == vfid && b.volume == volume) return true;
   return false;
 }

@@ -88,6 +88,15 @@ class S3Store {
   std::vector<S3Key> Keys() const;
   // Memory only, never blocks: null when unknown (or revoked and reloaded).
   std::shared_ptr<const S3Key> FindKey(const std::string& access_key) const;
+  // Whether the keys in memory were seen current on disk within the key staleness (a
+  // directory that could not be listed or read leaves them as they were): callers refuse
+  // requests while they are not, rather than honour keys revoked on another node meanwhile.
+  bool KeysCurrent() const;
+  // How long keys may go unconfirmed before KeysCurrent says no (default: 30 s, and at least
+  // 10 refresh intervals once started).
+  void set_key_staleness(std::chrono::milliseconds d) { key_staleness_ms_ = d.count(); }
+  // How often Refresh reads every record whatever the stamps say (default: a minute).
+  void set_full_reload(std::chrono::milliseconds d) { full_reload_ms_ = d.count(); }
 
   // --- buckets ---
   Status BindBucket(S3Bucket b);  // kAlreadyExists
@@ -103,8 +112,12 @@ class S3Store {
   std::vector<S3Bucket> Buckets() const;
   // Whether some bucket name is bound to this vfolder (as loaded here).
   bool Serves(const std::string& volume, const std::string& vfid) const;
+  // How many buckets `user` owns (as loaded here).
+  size_t BucketsOf(const std::string& user) const;
 
-  // Reloads what changed on disk since the last look.
+  // Reloads what changed on disk since the last look, and every directory at least once a
+  // minute whatever its stamp says (a node's clock ahead of the file server's, or attributes an
+  // NFS client cached, can hide a change from the stamp).
   void Refresh();
   // Refreshes every `interval` in a thread until Stop().
   void Start(std::chrono::milliseconds interval);
@@ -112,14 +125,28 @@ class S3Store {
 
  private:
   S3Store(RecordDir users, RecordDir keys, RecordDir buckets, std::string seal_key);
-  struct Snapshot {
-    std::map<std::string, S3User> users;
-    std::map<std::string, std::shared_ptr<const S3Key>> keys;
-    std::map<std::string, S3Bucket> buckets;
-    std::string users_stamp, keys_stamp, buckets_stamp;
+  // One directory's records as loaded, shared between snapshots until it changes.
+  template <typename T>
+  struct Records {
+    std::map<std::string, T> items;
+    std::string stamp;  // the directory's at the last whole reload ("": reload at the next look)
+    std::chrono::steady_clock::time_point loaded;  // of the last whole reload
   };
+  struct Snapshot {
+    std::shared_ptr<const Records<S3User>> users = std::make_shared<Records<S3User>>();
+    std::shared_ptr<const Records<std::shared_ptr<const S3Key>>> keys =
+        std::make_shared<Records<std::shared_ptr<const S3Key>>>();
+    std::shared_ptr<const Records<S3Bucket>> buckets = std::make_shared<Records<S3Bucket>>();
+  };
+  enum class Dir { kUsers, kKeys, kBuckets };
   std::shared_ptr<const Snapshot> snap() const;
+  void Publish(std::shared_ptr<const Snapshot> next);
+  Result<S3User> LoadUser(const std::string& id) const;
   Result<std::shared_ptr<const S3Key>> LoadKey(const std::string& ak) const;
+  Result<S3Bucket> LoadBucket(const std::string& name) const;
+  // After this node changed one record: that record re-read into memory, not its whole
+  // directory (a reload per change costs every record for each one).
+  void Reread(Dir dir, const std::string& name);
 
   RecordDir users_, keys_, buckets_;
   std::string seal_key_;  // 32 bytes
@@ -127,6 +154,10 @@ class S3Store {
   std::shared_ptr<const Snapshot> snap_;
   std::atomic<uint64_t> generation_{0};
   std::mutex refresh_mu_;  // one reload at a time
+  // steady_clock nanoseconds when the keys were last seen current on disk.
+  std::atomic<int64_t> keys_checked_ns_{0};
+  std::atomic<int64_t> key_staleness_ms_{30000};
+  std::atomic<int64_t> full_reload_ms_{60000};
 
   std::mutex run_mu_;
   std::condition_variable run_cv_;

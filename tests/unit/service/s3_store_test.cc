@@ -206,5 +206,80 @@ TEST_F(S3StoreTest, AUserIsNotDeletedUnderAKeyThisNodeCannotUnseal) {
   EXPECT_EQ(a->FindKey(k->access_key), nullptr);
 }
 
+// Node B cannot list the keys directory (its export went away: here a file stands in its
+// place). It keeps the keys it knew but stops vouching for them once the staleness passed, so
+// the API refuses requests rather than honour a key revoked elsewhere meanwhile; once it reads
+// the directory again, the keys are current and the revocation is seen.
+TEST_F(S3StoreTest, KeysNotSeenOnDiskForTooLongAreNotCurrent) {
+  auto a = Node(), b = Node();
+  ASSERT_TRUE(a && b);
+  b->set_key_staleness(std::chrono::milliseconds(1000));
+  ASSERT_OK(a->CreateUser(User("alice")));
+  auto k = a->CreateKey("alice", std::nullopt, std::nullopt, {}, false);
+  ASSERT_OK(k);
+  b->Refresh();
+  ASSERT_NE(b->FindKey(k->access_key), nullptr);
+  EXPECT_TRUE(b->KeysCurrent());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  EXPECT_FALSE(b->KeysCurrent());  // nobody looked: a stopped refresh fails closed too
+  b->Refresh();
+  EXPECT_TRUE(b->KeysCurrent());
+
+  ASSERT_OK(a->RevokeKey(k->access_key));
+  fs::rename(root_ + "/keys", root_ + "/keys.away");
+  {
+    std::FILE* f = std::fopen((root_ + "/keys").c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fclose(f);
+  }
+  b->Refresh();
+  EXPECT_NE(b->FindKey(k->access_key), nullptr);  // kept: the listing failed
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  b->Refresh();
+  EXPECT_FALSE(b->KeysCurrent());
+  fs::remove(root_ + "/keys");
+  fs::rename(root_ + "/keys.away", root_ + "/keys");
+  b->Refresh();
+  EXPECT_TRUE(b->KeysCurrent());
+  EXPECT_EQ(b->FindKey(k->access_key), nullptr);
+}
+
+// A record replaced in place leaves its directory's stamp as it was (so would a change the
+// stamp's clock check missed): the periodic whole reload picks it up.
+TEST_F(S3StoreTest, AChangeTheStampMissesIsPickedUpByTheWholeReload) {
+  auto a = Node(), b = Node();
+  ASSERT_TRUE(a && b);
+  ASSERT_OK(a->CreateUser(User("alice")));
+  auto k = a->CreateKey("alice", std::nullopt, std::nullopt, {}, false);
+  ASSERT_OK(k);
+  Settle();
+  b->Refresh();
+  ASSERT_NE(b->FindKey(k->access_key), nullptr);
+  ASSERT_FALSE(b->FindKey(k->access_key)->read_only);
+  const std::string file = root_ + "/keys/" + k->access_key + ".json";
+  std::string text;
+  {
+    std::FILE* f = std::fopen(file.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    char buf[4096];
+    text.assign(buf, std::fread(buf, 1, sizeof buf, f));
+    std::fclose(f);
+  }
+  const auto at = text.find("\"read_only\":false");
+  ASSERT_NE(at, std::string::npos) << text;
+  text.replace(at, 17, "\"read_only\":true");
+  {
+    std::FILE* f = std::fopen(file.c_str(), "w");  // in place: the directory does not change
+    ASSERT_NE(f, nullptr);
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  }
+  b->Refresh();
+  EXPECT_FALSE(b->FindKey(k->access_key)->read_only);  // the stamp says nothing changed
+  b->set_full_reload(std::chrono::milliseconds(0));
+  b->Refresh();
+  EXPECT_TRUE(b->FindKey(k->access_key)->read_only);
+}
+
 }  // namespace
 }  // namespace sluice

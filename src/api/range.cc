@@ -269,14 +269,21 @@ bool IfRangeMatches(std::string_view if_range, std::string_view etag, std::time_
   return t && *t == mtime;
 }
 
+std::string_view BareETag(std::string_view tag) {
+  tag = StripWeak(Trim(tag));
+  if (tag.size() >= 2 && tag.front() == '"' && tag.back() == '"')
+    tag = tag.substr(1, tag.size() - 2);
+  return tag;
+}
+
 bool IfNoneMatchMatches(std::string_view v, std::string_view etag) {
   v = Trim(v);
   if (v == "*") return true;
-  std::string_view mine = StripWeak(etag);
+  std::string_view mine = BareETag(etag);
   while (!v.empty()) {
     size_t comma = v.find(',');
     std::string_view tag = Trim(v.substr(0, comma));
-    if (!tag.empty() && StripWeak(tag) == mine) return true;
+    if (!tag.empty() && BareETag(tag) == mine) return true;
     if (comma == std::string_view::npos) break;
     v.remove_prefix(comma + 1);
   }

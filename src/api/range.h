@@ -63,7 +63,12 @@ bool IfRangeMatches(std::string_view if_range, std::string_view etag, std::time_
 
 // If-None-Match (RFC 9110 §13.1.2): true when `etag` matches one listed tag (weak comparison)
 // or the value is "*".
+// Tags are compared without their quotes too: S3 clients send ETags as listed, and some
+// (the AWS Java SDK since 1.12.367) without quotes, which S3 matches.
 bool IfNoneMatchMatches(std::string_view if_none_match, std::string_view etag);
+
+// A tag without its weak prefix and its quotes.
+std::string_view BareETag(std::string_view tag);
 
 // `attachment; filename="<ascii>"; filename*=UTF-8''<percent-encoded>`. The plain parameter keeps
 // the printable ASCII of `name` (quotes and backslashes escaped, others dropped); the extended one

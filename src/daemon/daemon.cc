@@ -250,7 +250,12 @@ int RunDaemon(Config cfg) {
                        for (const auto& b : store->Buckets()) {
                          auto v = service.GetVolume(b.volume);
                          auto id = VFolderId::Parse(b.vfid);
-                         if (v.ok() && id.ok()) objects.SweepMultipart(**v, *id, age);
+                         // One bucket's failure does not keep the others unswept.
+                         try {
+                           if (v.ok() && id.ok()) objects.SweepMultipart(**v, *id, age);
+                         } catch (const std::exception& e) {
+                           spdlog::warn("s3: multipart sweep of bucket {}: {}", b.name, e.what());
+                         }
                        }
                      });
   }

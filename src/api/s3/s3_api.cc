@@ -1378,6 +1378,25 @@ StreamStart UploadPart(S3Ctx& ctx, const HttpRequest& req) {
   return std::unique_ptr<BodySink>(std::move(sink));
 }
 
+// A ranged GET's If-Range: the range holds while the object is the one the client has (its
+// ETag, quoted or not, or its Last-Modified); otherwise the whole object is sent, so that a
+// resumed download never joins bytes of two versions.
+bool IfRangeHolds(std::string_view if_range, const std::string& etag, std::time_t mtime) {
+  if (if_range.empty()) return true;
+  if (IfRangeMatches(if_range, etag, mtime)) return true;
+  if_range.remove_prefix(std::min(if_range.find_first_not_of(' '), if_range.size()));
+  return !if_range.starts_with("W/") && BareETag(if_range) == BareETag(etag);
+}
+
+// `bytes=-N` with N > 0, alone.
+bool IsSuffixRange(std::string_view range) {
+  auto r = ParseRange(range, 1, 1);
+  std::string_view spec = range.substr(range.find('=') + 1);
+  while (!spec.empty() && spec.front() == ' ') spec.remove_prefix(1);
+  return r.kind == RangeRequest::Kind::kSatisfiable && spec.starts_with('-') &&
+         spec.find(',') == std::string_view::npos && spec.find_first_not_of("-0") != spec.npos;
+}
+
 // S3's conditional GET/HEAD: 412 for If-Match / If-Unmodified-Since, 304 for If-None-Match /
 // If-Modified-Since.
 std::optional<unsigned> Preconditions(const HttpRequest& req, const std::string& etag,
@@ -1420,6 +1439,11 @@ HttpResponse ObjectResponse(const HttpRequest& req, ObjectStore::Opened* o) {
                                 req.path);
       return r;
     }
+    // A 304 carries the caching headers the 200 would (RFC 9110 §15.4.5).
+    if (o->meta)
+      for (const auto& [k, v] : o->meta->headers)
+        if (boost::beast::iequals(k, "Cache-Control") || boost::beast::iequals(k, "Expires"))
+          line(k, v);
     HttpResponse r;
     r.status = 304;
     r.content_type.clear();
@@ -1472,11 +1496,14 @@ HttpResponse ObjectResponse(const HttpRequest& req, ObjectStore::Opened* o) {
       return ErrorXml({416, "InvalidPartNumber", "the requested partnumber is not satisfiable"},
                       req.path);
     line("x-amz-mp-parts-count", "1");
-  } else if (auto range = Header(req, "Range"); !range.empty()) {
+  } else if (auto range = Header(req, "Range");
+             !range.empty() && IfRangeHolds(Header(req, "If-Range"), etag, mtime)) {
     rr = ParseRange(range, size, 1);
-    // No byte range of an empty object is satisfiable; S3 answers 416 where a parser that
-    // finds no range to send would answer the whole, empty, object.
-    if (size == 0 && ParseRange(range, 1, 1).kind != RangeRequest::Kind::kIgnore)
+    // No byte range of an empty object is satisfiable but a suffix (RFC 9110 §14.1.1: the
+    // whole, empty, object, as S3 answers `bytes=-N`); S3 answers 416 where a parser that
+    // finds no range to send would answer the whole object.
+    if (size == 0 && ParseRange(range, 1, 1).kind != RangeRequest::Kind::kIgnore &&
+        !IsSuffixRange(range))
       rr.kind = RangeRequest::Kind::kUnsatisfiable;
     if (rr.kind == RangeRequest::Kind::kUnsatisfiable) {
       HttpResponse r =

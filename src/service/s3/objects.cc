@@ -908,8 +908,8 @@ Status NoUpload(std::string_view id) {
                 ENOENT);
 }
 
-std::optional<MultipartUpload> DecodeUpload(std::string_view blob, std::string id,
-                                            const DirEntry& rec) {
+std::optional<MultipartUpload> DecodeUploadFields(std::string_view blob, std::string id,
+                                                  const DirEntry& rec) {
   auto j = nlohmann::json::parse(blob, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("k") || !j["k"].is_string())
     return std::nullopt;
@@ -936,6 +936,18 @@ std::optional<MultipartUpload> DecodeUpload(std::string_view blob, std::string i
   u.checksum_algo = j.value("ca", std::string());
   u.checksum_type = j.value("ct", std::string());
   return u;
+}
+
+// An upload's record of any shape (it lies in the vfolder, which its users can write) is no
+// upload, never an exception: value() throws for a field of another type, which failed
+// ListMultipartUploads and stopped the janitor's sweep of every bucket after it.
+std::optional<MultipartUpload> DecodeUpload(std::string_view blob, std::string id,
+                                            const DirEntry& rec) {
+  try {
+    return DecodeUploadFields(blob, std::move(id), rec);
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
 }
 
 }  // namespace

@@ -260,20 +260,20 @@ std::string MakeETag(const struct stat& st) {
   return std::string(MakeETag(st, buf));
 }
 
-bool IfRangeMatches(std::string_view if_range, std::string_view etag, std::time_t mtime) {
-  if_range = Trim(if_range);
-  if (if_range.empty()) return false;
-  if (if_range.substr(0, 2) == "W/") return false;  // weak tags never match strongly
-  if (if_range.front() == '"') return if_range == etag;
-  auto t = ParseHttpDate(if_range);
-  return t && *t == mtime;
-}
-
 std::string_view BareETag(std::string_view tag) {
   tag = StripWeak(Trim(tag));
   if (tag.size() >= 2 && tag.front() == '"' && tag.back() == '"')
     tag = tag.substr(1, tag.size() - 2);
   return tag;
+}
+
+bool IfRangeMatches(std::string_view if_range, std::string_view etag, std::time_t mtime) {
+  if_range = Trim(if_range);
+  if (if_range.empty()) return false;
+  if (if_range.substr(0, 2) == "W/") return false;  // weak tags never match strongly
+  if (if_range.front() != '"')
+    if (auto t = ParseHttpDate(if_range)) return *t == mtime;
+  return BareETag(if_range) == BareETag(etag);
 }
 
 bool IfNoneMatchMatches(std::string_view v, std::string_view etag) {

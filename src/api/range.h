@@ -58,7 +58,8 @@ std::string_view MakeETag(const struct stat& st, char* buf);
 std::string_view MakeETag(uint64_t ino, uint64_t size, uint64_t mtime_ns, char* buf);
 
 // If-Range (RFC 9110 §13.1.5): true when the range may be honoured. An entity tag must match
-// `etag` strongly (weak tags never match); a date must equal `mtime` exactly.
+// `etag` strongly (weak tags never match), with or without its quotes; a date must equal
+// `mtime` exactly.
 bool IfRangeMatches(std::string_view if_range, std::string_view etag, std::time_t mtime);
 
 // If-None-Match (RFC 9110 §13.1.2): true when `etag` matches one listed tag (weak comparison)

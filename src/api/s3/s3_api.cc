@@ -1378,23 +1378,18 @@ StreamStart UploadPart(S3Ctx& ctx, const HttpRequest& req) {
   return std::unique_ptr<BodySink>(std::move(sink));
 }
 
-// A ranged GET's If-Range: the range holds while the object is the one the client has (its
-// ETag, quoted or not, or its Last-Modified); otherwise the whole object is sent, so that a
-// resumed download never joins bytes of two versions.
-bool IfRangeHolds(std::string_view if_range, const std::string& etag, std::time_t mtime) {
-  if (if_range.empty()) return true;
-  if (IfRangeMatches(if_range, etag, mtime)) return true;
-  if_range.remove_prefix(std::min(if_range.find_first_not_of(' '), if_range.size()));
-  return !if_range.starts_with("W/") && BareETag(if_range) == BareETag(etag);
-}
-
-// `bytes=-N` with N > 0, alone.
-bool IsSuffixRange(std::string_view range) {
+// On an empty object: true when `range` is a byte range S3 refuses (416). Only a lone suffix
+// `bytes=-N` (N > 0) is satisfiable there, by the whole empty object (RFC 9110 §14.1.1); a
+// range the parser ignores is ignored here too.
+bool UnsatisfiableWhenEmpty(std::string_view range) {
   auto r = ParseRange(range, 1, 1);
+  if (r.kind == RangeRequest::Kind::kIgnore) return false;
   std::string_view spec = range.substr(range.find('=') + 1);
   while (!spec.empty() && spec.front() == ' ') spec.remove_prefix(1);
-  return r.kind == RangeRequest::Kind::kSatisfiable && spec.starts_with('-') &&
-         spec.find(',') == std::string_view::npos && spec.find_first_not_of("-0") != spec.npos;
+  bool suffix = r.kind == RangeRequest::Kind::kSatisfiable && spec.starts_with('-') &&
+                spec.find(',') == std::string_view::npos &&
+                spec.find_first_not_of("-0") != spec.npos;
+  return !suffix;
 }
 
 // S3's conditional GET/HEAD: 412 for If-Match / If-Unmodified-Since, 304 for If-None-Match /
@@ -1497,14 +1492,12 @@ HttpResponse ObjectResponse(const HttpRequest& req, ObjectStore::Opened* o) {
                       req.path);
     line("x-amz-mp-parts-count", "1");
   } else if (auto range = Header(req, "Range");
-             !range.empty() && IfRangeHolds(Header(req, "If-Range"), etag, mtime)) {
+             !range.empty() && (Header(req, "If-Range").empty() ||
+                                IfRangeMatches(Header(req, "If-Range"), etag, mtime))) {
+    // A range whose If-Range names another version is not honoured: the whole object is sent,
+    // so that a resumed download never joins bytes of two versions.
     rr = ParseRange(range, size, 1);
-    // No byte range of an empty object is satisfiable but a suffix (RFC 9110 §14.1.1: the
-    // whole, empty, object, as S3 answers `bytes=-N`); S3 answers 416 where a parser that
-    // finds no range to send would answer the whole object.
-    if (size == 0 && ParseRange(range, 1, 1).kind != RangeRequest::Kind::kIgnore &&
-        !IsSuffixRange(range))
-      rr.kind = RangeRequest::Kind::kUnsatisfiable;
+    if (size == 0 && UnsatisfiableWhenEmpty(range)) rr.kind = RangeRequest::Kind::kUnsatisfiable;
     if (rr.kind == RangeRequest::Kind::kUnsatisfiable) {
       HttpResponse r =
           ErrorXml({416, "InvalidRange", "the requested range is not satisfiable"}, req.path);

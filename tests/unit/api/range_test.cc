@@ -147,6 +147,8 @@ TEST(Validators, ETagAndIfRange) {
   EXPECT_TRUE(IfRangeMatches("Sun, 06 Nov 1994 08:49:37 GMT", etag, mtime));
   EXPECT_FALSE(IfRangeMatches("Sun, 06 Nov 1994 08:49:38 GMT", etag, mtime));
   EXPECT_FALSE(IfRangeMatches("garbage", etag, mtime));
+  EXPECT_TRUE(IfRangeMatches("1234-1000-3b9aca05", etag, mtime));  // sent without quotes
+  EXPECT_FALSE(IfRangeMatches("W/1234-1000-3b9aca05", etag, mtime));
   EXPECT_FALSE(IfRangeMatches("", etag, mtime));
 
   EXPECT_TRUE(IfNoneMatchMatches("*", etag));

@@ -224,6 +224,16 @@ def faulty_origin(root, rules):
         o.kill()
 
 
+@contextlib.contextmanager
+def proxy_on_faulty_origin(tmp_path, rules, part_size="5m"):
+    """(origin, proxy, vfid): a proxy whose volume "remote" (one attempt per request, parts of
+    `part_size`) is on a faulty origin under `rules`, and a vfolder made there."""
+    options = {"max-attempts": 1, **({"part-size": part_size} if part_size else {})}
+    with faulty_origin(tmp_path / "origin", rules) as o, running_daemon(
+            tmp_path / "proxy", extra_toml=s3_volume(o, **options)) as d:
+        yield o, d, d.create_vfolder(volume="remote")
+
+
 def test_a_resume_after_a_record_that_did_not_land_reads_the_recorded_tail(tmp_path):
     """A PATCH that sends parts writes its tail (the bytes past them) under a new key before it
     records them: when that record fails (here the origin refuses it once), the tail the
@@ -235,10 +245,7 @@ def test_a_resume_after_a_record_that_did_not_land_reads_the_recorded_tail(tmp_p
     # session's creation, the first PATCH's record and the one naming the multipart upload.
     record = "*/staging/*/*/" + "[0-9a-f]" * 32
     rules = [{"op": "commit", "path": record, "error": "EIO", "skip": 3, "times": 1}]
-    with faulty_origin(tmp_path / "origin", rules) as o, running_daemon(
-            tmp_path / "proxy", extra_toml=s3_volume(o, **{"part-size": "5m",
-                                                           "max-attempts": 1})) as d:
-        vfid = d.create_vfolder(volume="remote")
+    with proxy_on_faulty_origin(tmp_path, rules) as (o, d, vfid):
         data = os.urandom(12 * MiB)
         token = new_session(d, vfid, "blob.bin", len(data), volume="remote")
         assert patch(d, token, 0, data[:MiB]).status_code == 204
@@ -258,9 +265,7 @@ def test_a_commit_whose_last_record_fails_still_stands(tmp_path):
     record = "*/staging/*/*/" + "[0-9a-f]" * 32
     # The session's third record write: after its creation and the PATCH's sync.
     rules = [{"op": "commit", "path": record, "error": "EIO", "skip": 2, "times": 1}]
-    with faulty_origin(tmp_path / "origin", rules) as o, running_daemon(
-            tmp_path / "proxy", extra_toml=s3_volume(o, **{"max-attempts": 1})) as d:
-        vfid = d.create_vfolder(volume="remote")
+    with proxy_on_faulty_origin(tmp_path, rules, part_size=None) as (o, d, vfid):
         token = new_session(d, vfid, "small.txt", 5, volume="remote")
         r = patch(d, token, 0, b"hello")
         assert r.status_code == 204, (r.status_code, r.text)
@@ -270,16 +275,63 @@ def test_a_commit_whose_last_record_fails_still_stands(tmp_path):
         assert staging_left(o) == []
 
 
+def staging_uploads(origin, prefix="ds"):
+    """The origin's multipart uploads under the staging prefix of volume `prefix`."""
+    page = origin.boto.list_multipart_uploads(Bucket=BUCKET, Prefix=f"{prefix}/.sluice/staging/")
+    return [u["Key"] for u in page.get("Uploads", [])]
+
+
+def test_an_origin_upload_its_record_could_not_name_is_aborted(tmp_path):
+    """A PATCH that sends a part first creates the session's multipart upload on the origin,
+    then records its id: when that record fails (the origin refuses it once), the upload is
+    aborted at once. Before, nothing named it and it stayed on the origin for good, its parts
+    billed; a retried PATCH made another."""
+    record = "*/staging/*/*/" + "[0-9a-f]" * 32
+    # The session's second record write: after its creation, the one naming the upload.
+    rules = [{"op": "commit", "path": record, "error": "EIO", "skip": 1, "times": 1}]
+    with proxy_on_faulty_origin(tmp_path, rules) as (o, d, vfid):
+        data = os.urandom(12 * MiB)
+        token = new_session(d, vfid, "blob.bin", len(data), volume="remote")
+        r = patch(d, token, 0, data)
+        assert r.status_code >= 500, (r.status_code, r.text)
+        assert staging_uploads(o) == []
+        assert offset_of(d, token) == 0
+        assert patch(d, token, 0, data).status_code == 204
+        got = o.boto.get_object(Bucket=BUCKET, Key=vfolder_prefix(vfid) + "blob.bin")
+        assert got["Body"].read() == data
+        assert staging_uploads(o) == [] and staging_left(o) == []
+
+
+def test_the_sweep_removes_unreadable_records_and_uploads_no_record_names(tmp_path, origin):
+    """What no writer could ever resume goes with the upload sweep once it is older than the
+    abandon age: a session record that is not one (cut short, here not JSON) with its tail, and
+    an origin multipart upload under staging that no record names (a node that crashed between
+    creating it and recording it). Before, both stayed on the origin for good."""
+    pre = f"sweep{uuid.uuid4().hex[:8]}"
+    staging = f"{pre}/.sluice/staging/legacy/{uuid.uuid4().hex}/"
+    bad, lost = uuid.uuid4().hex, uuid.uuid4().hex
+    origin.boto.put_object(Bucket=BUCKET, Key=staging + bad, Body=b'{"parts": [')
+    origin.boto.put_object(Bucket=BUCKET, Key=f"{staging}{bad}.tail.0", Body=b"tail")
+    origin.boto.create_multipart_upload(Bucket=BUCKET, Key=f"{staging}{bad}.data")
+    origin.boto.create_multipart_upload(Bucket=BUCKET, Key=f"{staging}{lost}.data")
+    assert len(staging_uploads(origin, pre)) == 2
+    # session-expire 2 s: abandoned past 2 s and the grace; a sweep every second.
+    with running_daemon(tmp_path / "proxy", storage_proxy={"session-expire": "2s"},
+                        extra_toml=s3_volume(origin, prefix=pre)) as d:
+        def gone():
+            page = origin.boto.list_objects_v2(Bucket=BUCKET, Prefix=staging)
+            return not page.get("Contents") and staging_uploads(origin, pre) == []
+        wait_for(gone, timeout=30, what="the sweep")
+        assert "removing unreadable session record" in d.log()
+
+
 def test_a_commit_whose_copy_failed_completes_when_retried(tmp_path):
     """A tus upload of several parts whose copy onto its target fails once (the origin refuses
     it) is completed by the client's next HEAD. Before, the retry sent the last part again to
     the multipart upload the failed commit had completed, was answered NoSuchUpload every time,
     and the session's bytes went with the sweep."""
     rules = [{"op": "commit", "path": "*/retried.bin", "error": "EIO", "times": 1}]
-    with faulty_origin(tmp_path / "origin", rules) as o, running_daemon(
-            tmp_path / "proxy", extra_toml=s3_volume(o, **{"part-size": "5m",
-                                                           "max-attempts": 1})) as d:
-        vfid = d.create_vfolder(volume="remote")
+    with proxy_on_faulty_origin(tmp_path, rules) as (o, d, vfid):
         data = os.urandom(12 * MiB)  # two parts and a tail
         token = new_session(d, vfid, "retried.bin", len(data), volume="remote")
         r = patch(d, token, 0, data)

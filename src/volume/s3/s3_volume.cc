@@ -752,8 +752,9 @@ struct S3Volume::Origin {
 
   // A record's JSON and attributes; nullopt when there is none. Records are small; an upload
   // session's lists its parts (about 90 bytes each, 10,000 at most): kMaxSessionRecord.
+  // `*unreadable` is set when the object is there but is no record (not a JSON object).
   Result<std::optional<std::pair<nlohmann::json, s3c::ObjectInfo>>> GetRecord(
-      const std::string& key, size_t limit = 64 << 10) {
+      const std::string& key, size_t limit = 64 << 10, bool* unreadable = nullptr) {
     std::string body;
     auto got = Note(Client()->Get(bucket(), key, [&](std::string_view p) {
       body.append(p);
@@ -767,9 +768,11 @@ struct S3Volume::Origin {
       return got.status();
     }
     auto j = nlohmann::json::parse(body, nullptr, false);
-    if (j.is_discarded() || !j.is_object())
+    if (j.is_discarded() || !j.is_object()) {
+      if (unreadable) *unreadable = true;
       return Status(Code::kIoError,
                     fmt::format("s3://{}/{} is not a Sluice record", bucket(), key));
+    }
     return std::optional<std::pair<nlohmann::json, s3c::ObjectInfo>>(
         std::make_pair(std::move(j), std::move(got).value()));
   }
@@ -2283,8 +2286,13 @@ class S3Volume::Writer : public StagingWriter {
     if (rec_.upload.empty()) {
       SLUICE_ASSIGN_OR_RETURN(rec_.upload,
                               o.Note(o.Client()->CreateMultipart(o.bucket(), key_ + ".data")));
-      // Recorded at once, so that a sweep can abort it whatever happens next.
-      SLUICE_RETURN_IF_ERROR(o.PutRecord(key_, rec_.ToJson()));
+      // Recorded at once, so that a sweep can abort it whatever happens next; an upload the
+      // record could not name is aborted now, since nothing would ever find it again.
+      if (Status named = o.PutRecord(key_, rec_.ToJson()); !named.ok()) {
+        (void)o.Note(o.Client()->AbortMultipart(o.bucket(), key_ + ".data", rec_.upload));
+        rec_.upload.clear();
+        return named;
+      }
     }
     const int number = static_cast<int>(rec_.parts.size() + pending_.size()) + 1;
     if (number > s3c::kMaxParts)
@@ -2797,20 +2805,54 @@ StagingSweep S3Volume::SweepStaging(const std::optional<VFolderId>& vfid, std::c
       ++out.kept_locked;  // another node's writer holds it (or it could not be told)
       continue;
     }
-    auto rec = origin_->GetRecord(o.key, kMaxSessionRecord);
-    auto r = rec.ok() && *rec ? SessionRecord::FromJson((*rec)->first)
-                              : Result<SessionRecord>(Status(Code::kNotFound, "no record"));
+    bool unreadable = false;
+    auto rec = origin_->GetRecord(o.key, kMaxSessionRecord, &unreadable);
+    auto r = !rec.ok() ? Result<SessionRecord>(rec.status())
+             : *rec    ? SessionRecord::FromJson((*rec)->first)
+                       : Result<SessionRecord>(Status(Code::kNotFound, "no record"));
+    if (!r.ok() && (unreadable || (rec.ok() && *rec))) {
+      // A record no writer can read (cut short, or not one of ours) would otherwise stay
+      // forever; what it staged goes with it, its origin upload by the listing below.
+      spdlog::warn("volume {}: upload sweep: removing unreadable session record {} ({})", cfg_.name,
+                   o.key, r.status().message());
+      SessionRecord unread;
+      unread.staged = true;
+      r = std::move(unread);
+    }
     if (!r.ok() || !DropSession(*origin_, o.key, *r).ok()) {
       ReleaseLease(**lease);  // tried again at the next sweep
       continue;
     }
+    have.erase(o.key);
     if (r->staged) {  // an abandoned session; otherwise the record of a finished one goes
       if (removed) removed(scope == "legacy" ? "" : scope, vf, session);
       out.removed += 1;
       out.removed_bytes += r->durable;
     }
   }
+  AbortUnnamedUploads(prefix, have, age);  // `have` less the records dropped above
   return out;
+}
+
+// Origin uploads no session record names: a writer that crashed between creating one and
+// recording it, or a record the sweep above found unreadable. Only those older than `age` go,
+// so that an upload whose record is being written is never taken.
+void S3Volume::AbortUnnamedUploads(const std::string& prefix, const std::set<std::string>& named,
+                                   std::chrono::seconds age) {
+  auto uploads = origin_->Note(origin_->Client()->ListMultipartUploads(opts_.bucket, prefix));
+  if (!uploads.ok()) {
+    spdlog::warn("volume {}: upload sweep: {}", cfg_.name, uploads.status().message());
+    return;
+  }
+  const auto now = Clock::now();
+  for (const auto& u : *uploads) {
+    // (An upload whose start time did not parse is kept.)
+    if (!u.key.ends_with(".data") || u.initiated == 0 || now - TimeOf(u.initiated) <= age) continue;
+    if (named.count(u.key.substr(0, u.key.size() - 5))) continue;
+    spdlog::info("volume {}: upload sweep: aborting origin upload {} of {} (no session names it)",
+                 cfg_.name, u.upload_id, u.key);
+    (void)origin_->Note(origin_->Client()->AbortMultipart(opts_.bucket, u.key, u.upload_id));
+  }
 }
 
 }  // namespace sluice

@@ -244,6 +244,9 @@ class S3Volume : public Volume {
   std::optional<bool> conditional_;  // mu_
   // A write through this node changed the vfolder (and its scope) by these amounts.
   void Account(const VFolderId& vfid, int64_t bytes, int64_t entries);
+  // Aborts origin uploads under `prefix` older than `age` whose session record is not in `named`.
+  void AbortUnnamedUploads(const std::string& prefix, const std::set<std::string>& named,
+                           std::chrono::seconds age);
   // Every key below "s3://BUCKET/KEY" listed: the bytes, and the files and directories.
   Result<TreeUsage> Measure(const std::string& path);
 

@@ -703,10 +703,11 @@ path = "./var/volumes/local"
 #           usage-walk-budget = "10ms"        (vfolders walked faster than this: every request)
 #   cephfs: pending-write-window = "30s"      (Sluice's writes count on top of ceph.dir.rbytes)
 #   s3:     endpoint, bucket, prefix, region, access-key + secret-key or credentials-file,
-#           ca-file, insecure, read-only, capacity, vfolder-ttl, part-size, usage-reconcile-
-#           interval, usage-walk-budget (as vfs: usage kept by listings), max-copy-size,
-#           upload-lock-ttl, connect-timeout, stall-timeout, max-attempts, retry-deadline,
-#           max-connections (64), queue-timeout ("10s"), transport-threads (docs/s3-volumes.md)
+#           ca-file, insecure, read-only, capacity, vfolder-ttl, trash-grace, part-size,
+#           usage-reconcile-interval, usage-walk-budget (as vfs: usage kept by listings),
+#           max-copy-size, upload-lock-ttl, connect-timeout, stall-timeout, max-attempts,
+#           retry-deadline, max-connections (64), queue-timeout ("10s"), transport-threads
+#           (docs/s3-volumes.md)
 # options = { usage-reconcile-interval = "60s" }
 #
 # Any volume can have an SSD read cache in front of it (docs/cache.md):

@@ -1072,6 +1072,46 @@ def test_a_detached_vfolder_is_gone_and_deleted(proxy, origin):
     assert r.status_code == 404, r.text
 
 
+def test_a_write_landing_after_a_vfolder_delete_goes_with_the_second_pass(tmp_path, origin):
+    """A write that passed its vfolder check before the delete may land after the delete
+    listed the vfolder's keys (here put on the origin once the delete is done, as a write in
+    flight would land): its key goes with the second pass, `trash-grace` after the first, with
+    the trash record. Before, the record went with the first pass and the key stayed on the
+    origin, counted in the scope, for good. The same id created again meanwhile starts empty."""
+    pre = f"grace{uuid.uuid4().hex[:8]}"
+    trash = f"{pre}/.sluice/trash/"
+    # session-expire 4 s: a janitor round every second.
+    with running_daemon(tmp_path / "proxy", storage_proxy={"session-expire": "4s"},
+                        extra_toml=s3_volume(origin, prefix=pre, **{"trash-grace": "5s"})) as d:
+        def trash_records():
+            return origin.boto.list_objects_v2(Bucket=BUCKET, Prefix=trash).get("KeyCount", 0)
+
+        def keys(base):
+            page = origin.boto.list_objects_v2(Bucket=BUCKET, Prefix=base)
+            return [o["Key"] for o in page.get("Contents", [])]
+
+        vfid = d.create_vfolder(volume="remote")
+        base = vfolder_prefix(vfid, pre)
+        origin.boto.put_object(Bucket=BUCKET, Key=base + "f", Body=b"x")
+        d.delete_vfolder(vfid, volume="remote")
+        assert keys(base) == [] and trash_records() == 1  # kept for the second pass
+        origin.boto.put_object(Bucket=BUCKET, Key=base + "late", Body=b"landed late")
+        time.sleep(1.5)
+        assert keys(base) == [base + "late"]  # within the grace
+        wait_for(lambda: keys(base) == [] and trash_records() == 0, timeout=20,
+                 what="the second pass")
+
+        # Created again within the grace: the second pass is done first.
+        again = d.create_vfolder(volume="remote")
+        base = vfolder_prefix(again, pre)
+        d.delete_vfolder(again, volume="remote")
+        origin.boto.put_object(Bucket=BUCKET, Key=base + "late", Body=b"landed late")
+        d.create_vfolder(again, volume="remote")
+        assert keys(base) == [] and trash_records() == 0
+        listed = d.file_op("remote", "list", vfid=again, relpath="")
+        assert listed.status_code == 200 and "late" not in listed.text, listed.text
+
+
 def test_origin_down_and_wrong_credentials(tmp_path):
     ctx, o = start_origin(tmp_path / "origin")
     try:

@@ -216,10 +216,10 @@ Result<S3VolumeOptions> S3VolumeOptions::FromConfig(const VolumeConfig& cfg) {
       } else {
         o.usage_walk_budget = *d;
       }
-    } else if (key == "vfolder-ttl" || key == "vfolder_ttl") {
+    } else if (key == "vfolder-ttl" || key == "vfolder_ttl" || key == "trash-grace") {
       auto d = ParseDuration(str);
       if (!d.ok()) return bad(key, d.status().message());
-      o.vfolder_ttl = *d;
+      (key == "trash-grace" ? o.trash_grace : o.vfolder_ttl) = *d;
     } else if (key == "connect-timeout" || key == "stall-timeout" || key == "retry-deadline") {
       auto d = ParseDuration(str);
       if (!d.ok()) return bad(key, d.status().message());
@@ -1055,8 +1055,15 @@ class S3FsOp : public FSOpModel {
       usage_->Forget(
           fmt::format("s3://{}/{}{}/", o_->bucket(), o_->opts.prefix, rest.substr(0, 32)));
     // A detached vfolder's trash record goes last: a crash before it leaves the record for
-    // EmptyTrash to finish the deletion.
-    auto st = o_->Note(o_->Client()->Delete(o_->bucket(), TrashRecord(*o_, key)));
+    // EmptyTrash to finish the deletion. After the first pass it stays, marked, for a second
+    // one past trash-grace (EmptyTrash): a write in flight when the vfolder went may land
+    // after this listing, and its key would otherwise stay, counted in the scope, for good.
+    const std::string trash = TrashRecord(*o_, key);
+    SLUICE_ASSIGN_OR_RETURN(auto rec, o_->GetRecord(trash));
+    if (!rec) return Status::Ok();
+    if (!rec->first.contains("swept"))
+      return o_->PutRecord(trash, {{"delete", key}, {"swept", true}});
+    auto st = o_->Note(o_->Client()->Delete(o_->bucket(), trash));
     return st.ok() || IsNotFound(st) ? Status::Ok() : st;
   }
   Result<TreeUsage> ScanTree(const std::string& path) override {
@@ -1143,6 +1150,11 @@ Status S3Volume::EmptyTrash() {
   for (const auto& key : records) {
     auto rec = origin_->GetRecord(key);
     if (!rec.ok() || !*rec || !(*rec)->first.contains("delete")) continue;
+    // Deleted once already: the second pass waits out the grace (Last-Modified is the
+    // origin's clock, the same for every node).
+    if ((*rec)->first.contains("swept") &&
+        Clock::now() - TimeOf((*rec)->second.mtime) < opts_.trash_grace)
+      continue;
     const auto& what = (*rec)->first["delete"];
     if (!what.is_string()) continue;
     std::string data = what.get<std::string>();
@@ -1273,6 +1285,16 @@ Status S3Volume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_sco
     return Status(Code::kAlreadyExists,
                   fmt::format("vfolder {} already exists on volume {}", vfid.ToString(), cfg_.name),
                   EEXIST);
+  // The same id deleted within trash-grace: what its deletion has yet to remove (a second
+  // pass) goes now, before the new vfolder holds anything that pass would take.
+  const std::string data = LayoutKey(vfid, "");
+  const std::string trash = S3FsOp::TrashRecord(*origin_, data);
+  SLUICE_ASSIGN_OR_RETURN(auto trashed, origin_->HeadOpt(trash));
+  if (trashed) {
+    SLUICE_RETURN_IF_ERROR(origin_->DeletePrefix(data));
+    auto st = origin_->Note(origin_->Client()->Delete(opts_.bucket, trash));
+    if (!st.ok() && !IsNotFound(st)) return st;
+  }
   SLUICE_RETURN_IF_ERROR(origin_->PutRecord(key, {{"mode", mode}}));
   usage_->Set(VFolderPath(vfid), TreeUsage{});
   std::lock_guard lk(mu_);

@@ -51,6 +51,10 @@ struct S3VolumeOptions {
   // How long a vfolder seen on the origin is taken to exist without asking again: what another
   // node's deletion of a vfolder may take to show here.
   std::chrono::milliseconds vfolder_ttl{5000};
+  // A deleted vfolder's prefix is deleted a second time this long after the first: a write
+  // that passed its check before the delete (another node's within vfolder-ttl, a long commit
+  // copy) may land after the first pass listed the prefix.
+  std::chrono::milliseconds trash_grace{600000};
   // Maintained usage (see usage_tracker.h): how old a figure may get before a background
   // listing re-measures it, and how fast a listing must be for its tree to be listed on every
   // read instead (exact, and what other nodes wrote counts at once).

@@ -30,6 +30,7 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
                   {"usage-walk-budget", "250ms"},
                   {"max-copy-size", "1g"},
                   {"upload-lock-ttl", "90s"},
+                  {"trash-grace", "2m"},
                   {"max-connections", 16},  // a bare number, as TOML writes one
                   {"queue-timeout", "1500ms"},
                   {"transport-threads", "3"}});
@@ -41,6 +42,7 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
   EXPECT_EQ(o->usage_walk_budget, std::chrono::milliseconds(250));
   EXPECT_EQ(o->max_copy_size, 1u << 30);
   EXPECT_EQ(o->upload_lock_ttl, std::chrono::seconds(90));
+  EXPECT_EQ(o->trash_grace, std::chrono::minutes(2));
   EXPECT_EQ(o->client.max_attempts, 2);
   EXPECT_EQ(o->client.retry_deadline, std::chrono::seconds(3));
   EXPECT_EQ(o->client.connect_timeout, std::chrono::seconds(4));
@@ -58,6 +60,7 @@ TEST(S3VolumeOptions, TimeoutsRetriesPartsAndUsage) {
   EXPECT_EQ(d->usage_reconcile, std::chrono::seconds(60));
   EXPECT_EQ(d->usage_walk_budget, std::chrono::milliseconds(10));
   EXPECT_EQ(d->max_copy_size, 5ULL << 30);  // AWS's CopyObject limit
+  EXPECT_EQ(d->trash_grace, std::chrono::minutes(10));
   EXPECT_EQ(d->upload_lock_ttl, std::chrono::seconds(30));
   EXPECT_EQ(d->max_connections, 64);
   EXPECT_EQ(d->queue_timeout, std::chrono::seconds(10));

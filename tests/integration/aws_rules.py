@@ -3,8 +3,9 @@
 
 Named so, as the tooling's one mock of AWS: a forwarding proxy in front of a real origin (a
 Sluice node), which passes every request on unchanged (its signature still holds: the Host
-header is kept) and refuses, as AWS does, a CompleteMultipartUpload that does not name every
-part's checksum when its upload was created with `x-amz-checksum-algorithm`:
+header is kept; a chunked body goes on whole, with its Content-Length) and refuses, as AWS
+does, a CompleteMultipartUpload that does not name every part's checksum when its upload was
+created with `x-amz-checksum-algorithm`:
 
     400 InvalidRequest: The upload was created using a crc32c checksum. The complete request
     must include the checksum for each part. It was missing for part 1 in the request.
@@ -64,9 +65,25 @@ class AwsRulesProxy:
             def log_message(self, *a):
                 pass
 
+            def _body(self):
+                """The request's body, whole: by Content-Length, or by its chunks
+                (Transfer-Encoding: chunked, as SDKs send a stream of unknown length). The
+                origin gets it with a Content-Length."""
+                if "chunked" not in (self.headers.get("Transfer-Encoding") or "").lower():
+                    n = int(self.headers.get("Content-Length") or 0)
+                    return self.rfile.read(n) if n else b""
+                body = bytearray()
+                while True:
+                    size = int(self.rfile.readline(1024).split(b";", 1)[0].strip() or b"0", 16)
+                    if size == 0:
+                        while self.rfile.readline(8192) not in (b"\r\n", b"\n", b""):
+                            pass  # trailers
+                        return bytes(body)
+                    body += self.rfile.read(size)
+                    self.rfile.readline(1024)  # the CRLF after the chunk
+
             def _forward(self):
-                n = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(n) if n else b""
+                body = self._body()
                 url = urlsplit(self.path)
                 q = parse_qs(url.query, keep_blank_values=True)
                 op = None
@@ -90,7 +107,9 @@ class AwsRulesProxy:
                                             {"Content-Type": "application/xml"})
                 conn = http.client.HTTPConnection(*proxy.origin, timeout=120)
                 try:
-                    headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP}
+                    headers = {k: v for k, v in self.headers.items()
+                               if k.lower() not in HOP and k.lower() != "content-length"}
+                    headers["Content-Length"] = str(len(body))
                     conn.request(self.command, self.path, body=body, headers=headers)
                     r = conn.getresponse()
                     data = r.read()

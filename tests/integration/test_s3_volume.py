@@ -626,6 +626,36 @@ def multipart_put(s3, bucket, key, body, part, **create):
                                  MultipartUpload={"Parts": parts})
 
 
+def test_the_aws_rules_proxy_forwards_chunked_bodies(origin):
+    """The tooling's AwsRulesProxy takes a body sent in chunks (as SDKs send a stream of
+    unknown length) and forwards it whole: before, it read only by Content-Length, and such a
+    request reached the origin without its body."""
+    import http.client
+    port = int(origin.s3_url().rsplit(":", 1)[1])
+    with AwsRulesProxy("127.0.0.1", port) as rules:
+        url = origin.boto.generate_presigned_url(
+            "put_object", Params={"Bucket": BUCKET, "Key": "chunked/o.bin"}, ExpiresIn=300)
+        target = urlsplit_path(url)
+        host, rport = rules.url.split("//", 1)[1].split(":")
+        conn = http.client.HTTPConnection(host, int(rport), timeout=30)
+        parts = [os.urandom(70 * KiB), b"", os.urandom(3)]
+        conn.request("PUT", target, body=iter(p for p in parts if p),
+                     headers={"Host": url.split("//", 1)[1].split("/", 1)[0]},
+                     encode_chunked=True)
+        r = conn.getresponse()
+        assert r.status == 200, (r.status, r.read())
+        conn.close()
+    got = origin.boto.get_object(Bucket=BUCKET, Key="chunked/o.bin")["Body"].read()
+    assert got == b"".join(parts)
+
+
+def urlsplit_path(url):
+    """`url`'s path and query, as a request line names them."""
+    from urllib.parse import urlsplit
+    u = urlsplit(url)
+    return u.path + ("?" + u.query if u.query else "")
+
+
 def test_objects_past_max_copy_size_copy_in_parts(tmp_path, origin):
     """Server-side copies of objects larger than max-copy-size (AWS's CopyObject stops at
     5 GiB) are multipart uploads of UploadPartCopy parts: a rename, a clone, an upload's

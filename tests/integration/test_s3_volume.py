@@ -1135,11 +1135,21 @@ def test_a_write_landing_after_a_vfolder_delete_goes_with_the_second_pass(tmp_pa
         again = d.create_vfolder(volume="remote")
         base = vfolder_prefix(again, pre)
         d.delete_vfolder(again, volume="remote")
+        [record] = keys(trash)
+        swept = origin.boto.get_object(Bucket=BUCKET, Key=record)["Body"].read()
         origin.boto.put_object(Bucket=BUCKET, Key=base + "late", Body=b"landed late")
         d.create_vfolder(again, volume="remote")
         assert keys(base) == [] and trash_records() == 0
         listed = d.file_op("remote", "list", vfid=again, relpath="")
         assert listed.status_code == 200 and "late" not in listed.text, listed.text
+
+        # A first pass that marks the record after that creation removed it (it read the
+        # record before): the second pass finds the vfolder there again and takes only the
+        # record, not the new vfolder's keys.
+        origin.boto.put_object(Bucket=BUCKET, Key=base + "mine", Body=b"the new vfolder's")
+        origin.boto.put_object(Bucket=BUCKET, Key=record, Body=swept)
+        wait_for(lambda: trash_records() == 0, timeout=20, what="the second pass")
+        assert keys(base) == [base + "mine"]
 
 
 def test_origin_down_and_wrong_credentials(tmp_path):

@@ -1063,6 +1063,9 @@ class S3FsOp : public FSOpModel {
     if (!rec) return Status::Ok();
     if (!rec->first.contains("swept"))
       return o_->PutRecord(trash, {{"delete", key}, {"swept", true}});
+    // Marked by another first pass that ran beside this one (the delete's task and a janitor
+    // round): the second pass is still to come.
+    if (SweptRecently(*o_, rec->second)) return Status::Ok();
     auto st = o_->Note(o_->Client()->Delete(o_->bucket(), trash));
     return st.ok() || IsNotFound(st) ? Status::Ok() : st;
   }
@@ -1071,6 +1074,11 @@ class S3FsOp : public FSOpModel {
     return o_->MeasureTree(key);
   }
 
+  // A trash record marked swept within trash-grace (by its Last-Modified: the origin's clock,
+  // one for every node, against this node's).
+  static bool SweptRecently(const S3Volume::Origin& o, const s3c::ObjectInfo& rec) {
+    return Clock::now() - TimeOf(rec.mtime) < o.opts.trash_grace;
+  }
   static std::string TrashRecord(const S3Volume::Origin& o, const std::string& vf_key) {
     std::string name = vf_key.substr(o.opts.prefix.size());
     std::replace(name.begin(), name.end(), '/', '_');
@@ -1140,6 +1148,19 @@ Status S3Volume::Init() {
                             page.status().message()));
 }
 
+// The record of the vfolder whose data prefix is `data` ("<prefix>[<scope>/]<ab>/<cd>/<rest>/").
+std::string S3Volume::VFolderRecordOfData(const std::string& data) const {
+  std::vector<std::string> parts;
+  std::string_view rest = std::string_view(data).substr(opts_.prefix.size());
+  for (size_t slash; (slash = rest.find('/')) != std::string_view::npos;
+       rest.remove_prefix(slash + 1))
+    parts.emplace_back(rest.substr(0, slash));
+  const bool scoped = parts.size() >= 4;
+  const size_t at = scoped ? parts.size() - 3 : 0;
+  return origin_->RecordKey(fmt::format("vfolders/{}/{}{}{}", scoped ? parts[0] : "legacy",
+                                        parts[at], parts[at + 1], parts[at + 2]));
+}
+
 Status S3Volume::EmptyTrash() {
   std::vector<std::string> records;
   SLUICE_RETURN_IF_ERROR(
@@ -1150,11 +1171,9 @@ Status S3Volume::EmptyTrash() {
   for (const auto& key : records) {
     auto rec = origin_->GetRecord(key);
     if (!rec.ok() || !*rec || !(*rec)->first.contains("delete")) continue;
-    // Deleted once already: the second pass waits out the grace (Last-Modified is the
-    // origin's clock, the same for every node).
-    if ((*rec)->first.contains("swept") &&
-        Clock::now() - TimeOf((*rec)->second.mtime) < opts_.trash_grace)
-      continue;
+    const bool swept = (*rec)->first.contains("swept");
+    // Deleted once already: the second pass waits out the grace.
+    if (swept && S3FsOp::SweptRecently(*origin_, (*rec)->second)) continue;
     const auto& what = (*rec)->first["delete"];
     if (!what.is_string()) continue;
     std::string data = what.get<std::string>();
@@ -1163,6 +1182,17 @@ Status S3Volume::EmptyTrash() {
     if (!data.starts_with(opts_.prefix) || data.starts_with(origin_->RecordKey("")) ||
         std::count(data.begin() + opts_.prefix.size(), data.end(), '/') < 3)
       continue;
+    if (swept) {
+      // The same vfolder made again since (a first pass that marked the record after
+      // CreateVFolder removed it): its keys are the new vfolder's, and only the record goes.
+      auto again = origin_->HeadOpt(VFolderRecordOfData(data));
+      if (!again.ok()) return again.status();
+      if (*again) {
+        auto st = origin_->Note(origin_->Client()->Delete(opts_.bucket, key));
+        if (!st.ok() && !IsNotFound(st)) return st;
+        continue;
+      }
+    }
     SLUICE_RETURN_IF_ERROR(fsop_->DeleteTree(fmt::format("s3://{}/{}", opts_.bucket, data)));
   }
   return Status::Ok();
@@ -2309,11 +2339,20 @@ class S3Volume::Writer : public StagingWriter {
       SLUICE_ASSIGN_OR_RETURN(rec_.upload,
                               o.Note(o.Client()->CreateMultipart(o.bucket(), key_ + ".data")));
       // Recorded at once, so that a sweep can abort it whatever happens next; an upload the
-      // record could not name is aborted now, since nothing would ever find it again.
+      // record could not name is aborted now, since nothing would ever find it again. Only
+      // once the record is read back without it: a write whose answer was lost may have
+      // landed, and a resumed writer would then send its parts to an upload aborted here.
       if (Status named = o.PutRecord(key_, rec_.ToJson()); !named.ok()) {
-        (void)o.Note(o.Client()->AbortMultipart(o.bucket(), key_ + ".data", rec_.upload));
-        rec_.upload.clear();
-        return named;
+        auto now = o.GetRecord(key_, kMaxSessionRecord);
+        if (!now.ok()) return named;  // not known: the upload stays, for the sweep
+        const auto* j = *now ? &(*now)->first : nullptr;
+        const bool landed = j && j->contains("upload") && (*j)["upload"].is_string() &&
+                            (*j)["upload"].get<std::string>() == rec_.upload;
+        if (!landed) {
+          (void)o.Note(o.Client()->AbortMultipart(o.bucket(), key_ + ".data", rec_.upload));
+          rec_.upload.clear();
+          return named;
+        }
       }
     }
     const int number = static_cast<int>(rec_.parts.size() + pending_.size()) + 1;
@@ -2852,7 +2891,8 @@ StagingSweep S3Volume::SweepStaging(const std::optional<VFolderId>& vfid, std::c
       out.removed_bytes += r->durable;
     }
   }
-  AbortUnnamedUploads(prefix, have, age);  // `have` less the records dropped above
+  // A sweep of every vfolder only: one of one vfolder runs at each session's creation.
+  if (!vfid) AbortUnnamedUploads(prefix, have, age);  // `have` less the records dropped above
   return out;
 }
 
@@ -2869,7 +2909,9 @@ void S3Volume::AbortUnnamedUploads(const std::string& prefix, const std::set<std
   const auto now = Clock::now();
   for (const auto& u : *uploads) {
     // (An upload whose start time did not parse is kept.)
-    if (!u.key.ends_with(".data") || u.initiated == 0 || now - TimeOf(u.initiated) <= age) continue;
+    if (!u.key.starts_with(prefix) || !u.key.ends_with(".data") || u.initiated == 0 ||
+        now - TimeOf(u.initiated) <= age)
+      continue;
     if (named.count(u.key.substr(0, u.key.size() - 5))) continue;
     spdlog::info("volume {}: upload sweep: aborting origin upload {} of {} (no session names it)",
                  cfg_.name, u.upload_id, u.key);

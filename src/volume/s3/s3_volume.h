@@ -248,6 +248,7 @@ class S3Volume : public Volume {
   std::optional<bool> conditional_;  // mu_
   // A write through this node changed the vfolder (and its scope) by these amounts.
   void Account(const VFolderId& vfid, int64_t bytes, int64_t entries);
+  std::string VFolderRecordOfData(const std::string& data) const;
   // Aborts origin uploads under `prefix` older than `age` whose session record is not in `named`.
   void AbortUnnamedUploads(const std::string& prefix, const std::set<std::string>& named,
                            std::chrono::seconds age);

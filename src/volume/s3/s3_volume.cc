@@ -563,10 +563,12 @@ struct S3Volume::Origin {
 
   // One DELETE per key, 16 at once; a key already gone is deleted.
   Status DeleteEach(const std::vector<std::string>& keys) {
-    return ParallelFor(keys.size(), 16, [&](size_t i) {
-      Status st = Note(Client()->Delete(bucket(), keys[i]));
-      return IsNotFound(st) ? Status::Ok() : st;
-    });
+    return ParallelFor(keys.size(), 16, [&](size_t i) { return DeleteKey(keys[i]); });
+  }
+  // One DELETE; a key already gone is deleted.
+  Status DeleteKey(const std::string& key) {
+    Status st = Note(Client()->Delete(bucket(), key));
+    return IsNotFound(st) ? Status::Ok() : st;
   }
 
   // Server-side copies of every key below `from` (in bucket `from_bucket`, "" for the
@@ -1066,8 +1068,7 @@ class S3FsOp : public FSOpModel {
     // Marked by another first pass that ran beside this one (the delete's task and a janitor
     // round): the second pass is still to come.
     if (SweptRecently(*o_, rec->second)) return Status::Ok();
-    auto st = o_->Note(o_->Client()->Delete(o_->bucket(), trash));
-    return st.ok() || IsNotFound(st) ? Status::Ok() : st;
+    return o_->DeleteKey(trash);
   }
   Result<TreeUsage> ScanTree(const std::string& path) override {
     SLUICE_ASSIGN_OR_RETURN(std::string key, KeyOf(path));
@@ -1188,8 +1189,7 @@ Status S3Volume::EmptyTrash() {
       auto again = origin_->HeadOpt(VFolderRecordOfData(data));
       if (!again.ok()) return again.status();
       if (*again) {
-        auto st = origin_->Note(origin_->Client()->Delete(opts_.bucket, key));
-        if (!st.ok() && !IsNotFound(st)) return st;
+        SLUICE_RETURN_IF_ERROR(origin_->DeleteKey(key));
         continue;
       }
     }
@@ -1322,8 +1322,7 @@ Status S3Volume::CreateVFolder(const VFolderId& vfid, mode_t mode, bool auto_sco
   SLUICE_ASSIGN_OR_RETURN(auto trashed, origin_->HeadOpt(trash));
   if (trashed) {
     SLUICE_RETURN_IF_ERROR(origin_->DeletePrefix(data));
-    auto st = origin_->Note(origin_->Client()->Delete(opts_.bucket, trash));
-    if (!st.ok() && !IsNotFound(st)) return st;
+    SLUICE_RETURN_IF_ERROR(origin_->DeleteKey(trash));
   }
   SLUICE_RETURN_IF_ERROR(origin_->PutRecord(key, {{"mode", mode}}));
   usage_->Set(VFolderPath(vfid), TreeUsage{});
@@ -2345,10 +2344,9 @@ class S3Volume::Writer : public StagingWriter {
       if (Status named = o.PutRecord(key_, rec_.ToJson()); !named.ok()) {
         auto now = o.GetRecord(key_, kMaxSessionRecord);
         if (!now.ok()) return named;  // not known: the upload stays, for the sweep
-        const auto* j = *now ? &(*now)->first : nullptr;
-        const bool landed = j && j->contains("upload") && (*j)["upload"].is_string() &&
-                            (*j)["upload"].get<std::string>() == rec_.upload;
-        if (!landed) {
+        auto back = *now ? SessionRecord::FromJson((*now)->first)
+                         : Result<SessionRecord>(Status(Code::kNotFound, "no record"));
+        if (!back.ok() || back->upload != rec_.upload) {
           (void)o.Note(o.Client()->AbortMultipart(o.bucket(), key_ + ".data", rec_.upload));
           rec_.upload.clear();
           return named;
@@ -2731,11 +2729,9 @@ static Status DropSession(S3Volume::Origin& o, const std::string& key, const Ses
   // ".data": an upload completed by a commit whose copy onto the target then failed. The
   // record goes after what it names: a failure midway leaves it for the next sweep to find
   // (before 2026-12-05 it went first, and tails a failed delete left had nothing naming them).
-  auto st = o.Note(o.Client()->Delete(o.bucket(), key + ".data"));
-  if (!st.ok() && !IsNotFound(st)) return st;
+  SLUICE_RETURN_IF_ERROR(o.DeleteKey(key + ".data"));
   SLUICE_RETURN_IF_ERROR(o.DeletePrefix(key + ".tail"));  // every tail, named or left
-  st = o.Note(o.Client()->Delete(o.bucket(), key));
-  if (!st.ok() && !IsNotFound(st)) return st;
+  SLUICE_RETURN_IF_ERROR(o.DeleteKey(key));
   return o.DeletePrefix(key + ".lock.");
 }
 
